@@ -1,0 +1,228 @@
+//! Command line: every flag has a long name and a `BUSYGUARD_*` environment variable.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use jiff::SignedDuration;
+
+use crate::certs::CertsRequest;
+use crate::policy::busy::parse_positive_duration;
+use crate::policy::disruption::Exemptions;
+use crate::policy::mutate::MutationSettings;
+use crate::policy::{Mode, POD_GC_USER, PolicyConfig};
+use crate::server::tls::CertFiles;
+use crate::server::{Limits, ServeConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "busyguard",
+    version,
+    about = "Admission webhook that keeps busy pods alive through voluntary disruption"
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, env = "BUSYGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// Log filter: a level (`info`, `debug`) or tracing directives (`busyguard=debug`).
+    #[arg(long, env = "BUSYGUARD_LOG_LEVEL", default_value = "info", global = true)]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the admission webhook (HTTPS) and the admin port (HTTP).
+    Serve(Box<ServeArgs>),
+    /// Write a CA and a serving certificate, keeping valid ones unless --force.
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the HTTPS webhook port.
+    #[arg(long, env = "BUSYGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    #[arg(long, env = "BUSYGUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// Serving certificate (PEM, leaf first); reloaded when the file changes.
+    #[arg(long, env = "BUSYGUARD_TLS_CERT", default_value = "certs/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// Private key of the serving certificate (PEM).
+    #[arg(long, env = "BUSYGUARD_TLS_KEY", default_value = "certs/tls.key")]
+    pub tls_key: PathBuf,
+    /// How often the certificate files are read again for changes.
+    #[arg(long, env = "BUSYGUARD_CERT_RELOAD_INTERVAL", default_value = "1s", value_parser = std_duration)]
+    pub cert_reload_interval: Duration,
+    /// Time allowed for a TLS handshake.
+    #[arg(long, env = "BUSYGUARD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = std_duration)]
+    pub handshake_timeout: Duration,
+    /// Time allowed for a request's headers; also how long an idle keep-alive connection stays.
+    #[arg(long, env = "BUSYGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = std_duration)]
+    pub header_read_timeout: Duration,
+    /// Time allowed for a request's body once the headers are in.
+    #[arg(long, env = "BUSYGUARD_BODY_READ_TIMEOUT", default_value = "10s", value_parser = std_duration)]
+    pub body_read_timeout: Duration,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[arg(long, env = "BUSYGUARD_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = std_duration)]
+    pub shutdown_timeout: Duration,
+    /// `enforce` denies disruptions of busy pods; `dry-run` allows them with a warning and audits.
+    #[arg(long, env = "BUSYGUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
+    pub mode: Mode,
+    /// Protection ends after a pod has been busy this long, unless the pod's own
+    /// `busyguard.io/max-busy` annotation says otherwise.
+    #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
+    pub max_busy: SignedDuration,
+    /// Users who may delete busy pods (comma-separated in the environment). Replaces the default.
+    #[arg(long = "exempt-user", env = "BUSYGUARD_EXEMPT_USERS", value_delimiter = ',', default_value = POD_GC_USER)]
+    pub exempt_users: Vec<String>,
+    /// Groups whose members may delete busy pods (comma-separated in the environment).
+    #[arg(long = "exempt-group", env = "BUSYGUARD_EXEMPT_GROUPS", value_delimiter = ',')]
+    pub exempt_groups: Vec<String>,
+    /// Set `karpenter.sh/do-not-disrupt: "true"` on busy pods.
+    #[arg(long, env = "BUSYGUARD_KARPENTER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
+    pub karpenter_annotation: bool,
+    /// Set `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
+    #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
+    pub cluster_autoscaler_annotation: bool,
+    /// Append audit lines to this file instead of stdout.
+    #[arg(long, env = "BUSYGUARD_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Folder for ca.crt, ca.key, tls.crt and tls.key.
+    #[arg(long, env = "BUSYGUARD_CERTS_DIR", default_value = "certs")]
+    pub dir: PathBuf,
+    /// DNS names of the serving certificate.
+    #[arg(
+        long = "dns",
+        env = "BUSYGUARD_CERTS_DNS",
+        value_delimiter = ',',
+        default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local"
+    )]
+    pub dns_names: Vec<String>,
+    /// IP addresses of the serving certificate.
+    #[arg(long = "ip", env = "BUSYGUARD_CERTS_IPS", value_delimiter = ',', default_value = "127.0.0.1,::1")]
+    pub ips: Vec<IpAddr>,
+    /// Validity of new certificates, in days.
+    #[arg(long, env = "BUSYGUARD_CERTS_VALID_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
+    pub valid_days: u32,
+    /// Replace the files even when they are still valid.
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn std_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_positive_duration(text)?;
+    Duration::try_from(duration).map_err(|e| e.to_string())
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> ServeConfig {
+        ServeConfig {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            cert: CertFiles { cert: self.tls_cert, key: self.tls_key },
+            cert_reload_interval: self.cert_reload_interval,
+            limits: Limits {
+                handshake_timeout: self.handshake_timeout,
+                header_read_timeout: self.header_read_timeout,
+                body_read_timeout: self.body_read_timeout,
+            },
+            shutdown_timeout: self.shutdown_timeout,
+            policy: PolicyConfig {
+                mode: self.mode,
+                default_max_busy: self.max_busy,
+                exemptions: Exemptions {
+                    users: self.exempt_users.into_iter().filter(|u| !u.is_empty()).collect(),
+                    groups: self.exempt_groups.into_iter().filter(|g| !g.is_empty()).collect(),
+                },
+                mutation: MutationSettings {
+                    karpenter: self.karpenter_annotation,
+                    cluster_autoscaler: self.cluster_autoscaler_annotation,
+                },
+            },
+            audit_log: self.audit_log,
+        }
+    }
+}
+
+impl From<CertsArgs> for CertsRequest {
+    fn from(args: CertsArgs) -> Self {
+        CertsRequest {
+            dir: args.dir,
+            dns_names: args.dns_names,
+            ips: args.ips,
+            valid_days: args.valid_days,
+            force: args.force,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> ServeConfig {
+        let cli = Cli::try_parse_from(["busyguard", "serve"].iter().chain(args)).unwrap();
+        let Command::Serve(serve) = cli.command else { panic!() };
+        serve.into_config()
+    }
+
+    #[test]
+    fn defaults_enforce_with_a_day_of_max_busy_and_the_pod_gc_exempt() {
+        let config = serve(&[]);
+        assert_eq!(config.policy.mode, Mode::Enforce);
+        assert_eq!(config.policy.default_max_busy, SignedDuration::from_hours(24));
+        assert_eq!(config.policy.exemptions.users, vec![POD_GC_USER.to_string()]);
+        assert!(config.policy.mutation.karpenter && config.policy.mutation.cluster_autoscaler);
+        assert_eq!(config.listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(config.limits.header_read_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn flags_set_mode_durations_exemptions_and_annotations() {
+        let config = serve(&[
+            "--mode",
+            "dry-run",
+            "--max-busy",
+            "1h30m",
+            "--exempt-user",
+            "a,b",
+            "--exempt-group",
+            "ops",
+            "--karpenter-annotation=false",
+            "--body-read-timeout",
+            "500ms",
+        ]);
+        assert_eq!(config.policy.mode, Mode::DryRun);
+        assert_eq!(config.policy.default_max_busy, SignedDuration::from_mins(90));
+        assert_eq!(config.policy.exemptions.users, vec!["a", "b"]);
+        assert_eq!(config.policy.exemptions.groups, vec!["ops"]);
+        assert!(!config.policy.mutation.karpenter);
+        assert_eq!(config.limits.body_read_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn an_empty_exempt_user_list_exempts_nobody() {
+        assert!(serve(&["--exempt-user", ""]).policy.exemptions.users.is_empty());
+    }
+
+    #[test]
+    fn nonsense_durations_are_refused() {
+        for bad in ["--max-busy=forever", "--max-busy=0s", "--header-read-timeout=-1s"] {
+            assert!(Cli::try_parse_from(["busyguard", "serve", bad]).is_err(), "{bad}");
+        }
+    }
+}

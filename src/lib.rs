@@ -1,0 +1,10 @@
+//! busyguard: a Kubernetes admission webhook that keeps busy pods alive through voluntary
+//! disruption. See README.md for the busy contract.
+
+pub mod admission;
+pub mod audit;
+pub mod certs;
+pub mod config;
+pub mod metrics;
+pub mod policy;
+pub mod server;

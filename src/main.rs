@@ -1,0 +1,85 @@
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use busyguard::certs::{self, CertsOutcome, CertsRequest};
+use busyguard::config::{Cli, Command, LogFormat, ServeArgs};
+use busyguard::server;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log_level);
+    let result = match cli.command {
+        Command::Serve(args) => tokio::runtime::Runtime::new()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(serve(*args))),
+        Command::Certs(args) => write_certs(args.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    // hyper, h2 and rustls report every client's misstep at debug/info: keep them quiet.
+    let filter = EnvFilter::try_new(format!("{level},hyper=warn,h2=warn,rustls=warn,tokio_rustls=warn"))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut signals = Signals::new()?;
+    let running = server::start(args.into_config()).await?;
+    let name = signals.next().await;
+    info!(signal = name, "shutting down: draining in-flight requests; a second signal aborts");
+    tokio::select! {
+        () = running.shutdown() => Ok(()),
+        name = signals.next() => {
+            warn!(signal = name, "second signal: aborting in-flight requests");
+            std::process::exit(130);
+        }
+    }
+}
+
+struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Signals { terminate: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
+
+fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
+    let dir = request.dir.display();
+    match certs::ensure(&request)? {
+        CertsOutcome::Kept => println!("{dir}: certificates are valid for every name; kept (--force replaces them)"),
+        CertsOutcome::Written { reason } => {
+            println!("{dir}: wrote ca.crt, ca.key, tls.crt, tls.key ({reason})");
+            println!("caBundle for the webhook configurations: base64 -w0 {dir}/ca.crt");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! Prometheus metrics, served as text on the admin port's `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Every label value is a fixed string, so no client can make the label space grow.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub webhook: &'static str,
+    pub resource: &'static str,
+    pub operation: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    pub webhook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram>,
+    pub invalid_requests: Family<StatusLabels, Counter>,
+    pub audit_write_errors: Counter,
+    pub tls_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("busyguard");
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "admission_reviews",
+            "AdmissionReviews answered, by webhook, resource, operation and result",
+            reviews.clone(),
+        );
+        // 50 µs to ~0.8 s: the answers are usually well under a millisecond.
+        let review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.00005, 2.0, 15)));
+        registry.register(
+            "admission_review_duration_seconds",
+            "Time from a complete request body to the encoded answer",
+            review_seconds.clone(),
+        );
+        let invalid_requests = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "invalid_requests",
+            "Requests refused before any decision (malformed, oversized, too slow, wrong method or type), by HTTP status",
+            invalid_requests.clone(),
+        );
+        let audit_write_errors = Counter::default();
+        registry.register("audit_write_errors", "Audit lines that could not be written", audit_write_errors.clone());
+        let tls_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_reloads",
+            "Serving certificate reloads after the files changed, by result (ok, error)",
+            tls_reloads.clone(),
+        );
+        Metrics { registry, reviews, review_seconds, invalid_requests, audit_write_errors, tls_reloads }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}

@@ -1,0 +1,238 @@
+//! The busy contract: is this pod protected right now, and why (not)?
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::pod::Pod;
+
+/// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle.
+pub const BUSY_LABEL: &str = "busyguard.io/busy";
+/// Written by busyguard when the pod turns busy (RFC 3339, seconds).
+pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
+/// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
+pub const MAX_BUSY: &str = "busyguard.io/max-busy";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyState {
+    /// No busy label: busyguard leaves the pod alone.
+    NotOptedIn,
+    Idle,
+    /// Protected. `since` is unknown only when busyguard missed the flip to busy (it was down).
+    Busy {
+        since: Option<Timestamp>,
+        until: Option<Timestamp>,
+    },
+    /// Marked busy, but the protection no longer holds.
+    Lapsed {
+        since: Timestamp,
+        lapse: Lapse,
+    },
+    /// Already being deleted: the remaining deletes only finish the job.
+    Terminating,
+    /// Succeeded or Failed: nothing left to protect.
+    Terminal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lapse {
+    /// Busy for longer than max-busy allows.
+    MaxBusy { limit: SignedDuration },
+    /// A container restarted after the pod turned busy: the task that set the flag is gone.
+    Restarted { at: Timestamp },
+}
+
+impl BusyState {
+    pub fn is_protected(&self) -> bool {
+        matches!(self, BusyState::Busy { .. })
+    }
+}
+
+pub fn busy_state(pod: &Pod, default_max_busy: SignedDuration, now: Timestamp) -> BusyState {
+    let Some(label) = pod.label(BUSY_LABEL) else {
+        return BusyState::NotOptedIn;
+    };
+    if pod.is_terminating() {
+        return BusyState::Terminating;
+    }
+    if pod.is_terminal() {
+        return BusyState::Terminal;
+    }
+    if label != "true" {
+        return BusyState::Idle;
+    }
+    let Some(since) = busy_since(pod) else {
+        return BusyState::Busy { since: None, until: None };
+    };
+    if let Some(at) = pod.last_restart().filter(|at| *at > since) {
+        return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
+    }
+    let limit = max_busy(pod).unwrap_or(default_max_busy);
+    let until = since.checked_add(limit).ok();
+    if until.is_some_and(|until| now >= until) {
+        return BusyState::Lapsed { since, lapse: Lapse::MaxBusy { limit } };
+    }
+    BusyState::Busy { since: Some(since), until }
+}
+
+pub fn busy_since(pod: &Pod) -> Option<Timestamp> {
+    pod.annotation(BUSY_SINCE)?.parse().ok()
+}
+
+/// The pod's own max-busy, when it is a positive duration such as `2h` or `90m`.
+pub fn max_busy(pod: &Pod) -> Option<SignedDuration> {
+    parse_positive_duration(pod.annotation(MAX_BUSY)?).ok()
+}
+
+/// Go-style (`1h30m`), friendly (`2 hours`) or ISO 8601 (`PT2H`) durations, above zero.
+pub fn parse_positive_duration(text: &str) -> Result<SignedDuration, String> {
+    let duration: SignedDuration =
+        text.trim().parse().map_err(|e| format!("{text:?} is not a duration such as 90s, 30m or 2h: {e}"))?;
+    if duration.is_positive() { Ok(duration) } else { Err(format!("{text:?} must be longer than zero")) }
+}
+
+/// What is wrong with how a pod uses the contract, said back to whoever wrote it.
+pub fn contract_warnings(pod: &Pod) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
+        warnings.push(format!(
+            "busyguard: label {BUSY_LABEL}={value:?} is neither \"true\" nor \"false\"; the pod counts as idle"
+        ));
+    }
+    if let Some(Err(e)) = pod.annotation(MAX_BUSY).map(parse_positive_duration) {
+        warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
+    }
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const HOUR: SignedDuration = SignedDuration::from_hours(1);
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn busy_pod(since: &str) -> Pod {
+        pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: since}},
+                   "status": {"phase": "Running"}}))
+    }
+
+    #[test]
+    fn pod_without_the_label_is_not_opted_in() {
+        let p = pod(json!({"metadata": {"labels": {"app": "worker"}}}));
+        assert_eq!(busy_state(&p, HOUR, ts("2026-01-01T00:00:00Z")), BusyState::NotOptedIn);
+    }
+
+    #[test]
+    fn label_false_is_idle() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "false"}}}));
+        assert_eq!(busy_state(&p, HOUR, ts("2026-01-01T00:00:00Z")), BusyState::Idle);
+    }
+
+    #[test]
+    fn label_values_other_than_true_are_idle_and_warned_about() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));
+        assert_eq!(busy_state(&p, HOUR, ts("2026-01-01T00:00:00Z")), BusyState::Idle);
+        assert_eq!(contract_warnings(&p).len(), 1);
+        assert!(contract_warnings(&p)[0].contains("\"yes\""));
+    }
+
+    #[test]
+    fn busy_pod_is_protected_until_max_busy_runs_out() {
+        let p = busy_pod("2026-01-01T00:00:00Z");
+        let state = busy_state(&p, HOUR, ts("2026-01-01T00:59:59Z"));
+        assert_eq!(
+            state,
+            BusyState::Busy { since: Some(ts("2026-01-01T00:00:00Z")), until: Some(ts("2026-01-01T01:00:00Z")) }
+        );
+        assert!(state.is_protected());
+    }
+
+    #[test]
+    fn busy_pod_lapses_at_the_default_max_busy() {
+        let p = busy_pod("2026-01-01T00:00:00Z");
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")),
+            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR } }
+        );
+    }
+
+    #[test]
+    fn per_pod_max_busy_overrides_the_default_both_ways() {
+        let mut p = busy_pod("2026-01-01T00:00:00Z");
+        p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "3h".into());
+        assert!(busy_state(&p, HOUR, ts("2026-01-01T02:00:00Z")).is_protected());
+        p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "10m".into());
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T00:10:00Z")),
+            BusyState::Lapsed {
+                since: ts("2026-01-01T00:00:00Z"),
+                lapse: Lapse::MaxBusy { limit: SignedDuration::from_mins(10) }
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_max_busy_falls_back_to_the_default_with_a_warning() {
+        for bad in ["forever", "-5m", "0s"] {
+            let mut p = busy_pod("2026-01-01T00:00:00Z");
+            p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), bad.into());
+            assert!(!busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")).is_protected(), "{bad}");
+            assert_eq!(contract_warnings(&p).len(), 1, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_parse_go_style_and_iso() {
+        assert_eq!(parse_positive_duration("1h30m"), Ok(SignedDuration::from_mins(90)));
+        assert_eq!(parse_positive_duration("PT2H"), Ok(SignedDuration::from_hours(2)));
+        assert_eq!(parse_positive_duration("45s"), Ok(SignedDuration::from_secs(45)));
+    }
+
+    #[test]
+    fn busy_flag_older_than_a_container_restart_is_stale() {
+        let p = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "status": {"phase": "Running", "containerStatuses": [{"restartCount": 1,
+                "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")),
+            BusyState::Lapsed {
+                since: ts("2026-01-01T00:00:00Z"),
+                lapse: Lapse::Restarted { at: ts("2026-01-01T00:05:00Z") }
+            }
+        );
+    }
+
+    #[test]
+    fn busy_flag_set_after_the_last_restart_holds() {
+        let p = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:05:00Z"}},
+            "status": {"phase": "Running", "containerStatuses": [{"restartCount": 1,
+                "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
+        assert!(busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")).is_protected());
+    }
+
+    #[test]
+    fn terminal_and_terminating_pods_are_never_protected() {
+        let mut done = busy_pod("2026-01-01T00:00:00Z");
+        done.status.phase = Some("Succeeded".into());
+        assert_eq!(busy_state(&done, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Terminal);
+
+        let mut going = busy_pod("2026-01-01T00:00:00Z");
+        going.metadata.deletion_timestamp = Some(ts("2026-01-01T00:00:30Z"));
+        assert_eq!(busy_state(&going, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Terminating);
+    }
+
+    #[test]
+    fn busy_without_busy_since_is_protected_with_no_known_end() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}}}));
+        assert_eq!(busy_state(&p, HOUR, ts("2030-01-01T00:00:00Z")), BusyState::Busy { since: None, until: None });
+    }
+}

@@ -1,0 +1,331 @@
+//! The annotations busyguard writes on a pod's flip to busy, and takes back on its flip to idle.
+//!
+//! The plan depends only on the pod as it is about to be stored, so a reinvocation (the API
+//! server calling us again after another webhook changed the pod) finds nothing left to do.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use serde_json::Value;
+
+use super::busy::{BUSY_LABEL, BUSY_SINCE};
+use super::cost::{DELETION_COST, busy_cost};
+use super::pod::{Labels, Pod};
+
+/// Where the user's own value of each guarded annotation waits while the pod is busy.
+/// Absent while busy means the user had none.
+pub const IDLE_COST: &str = "busyguard.io/idle-cost";
+pub const IDLE_DO_NOT_DISRUPT: &str = "busyguard.io/idle-do-not-disrupt";
+pub const IDLE_SAFE_TO_EVICT: &str = "busyguard.io/idle-safe-to-evict";
+pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+pub const AUTOSCALER_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MutationSettings {
+    /// Write `karpenter.sh/do-not-disrupt: "true"` on busy pods.
+    pub karpenter: bool,
+    /// Write `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
+    pub cluster_autoscaler: bool,
+}
+
+impl Default for MutationSettings {
+    fn default() -> Self {
+        MutationSettings { karpenter: true, cluster_autoscaler: true }
+    }
+}
+
+/// Annotation changes by key: `Some(value)` sets, `None` removes.
+pub type Changes = BTreeMap<&'static str, Option<String>>;
+
+/// An annotation busyguard overrides while a pod is busy.
+struct Guarded {
+    key: &'static str,
+    saved_as: &'static str,
+    enabled: bool,
+    busy_value: String,
+}
+
+fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
+    [
+        Guarded { key: DELETION_COST, saved_as: IDLE_COST, enabled: true, busy_value: busy_cost(since).to_string() },
+        Guarded {
+            key: KARPENTER_DO_NOT_DISRUPT,
+            saved_as: IDLE_DO_NOT_DISRUPT,
+            enabled: settings.karpenter,
+            busy_value: "true".into(),
+        },
+        Guarded {
+            key: AUTOSCALER_SAFE_TO_EVICT,
+            saved_as: IDLE_SAFE_TO_EVICT,
+            enabled: settings.cluster_autoscaler,
+            busy_value: "false".into(),
+        },
+    ]
+}
+
+pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -> Changes {
+    let mut changes = Changes::new();
+    let Some(label) = pod.label(BUSY_LABEL) else {
+        return changes;
+    };
+    if pod.is_terminal() || pod.is_terminating() {
+        return changes;
+    }
+    let empty = Labels::new();
+    let current = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let get = |key: &str| current.get(key).cloned();
+    let wants_busy = label == "true";
+    let recorded_since = current.get(BUSY_SINCE).map(|text| text.parse::<Timestamp>());
+
+    match (wants_busy, recorded_since) {
+        (true, None) => {
+            let since = whole_second(now);
+            changes.insert(BUSY_SINCE, Some(since.to_string()));
+            for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
+                changes.insert(g.saved_as, get(g.key));
+                changes.insert(g.key, Some(g.busy_value));
+            }
+        }
+        (true, Some(recorded)) => {
+            // Already busy. Someone may have changed a guarded annotation since: keep theirs as
+            // the value to restore, and put ours back.
+            let since = recorded.unwrap_or_else(|_| {
+                let since = whole_second(now);
+                changes.insert(BUSY_SINCE, Some(since.to_string()));
+                since
+            });
+            for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
+                if current.get(g.key) != Some(&g.busy_value) {
+                    changes.insert(g.saved_as, get(g.key));
+                    changes.insert(g.key, Some(g.busy_value));
+                }
+            }
+        }
+        (false, Some(_)) => {
+            changes.insert(BUSY_SINCE, None);
+            for g in guarded(settings, now) {
+                match current.get(g.saved_as) {
+                    Some(saved) => {
+                        changes.insert(g.key, Some(saved.clone()));
+                        changes.insert(g.saved_as, None);
+                    }
+                    // Only what busyguard set may be taken away; a disabled one it never set.
+                    None if g.enabled => {
+                        changes.insert(g.key, None);
+                    }
+                    None => {}
+                }
+            }
+        }
+        (false, None) => {}
+    }
+    changes.retain(|key, value| current.get(*key) != value.as_ref());
+    changes
+}
+
+/// The changes as a JSONPatch against the pod they were planned for.
+pub fn json_patch(pod: &Pod, changes: &Changes) -> Patch {
+    let path = |key: &str| PointerBuf::from_tokens(["metadata", "annotations", key]);
+    let operations = match &pod.metadata.annotations {
+        _ if changes.is_empty() => vec![],
+        // No annotations map yet: create it whole (there is nothing to remove).
+        None => {
+            let map = changes
+                .iter()
+                .filter_map(|(key, value)| Some((key.to_string(), Value::String(value.clone()?))))
+                .collect();
+            vec![PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+                value: Value::Object(map),
+            })]
+        }
+        Some(_) => changes
+            .iter()
+            .map(|(key, value)| match value {
+                Some(value) => {
+                    PatchOperation::Add(AddOperation { path: path(key), value: Value::String(value.clone()) })
+                }
+                None => PatchOperation::Remove(RemoveOperation { path: path(key) }),
+            })
+            .collect(),
+    };
+    Patch(operations)
+}
+
+fn whole_second(now: Timestamp) -> Timestamp {
+    Timestamp::from_second(now.as_second()).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const ALL: MutationSettings = MutationSettings { karpenter: true, cluster_autoscaler: true };
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    /// Plans, applies the JSONPatch to the pod's JSON and returns the pod as stored.
+    fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Changes {
+        let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
+        let changes = plan_annotations(&pod, settings, ts(now));
+        json_patch::patch(doc, &json_patch(&pod, &changes)).expect("patch applies to its pod");
+        changes
+    }
+
+    fn set_label(doc: &mut Value, value: &str) {
+        doc["metadata"]["labels"][BUSY_LABEL] = json!(value);
+    }
+
+    fn worker(annotations: Value) -> Value {
+        json!({"metadata": {"name": "w", "labels": {BUSY_LABEL: "false"}, "annotations": annotations},
+               "status": {"phase": "Running"}})
+    }
+
+    #[test]
+    fn flip_to_busy_raises_cost_and_keeps_the_users_cost() {
+        let mut doc = worker(json!({DELETION_COST: "1", "team": "a"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T20:48:44.731Z");
+        let since = ts("2026-11-21T20:48:44Z");
+        assert_eq!(
+            doc["metadata"]["annotations"],
+            json!({
+                "team": "a",
+                BUSY_SINCE: "2026-11-21T20:48:44Z",
+                DELETION_COST: busy_cost(since).to_string(),
+                IDLE_COST: "1",
+                KARPENTER_DO_NOT_DISRUPT: "true",
+                AUTOSCALER_SAFE_TO_EVICT: "false",
+            })
+        );
+    }
+
+    #[test]
+    fn flip_to_busy_creates_the_annotations_map_when_there_is_none() {
+        let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
+        let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
+        let changes = plan_annotations(&pod, ALL, ts("2026-01-01T00:00:00Z"));
+        let patch = json_patch(&pod, &changes);
+        assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(doc["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
+        assert!(doc["metadata"]["annotations"].get(IDLE_COST).is_none(), "no user cost to keep");
+    }
+
+    #[test]
+    fn reinvocation_on_the_patched_pod_changes_nothing() {
+        let mut doc = worker(json!({DELETION_COST: "1"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
+        assert!(admit(&mut doc, ALL, "2026-11-21T20:50:00Z").is_empty());
+    }
+
+    #[test]
+    fn idle_pod_without_busy_annotations_gets_no_patch() {
+        let mut doc = worker(json!({DELETION_COST: "1"}));
+        assert!(admit(&mut doc, ALL, "2026-11-21T20:48:44Z").is_empty());
+    }
+
+    #[test]
+    fn busy_then_idle_restores_exactly_what_the_user_had() {
+        for original in [
+            json!({DELETION_COST: "-5", KARPENTER_DO_NOT_DISRUPT: "true", AUTOSCALER_SAFE_TO_EVICT: "true"}),
+            json!({DELETION_COST: "2147483647"}),
+            json!({}),
+            json!({"unrelated": "x", AUTOSCALER_SAFE_TO_EVICT: "false"}),
+        ] {
+            let mut doc = worker(original.clone());
+            set_label(&mut doc, "true");
+            admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
+            assert_ne!(doc["metadata"]["annotations"], original);
+            set_label(&mut doc, "false");
+            admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
+            assert_eq!(doc["metadata"]["annotations"], original);
+        }
+    }
+
+    #[test]
+    fn restore_when_the_pod_had_no_annotations_map_leaves_an_empty_one() {
+        let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
+        admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
+        set_label(&mut doc, "false");
+        admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
+        assert_eq!(doc["metadata"]["annotations"], json!({}));
+    }
+
+    #[test]
+    fn cost_changed_while_busy_becomes_the_cost_to_restore() {
+        let mut doc = worker(json!({DELETION_COST: "1"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
+        let busy = doc["metadata"]["annotations"][DELETION_COST].clone();
+        doc["metadata"]["annotations"][DELETION_COST] = json!("7");
+        admit(&mut doc, ALL, "2026-11-21T20:49:00Z");
+        assert_eq!(doc["metadata"]["annotations"][DELETION_COST], busy, "busy cost raised again");
+        assert_eq!(doc["metadata"]["annotations"][IDLE_COST], "7");
+        set_label(&mut doc, "false");
+        admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
+        assert_eq!(doc["metadata"]["annotations"], json!({DELETION_COST: "7"}));
+    }
+
+    #[test]
+    fn disabled_autoscaler_annotations_are_left_alone() {
+        let off = MutationSettings { karpenter: false, cluster_autoscaler: false };
+        let original = json!({KARPENTER_DO_NOT_DISRUPT: "false"});
+        let mut doc = worker(original.clone());
+        set_label(&mut doc, "true");
+        admit(&mut doc, off, "2026-11-21T20:48:44Z");
+        let annotations = &doc["metadata"]["annotations"];
+        assert_eq!(annotations[KARPENTER_DO_NOT_DISRUPT], "false");
+        assert!(annotations.get(AUTOSCALER_SAFE_TO_EVICT).is_none());
+        assert!(annotations.get(DELETION_COST).is_some());
+        set_label(&mut doc, "false");
+        admit(&mut doc, off, "2026-11-21T21:00:00Z");
+        assert_eq!(doc["metadata"]["annotations"], original);
+    }
+
+    #[test]
+    fn terminal_and_terminating_pods_are_not_patched() {
+        let mut done = worker(json!({}));
+        set_label(&mut done, "true");
+        done["status"]["phase"] = json!("Failed");
+        assert!(admit(&mut done, ALL, "2026-11-21T20:48:44Z").is_empty());
+
+        let mut going = worker(json!({}));
+        set_label(&mut going, "true");
+        going["metadata"]["deletionTimestamp"] = json!("2026-11-21T20:48:00Z");
+        assert!(admit(&mut going, ALL, "2026-11-21T20:48:44Z").is_empty());
+    }
+
+    #[test]
+    fn pods_without_the_label_are_not_patched() {
+        let mut doc = json!({"metadata": {"labels": {"app": "worker"}}});
+        assert!(admit(&mut doc, ALL, "2026-11-21T20:48:44Z").is_empty());
+    }
+
+    #[test]
+    fn unreadable_busy_since_is_stamped_again() {
+        let mut doc = worker(json!({BUSY_SINCE: "yesterday"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
+        let annotations = &doc["metadata"]["annotations"];
+        assert_eq!(annotations[BUSY_SINCE], "2026-11-21T20:48:44Z");
+        assert_eq!(annotations[DELETION_COST], busy_cost(ts("2026-11-21T20:48:44Z")).to_string());
+    }
+
+    #[test]
+    fn annotation_keys_with_slashes_are_escaped_in_patch_paths() {
+        let pod: Pod = serde_json::from_value(worker(json!({}))).unwrap();
+        let changes = Changes::from([(DELETION_COST, Some("1".to_string()))]);
+        let patch = serde_json::to_value(json_patch(&pod, &changes)).unwrap();
+        assert_eq!(
+            patch,
+            json!([{"op": "add", "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "value": "1"}])
+        );
+    }
+}

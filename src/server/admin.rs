@@ -1,0 +1,28 @@
+//! The admin port: `/healthz` (the process answers), `/readyz` (it takes AdmissionReviews; off
+//! while draining), `/metrics` (Prometheus text).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use super::App;
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(app)
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> impl IntoResponse {
+    if app.is_ready() { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n") }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.encode())
+}

@@ -1,0 +1,187 @@
+//! The two ports: HTTPS for the API server's AdmissionReviews, plain HTTP for probes and
+//! metrics. Starting binds both and loads the certificate; shutting down stops taking
+//! connections, lets in-flight requests finish, then closes the admin port last.
+
+pub mod admin;
+pub mod tls;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use crate::audit::AuditLog;
+use crate::metrics::Metrics;
+use crate::policy::PolicyConfig;
+use tls::CertFiles;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub cert: CertFiles,
+    pub cert_reload_interval: Duration,
+    pub limits: Limits,
+    pub shutdown_timeout: Duration,
+    pub policy: PolicyConfig,
+    /// Audit lines go to this file, or to stdout without one.
+    pub audit_log: Option<PathBuf>,
+}
+
+/// How long a client may take at each step before the connection is dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub handshake_timeout: Duration,
+    /// Also bounds how long an idle keep-alive connection stays open.
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+}
+
+/// What the request handlers share.
+pub struct App {
+    pub policy: PolicyConfig,
+    pub audit: AuditLog,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    ready: AtomicBool,
+}
+
+impl App {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+pub struct Running {
+    pub webhook_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    app: Arc<App>,
+    stop_webhook: watch::Sender<bool>,
+    stop_admin: watch::Sender<bool>,
+    webhook_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    cert_watcher: JoinHandle<()>,
+    shutdown_timeout: Duration,
+}
+
+pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
+    let metrics = Arc::new(Metrics::default());
+    let audit = match &config.audit_log {
+        Some(path) => AuditLog::file(path).with_context(|| format!("opening audit log {}", path.display()))?,
+        None => AuditLog::stdout(),
+    };
+    let (cert, cert_watcher) = tls::load_and_watch(config.cert.clone(), config.cert_reload_interval, metrics.clone())?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
+    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("listening on {} (admin)", config.admin_listen))?;
+    let webhook_addr = listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let app =
+        Arc::new(App { policy: config.policy, audit, metrics, limits: config.limits, ready: AtomicBool::new(false) });
+    let (stop_webhook, webhook_stopped) = watch::channel(false);
+    let (stop_admin, mut admin_stopped) = watch::channel(false);
+    let webhook_task =
+        tokio::spawn(serve_tls(listener, acceptor, webhook::router(app.clone()), config.limits, webhook_stopped));
+    let admin = axum::serve(admin_listener, admin::router(app.clone()))
+        .with_graceful_shutdown(async move { until_stopped(&mut admin_stopped).await });
+    let admin_task = tokio::spawn(async move {
+        if let Err(e) = admin.await {
+            warn!(error = %e, "admin port stopped");
+        }
+    });
+    app.ready.store(true, Ordering::Relaxed);
+    info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
+    Ok(Running {
+        webhook_addr,
+        admin_addr,
+        app,
+        stop_webhook,
+        stop_admin,
+        webhook_task,
+        admin_task,
+        cert_watcher,
+        shutdown_timeout: config.shutdown_timeout,
+    })
+}
+
+impl Running {
+    /// Not ready any more, no new connections, in-flight requests answered (up to the shutdown
+    /// timeout), then the admin port closes.
+    pub async fn shutdown(mut self) {
+        self.app.ready.store(false, Ordering::Relaxed);
+        let _ = self.stop_webhook.send(true);
+        match tokio::time::timeout(self.shutdown_timeout, &mut self.webhook_task).await {
+            Ok(_) => info!("in-flight requests drained"),
+            Err(_) => {
+                warn!(timeout = ?self.shutdown_timeout, "requests still in flight at the shutdown timeout; closing them");
+                self.webhook_task.abort();
+            }
+        }
+        let _ = self.stop_admin.send(true);
+        let _ = self.admin_task.await;
+        self.cert_watcher.abort();
+    }
+}
+
+async fn serve_tls(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+    limits: Limits,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    http.http2().timer(TokioTimer::new());
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = until_stopped(&mut stopped) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, most likely: back off instead of spinning.
+                    warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, http, router, watcher) = (acceptor.clone(), http.clone(), router.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => return debug!(%peer, "TLS handshake timed out"),
+            };
+            let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+            if let Err(e) = watcher.watch(connection).await {
+                debug!(%peer, error = %e, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Returns once `true` was sent, or the sender is gone.
+async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stopped| *stopped).await;
+}

@@ -1,0 +1,138 @@
+//! TLS for the webhook port: rustls with ring, TLS 1.2 and 1.3, ALPN h2 and http/1.1, and a
+//! serving certificate that follows its files.
+//!
+//! The files are read again every `interval` and compared by content, which catches every way
+//! they change: an editor's rewrite, `busyguard certs --force`, and the `..data` symlink swap of
+//! a Kubernetes Secret volume (inotify on the file names misses the latter). A pair that does not
+//! load keeps the last good one in service.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ServerConfig, version};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tracing::{info, warn};
+
+use crate::metrics::{Metrics, ResultLabels};
+
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate chain (PEM, leaf first) and its private key (PEM), checked to belong together.
+pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("certificate file: {e}"))?;
+    if chain.is_empty() {
+        return Err("certificate file holds no PEM certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| format!("certificate and key: {e}"))
+}
+
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Both files' bytes, as last read.
+#[derive(PartialEq, Eq)]
+struct Contents(Vec<u8>, Vec<u8>);
+
+impl CertFiles {
+    fn read(&self) -> Result<Contents, String> {
+        let read = |path: &PathBuf| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
+        Ok(Contents(read(&self.cert)?, read(&self.key)?))
+    }
+}
+
+/// The serving certificate, swapped in place when the files change.
+#[derive(Debug)]
+pub struct ReloadingCert {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+    }
+}
+
+impl ReloadingCert {
+    fn set(&self, key: CertifiedKey) {
+        *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(key);
+    }
+}
+
+/// Loads the pair once (a failure here stops the server), then keeps it fresh in the background.
+pub fn load_and_watch(
+    files: CertFiles,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<(Arc<ReloadingCert>, tokio::task::JoinHandle<()>)> {
+    let contents = files.read().map_err(anyhow::Error::msg).context("reading the serving certificate")?;
+    let key = certified_key(&contents.0, &contents.1)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("loading {} and {}", files.cert.display(), files.key.display()))?;
+    let cert = Arc::new(ReloadingCert { current: RwLock::new(Arc::new(key)) });
+    let watcher = tokio::spawn(watch(files, cert.clone(), contents, interval, metrics));
+    Ok((cert, watcher))
+}
+
+async fn watch(
+    files: CertFiles,
+    cert: Arc<ReloadingCert>,
+    mut last: Contents,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) {
+    let mut last_error = None;
+    loop {
+        tokio::time::sleep(interval).await;
+        // Two small files: cheaper to read than to hand off to a blocking thread.
+        let contents = match files.read() {
+            Ok(contents) => contents,
+            Err(e) => {
+                if last_error.as_ref() != Some(&e) {
+                    warn!(error = %e, "cannot read the certificate files; still serving the last good pair");
+                    last_error = Some(e);
+                }
+                continue;
+            }
+        };
+        last_error = None;
+        if contents == last {
+            continue;
+        }
+        match certified_key(&contents.0, &contents.1) {
+            Ok(key) => {
+                cert.set(key);
+                metrics.tls_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+                info!(cert = %files.cert.display(), "serving certificate reloaded");
+            }
+            Err(e) => {
+                metrics.tls_reloads.get_or_create(&ResultLabels { result: "error" }).inc();
+                warn!(error = %e, cert = %files.cert.display(), "new certificate files rejected; still serving the last good pair");
+            }
+        }
+        // A rejected pair is not retried until the files change again.
+        last = contents;
+    }
+}
+
+pub fn server_config(cert: Arc<ReloadingCert>) -> anyhow::Result<ServerConfig> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&version::TLS13, &version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(cert);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}

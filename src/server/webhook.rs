@@ -1,0 +1,156 @@
+//! The webhook routes: `POST /mutate` and `POST /validate`. Reads the body within its limits,
+//! decodes, decides, audits, answers. Anything that is not a judgeable request gets an HTTP
+//! 4xx with a JSON error, never an AdmissionReview, so it can never read as "allowed".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use jiff::Timestamp;
+use tracing::{Span, debug, field, info, info_span, warn};
+
+use super::App;
+use crate::admission::review::{self, InvalidReview};
+use crate::admission::{Webhook, admit, resource_label};
+use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
+
+/// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
+/// an object and its old version.
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate).fallback(method_not_allowed))
+        .route("/validate", post(validate).fallback(method_not_allowed))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn mutate(State(app): State<Arc<App>>, request: Request) -> Response {
+    answer(&app, Webhook::Mutating, request).await.unwrap_or_else(|e| e.into_counted_response(&app))
+}
+
+async fn validate(State(app): State<Arc<App>>, request: Request) -> Response {
+    answer(&app, Webhook::Validating, request).await.unwrap_or_else(|e| e.into_counted_response(&app))
+}
+
+async fn method_not_allowed(State(app): State<Arc<App>>) -> Response {
+    HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "AdmissionReviews are sent with POST").into_counted_response(&app)
+}
+
+async fn not_found(State(app): State<Arc<App>>) -> Response {
+    HttpError::new(StatusCode::NOT_FOUND, "no such path: webhooks are served on /mutate and /validate")
+        .into_counted_response(&app)
+}
+
+async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
+    check_headers(request.headers())?;
+    let body = read_body(request.into_body(), app.limits.body_read_timeout).await?;
+    let started = Instant::now();
+    let request = review::decode(&body)?;
+    let span = info_span!(
+        "review",
+        uid = %request.uid,
+        kind = %request.kind.kind,
+        namespace = %request.namespace,
+        name = %request.name,
+        operation = request.operation.as_str(),
+        decision = field::Empty,
+    );
+    let _entered = span.enter();
+    let outcome = admit(&request, webhook, &app.policy, Timestamp::now())?;
+    Span::current().record("decision", outcome.decision.as_str());
+    if let Some(record) = &outcome.audit {
+        if let Err(e) = app.audit.write(record) {
+            app.metrics.audit_write_errors.inc();
+            warn!(error = %e, "audit line could not be written");
+        }
+        info!(reason = record.reason, user = %record.user, "busy pod decision");
+    } else {
+        debug!("answered");
+    }
+    let encoded = outcome.response.encode();
+    let labels = ReviewLabels {
+        webhook: webhook.as_str(),
+        resource: resource_label(&request),
+        operation: request.operation.as_str(),
+        result: outcome.decision.as_str(),
+    };
+    app.metrics.reviews.get_or_create(&labels).inc();
+    app.metrics
+        .review_seconds
+        .get_or_create(&WebhookLabels { webhook: webhook.as_str() })
+        .observe(started.elapsed().as_secs_f64());
+    Ok(([(header::CONTENT_TYPE, "application/json")], encoded).into_response())
+}
+
+fn check_headers(headers: &HeaderMap) -> Result<(), HttpError> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(HttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Content-Type must be application/json, got {content_type:?}"),
+        ));
+    }
+    let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes());
+    if encoding.is_some_and(|encoding| !encoding.eq_ignore_ascii_case(b"identity")) {
+        return Err(HttpError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "compressed request bodies are not accepted"));
+    }
+    let declared_length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    Ok(())
+}
+
+async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, HttpError> {
+    match tokio::time::timeout(timeout, Limited::new(body, MAX_BODY_BYTES).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(HttpError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))),
+        Err(_) => Err(HttpError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {timeout:?}"),
+        )),
+    }
+}
+
+fn too_large() -> HttpError {
+    HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body is larger than {MAX_BODY_BYTES} bytes"))
+}
+
+/// A request refused before any decision: logged once, counted, answered as JSON.
+#[derive(Debug)]
+pub struct HttpError {
+    status: StatusCode,
+    message: String,
+}
+
+impl HttpError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        HttpError { status, message: message.into() }
+    }
+
+    fn into_counted_response(self, app: &App) -> Response {
+        warn!(status = self.status.as_u16(), error = %self.message, "request refused");
+        app.metrics.invalid_requests.get_or_create(&StatusLabels { status: self.status.as_u16() }).inc();
+        let body = serde_json::json!({"error": self.message, "code": self.status.as_u16()}).to_string();
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        // The body may be unread: do not let the client reuse the connection.
+        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        response
+    }
+}
+
+impl From<InvalidReview> for HttpError {
+    fn from(e: InvalidReview) -> Self {
+        HttpError::new(StatusCode::BAD_REQUEST, e.0)
+    }
+}
