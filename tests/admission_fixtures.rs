@@ -1,0 +1,291 @@
+//! The real server, over real TLS, answering AdmissionReviews a real kube-apiserver sent
+//! (`tests/fixtures/`) and busy variants of them.
+
+mod common;
+
+use common::{TestServer, fixture, patch_of, pod_mut, set_busy_label};
+use jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+
+use busyguard::policy::Mode;
+
+const EPOCH_2024: i64 = 1_704_067_200;
+
+fn whole_seconds_ago(seconds: i64) -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second() - seconds).unwrap()
+}
+
+fn set_busy_since(review: &mut Value, since: Timestamp) {
+    pod_mut(review)["metadata"]["annotations"]["busyguard.io/busy-since"] = json!(since.to_string());
+}
+
+#[tokio::test]
+async fn every_fixture_gets_the_answer_its_request_needs() {
+    let server = TestServer::start().await;
+    // (fixture, path, allowed, patched). Idle pods pass untouched; only the busy ones matter.
+    let cases = [
+        ("deployment-scale-subresource-down-by-kubectl.json", "/validate", true, false),
+        ("deployment-update-replicas-down-by-user.json", "/validate", true, false),
+        ("pod-create-by-replicaset-controller.json", "/mutate", true, false),
+        ("pod-create-by-user.json", "/mutate", true, false),
+        // This pod was already labelled busy when the ReplicaSet controller picked it.
+        ("pod-delete-by-replicaset-controller.json", "/validate", false, false),
+        ("pod-delete-by-user.json", "/validate", true, false),
+        ("pod-delete-final-by-kubelet.json", "/validate", true, false),
+        ("pod-eviction-by-user.json", "/validate", true, false),
+        ("pod-eviction-server-dry-run-by-user.json", "/validate", true, false),
+        ("pod-update-annotation-by-user.json", "/mutate", true, true),
+        ("pod-update-label-busy-by-user.json", "/mutate", true, true),
+        ("replicaset-scale-subresource-down-by-kubectl.json", "/validate", true, false),
+        ("replicaset-update-scale-down-by-deployment-controller.json", "/validate", true, false),
+    ];
+    assert_eq!(cases.len(), std::fs::read_dir("tests/fixtures").unwrap().count(), "every fixture has a case");
+    for (name, path, allowed, patched) in cases {
+        let response = server.review(path, &fixture(name)).await;
+        assert_eq!(response["allowed"], allowed, "{name}: {response}");
+        assert_eq!(!patch_of(&response).is_empty(), patched, "{name}: {response}");
+        if !allowed {
+            assert_eq!(response["status"]["code"], 429, "{name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn flip_to_busy_raises_the_cost_keeps_the_users_cost_and_blocks_autoscalers() {
+    let server = TestServer::start().await;
+    let before = Timestamp::now().as_second();
+    let response = server.review("/mutate", &fixture("pod-update-label-busy-by-user.json")).await;
+    let after = Timestamp::now().as_second();
+    assert_eq!(response["allowed"], true);
+    let ops = patch_of(&response);
+    let since: Timestamp = ops[0]["value"].as_str().unwrap().parse().unwrap();
+    assert!((before..=after).contains(&since.as_second()), "busy-since is the time of the flip");
+    let cost = i64::from(i32::MAX) - (since.as_second() - EPOCH_2024);
+    let annotation = |key: &str| format!("/metadata/annotations/{}", key.replace('/', "~1"));
+    assert_eq!(
+        ops,
+        vec![
+            json!({"op": "add", "path": annotation("busyguard.io/busy-since"), "value": since.to_string()}),
+            json!({"op": "add", "path": annotation("busyguard.io/idle-cost"), "value": "1"}),
+            json!({"op": "add", "path": annotation("cluster-autoscaler.kubernetes.io/safe-to-evict"), "value": "false"}),
+            json!({"op": "add", "path": annotation("controller.kubernetes.io/pod-deletion-cost"), "value": cost.to_string()}),
+            json!({"op": "add", "path": annotation("karpenter.sh/do-not-disrupt"), "value": "true"}),
+        ]
+    );
+}
+
+/// Applies an admission response's patch to the pod of the review it answered.
+fn apply(review: &mut Value, response: &Value) {
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(patch_of(response))).unwrap();
+    json_patch::patch(pod_mut(review), &patch).expect("the patch applies to the pod it came from");
+}
+
+#[tokio::test]
+async fn the_patched_pod_sent_again_gets_no_patch() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    let response = server.review("/mutate", &review).await;
+    apply(&mut review, &response);
+    let again = server.review("/mutate", &review).await;
+    assert_eq!(again, json!({"uid": review["request"]["uid"], "allowed": true}));
+}
+
+#[tokio::test]
+async fn flip_back_to_idle_restores_exactly_the_original_annotations() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    let original = pod_mut(&mut review)["metadata"]["annotations"].clone();
+    let busy = server.review("/mutate", &review).await;
+    apply(&mut review, &busy);
+    set_busy_label(&mut review, "false");
+    let idle = server.review("/mutate", &review).await;
+    assert!(!patch_of(&idle).is_empty());
+    apply(&mut review, &idle);
+    assert_eq!(pod_mut(&mut review)["metadata"]["annotations"], original);
+}
+
+#[tokio::test]
+async fn busy_pod_created_busy_gets_the_busy_annotations() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-create-by-replicaset-controller.json");
+    set_busy_label(&mut review, "true");
+    let response = server.review("/mutate", &review).await;
+    apply(&mut review, &response);
+    let annotations = &pod_mut(&mut review)["metadata"]["annotations"];
+    assert_eq!(annotations["busyguard.io/idle-cost"], "1");
+    assert_eq!(annotations["karpenter.sh/do-not-disrupt"], "true");
+}
+
+#[tokio::test]
+async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_and_an_audit_line() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    let since = whole_seconds_ago(600);
+    set_busy_since(&mut review, since);
+    let response = server.review("/validate", &review).await;
+    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    let message = format!(
+        "pod capture/worker-6b8958b477-df84j is busy since {since} (protection lapses at {until} at the latest); \
+         it will be spared until it is idle; to force: \
+         kubectl label pod worker-6b8958b477-df84j -n capture busyguard.io/busy=false --overwrite"
+    );
+    assert_eq!(
+        response,
+        json!({"uid": "72c74df2-1c4e-45f7-b24d-4717cf675c16", "allowed": false,
+               "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": message}})
+    );
+    let audit = server.audit_lines();
+    assert_eq!(audit.len(), 1);
+    let line = &audit[0];
+    assert_eq!(line["decision"], "denied");
+    assert_eq!(line["reason"], "busy");
+    assert_eq!(line["uid"], "72c74df2-1c4e-45f7-b24d-4717cf675c16");
+    assert_eq!(line["operation"], "DELETE");
+    assert_eq!(line["resource"], "pods");
+    assert_eq!(line["namespace"], "capture");
+    assert_eq!(line["pod"], "worker-6b8958b477-df84j");
+    assert_eq!(line["user"], "admin");
+    assert_eq!(line["groups"], json!(["system:masters", "system:authenticated"]));
+    assert_eq!(line["busy_since"], since.to_string());
+    assert_eq!(line["mode"], "enforce");
+    assert_eq!(line["dry_run"], false);
+}
+
+#[tokio::test]
+async fn busy_pod_delete_by_the_replicaset_controller_is_refused() {
+    let server = TestServer::start().await;
+    let review = fixture("pod-delete-by-replicaset-controller.json");
+    let response = server.review("/validate", &review).await;
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 429);
+    assert_eq!(server.audit_lines()[0]["user"], "system:serviceaccount:kube-system:replicaset-controller");
+}
+
+#[tokio::test]
+async fn kubelet_final_delete_of_a_terminating_busy_pod_is_allowed_silently() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-final-by-kubelet.json");
+    set_busy_label(&mut review, "true");
+    let response = server.review("/validate", &review).await;
+    assert_eq!(response, json!({"uid": review["request"]["uid"], "allowed": true}));
+    assert!(server.audit_lines().is_empty());
+}
+
+#[tokio::test]
+async fn terminal_busy_pod_may_be_deleted() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    pod_mut(&mut review)["status"]["phase"] = json!("Succeeded");
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+}
+
+#[tokio::test]
+async fn pod_garbage_collector_may_delete_a_busy_pod_and_the_exemption_is_audited() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    review["request"]["userInfo"] =
+        json!({"username": "system:serviceaccount:kube-system:pod-garbage-collector", "groups": []});
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    let audit = server.audit_lines();
+    assert_eq!((audit[0]["decision"].as_str(), audit[0]["reason"].as_str()), (Some("exempted"), Some("exempt-user")));
+}
+
+#[tokio::test]
+async fn busy_pod_past_max_busy_may_be_deleted_and_the_lapse_is_audited() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    set_busy_since(&mut review, whole_seconds_ago(3 * 3600));
+    pod_mut(&mut review)["metadata"]["annotations"]["busyguard.io/max-busy"] = json!("2h");
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    let audit = server.audit_lines();
+    assert_eq!(
+        (audit[0]["decision"].as_str(), audit[0]["reason"].as_str()),
+        (Some("lapsed"), Some("max-busy-exceeded"))
+    );
+}
+
+#[tokio::test]
+async fn busy_flag_older_than_a_container_restart_does_not_protect() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    set_busy_since(&mut review, whole_seconds_ago(600));
+    let container = &mut pod_mut(&mut review)["status"]["containerStatuses"][0];
+    container["restartCount"] = json!(1);
+    container["state"] = json!({"running": {"startedAt": whole_seconds_ago(60).to_string()}});
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    assert_eq!(server.audit_lines()[0]["reason"], "stale-after-restart");
+}
+
+#[tokio::test]
+async fn dry_run_request_is_judged_the_same_and_audited_as_dry_run() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    review["request"]["dryRun"] = json!(true);
+    let response = server.review("/validate", &review).await;
+    assert_eq!(response["status"]["code"], 429);
+    assert_eq!(server.audit_lines()[0]["dry_run"], true);
+}
+
+#[tokio::test]
+async fn dry_run_mode_allows_busy_deletes_with_a_warning_and_audits_what_it_would_have_denied() {
+    let server = TestServer::start_with(|config| config.policy.mode = Mode::DryRun).await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    let response = server.review("/validate", &review).await;
+    assert_eq!(response["allowed"], true);
+    let warning = response["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.starts_with("busyguard dry-run, would deny: pod capture/worker-6b8958b477-df84j is busy"),
+        "{warning}"
+    );
+    let audit = server.audit_lines();
+    assert_eq!((audit[0]["decision"].as_str(), audit[0]["mode"].as_str()), (Some("would-deny"), Some("dry-run")));
+}
+
+#[tokio::test]
+async fn deletes_never_carry_a_patch_whichever_path_they_reach() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    assert_eq!(server.review("/mutate", &review).await, json!({"uid": review["request"]["uid"], "allowed": true}));
+    set_busy_label(&mut review, "true");
+    let response = server.review("/mutate", &review).await;
+    assert_eq!(response["allowed"], false);
+    assert!(response.get("patch").is_none());
+}
+
+#[tokio::test]
+async fn the_validating_path_never_patches_pod_writes() {
+    let server = TestServer::start().await;
+    let review = fixture("pod-update-label-busy-by-user.json");
+    assert_eq!(server.review("/validate", &review).await, json!({"uid": review["request"]["uid"], "allowed": true}));
+}
+
+#[tokio::test]
+async fn requests_busyguard_does_not_judge_are_allowed_and_counted() {
+    let server = TestServer::start().await;
+    server.review("/validate", &fixture("replicaset-scale-subresource-down-by-kubectl.json")).await;
+    server.review("/validate", &fixture("pod-eviction-by-user.json")).await;
+    let metrics = server.metrics().await;
+    for line in [
+        r#"busyguard_admission_reviews_total{webhook="validating",resource="replicasets/scale",operation="UPDATE",result="unhandled"} 1"#,
+        r#"busyguard_admission_reviews_total{webhook="validating",resource="pods/eviction",operation="CREATE",result="unhandled"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing from\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn a_busy_label_that_is_not_true_or_false_is_warned_about() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    set_busy_label(&mut review, "yes");
+    let response = server.review("/mutate", &review).await;
+    assert_eq!(response["allowed"], true);
+    assert!(response["warnings"][0].as_str().unwrap().contains("busyguard.io/busy=\"yes\""));
+}

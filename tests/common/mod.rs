@@ -1,0 +1,205 @@
+//! A real busyguard on loopback with fresh certificates, and a client that talks to it the way
+//! the kube-apiserver does: TLS, HTTP/1.1 keep-alive, `Content-Type: application/json`.
+#![allow(dead_code)] // each test binary uses its own part of this
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use busyguard::certs::{self, CertsRequest};
+use busyguard::policy::PolicyConfig;
+use busyguard::server::tls::CertFiles;
+use busyguard::server::{self, Limits, Running, ServeConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use rustls::ClientConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+pub struct TestServer {
+    pub running: Option<Running>,
+    pub webhook: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn fresh_certs(dir: &Path, force: bool) {
+    certs::ensure(&CertsRequest {
+        dir: dir.to_path_buf(),
+        dns_names: vec!["localhost".into()],
+        ips: vec!["127.0.0.1".parse().unwrap()],
+        valid_days: 30,
+        force,
+    })
+    .unwrap();
+}
+
+pub fn test_config(dir: &Path) -> ServeConfig {
+    ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        cert: CertFiles { cert: dir.join("tls.crt"), key: dir.join("tls.key") },
+        cert_reload_interval: Duration::from_millis(50),
+        limits: Limits {
+            handshake_timeout: Duration::from_secs(2),
+            header_read_timeout: Duration::from_secs(2),
+            body_read_timeout: Duration::from_secs(2),
+        },
+        shutdown_timeout: Duration::from_secs(5),
+        policy: PolicyConfig::default(),
+        audit_log: Some(dir.join("audit.log")),
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        fresh_certs(dir.path(), false);
+        let mut config = test_config(dir.path());
+        adjust(&mut config);
+        let running = server::start(config).await.unwrap();
+        TestServer { webhook: running.webhook_addr, admin: running.admin_addr, running: Some(running), dir }
+    }
+
+    pub fn ca(&self) -> CertificateDer<'static> {
+        ca_of(self.dir.path())
+    }
+
+    pub fn audit_lines(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        text.lines().map(|line| serde_json::from_str(line).expect("audit lines are JSON")).collect()
+    }
+
+    pub async fn connect(&self) -> TlsStream<TcpStream> {
+        connect(self.webhook, &self.ca()).await.expect("TLS handshake")
+    }
+
+    /// POSTs a body as the API server does, on a new connection.
+    pub async fn post(&self, path: &str, body: impl Into<Bytes>) -> Answer {
+        let mut sender = http1(self.connect().await).await;
+        send(&mut sender, post_request(path, body)).await
+    }
+
+    /// POSTs an AdmissionReview and returns its `response`, insisting on a 200.
+    pub async fn review(&self, path: &str, review: &Value) -> Value {
+        let answer = self.post(path, serde_json::to_vec(review).unwrap()).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let mut body = answer.json();
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(body["kind"], "AdmissionReview");
+        assert_eq!(body["response"]["uid"], review["request"]["uid"], "the answer echoes the uid");
+        body["response"].take()
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Answer {
+        let stream = TcpStream::connect(self.admin).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(connection);
+        let request = hyper::Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
+        send(&mut sender, request).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.admin_get("/metrics").await.text()
+    }
+}
+
+pub fn ca_of(dir: &Path) -> CertificateDer<'static> {
+    CertificateDer::from_pem_file(dir.join("ca.crt")).unwrap()
+}
+
+pub fn client_config(ca: &CertificateDer<'static>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let mut config = ClientConfig::builder_with_provider(busyguard::server::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+pub async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let connector = TlsConnector::from(client_config(ca, &[b"http/1.1"]));
+    connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await
+}
+
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+pub async fn http1(stream: TlsStream<TcpStream>) -> Sender {
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+pub fn post_request(path: &str, body: impl Into<Bytes>) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::post(format!("{path}?timeout=10s"))
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, */*")
+        .header("user-agent", "kube-apiserver-admission")
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+pub struct Answer {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+pub async fn send(sender: &mut Sender, request: hyper::Request<Full<Bytes>>) -> Answer {
+    let response = sender.send_request(request).await.expect("an HTTP answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer { status, headers, body }
+}
+
+/// A fixture from `tests/fixtures/` (AdmissionReview bodies a real kube-apiserver sent).
+pub fn fixture(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+/// The pod a review carries: `object`, or `oldObject` for a DELETE.
+pub fn pod_mut(review: &mut Value) -> &mut Value {
+    let request = &mut review["request"];
+    if request["operation"] == "DELETE" { &mut request["oldObject"] } else { &mut request["object"] }
+}
+
+pub fn set_busy_label(review: &mut Value, value: &str) {
+    pod_mut(review)["metadata"]["labels"]["busyguard.io/busy"] = Value::String(value.into());
+}
+
+/// The decoded JSONPatch operations of an admission response, or none.
+pub fn patch_of(response: &Value) -> Vec<Value> {
+    use base64::Engine;
+    let Some(encoded) = response["patch"].as_str() else { return vec![] };
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
