@@ -118,9 +118,12 @@ pub fn ca_of(dir: &Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(dir.join("ca.crt")).unwrap()
 }
 
-pub fn client_config(ca: &CertificateDer<'static>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
+/// A client trusting these CAs, offering these ALPN protocols.
+pub fn client_config(cas: &[CertificateDer<'static>], alpn: &[&[u8]]) -> Arc<ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
+    for ca in cas {
+        roots.add(ca.clone()).unwrap();
+    }
     let mut config = ClientConfig::builder_with_provider(busyguard::server::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -132,7 +135,7 @@ pub fn client_config(ca: &CertificateDer<'static>, alpn: &[&[u8]]) -> Arc<Client
 
 pub async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> std::io::Result<TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
-    let connector = TlsConnector::from(client_config(ca, &[b"http/1.1"]));
+    let connector = TlsConnector::from(client_config(std::slice::from_ref(ca), &[b"http/1.1"]));
     connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await
 }
 
