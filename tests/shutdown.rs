@@ -1,0 +1,154 @@
+//! Stopping without dropping a request: in-flight reviews are answered, readiness goes down
+//! first, new connections are refused; a second signal does not wait.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{TestServer, ca_of, connect, fixture};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A review sent in two halves, so that it is in flight while the server is told to stop.
+struct HalfSent {
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    rest: Vec<u8>,
+}
+
+async fn send_half(addr: SocketAddr, ca: &rustls_pki_types::CertificateDer<'static>) -> HalfSent {
+    let body = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
+    let head = format!(
+        "POST /validate?timeout=10s HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stream = connect(addr, ca).await.unwrap();
+    let (first, rest) = body.split_at(body.len() / 2);
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(first).await.unwrap();
+    stream.flush().await.unwrap();
+    HalfSent { stream, rest: rest.to_vec() }
+}
+
+impl HalfSent {
+    /// Sends the rest and returns the whole answer (the server closes the connection after it).
+    async fn finish(mut self) -> String {
+        self.stream.write_all(&self.rest).await.unwrap();
+        self.stream.flush().await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), self.stream.read_to_end(&mut answer)).await.unwrap().ok();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn shutdown_answers_the_request_in_flight_and_refuses_new_connections() {
+    let mut server = TestServer::start().await;
+    let in_flight = send_half(server.webhook, &server.ca()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let running = server.running.take().unwrap();
+    let stopping = tokio::spawn(running.shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.admin_get("/readyz").await.status, 503, "not ready while draining");
+    assert!(connect(server.webhook, &server.ca()).await.is_err(), "no new connections while draining");
+    assert!(!stopping.is_finished(), "waits for the request in flight");
+
+    let answer = in_flight.finish().await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""allowed":true"#), "{answer}");
+    tokio::time::timeout(Duration::from_secs(5), stopping).await.expect("drained promptly").unwrap();
+}
+
+struct Process {
+    child: Child,
+    logs: mpsc::Receiver<serde_json::Value>,
+}
+
+impl Process {
+    /// `busyguard serve` in `dir` on its default certificate paths, with JSON logs.
+    fn serve(dir: &std::path::Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_busyguard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (sender, logs) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log lines are JSON: {line}"));
+                let _ = sender.send(value);
+            }
+        });
+        Process { child, logs }
+    }
+
+    fn wait_for_log(&self, message: &str) -> serde_json::Value {
+        loop {
+            let line = self.logs.recv_timeout(Duration::from_secs(10)).expect("log line in time");
+            if line["message"] == message {
+                return line;
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill").args(["-s", name, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child.kill().unwrap();
+        panic!("busyguard did not exit within 5 s");
+    }
+}
+
+fn certs_in(dir: &std::path::Path) {
+    let status = Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
+    assert!(status.success());
+    assert!(dir.join("certs/tls.crt").exists() && dir.join("certs/ca.crt").exists());
+}
+
+#[tokio::test]
+async fn sigterm_drains_the_request_in_flight_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    certs_in(dir.path());
+    let mut process = Process::serve(dir.path());
+    let serving = process.wait_for_log("busyguard serving");
+    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
+    let ca = ca_of(&dir.path().join("certs"));
+
+    let in_flight = send_half(addr, &ca).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    process.signal("TERM");
+    process.wait_for_log("shutting down: draining in-flight requests; a second signal aborts");
+    let answer = in_flight.finish().await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(r#""allowed":true"#), "{answer}");
+    assert_eq!(process.wait_exit().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_second_signal_aborts_without_waiting_for_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    certs_in(dir.path());
+    let mut process = Process::serve(dir.path());
+    let serving = process.wait_for_log("busyguard serving");
+    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
+    let _stalled = send_half(addr, &ca_of(&dir.path().join("certs"))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    process.signal("TERM");
+    process.wait_for_log("shutting down: draining in-flight requests; a second signal aborts");
+    process.signal("INT");
+    assert_eq!(process.wait_exit().code(), Some(130));
+}
