@@ -52,7 +52,7 @@ pub fn ensure(request: &CertsRequest) -> anyhow::Result<CertsOutcome> {
     } else {
         match check_existing(request) {
             Ok(()) => return Ok(CertsOutcome::Kept),
-            Err(reason) => reason,
+            Err(problem) => format!("no usable certificates there: {problem}"),
         }
     };
     write_new(request)?;
