@@ -114,23 +114,23 @@ impl Process {
     }
 }
 
-fn certs_in(dir: &std::path::Path) {
+/// `busyguard certs`, then `busyguard serve` with a review in flight: the process, and the
+/// review waiting for the rest of its body.
+async fn serving_with_a_request_in_flight(dir: &std::path::Path) -> (Process, HalfSent) {
     let status = Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
     assert!(status.success());
-    assert!(dir.join("certs/tls.crt").exists() && dir.join("certs/ca.crt").exists());
+    let process = Process::serve(dir);
+    let serving = process.wait_for_log("busyguard serving");
+    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
+    let in_flight = send_half(addr, &ca_of(&dir.join("certs"))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (process, in_flight)
 }
 
 #[tokio::test]
 async fn sigterm_drains_the_request_in_flight_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
-    certs_in(dir.path());
-    let mut process = Process::serve(dir.path());
-    let serving = process.wait_for_log("busyguard serving");
-    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
-    let ca = ca_of(&dir.path().join("certs"));
-
-    let in_flight = send_half(addr, &ca).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut process, in_flight) = serving_with_a_request_in_flight(dir.path()).await;
     process.signal("TERM");
     process.wait_for_log("shutting down: draining in-flight requests; a second signal aborts");
     let answer = in_flight.finish().await;
@@ -141,12 +141,7 @@ async fn sigterm_drains_the_request_in_flight_and_exits_zero() {
 #[tokio::test]
 async fn a_second_signal_aborts_without_waiting_for_the_drain() {
     let dir = tempfile::tempdir().unwrap();
-    certs_in(dir.path());
-    let mut process = Process::serve(dir.path());
-    let serving = process.wait_for_log("busyguard serving");
-    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
-    let _stalled = send_half(addr, &ca_of(&dir.path().join("certs"))).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut process, _stalled) = serving_with_a_request_in_flight(dir.path()).await;
     process.signal("TERM");
     process.wait_for_log("shutting down: draining in-flight requests; a second signal aborts");
     process.signal("INT");

@@ -8,7 +8,7 @@ use base64::Engine;
 use jiff::Timestamp;
 
 use crate::audit::AuditRecord;
-use crate::policy::busy::{BusyState, busy_state, contract_warnings};
+use crate::policy::busy::{BusyState, Lapse, busy_state, contract_warnings};
 use crate::policy::disruption::{Override, Requester, Verdict, denial_message, judge};
 use crate::policy::mutate::{json_patch, plan_annotations};
 use crate::policy::pod::Pod;
@@ -182,10 +182,10 @@ fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
 fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
     let pod = format!("pod {namespace}/{name}");
     match over {
-        Override::Lapsed { since, lapse: crate::policy::busy::Lapse::MaxBusy { limit } } => {
+        Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
             format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
         }
-        Override::Lapsed { since, lapse: crate::policy::busy::Lapse::Restarted { at } } => {
+        Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
             format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
         }
         Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
