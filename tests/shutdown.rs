@@ -24,7 +24,7 @@ async fn send_half(addr: SocketAddr, ca: &rustls_pki_types::CertificateDer<'stat
         "POST /validate?timeout=10s HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
-    let mut stream = connect(addr, ca).await.unwrap();
+    let mut stream = connect(addr, std::slice::from_ref(ca), &[b"http/1.1"]).await.unwrap();
     let (first, rest) = body.split_at(body.len() / 2);
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(first).await.unwrap();
@@ -53,7 +53,10 @@ async fn shutdown_answers_the_request_in_flight_and_refuses_new_connections() {
     let stopping = tokio::spawn(running.shutdown());
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(server.admin_get("/readyz").await.status, 503, "not ready while draining");
-    assert!(connect(server.webhook, &server.ca()).await.is_err(), "no new connections while draining");
+    assert!(
+        connect(server.webhook, &[server.ca()], &[b"http/1.1"]).await.is_err(),
+        "no new connections while draining"
+    );
     assert!(!stopping.is_finished(), "waits for the request in flight");
 
     let answer = in_flight.finish().await;

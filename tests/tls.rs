@@ -5,10 +5,10 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, ca_of, client_config, fixture, fresh_certs, post_request, send, test_config};
+use common::{TestServer, ca_of, connect, fixture, fresh_certs, post_request, send, test_config};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -16,17 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-async fn handshake(
-    addr: std::net::SocketAddr,
-    cas: &[CertificateDer<'static>],
-    alpn: &[&[u8]],
-) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
-    TlsConnector::from(client_config(cas, alpn)).connect(ServerName::try_from("localhost").unwrap(), tcp).await
-}
+const RELOADS_OK: &str = r#"busyguard_tls_reloads_total{result="ok"}"#;
+const RELOADS_ERROR: &str = r#"busyguard_tls_reloads_total{result="error"}"#;
 
 async fn served_leaf(addr: std::net::SocketAddr, cas: &[CertificateDer<'static>]) -> CertificateDer<'static> {
-    let stream = handshake(addr, cas, &[b"http/1.1"]).await.unwrap();
+    let stream = connect(addr, cas, &[b"http/1.1"]).await.unwrap();
     stream.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned()
 }
 
@@ -42,18 +36,25 @@ fn keep_handshaking(
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<(usize, usize)> {
     tokio::spawn(async move {
-        let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let (mut ok, mut failed) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
-            match handshake(addr, &cas, &[b"http/1.1"]).await {
-                Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+            match connect(addr, &cas, &[b"http/1.1"]).await {
+                Ok(_) => ok += 1,
                 Err(e) => {
                     eprintln!("handshake failed: {e}");
-                    failed.fetch_add(1, Ordering::Relaxed)
+                    failed += 1;
                 }
-            };
+            }
         }
-        (ok.into_inner(), failed.into_inner())
+        (ok, failed)
     })
+}
+
+/// Staged beside and renamed over, as `busyguard certs` writes: a reader sees old or new, never half.
+fn replace_file(path: &Path, contents: &[u8]) {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, contents).unwrap();
+    std::fs::rename(&staged, path).unwrap();
 }
 
 /// Polls until the server presents `expected`, for at most 5 s.
@@ -76,7 +77,7 @@ async fn answers_over_h2_and_http1_as_alpn_negotiates() {
     let server = TestServer::start().await;
     let body = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
 
-    let h2 = handshake(server.webhook, &[server.ca()], &[b"h2"]).await.unwrap();
+    let h2 = connect(server.webhook, &[server.ca()], &[b"h2"]).await.unwrap();
     assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let (mut sender, connection) =
         hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(h2))
@@ -93,7 +94,7 @@ async fn answers_over_h2_and_http1_as_alpn_negotiates() {
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(answer["response"]["allowed"], true);
 
-    let http1 = handshake(server.webhook, &[server.ca()], &[b"http/1.1"]).await.unwrap();
+    let http1 = connect(server.webhook, &[server.ca()], &[b"http/1.1"]).await.unwrap();
     assert_eq!(http1.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
     let mut sender = common::http1(http1).await;
     // Keep-alive: several reviews on one connection, as the API server sends them.
@@ -161,7 +162,7 @@ async fn plaintext_http_to_the_tls_port_gets_no_answer_and_the_server_keeps_serv
     tcp.write_all(b"POST /validate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
     let mut reply = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut reply)).await.unwrap().ok();
-    assert!(!String::from_utf8_lossy(&reply).contains("HTTP/1.1 200"));
+    assert!(!reply.starts_with(b"HTTP/"), "no HTTP answer in plaintext: {:?}", String::from_utf8_lossy(&reply));
     assert_eq!(server.review("/validate", &fixture("pod-delete-by-user.json")).await["allowed"], true);
 }
 
@@ -169,7 +170,7 @@ async fn plaintext_http_to_the_tls_port_gets_no_answer_and_the_server_keeps_serv
 async fn rewritten_certificate_files_are_served_without_a_failed_handshake() {
     let server = TestServer::start().await;
     let next = tempfile::tempdir().unwrap();
-    fresh_certs(next.path(), true);
+    fresh_certs(next.path());
     let cas = vec![server.ca(), ca_of(next.path())];
     let stop = Arc::new(AtomicBool::new(false));
     let hammer = keep_handshaking(server.webhook, cas.clone(), stop.clone());
@@ -177,9 +178,7 @@ async fn rewritten_certificate_files_are_served_without_a_failed_handshake() {
 
     // Replaced the way `busyguard certs --force` does: key, then certificate, each renamed over.
     for name in ["tls.key", "tls.crt"] {
-        let staged = server.dir.path().join(format!(".{name}.new"));
-        std::fs::copy(next.path().join(name), &staged).unwrap();
-        std::fs::rename(&staged, server.dir.path().join(name)).unwrap();
+        replace_file(&server.dir.path().join(name), &std::fs::read(next.path().join(name)).unwrap());
     }
     wait_until_serving(server.webhook, &cas, &leaf_in(next.path())).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -187,7 +186,7 @@ async fn rewritten_certificate_files_are_served_without_a_failed_handshake() {
     let (ok, failed) = hammer.await.unwrap();
     assert_eq!(failed, 0, "no handshake failed across the reload ({ok} succeeded)");
     assert!(ok > 10, "the client kept handshaking throughout ({ok})");
-    assert!(server.metrics().await.contains(r#"busyguard_tls_reloads_total{result="ok"} 1"#));
+    assert_eq!(server.metric(RELOADS_OK).await, Some(1.0), "exactly one reload took effect");
 }
 
 /// The layout the kubelet gives a Secret volume: files are links through `..data`, which is
@@ -213,8 +212,8 @@ fn secret_volume(dir: &Path, generation: &str, source: &Path) {
 async fn a_secret_volume_symlink_swap_is_followed_without_a_failed_handshake() {
     let first = tempfile::tempdir().unwrap();
     let second = tempfile::tempdir().unwrap();
-    fresh_certs(first.path(), true);
-    fresh_certs(second.path(), true);
+    fresh_certs(first.path());
+    fresh_certs(second.path());
     let volume = tempfile::tempdir().unwrap();
     secret_volume(volume.path(), "..2026_11_21_20_00_00.1", first.path());
     let volume_path = volume.path().to_path_buf();
@@ -240,17 +239,19 @@ async fn a_secret_volume_symlink_swap_is_followed_without_a_failed_handshake() {
 async fn a_bad_new_pair_keeps_the_last_good_one_in_service() {
     let server = TestServer::start().await;
     let good = served_leaf(server.webhook, &[server.ca()]).await;
-    std::fs::write(server.dir.path().join("tls.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n").unwrap();
+    replace_file(&server.dir.path().join("tls.crt"), b"-----BEGIN CERTIFICATE-----\nnot base64\n");
     // Two reload intervals and more: the bad file has been looked at and rejected.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(served_leaf(server.webhook, &[server.ca()]).await, good);
-    assert!(server.metrics().await.contains(r#"busyguard_tls_reloads_total{result="error"} 1"#));
+    assert_eq!(server.metric(RELOADS_ERROR).await, Some(1.0));
+    assert_eq!(server.metric(RELOADS_OK).await, None, "nothing was reloaded");
 
     // A certificate whose key is not the key file's is refused too.
     let other = tempfile::tempdir().unwrap();
-    fresh_certs(other.path(), true);
-    std::fs::copy(other.path().join("tls.crt"), server.dir.path().join("tls.crt")).unwrap();
+    fresh_certs(other.path());
+    replace_file(&server.dir.path().join("tls.crt"), &std::fs::read(other.path().join("tls.crt")).unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(served_leaf(server.webhook, &[server.ca()]).await, good);
-    assert!(server.metrics().await.contains(r#"busyguard_tls_reloads_total{result="error"} 2"#));
+    assert_eq!(server.metric(RELOADS_ERROR).await, Some(2.0));
+    assert_eq!(server.metric(RELOADS_OK).await, None, "nothing was reloaded");
 }

@@ -41,12 +41,9 @@ pub struct AdmissionRequest {
     pub dry_run: Option<bool>,
 }
 
+/// Of the request's kind only the name is read (for logs).
 #[derive(Debug, Default, Deserialize)]
 pub struct GroupVersionKind {
-    #[serde(default)]
-    pub group: String,
-    #[serde(default)]
-    pub version: String,
     pub kind: String,
 }
 
@@ -54,8 +51,6 @@ pub struct GroupVersionKind {
 pub struct GroupVersionResource {
     #[serde(default)]
     pub group: String,
-    #[serde(default)]
-    pub version: String,
     pub resource: String,
 }
 

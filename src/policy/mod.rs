@@ -11,34 +11,23 @@ use jiff::SignedDuration;
 use disruption::Exemptions;
 use mutate::MutationSettings;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Deny disruptions of busy pods.
-    #[default]
     Enforce,
     /// Allow everything, warn the requester and audit what would have been denied.
     DryRun,
 }
 
-/// Everything the decisions depend on besides the request and the clock.
+/// Everything the decisions depend on besides the request and the clock. Its defaults are the
+/// command line's (`busyguard serve`).
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
     pub mode: Mode,
     pub default_max_busy: SignedDuration,
     pub exemptions: Exemptions,
     pub mutation: MutationSettings,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        PolicyConfig {
-            mode: Mode::Enforce,
-            default_max_busy: SignedDuration::from_hours(24),
-            exemptions: Exemptions { users: vec![POD_GC_USER.to_string()], groups: vec![] },
-            mutation: MutationSettings::default(),
-        }
-    }
 }
 
 /// The pod garbage collector deletes pods whose node is gone: nothing is left to protect.

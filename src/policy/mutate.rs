@@ -30,12 +30,6 @@ pub struct MutationSettings {
     pub cluster_autoscaler: bool,
 }
 
-impl Default for MutationSettings {
-    fn default() -> Self {
-        MutationSettings { karpenter: true, cluster_autoscaler: true }
-    }
-}
-
 /// Annotation changes by key: `Some(value)` sets, `None` removes.
 pub type Changes = BTreeMap<&'static str, Option<String>>;
 

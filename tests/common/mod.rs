@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use busyguard::certs::{self, CertsRequest};
-use busyguard::policy::PolicyConfig;
+use busyguard::config::{Cli, Command};
 use busyguard::server::tls::CertFiles;
 use busyguard::server::{self, Limits, Running, ServeConfig};
+use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rustls::ClientConfig;
@@ -28,18 +29,22 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
 }
 
-pub fn fresh_certs(dir: &Path, force: bool) {
+/// A new CA and serving pair for localhost in `dir`.
+pub fn fresh_certs(dir: &Path) {
     certs::ensure(&CertsRequest {
         dir: dir.to_path_buf(),
         dns_names: vec!["localhost".into()],
         ips: vec!["127.0.0.1".parse().unwrap()],
         valid_days: 30,
-        force,
+        force: true,
     })
     .unwrap();
 }
 
+/// `busyguard serve` with its default policy, on loopback ports of its own, certificates and
+/// the audit log in `dir`, and timeouts short enough for tests.
 pub fn test_config(dir: &Path) -> ServeConfig {
+    let Command::Serve(defaults) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
@@ -51,8 +56,8 @@ pub fn test_config(dir: &Path) -> ServeConfig {
             body_read_timeout: Duration::from_secs(2),
         },
         shutdown_timeout: Duration::from_secs(5),
-        policy: PolicyConfig::default(),
         audit_log: Some(dir.join("audit.log")),
+        ..defaults.into_config()
     }
 }
 
@@ -63,7 +68,7 @@ impl TestServer {
 
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        fresh_certs(dir.path(), false);
+        fresh_certs(dir.path());
         let mut config = test_config(dir.path());
         adjust(&mut config);
         let running = server::start(config).await.unwrap();
@@ -80,7 +85,7 @@ impl TestServer {
     }
 
     pub async fn connect(&self) -> TlsStream<TcpStream> {
-        connect(self.webhook, &self.ca()).await.expect("TLS handshake")
+        connect(self.webhook, &[self.ca()], &[b"http/1.1"]).await.expect("TLS handshake")
     }
 
     /// POSTs a body as the API server does, on a new connection.
@@ -112,6 +117,12 @@ impl TestServer {
     pub async fn metrics(&self) -> String {
         self.admin_get("/metrics").await.text()
     }
+
+    /// The value of one exact series on `/metrics` (`name{labels}`), if it is there.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
 }
 
 pub fn ca_of(dir: &Path) -> CertificateDer<'static> {
@@ -133,10 +144,14 @@ pub fn client_config(cas: &[CertificateDer<'static>], alpn: &[&[u8]]) -> Arc<Cli
     Arc::new(config)
 }
 
-pub async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> std::io::Result<TlsStream<TcpStream>> {
+/// A TLS connection to `localhost` at `addr`, trusting `cas`, offering `alpn`.
+pub async fn connect(
+    addr: SocketAddr,
+    cas: &[CertificateDer<'static>],
+    alpn: &[&[u8]],
+) -> std::io::Result<TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
-    let connector = TlsConnector::from(client_config(std::slice::from_ref(ca), &[b"http/1.1"]));
-    connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await
+    TlsConnector::from(client_config(cas, alpn)).connect(ServerName::try_from("localhost").unwrap(), tcp).await
 }
 
 pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
