@@ -2,7 +2,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::pod::Pod;
+use super::pod::{PodFacts, Readiness};
 
 /// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle.
 pub const BUSY_LABEL: &str = "busyguard.io/busy";
@@ -10,6 +10,8 @@ pub const BUSY_LABEL: &str = "busyguard.io/busy";
 pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
 /// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
 pub const MAX_BUSY: &str = "busyguard.io/max-busy";
+/// Compatibility mode: `"true"` makes a Running pod that is not Ready count as busy.
+pub const BUSY_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyState {
@@ -46,7 +48,7 @@ impl BusyState {
     }
 }
 
-pub fn busy_state(pod: &Pod, default_max_busy: SignedDuration, now: Timestamp) -> BusyState {
+pub fn busy_state(pod: &impl PodFacts, default_max_busy: SignedDuration, now: Timestamp) -> BusyState {
     let Some(label) = pod.label(BUSY_LABEL) else {
         return BusyState::NotOptedIn;
     };
@@ -56,8 +58,12 @@ pub fn busy_state(pod: &Pod, default_max_busy: SignedDuration, now: Timestamp) -
     if pod.is_terminal() {
         return BusyState::Terminal;
     }
+    let limit = max_busy(pod).unwrap_or(default_max_busy);
     if label != "true" {
-        return BusyState::Idle;
+        return match unready_since(pod) {
+            Some(since) => protection(since, limit, now),
+            None => BusyState::Idle,
+        };
     }
     let Some(since) = busy_since(pod) else {
         return BusyState::Busy { since: None, until: None };
@@ -65,7 +71,14 @@ pub fn busy_state(pod: &Pod, default_max_busy: SignedDuration, now: Timestamp) -
     if let Some(at) = pod.last_restart().filter(|at| *at > since) {
         return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
     }
-    let limit = max_busy(pod).unwrap_or(default_max_busy);
+    protection(Some(since), limit, now)
+}
+
+/// Busy since `since`: protected until max-busy runs out.
+fn protection(since: Option<Timestamp>, limit: SignedDuration, now: Timestamp) -> BusyState {
+    let Some(since) = since else {
+        return BusyState::Busy { since: None, until: None };
+    };
     let until = since.checked_add(limit).ok();
     if until.is_some_and(|until| now >= until) {
         return BusyState::Lapsed { since, lapse: Lapse::MaxBusy { limit } };
@@ -73,12 +86,23 @@ pub fn busy_state(pod: &Pod, default_max_busy: SignedDuration, now: Timestamp) -
     BusyState::Busy { since: Some(since), until }
 }
 
-pub fn busy_since(pod: &Pod) -> Option<Timestamp> {
+/// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready.
+fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
+    if pod.annotation(BUSY_WHEN_UNREADY) != Some("true") || pod.phase() != Some("Running") {
+        return None;
+    }
+    match pod.readiness() {
+        Some(Readiness { ready: false, since }) => Some(since),
+        _ => None,
+    }
+}
+
+pub fn busy_since(pod: &impl PodFacts) -> Option<Timestamp> {
     pod.annotation(BUSY_SINCE)?.parse().ok()
 }
 
 /// The pod's own max-busy, when it is a positive duration such as `2h` or `90m`.
-pub fn max_busy(pod: &Pod) -> Option<SignedDuration> {
+pub fn max_busy(pod: &impl PodFacts) -> Option<SignedDuration> {
     parse_positive_duration(pod.annotation(MAX_BUSY)?).ok()
 }
 
@@ -90,7 +114,7 @@ pub fn parse_positive_duration(text: &str) -> Result<SignedDuration, String> {
 }
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
-pub fn contract_warnings(pod: &Pod) -> Vec<String> {
+pub fn contract_warnings(pod: &impl PodFacts) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
         warnings.push(format!(
@@ -106,6 +130,7 @@ pub fn contract_warnings(pod: &Pod) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::pod::Pod;
     use serde_json::json;
 
     const HOUR: SignedDuration = SignedDuration::from_hours(1);
@@ -234,5 +259,34 @@ mod tests {
     fn busy_without_busy_since_is_protected_with_no_known_end() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}}}));
         assert_eq!(busy_state(&p, HOUR, ts("2030-01-01T00:00:00Z")), BusyState::Busy { since: None, until: None });
+    }
+
+    fn compat_pod(ready: &str, phase: &str) -> Pod {
+        pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_WHEN_UNREADY: "true"}},
+            "status": {"phase": phase, "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+    }
+
+    #[test]
+    fn busy_when_unready_makes_a_running_unready_pod_busy_since_it_turned_unready() {
+        assert_eq!(
+            busy_state(&compat_pod("False", "Running"), HOUR, ts("2026-01-01T00:30:00Z")),
+            BusyState::Busy { since: Some(ts("2026-01-01T00:00:00Z")), until: Some(ts("2026-01-01T01:00:00Z")) }
+        );
+        assert_eq!(
+            busy_state(&compat_pod("False", "Running"), HOUR, ts("2026-01-01T01:00:00Z")),
+            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR } }
+        );
+    }
+
+    #[test]
+    fn busy_when_unready_leaves_ready_and_pending_pods_idle() {
+        let now = ts("2026-01-01T00:30:00Z");
+        assert_eq!(busy_state(&compat_pod("True", "Running"), HOUR, now), BusyState::Idle);
+        assert_eq!(busy_state(&compat_pod("False", "Pending"), HOUR, now), BusyState::Idle);
+        let mut without_annotation = compat_pod("False", "Running");
+        without_annotation.metadata.annotations = None;
+        assert_eq!(busy_state(&without_annotation, HOUR, now), BusyState::Idle);
     }
 }

@@ -3,8 +3,11 @@
 pub mod busy;
 pub mod cost;
 pub mod disruption;
+pub mod lifecycle;
 pub mod mutate;
 pub mod pod;
+pub mod scale;
+pub mod selector;
 
 use jiff::SignedDuration;
 

@@ -5,14 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
-use super::busy::{BUSY_LABEL, BUSY_SINCE};
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, busy_state};
 use super::cost::{DELETION_COST, busy_cost};
-use super::pod::{Labels, Pod};
+use super::pod::{Pod, PodFacts};
 
 /// Where the user's own value of each guarded annotation waits while the pod is busy.
 /// Absent while busy means the user had none.
@@ -59,7 +59,12 @@ fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
     ]
 }
 
-pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -> Changes {
+pub fn plan_annotations(
+    pod: &impl PodFacts,
+    settings: MutationSettings,
+    default_max_busy: SignedDuration,
+    now: Timestamp,
+) -> Changes {
     let mut changes = Changes::new();
     let Some(label) = pod.label(BUSY_LABEL) else {
         return changes;
@@ -67,11 +72,9 @@ pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -
     if pod.is_terminal() || pod.is_terminating() {
         return changes;
     }
-    let empty = Labels::new();
-    let current = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let get = |key: &str| current.get(key).cloned();
+    let get = |key: &str| pod.annotation(key).map(str::to_string);
     let wants_busy = label == "true";
-    let recorded_since = current.get(BUSY_SINCE).map(|text| text.parse::<Timestamp>());
+    let recorded_since = pod.annotation(BUSY_SINCE).map(|text| text.parse::<Timestamp>());
 
     match (wants_busy, recorded_since) {
         (true, None) => {
@@ -80,6 +83,16 @@ pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -
             for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
                 changes.insert(g.saved_as, get(g.key));
                 changes.insert(g.key, Some(g.busy_value));
+            }
+        }
+        (true, Some(_)) if matches!(busy_state(pod, default_max_busy, now), BusyState::Lapsed { .. }) => {
+            // Protection ran out while the flag stayed up: the user's values rank the pod again,
+            // and stay saved (with busy-since) so the flip to idle restores the same values.
+            for g in guarded(settings, now) {
+                let saved = get(g.saved_as);
+                if g.enabled || saved.is_some() {
+                    changes.insert(g.key, saved);
+                }
             }
         }
         (true, Some(recorded)) => {
@@ -91,7 +104,7 @@ pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -
                 since
             });
             for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
-                if current.get(g.key) != Some(&g.busy_value) {
+                if pod.annotation(g.key) != Some(g.busy_value.as_str()) {
                     changes.insert(g.saved_as, get(g.key));
                     changes.insert(g.key, Some(g.busy_value));
                 }
@@ -100,9 +113,9 @@ pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -
         (false, Some(_)) => {
             changes.insert(BUSY_SINCE, None);
             for g in guarded(settings, now) {
-                match current.get(g.saved_as) {
+                match get(g.saved_as) {
                     Some(saved) => {
-                        changes.insert(g.key, Some(saved.clone()));
+                        changes.insert(g.key, Some(saved));
                         changes.insert(g.saved_as, None);
                     }
                     // Only what busyguard set may be taken away; a disabled one it never set.
@@ -115,7 +128,7 @@ pub fn plan_annotations(pod: &Pod, settings: MutationSettings, now: Timestamp) -
         }
         (false, None) => {}
     }
-    changes.retain(|key, value| current.get(*key) != value.as_ref());
+    changes.retain(|key, value| pod.annotation(key) != value.as_deref());
     changes
 }
 
@@ -148,6 +161,15 @@ pub fn json_patch(pod: &Pod, changes: &Changes) -> Patch {
     Patch(operations)
 }
 
+/// The changes as a JSON merge patch, for pods busyguard patches through the API.
+pub fn merge_patch(changes: &Changes) -> Value {
+    let annotations: serde_json::Map<String, Value> = changes
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
+        .collect();
+    serde_json::json!({"metadata": {"annotations": annotations}})
+}
+
 fn whole_second(now: Timestamp) -> Timestamp {
     Timestamp::from_second(now.as_second()).unwrap_or(now)
 }
@@ -158,6 +180,7 @@ mod tests {
     use serde_json::json;
 
     const ALL: MutationSettings = MutationSettings { karpenter: true, cluster_autoscaler: true };
+    const DAY: SignedDuration = SignedDuration::from_hours(24);
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -166,7 +189,7 @@ mod tests {
     /// Plans, applies the JSONPatch to the pod's JSON and returns the pod as stored.
     fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Changes {
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, settings, ts(now));
+        let changes = plan_annotations(&pod, settings, DAY, ts(now));
         json_patch::patch(doc, &json_patch(&pod, &changes)).expect("patch applies to its pod");
         changes
     }
@@ -203,7 +226,7 @@ mod tests {
     fn flip_to_busy_creates_the_annotations_map_when_there_is_none() {
         let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, ALL, ts("2026-01-01T00:00:00Z"));
+        let changes = plan_annotations(&pod, ALL, DAY, ts("2026-01-01T00:00:00Z"));
         let patch = json_patch(&pod, &changes);
         assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
         json_patch::patch(&mut doc, &patch).unwrap();
@@ -265,6 +288,30 @@ mod tests {
         set_label(&mut doc, "false");
         admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
         assert_eq!(doc["metadata"]["annotations"], json!({DELETION_COST: "7"}));
+    }
+
+    #[test]
+    fn lapsed_protection_gives_the_users_values_back_and_idle_restores_the_same() {
+        let original = json!({DELETION_COST: "3"});
+        let mut doc = worker(original.clone());
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T00:00:00Z");
+        admit(&mut doc, ALL, "2026-11-22T00:00:01Z");
+        assert_eq!(
+            doc["metadata"]["annotations"],
+            json!({BUSY_SINCE: "2026-11-21T00:00:00Z", DELETION_COST: "3", IDLE_COST: "3"}),
+            "past max-busy the pod ranks with its own cost; busy-since stays so protection does not restart"
+        );
+        assert!(admit(&mut doc, ALL, "2026-11-22T00:05:00Z").is_empty(), "lapsed is stable");
+        set_label(&mut doc, "false");
+        admit(&mut doc, ALL, "2026-11-22T00:10:00Z");
+        assert_eq!(doc["metadata"]["annotations"], original);
+    }
+
+    #[test]
+    fn merge_patch_sets_and_removes_annotations() {
+        let changes = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
+        assert_eq!(merge_patch(&changes), json!({"metadata": {"annotations": {DELETION_COST: "5", IDLE_COST: null}}}));
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Metadata {
     #[serde(default, deserialize_with = "null_as_default")]
     pub namespace: String,
     #[serde(default, deserialize_with = "null_as_default")]
+    pub uid: String,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub labels: Labels,
     /// `None` when the pod has no annotations map at all: a patch must then create the map.
     #[serde(default)]
@@ -32,16 +34,32 @@ pub struct Metadata {
     pub deletion_timestamp: Option<Timestamp>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     #[serde(default)]
     pub phase: Option<String>,
+    /// Why the kubelet failed the pod (`Evicted`, `Preempting`, ...).
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub conditions: Vec<Condition>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub container_statuses: Vec<ContainerStatus>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub last_transition_time: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatus {
     #[serde(default)]
@@ -52,7 +70,7 @@ pub struct ContainerStatus {
     pub last_state: ContainerState,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ContainerState {
     #[serde(default)]
     pub running: Option<Running>,
@@ -60,42 +78,79 @@ pub struct ContainerState {
     pub terminated: Option<Terminated>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Running {
     #[serde(default)]
     pub started_at: Option<Timestamp>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Terminated {
     #[serde(default)]
     pub finished_at: Option<Timestamp>,
 }
 
-impl Pod {
-    pub fn annotation(&self, key: &str) -> Option<&str> {
+/// Readiness as the pod's `Ready` condition reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    pub since: Option<Timestamp>,
+}
+
+/// What the busy decisions read of a pod, whether it came in a request or from the cluster view.
+pub trait PodFacts {
+    fn label(&self, key: &str) -> Option<&str>;
+    fn annotation(&self, key: &str) -> Option<&str>;
+    fn phase(&self) -> Option<&str>;
+    fn is_terminating(&self) -> bool;
+    /// When a container of this pod last came back from a restart, if one ever did.
+    fn last_restart(&self) -> Option<Timestamp>;
+    /// `None` when the pod has no `Ready` condition yet.
+    fn readiness(&self) -> Option<Readiness>;
+    /// Why the pod is in its phase, e.g. `Evicted` for a Failed pod.
+    fn status_reason(&self) -> Option<&str>;
+
+    /// Succeeded or Failed: the pod's containers will not run again.
+    fn is_terminal(&self) -> bool {
+        matches!(self.phase(), Some("Succeeded" | "Failed"))
+    }
+}
+
+impl PodFacts for Pod {
+    fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
     }
 
-    pub fn label(&self, key: &str) -> Option<&str> {
+    fn label(&self, key: &str) -> Option<&str> {
         self.metadata.labels.get(key).map(String::as_str)
     }
 
-    /// Succeeded or Failed: the pod's containers will not run again.
-    pub fn is_terminal(&self) -> bool {
-        matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    fn phase(&self) -> Option<&str> {
+        self.status.phase.as_deref()
     }
 
-    pub fn is_terminating(&self) -> bool {
+    fn is_terminating(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
 
-    /// When a container of this pod last came back from a restart, if one ever did.
+    fn last_restart(&self) -> Option<Timestamp> {
+        self.status.last_restart()
+    }
+
+    fn readiness(&self) -> Option<Readiness> {
+        self.status.readiness()
+    }
+
+    fn status_reason(&self) -> Option<&str> {
+        self.status.reason.as_deref()
+    }
+}
+
+impl Status {
     pub fn last_restart(&self) -> Option<Timestamp> {
-        self.status
-            .container_statuses
+        self.container_statuses
             .iter()
             .filter(|c| c.restart_count > 0)
             .flat_map(|c| {
@@ -105,6 +160,11 @@ impl Pod {
             })
             .flatten()
             .max()
+    }
+
+    pub fn readiness(&self) -> Option<Readiness> {
+        let ready = self.conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some(Readiness { ready: ready.status == "True", since: ready.last_transition_time })
     }
 }
 

@@ -1,0 +1,95 @@
+//! What a scale-down will do to the pods it selects: how many idle pods it can take at once,
+//! and how many busy ones it has to wait for.
+
+use serde::Serialize;
+
+use super::busy::BusyState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ScalePlan {
+    pub replicas_from: i32,
+    pub replicas_to: i32,
+    /// Pods the selector matches that are not already going away.
+    pub pods: usize,
+    /// Idle pods the controller can remove right away (it picks them first by cost).
+    pub idle_taken: usize,
+    /// Busy pods it has to wait for: their deletes are refused until they are idle.
+    pub busy_waited: usize,
+    /// Busy pods the scale-down leaves running.
+    pub busy_spared: usize,
+    /// Pods whose busyguard annotations were stale and are being brought up to date.
+    pub refreshed: usize,
+}
+
+/// Only a lowered replica count is a scale-down.
+pub fn is_scale_down(from: Option<i32>, to: Option<i32>) -> Option<(i32, i32)> {
+    match (from, to) {
+        (Some(from), Some(to)) if to < from => Some((from, to.max(0))),
+        _ => None,
+    }
+}
+
+pub fn plan_scale_down(from: i32, to: i32, states: &[BusyState], refreshed: usize) -> ScalePlan {
+    let active: Vec<&BusyState> =
+        states.iter().filter(|s| !matches!(s, BusyState::Terminating | BusyState::Terminal)).collect();
+    let busy = active.iter().filter(|s| s.is_protected()).count();
+    let idle = active.len() - busy;
+    let removing = active.len().saturating_sub(usize::try_from(to).unwrap_or(0));
+    let idle_taken = removing.min(idle);
+    let busy_waited = removing - idle_taken;
+    ScalePlan {
+        replicas_from: from,
+        replicas_to: to,
+        pods: active.len(),
+        idle_taken,
+        busy_waited,
+        busy_spared: busy - busy_waited,
+        refreshed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUSY: BusyState = BusyState::Busy { since: None, until: None };
+
+    #[test]
+    fn five_to_two_with_two_busy_takes_the_three_idle_and_spares_both_busy() {
+        let states = [BUSY, BUSY, BusyState::Idle, BusyState::Idle, BusyState::Idle];
+        let plan = plan_scale_down(5, 2, &states, 1);
+        assert_eq!(
+            plan,
+            ScalePlan {
+                replicas_from: 5,
+                replicas_to: 2,
+                pods: 5,
+                idle_taken: 3,
+                busy_waited: 0,
+                busy_spared: 2,
+                refreshed: 1
+            }
+        );
+    }
+
+    #[test]
+    fn two_to_one_with_both_busy_waits_for_one() {
+        let plan = plan_scale_down(2, 1, &[BUSY, BUSY], 0);
+        assert_eq!((plan.idle_taken, plan.busy_waited, plan.busy_spared), (0, 1, 1));
+    }
+
+    #[test]
+    fn pods_already_going_away_do_not_count() {
+        let states = [BUSY, BusyState::Terminating, BusyState::Terminal, BusyState::Idle];
+        let plan = plan_scale_down(3, 1, &states, 0);
+        assert_eq!((plan.pods, plan.idle_taken, plan.busy_waited), (2, 1, 0));
+    }
+
+    #[test]
+    fn only_lower_replica_counts_are_scale_downs() {
+        assert_eq!(is_scale_down(Some(5), Some(2)), Some((5, 2)));
+        assert_eq!(is_scale_down(Some(2), Some(5)), None);
+        assert_eq!(is_scale_down(Some(2), Some(2)), None);
+        assert_eq!(is_scale_down(None, Some(2)), None);
+    }
+}
