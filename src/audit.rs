@@ -1,5 +1,5 @@
-//! The audit trail: one JSON line per denial, would-be denial, exemption used on a busy pod and
-//! lapse of protection. Each line is written whole and flushed before the answer leaves, so
+//! The audit trail: one JSON line per denial, would-be denial, exemption used on a busy pod,
+//! lapse of protection, scale-down plan, deferred delete carried out and busy pod lost. Each line is written whole and flushed before the answer leaves, so
 //! lines never interleave and none is lost when the process stops.
 
 use std::fs::{File, OpenOptions};
@@ -11,14 +11,17 @@ use jiff::Timestamp;
 use serde::Serialize;
 
 use crate::policy::Mode;
+use crate::policy::scale::ScalePlan;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditRecord {
     pub time: Timestamp,
+    /// The AdmissionReview's uid; empty for what busyguard saw on the watch.
     pub uid: String,
-    /// `denied`, `would-deny` (dry-run mode), `exempted` or `lapsed`.
+    /// `denied`, `would-deny` (dry-run mode), `exempted`, `lapsed`, `scale-down`,
+    /// `deleted-when-idle` or `lost`.
     pub decision: &'static str,
-    /// `busy`, `exempt-user`, `exempt-group`, `max-busy-exceeded` or `stale-after-restart`.
+    /// Why, in one word: see README, "Audit lines".
     pub reason: &'static str,
     /// The same in words, with the names and times involved.
     pub detail: String,
@@ -26,13 +29,40 @@ pub struct AuditRecord {
     pub resource: String,
     pub subresource: String,
     pub namespace: String,
-    pub pod: String,
+    /// The pod's name, or the ReplicaSet's or Deployment's for a scale-down.
+    pub name: String,
     pub user: String,
     pub groups: Vec<String>,
     pub busy_since: Option<Timestamp>,
     pub mode: Mode,
     /// The request was a dry run: the answer was given, nothing was changed.
     pub dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<ScalePlan>,
+}
+
+impl AuditRecord {
+    /// A line with only the time and mode set, for the caller to fill in.
+    pub fn new(time: Timestamp, mode: Mode) -> Self {
+        AuditRecord {
+            time,
+            uid: String::new(),
+            decision: "",
+            reason: "",
+            detail: String::new(),
+            operation: "",
+            resource: String::new(),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            user: String::new(),
+            groups: Vec::new(),
+            busy_since: None,
+            mode,
+            dry_run: false,
+            plan: None,
+        }
+    }
 }
 
 pub struct AuditLog {
@@ -87,12 +117,13 @@ mod tests {
             resource: "pods".into(),
             subresource: String::new(),
             namespace: "capture".into(),
-            pod: "w".into(),
+            name: "w".into(),
             user: "admin".into(),
             groups: vec!["system:masters".into()],
             busy_since: Some("2026-11-21T19:00:00Z".parse().unwrap()),
             mode: Mode::Enforce,
             dry_run: false,
+            plan: None,
         }
     }
 
@@ -128,7 +159,7 @@ mod tests {
             line,
             serde_json::json!({"time": "2026-11-21T20:00:00Z", "uid": "u-1", "decision": "denied",
                 "reason": "busy", "detail": "pod capture/w is busy", "operation": "DELETE",
-                "resource": "pods", "subresource": "", "namespace": "capture", "pod": "w",
+                "resource": "pods", "subresource": "", "namespace": "capture", "name": "w",
                 "user": "admin", "groups": ["system:masters"], "busy_since": "2026-11-21T19:00:00Z",
                 "mode": "enforce", "dry_run": false})
         );

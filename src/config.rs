@@ -8,6 +8,8 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use jiff::SignedDuration;
 
 use crate::certs::CertsRequest;
+use crate::cluster::outbox::OutboxSettings;
+use crate::cluster::{ClusterSettings, ClusterSource};
 use crate::policy::busy::parse_positive_duration;
 use crate::policy::disruption::Exemptions;
 use crate::policy::mutate::MutationSettings;
@@ -97,6 +99,23 @@ pub struct ServeArgs {
     /// Append audit lines to this file instead of stdout.
     #[arg(long, env = "BUSYGUARD_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
+    /// Kubeconfig to reach the API server with. Without it: the in-cluster service account,
+    /// else `KUBECONFIG` or `~/.kube/config`, else no cluster (evictions are answered 503).
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG", conflicts_with = "no_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Run without a cluster even if one is configured: no watch, no side effects.
+    #[arg(long, env = "BUSYGUARD_NO_CLUSTER")]
+    pub no_cluster: bool,
+    /// Namespaces whose opted-in pods are watched (comma-separated in the environment);
+    /// all namespaces without it. Evictions and scale-downs elsewhere find no pods.
+    #[arg(long = "namespace", env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// How long the watch may fail before evictions get 503 and /readyz turns unready.
+    #[arg(long, env = "BUSYGUARD_VIEW_STALE_AFTER", default_value = "60s", value_parser = std_duration)]
+    pub view_stale_after: Duration,
+    /// At most one DisruptionBlocked Event per pod in this interval.
+    #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
+    pub event_interval: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +173,16 @@ impl ServeArgs {
                 },
             },
             audit_log: self.audit_log,
+            cluster: ClusterSettings {
+                source: match (self.no_cluster, self.kubeconfig) {
+                    (true, _) => ClusterSource::None,
+                    (false, Some(path)) => ClusterSource::Kubeconfig(path),
+                    (false, None) => ClusterSource::Infer,
+                },
+                namespaces: self.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+                stale_after: self.view_stale_after,
+                outbox: OutboxSettings { event_interval: self.event_interval, ..OutboxSettings::default() },
+            },
         }
     }
 }
@@ -189,6 +218,17 @@ mod tests {
         assert!(config.policy.mutation.karpenter && config.policy.mutation.cluster_autoscaler);
         assert_eq!(config.listen, "0.0.0.0:8443".parse().unwrap());
         assert_eq!(config.limits.header_read_timeout, Duration::from_secs(10));
+        assert!(matches!(config.cluster.source, ClusterSource::Infer));
+        assert!(config.cluster.namespaces.is_empty(), "all namespaces");
+        assert_eq!(config.cluster.stale_after, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn cluster_flags_pick_the_source_and_namespaces() {
+        let config = serve(&["--kubeconfig", "/tmp/kc", "--namespace", "a,b"]);
+        assert!(matches!(config.cluster.source, ClusterSource::Kubeconfig(ref p) if p.to_str() == Some("/tmp/kc")));
+        assert_eq!(config.cluster.namespaces, vec!["a", "b"]);
+        assert!(matches!(serve(&["--no-cluster"]).cluster.source, ClusterSource::None));
     }
 
     #[test]

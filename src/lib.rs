@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod audit;
 pub mod certs;
+pub mod cluster;
 pub mod config;
 pub mod metrics;
 pub mod policy;

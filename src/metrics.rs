@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -30,13 +31,28 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SideEffectLabels {
+    pub kind: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub reviews: Family<ReviewLabels, Counter>,
     pub review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram>,
-    pub invalid_requests: Family<StatusLabels, Counter>,
+    pub http_errors: Family<StatusLabels, Counter>,
     pub audit_write_errors: Counter,
     pub tls_reloads: Family<ResultLabels, Counter>,
+    pub side_effects: Family<SideEffectLabels, Counter>,
+    pub busy_pods_lost: Family<CauseLabels, Counter>,
+    pub view_pods: Gauge,
+    pub watch_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -56,11 +72,12 @@ impl Default for Metrics {
             "Time from a complete request body to the encoded answer",
             review_seconds.clone(),
         );
-        let invalid_requests = Family::<StatusLabels, Counter>::default();
+        let http_errors = Family::<StatusLabels, Counter>::default();
         registry.register(
-            "invalid_requests",
-            "Requests refused before any decision (malformed, oversized, too slow, wrong method or type), by HTTP status",
-            invalid_requests.clone(),
+            "http_errors",
+            "Requests answered with an HTTP error instead of a review (4xx: malformed, oversized, too slow, wrong \
+             method or type; 503: no decision possible), by HTTP status",
+            http_errors.clone(),
         );
         let audit_write_errors = Counter::default();
         registry.register("audit_write_errors", "Audit lines that could not be written", audit_write_errors.clone());
@@ -70,7 +87,34 @@ impl Default for Metrics {
             "Serving certificate reloads after the files changed, by result (ok, error)",
             tls_reloads.clone(),
         );
-        Metrics { registry, reviews, review_seconds, invalid_requests, audit_write_errors, tls_reloads }
+        let side_effects = Family::<SideEffectLabels, Counter>::default();
+        registry.register(
+            "side_effects",
+            "Patches, deferred deletes and Events, by kind and result (ok, moot, failed, dropped, rate-limited)",
+            side_effects.clone(),
+        );
+        let busy_pods_lost = Family::<CauseLabels, Counter>::default();
+        registry.register(
+            "busy_pods_lost",
+            "Busy pods that failed or vanished without a request busyguard could refuse, by cause",
+            busy_pods_lost.clone(),
+        );
+        let view_pods = Gauge::default();
+        registry.register("view_pods", "Opted-in pods in the cluster view", view_pods.clone());
+        let watch_errors = Counter::default();
+        registry.register("watch_errors", "Failed attempts to list or watch opted-in pods", watch_errors.clone());
+        Metrics {
+            registry,
+            reviews,
+            review_seconds,
+            http_errors,
+            audit_write_errors,
+            tls_reloads,
+            side_effects,
+            busy_pods_lost,
+            view_pods,
+            watch_errors,
+        }
     }
 }
 

@@ -21,33 +21,72 @@ fn set_busy_since(review: &mut Value, since: Timestamp) {
 
 #[tokio::test]
 async fn every_fixture_gets_the_answer_its_request_needs() {
+    // No cluster behind this server: what needs the cluster view is answered 503 (the API server
+    // then applies the failurePolicy), scale-downs are allowed unprepared. tests/cluster.rs has
+    // the same requests against an API server.
     let server = TestServer::start().await;
-    // (fixture, path, allowed, patched). Idle pods pass untouched; only the busy ones matter.
+    // (fixture, path, HTTP status, allowed, patched). Idle pods pass untouched.
     let cases = [
-        ("deployment-scale-subresource-down-by-kubectl.json", "/validate", true, false),
-        ("deployment-update-replicas-down-by-user.json", "/validate", true, false),
-        ("pod-create-by-replicaset-controller.json", "/mutate", true, false),
-        ("pod-create-by-user.json", "/mutate", true, false),
+        ("deployment-scale-subresource-down-by-kubectl.json", "/validate", 200, true, false),
+        ("deployment-update-replicas-down-by-user.json", "/validate", 200, true, false),
+        ("pod-create-by-replicaset-controller.json", "/mutate", 200, true, false),
+        ("pod-create-by-user.json", "/mutate", 200, true, false),
         // This pod was already labelled busy when the ReplicaSet controller picked it.
-        ("pod-delete-by-replicaset-controller.json", "/validate", false, false),
-        ("pod-delete-by-user.json", "/validate", true, false),
-        ("pod-delete-final-by-kubelet.json", "/validate", true, false),
-        ("pod-eviction-by-user.json", "/validate", true, false),
-        ("pod-eviction-server-dry-run-by-user.json", "/validate", true, false),
-        ("pod-update-annotation-by-user.json", "/mutate", true, true),
-        ("pod-update-label-busy-by-user.json", "/mutate", true, true),
-        ("replicaset-scale-subresource-down-by-kubectl.json", "/validate", true, false),
-        ("replicaset-update-scale-down-by-deployment-controller.json", "/validate", true, false),
+        ("pod-delete-by-replicaset-controller.json", "/validate", 200, false, false),
+        ("pod-delete-by-user.json", "/validate", 200, true, false),
+        ("pod-delete-final-by-kubelet.json", "/validate", 200, true, false),
+        ("pod-eviction-by-user.json", "/validate", 503, false, false),
+        ("pod-eviction-server-dry-run-by-user.json", "/validate", 503, false, false),
+        ("pod-update-annotation-by-user.json", "/mutate", 200, true, true),
+        ("pod-update-label-busy-by-user.json", "/mutate", 200, true, true),
+        ("replicaset-scale-subresource-down-by-kubectl.json", "/validate", 200, true, false),
+        ("replicaset-update-scale-down-by-deployment-controller.json", "/validate", 200, true, false),
     ];
     assert_eq!(cases.len(), std::fs::read_dir("tests/fixtures").unwrap().count(), "every fixture has a case");
-    for (name, path, allowed, patched) in cases {
-        let response = server.review(path, &fixture(name)).await;
+    for (name, path, status, allowed, patched) in cases {
+        let review = fixture(name);
+        let answer = server.post(path, serde_json::to_vec(&review).unwrap()).await;
+        assert_eq!(answer.status, status, "{name}: {}", answer.text());
+        if status != 200 {
+            continue;
+        }
+        let response = &answer.json()["response"];
+        assert_eq!(response["uid"], review["request"]["uid"], "{name}");
         assert_eq!(response["allowed"], allowed, "{name}: {response}");
-        assert_eq!(!patch_of(&response).is_empty(), patched, "{name}: {response}");
+        assert_eq!(!patch_of(response).is_empty(), patched, "{name}: {response}");
         if !allowed {
             assert_eq!(response["status"]["code"], 429, "{name}");
         }
     }
+}
+
+#[tokio::test]
+async fn eviction_without_a_cluster_is_503_with_the_reason() {
+    let server = TestServer::start().await;
+    let answer = server.post("/validate", serde_json::to_vec(&fixture("pod-eviction-by-user.json")).unwrap()).await;
+    assert_eq!(answer.status, 503);
+    assert_eq!(
+        answer.json(),
+        json!({"code": 503, "error": "cannot judge the eviction: busyguard runs without a cluster connection (no kubeconfig)"})
+    );
+    assert_eq!(server.metric(r#"busyguard_http_errors_total{status="503"}"#).await, Some(1.0));
+    assert_eq!(server.admin_get("/readyz").await.status, 200, "the pod paths still work without a cluster");
+}
+
+#[tokio::test]
+async fn scale_down_without_a_cluster_is_allowed_and_audited_as_unprepared() {
+    let server = TestServer::start().await;
+    let response = server.review("/validate", &fixture("deployment-scale-subresource-down-by-kubectl.json")).await;
+    assert_eq!(response, json!({"uid": "fe29bcc8-64c6-498a-8f6b-7eb66bc8e0c3", "allowed": true}));
+    let audit = server.audit_lines();
+    assert_eq!(
+        (audit[0]["decision"].as_str(), audit[0]["reason"].as_str()),
+        (Some("scale-down"), Some("view-unavailable"))
+    );
+    assert_eq!(
+        audit[0]["detail"],
+        "deployments/scale capture/worker 4→2: pods not prepared, busyguard runs without a cluster connection (no kubeconfig)"
+    );
 }
 
 #[tokio::test]
@@ -128,7 +167,8 @@ async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_a
     let message = format!(
         "pod capture/worker-6b8958b477-df84j is busy since {since} (protection lapses at {until} at the latest); \
          it will be spared until it is idle; to force: \
-         kubectl label pod worker-6b8958b477-df84j -n capture busyguard.io/busy=false --overwrite"
+         kubectl label pod worker-6b8958b477-df84j -n capture busyguard.io/busy=false --overwrite; \
+         the delete is recorded (busyguard.io/delete-requested) and busyguard carries it out once the pod is idle"
     );
     assert_eq!(
         response,
@@ -139,12 +179,12 @@ async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_a
     assert_eq!(audit.len(), 1);
     let line = &audit[0];
     assert_eq!(line["decision"], "denied");
-    assert_eq!(line["reason"], "busy");
+    assert_eq!(line["reason"], "busy-delete-deferred");
     assert_eq!(line["uid"], "72c74df2-1c4e-45f7-b24d-4717cf675c16");
     assert_eq!(line["operation"], "DELETE");
     assert_eq!(line["resource"], "pods");
     assert_eq!(line["namespace"], "capture");
-    assert_eq!(line["pod"], "worker-6b8958b477-df84j");
+    assert_eq!(line["name"], "worker-6b8958b477-df84j");
     assert_eq!(line["user"], "admin");
     assert_eq!(line["groups"], json!(["system:masters", "system:authenticated"]));
     assert_eq!(line["busy_since"], since.to_string());
@@ -269,14 +309,19 @@ async fn the_validating_path_never_patches_pod_writes() {
 #[tokio::test]
 async fn requests_busyguard_does_not_judge_are_allowed_and_counted() {
     let server = TestServer::start().await;
-    server.review("/validate", &fixture("replicaset-scale-subresource-down-by-kubectl.json")).await;
-    server.review("/validate", &fixture("pod-eviction-by-user.json")).await;
+    let mut scale_up = fixture("replicaset-scale-subresource-down-by-kubectl.json");
+    scale_up["request"]["object"]["spec"]["replicas"] = json!(10);
+    assert_eq!(server.review("/validate", &scale_up).await["allowed"], true);
+    let mut connect = fixture("pod-update-annotation-by-user.json");
+    connect["request"]["operation"] = json!("CONNECT");
+    assert_eq!(server.review("/validate", &connect).await["allowed"], true);
     for series in [
-        r#"busyguard_admission_reviews_total{webhook="validating",resource="replicasets/scale",operation="UPDATE",result="unhandled"}"#,
-        r#"busyguard_admission_reviews_total{webhook="validating",resource="pods/eviction",operation="CREATE",result="unhandled"}"#,
+        r#"busyguard_admission_reviews_total{webhook="validating",resource="replicasets/scale",operation="UPDATE",result="allowed"}"#,
+        r#"busyguard_admission_reviews_total{webhook="validating",resource="pods",operation="CONNECT",result="unhandled"}"#,
     ] {
         assert_eq!(server.metric(series).await, Some(1.0), "{series}");
     }
+    assert!(server.audit_lines().is_empty(), "a scale-up is not a scale-down");
 }
 
 #[tokio::test]

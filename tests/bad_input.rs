@@ -91,7 +91,7 @@ async fn malformed_or_mistyped_reviews_are_400_and_counted() {
         assert_eq!(answer.status, 400, "{what}: {}", answer.text());
         assert_refused(&answer, 400, expected);
     }
-    assert_eq!(server.metric(r#"busyguard_invalid_requests_total{status="400"}"#).await, Some(count as f64));
+    assert_eq!(server.metric(r#"busyguard_http_errors_total{status="400"}"#).await, Some(count as f64));
 }
 
 #[tokio::test]

@@ -76,6 +76,9 @@ impl Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_busyguard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
             .current_dir(dir)
+            // As on a fresh machine: no cluster to find, so busyguard serves without one.
+            .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,17 +1,24 @@
 //! From a decoded AdmissionRequest to the answer: routing by resource, subresource and
-//! operation, and the policy's verdict put into wire form. Pure: the caller brings `now` and
-//! carries out the audit line.
+//! operation, and the policy's verdict put into wire form. No I/O: the caller brings `now` and
+//! the view, writes the audit line and sends the side effects.
 
 pub mod review;
 
 use base64::Engine;
 use jiff::Timestamp;
 
+use serde::Deserialize;
+
 use crate::audit::AuditRecord;
+use crate::cluster::outbox::{PodRef, SideEffect};
+use crate::cluster::view::{Unavailable, View};
 use crate::policy::busy::{BusyState, Lapse, busy_state, contract_warnings};
 use crate::policy::disruption::{Override, Requester, Verdict, denial_message, judge};
+use crate::policy::lifecycle::{DELETE_REQUESTED, DeleteRequest, defers_delete};
 use crate::policy::mutate::{json_patch, plan_annotations};
-use crate::policy::pod::Pod;
+use crate::policy::pod::{Pod, PodFacts};
+use crate::policy::scale::{is_scale_down, plan_scale_down};
+use crate::policy::selector::{LabelSelector, Selector};
 use crate::policy::{Mode, PolicyConfig};
 use review::{AdmissionRequest, AdmissionResponse, InvalidReview, Operation, decode_object};
 
@@ -43,6 +50,8 @@ pub enum Decision {
     Exempted,
     /// A pod marked busy whose protection ran out (max-busy, restart).
     Lapsed,
+    /// A scale-down, prepared (or not, and why) and allowed.
+    ScaleDown,
     /// Not a request busyguard judges: allowed as is.
     Unhandled,
 }
@@ -56,6 +65,7 @@ impl Decision {
             Decision::WouldDeny => "would-deny",
             Decision::Exempted => "exempted",
             Decision::Lapsed => "lapsed",
+            Decision::ScaleDown => "scale-down",
             Decision::Unhandled => "unhandled",
         }
     }
@@ -66,12 +76,39 @@ pub struct Outcome {
     pub response: AdmissionResponse,
     pub decision: Decision,
     pub audit: Option<AuditRecord>,
+    /// To leave through the outbox once the answer is decided.
+    pub effects: Vec<SideEffect>,
+    /// The answer waits (within its deadline) for the effects: a scale-down's cost updates
+    /// must land before the controller picks pods.
+    pub await_effects: bool,
 }
 
 impl Outcome {
     fn plain(response: AdmissionResponse, decision: Decision) -> Self {
-        Outcome { response, decision, audit: None }
+        Outcome { response, decision, audit: None, effects: Vec::new(), await_effects: false }
     }
+}
+
+/// Why no answer could be given: the request is at fault (400), or busyguard cannot decide
+/// now (503, so the API server applies the webhook's failurePolicy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Invalid(InvalidReview),
+    Unavailable(String),
+}
+
+impl From<InvalidReview> for Refusal {
+    fn from(e: InvalidReview) -> Self {
+        Refusal::Invalid(e)
+    }
+}
+
+/// What decisions read besides the request.
+pub struct Context<'a> {
+    pub policy: &'a PolicyConfig,
+    pub view: &'a View,
+    /// Whether the view may be trusted, as of the request.
+    pub view_status: Result<(), Unavailable>,
 }
 
 /// The resource as a metric label, from a fixed set so clients cannot grow the label space.
@@ -90,26 +127,26 @@ pub fn resource_label(request: &AdmissionRequest) -> &'static str {
 pub fn admit(
     request: &AdmissionRequest,
     webhook: Webhook,
-    policy: &PolicyConfig,
+    context: &Context<'_>,
     now: Timestamp,
-) -> Result<Outcome, InvalidReview> {
-    let unhandled = || Ok(Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Unhandled));
-    if resource_label(request) != "pods" {
-        return unhandled();
-    }
-    match (request.operation, webhook) {
-        (Operation::Create | Operation::Update, Webhook::Mutating) => mutate_pod(request, policy, now),
-        // Deletes carry no patch whichever registration sends them.
-        (Operation::Delete, _) => delete_pod(request, policy, now),
-        _ => unhandled(),
+) -> Result<Outcome, Refusal> {
+    match (resource_label(request), request.operation, webhook) {
+        ("pods", Operation::Create | Operation::Update, Webhook::Mutating) => mutate_pod(request, context.policy, now),
+        // Only the mutating registration may patch; the judging paths answer on either.
+        ("pods", Operation::Delete, _) => delete_pod(request, context.policy, now),
+        ("pods/eviction", Operation::Create, _) => evict_pod(request, context, now),
+        ("replicasets" | "deployments" | "replicasets/scale" | "deployments/scale", Operation::Update, _) => {
+            scale_down(request, context, now)
+        }
+        _ => Ok(Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Unhandled)),
     }
 }
 
-fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, InvalidReview> {
+fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, Refusal> {
     let pod: Pod = decode_object(&request.object, "object")?;
     let mut response = AdmissionResponse::allow(&request.uid);
     response.warnings = contract_warnings(&pod);
-    let patch = json_patch(&pod, &plan_annotations(&pod, policy.mutation, now));
+    let patch = json_patch(&pod, &plan_annotations(&pod, policy.mutation, policy.default_max_busy, now));
     if patch.0.is_empty() {
         return Ok(Outcome::plain(response, Decision::Allowed));
     }
@@ -119,9 +156,55 @@ fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
     Ok(Outcome::plain(response, Decision::Patched))
 }
 
-fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, InvalidReview> {
+fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, Refusal> {
     let pod: Pod = decode_object(&request.old_object, "oldObject")?;
-    let state = busy_state(&pod, policy.default_max_busy, now);
+    let target = Target { pod: &pod, uid: &pod.metadata.uid, dry_run: request.is_dry_run(), is_delete: true };
+    Ok(judge_disruption(request, policy, target, now))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Eviction {
+    #[serde(default)]
+    delete_options: Option<DeleteOptions>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    dry_run: Option<Vec<String>>,
+}
+
+fn evict_pod(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) -> Result<Outcome, Refusal> {
+    let eviction: Eviction = decode_object(&request.object, "object")?;
+    // An eviction's dry run is asked for in its body, not (only) in the request.
+    let dry_run =
+        request.is_dry_run() || eviction.delete_options.and_then(|o| o.dry_run).is_some_and(|modes| !modes.is_empty());
+    context.view_status.clone().map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
+    let Some(pod) = context.view.get(&request.namespace, &request.name) else {
+        // Not opted in (or no such pod: the API server answers 404 itself).
+        return Ok(Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Allowed));
+    };
+    let target = Target { pod: &pod, uid: &pod.uid, dry_run, is_delete: false };
+    Ok(judge_disruption(request, context.policy, target, now))
+}
+
+/// The pod a delete or an eviction would take away.
+struct Target<'a, P> {
+    pod: &'a P,
+    uid: &'a str,
+    dry_run: bool,
+    is_delete: bool,
+}
+
+fn judge_disruption<P: PodFacts>(
+    request: &AdmissionRequest,
+    policy: &PolicyConfig,
+    target: Target<'_, P>,
+    now: Timestamp,
+) -> Outcome {
+    let state = busy_state(target.pod, policy.default_max_busy, now);
     let requester = Requester { username: &request.user_info.username, groups: &request.user_info.groups };
     let verdict = judge(state, requester, &policy.exemptions);
     let (namespace, name) = (&request.namespace, &request.name);
@@ -131,7 +214,6 @@ fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
         _ => None,
     };
     let audit = |decision: Decision, reason, detail| AuditRecord {
-        time: now,
         uid: request.uid.clone(),
         decision: decision.as_str(),
         reason,
@@ -140,15 +222,15 @@ fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
         resource: request.resource.resource.clone(),
         subresource: request.sub_resource().to_string(),
         namespace: namespace.clone(),
-        pod: name.clone(),
+        name: name.clone(),
         user: request.user_info.username.clone(),
         groups: request.user_info.groups.clone(),
         busy_since,
-        mode: policy.mode,
-        dry_run: request.is_dry_run(),
+        dry_run: target.dry_run,
+        ..AuditRecord::new(now, policy.mode)
     };
     let allow = AdmissionResponse::allow(&request.uid);
-    Ok(match verdict {
+    match verdict {
         Verdict::Allow => Outcome::plain(allow, Decision::Allowed),
         Verdict::AllowBusy(over) => {
             let decision = match over {
@@ -156,27 +238,51 @@ fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
                 Override::ExemptUser(_) | Override::ExemptGroup(_) => Decision::Exempted,
             };
             let detail = override_detail(&over, namespace, name);
-            Outcome { response: allow, decision, audit: Some(audit(decision, over.reason(), detail)) }
+            Outcome { audit: Some(audit(decision, over.reason(), detail)), ..Outcome::plain(allow, decision) }
         }
         Verdict::Deny { since, until } => {
-            let message = denial_message(namespace, name, since, until);
-            match policy.mode {
-                Mode::Enforce => Outcome {
-                    response: AdmissionResponse::deny_retry_later(&request.uid, message.clone()),
-                    decision: Decision::Denied,
-                    audit: Some(audit(Decision::Denied, "busy", message)),
-                },
-                Mode::DryRun => Outcome {
-                    response: AdmissionResponse {
-                        warnings: vec![format!("busyguard dry-run, would deny: {message}")],
-                        ..allow
-                    },
-                    decision: Decision::WouldDeny,
-                    audit: Some(audit(Decision::WouldDeny, "busy", message)),
-                },
+            let pod = PodRef { namespace: namespace.clone(), name: name.clone(), uid: target.uid.to_string() };
+            let deferred = target.is_delete && !target.dry_run && defers_delete(requester);
+            let mut message = denial_message(namespace, name, since, until);
+            if deferred {
+                message.push_str(&format!(
+                    "; the delete is recorded ({DELETE_REQUESTED}) and busyguard carries it out once the pod is idle"
+                ));
+            }
+            if policy.mode == Mode::DryRun {
+                return Outcome {
+                    audit: Some(audit(Decision::WouldDeny, "busy", message.clone())),
+                    ..Outcome::plain(
+                        AdmissionResponse {
+                            warnings: vec![format!("busyguard dry-run, would deny: {message}")],
+                            ..allow
+                        },
+                        Decision::WouldDeny,
+                    )
+                };
+            }
+            let mut effects = Vec::new();
+            if !target.dry_run {
+                let action = if target.is_delete { "Delete" } else { "Evict" };
+                effects.push(SideEffect::Event { pod: pod.clone(), action, note: message.clone() });
+            }
+            if deferred && DeleteRequest::of(target.pod).is_none() {
+                let request = DeleteRequest { by: request.user_info.username.clone(), at: whole_second(now) };
+                effects.push(SideEffect::MarkDeleteRequested { pod, request });
+            }
+            Outcome {
+                response: AdmissionResponse::deny_retry_later(&request.uid, message.clone()),
+                decision: Decision::Denied,
+                audit: Some(audit(Decision::Denied, if deferred { "busy-delete-deferred" } else { "busy" }, message)),
+                effects,
+                await_effects: false,
             }
         }
-    })
+    }
+}
+
+fn whole_second(now: Timestamp) -> Timestamp {
+    Timestamp::from_second(now.as_second()).unwrap_or(now)
 }
 
 fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
@@ -191,4 +297,136 @@ fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
         Override::ExemptGroup(group) => format!("{pod} is busy; group {group} is exempt"),
     }
+}
+
+/// A ReplicaSet or Deployment: replicas and a structured selector.
+#[derive(Deserialize)]
+struct Workload {
+    #[serde(default)]
+    spec: WorkloadSpec,
+}
+
+#[derive(Default, Deserialize)]
+struct WorkloadSpec {
+    #[serde(default)]
+    replicas: Option<i32>,
+    #[serde(default)]
+    selector: Option<LabelSelector>,
+}
+
+/// `autoscaling/v1` Scale: replicas, and the selector as a string.
+#[derive(Deserialize)]
+struct Scale {
+    #[serde(default)]
+    spec: ScaleSpec,
+    #[serde(default)]
+    status: ScaleStatus,
+}
+
+#[derive(Default, Deserialize)]
+struct ScaleSpec {
+    #[serde(default)]
+    replicas: Option<i32>,
+}
+
+#[derive(Default, Deserialize)]
+struct ScaleStatus {
+    #[serde(default)]
+    selector: Option<String>,
+}
+
+/// Replicas before and after, and the pods' selector (`None`: the object has none).
+struct ScaleRequest {
+    from: Option<i32>,
+    to: Option<i32>,
+    selector: Option<Result<Selector, String>>,
+}
+
+fn scale_request(request: &AdmissionRequest) -> Result<ScaleRequest, Refusal> {
+    if request.sub_resource() == "scale" {
+        let old: Scale = decode_object(&request.old_object, "oldObject")?;
+        let new: Scale = decode_object(&request.object, "object")?;
+        let selector = new.status.selector.or(old.status.selector).filter(|s| !s.trim().is_empty());
+        Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector: selector.map(|s| s.parse()) })
+    } else {
+        let old: Workload = decode_object(&request.old_object, "oldObject")?;
+        let new: Workload = decode_object(&request.object, "object")?;
+        let selector = new.spec.selector.or(old.spec.selector);
+        let selector = selector.map(|s| Selector::from_label_selector(&s));
+        Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector })
+    }
+}
+
+/// Never denies. Before the controller picks pods to remove, the costs it ranks them by are
+/// brought up to date, and the plan is audited.
+fn scale_down(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) -> Result<Outcome, Refusal> {
+    let ScaleRequest { from, to, selector } = scale_request(request)?;
+    let allow = || AdmissionResponse::allow(&request.uid);
+    let Some((from, to)) = is_scale_down(from, to) else {
+        return Ok(Outcome::plain(allow(), Decision::Allowed));
+    };
+    let policy = context.policy;
+    let kind = resource_label(request);
+    let object = format!("{kind} {}/{}", request.namespace, request.name);
+    let audit = |reason, detail: String, plan| AuditRecord {
+        uid: request.uid.clone(),
+        decision: Decision::ScaleDown.as_str(),
+        reason,
+        detail,
+        operation: request.operation.as_str(),
+        resource: request.resource.resource.clone(),
+        subresource: request.sub_resource().to_string(),
+        namespace: request.namespace.clone(),
+        name: request.name.clone(),
+        user: request.user_info.username.clone(),
+        groups: request.user_info.groups.clone(),
+        dry_run: request.is_dry_run(),
+        plan,
+        ..AuditRecord::new(now, policy.mode)
+    };
+    let unprepared = |reason, why: String| {
+        let detail = format!("{object} {from}→{to}: pods not prepared, {why}");
+        Ok(Outcome { audit: Some(audit(reason, detail, None)), ..Outcome::plain(allow(), Decision::ScaleDown) })
+    };
+    let selector = match selector {
+        None => return unprepared("no-selector", "the object has no selector".into()),
+        Some(Err(e)) => return unprepared("invalid-selector", format!("its selector does not parse: {e}")),
+        Some(Ok(selector)) if selector.is_empty() => return unprepared("no-selector", "its selector is empty".into()),
+        Some(Ok(selector)) => selector,
+    };
+    if let Err(why) = &context.view_status {
+        return unprepared("view-unavailable", why.to_string());
+    }
+    let pods = context.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key)));
+    if pods.is_empty() {
+        return Ok(Outcome::plain(allow(), Decision::Allowed));
+    }
+    let states: Vec<BusyState> = pods.iter().map(|(_, pod)| busy_state(pod, policy.default_max_busy, now)).collect();
+    let effects: Vec<SideEffect> = if request.is_dry_run() {
+        Vec::new()
+    } else {
+        pods.iter()
+            .filter_map(|(name, pod)| {
+                let changes = plan_annotations(pod, policy.mutation, policy.default_max_busy, now);
+                (!changes.is_empty()).then(|| SideEffect::Refresh {
+                    pod: PodRef { namespace: request.namespace.clone(), name: name.clone(), uid: pod.uid.to_string() },
+                    resource_version: pod.resource_version.to_string(),
+                    changes,
+                })
+            })
+            .collect()
+    };
+    let plan = plan_scale_down(from, to, &states, effects.len());
+    let detail = format!(
+        "{object} {from}→{to}: takes {} idle pod(s) now, waits for {} busy pod(s), spares {} busy pod(s); \
+         {} pod(s) had stale busyguard annotations",
+        plan.idle_taken, plan.busy_waited, plan.busy_spared, plan.refreshed
+    );
+    Ok(Outcome {
+        response: allow(),
+        decision: Decision::ScaleDown,
+        audit: Some(audit("plan", detail, Some(plan))),
+        effects,
+        await_effects: true,
+    })
 }

@@ -1,5 +1,5 @@
 //! The admin port: `/healthz` (the process answers), `/readyz` (it takes AdmissionReviews; off
-//! while draining), `/metrics` (Prometheus text).
+//! while draining, and until the cluster view is listed), `/metrics` (Prometheus text).
 
 use std::sync::Arc;
 
@@ -20,7 +20,10 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> impl IntoResponse {
-    if app.is_ready() { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n") }
+    match app.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+    }
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {

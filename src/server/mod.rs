@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::Router;
@@ -25,6 +25,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::audit::AuditLog;
+use crate::cluster::view::Unavailable;
+use crate::cluster::{Cluster, ClusterSettings};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
 use tls::CertFiles;
@@ -40,6 +42,7 @@ pub struct ServeConfig {
     pub policy: PolicyConfig,
     /// Audit lines go to this file, or to stdout without one.
     pub audit_log: Option<PathBuf>,
+    pub cluster: ClusterSettings,
 }
 
 /// How long a client may take at each step before the connection is dropped.
@@ -54,15 +57,24 @@ pub struct Limits {
 /// What the request handlers share.
 pub struct App {
     pub policy: PolicyConfig,
-    pub audit: AuditLog,
+    pub audit: Arc<AuditLog>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
-    ready: AtomicBool,
+    pub cluster: Cluster,
+    serving: AtomicBool,
 }
 
 impl App {
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+    /// Serving and not draining, and the cluster view (if any) listed and fresh.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.serving.load(Ordering::Relaxed) {
+            return Err("shutting down".into());
+        }
+        match self.cluster.view.check(Instant::now()) {
+            // Without a cluster there is nothing to wait for: evictions get 503, the rest works.
+            Ok(()) | Err(Unavailable::NoCluster) => Ok(()),
+            Err(why) => Err(why.to_string()),
+        }
     }
 }
 
@@ -80,10 +92,10 @@ pub struct Running {
 
 pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let metrics = Arc::new(Metrics::default());
-    let audit = match &config.audit_log {
+    let audit = Arc::new(match &config.audit_log {
         Some(path) => AuditLog::file(path).with_context(|| format!("opening audit log {}", path.display()))?,
         None => AuditLog::stdout(),
-    };
+    });
     let (cert, cert_watcher) = tls::load_and_watch(config.cert.clone(), config.cert_reload_interval, metrics.clone())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
@@ -93,8 +105,15 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let webhook_addr = listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
 
-    let app =
-        Arc::new(App { policy: config.policy, audit, metrics, limits: config.limits, ready: AtomicBool::new(false) });
+    let cluster = Cluster::start(config.cluster, &config.policy, audit.clone(), metrics.clone()).await?;
+    let app = Arc::new(App {
+        policy: config.policy,
+        audit,
+        metrics,
+        limits: config.limits,
+        cluster,
+        serving: AtomicBool::new(false),
+    });
     let (stop_webhook, webhook_stopped) = watch::channel(false);
     let (stop_admin, mut admin_stopped) = watch::channel(false);
     let webhook_task =
@@ -106,7 +125,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
             warn!(error = %e, "admin port stopped");
         }
     });
-    app.ready.store(true, Ordering::Relaxed);
+    app.serving.store(true, Ordering::Relaxed);
     info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
     Ok(Running {
         webhook_addr,
@@ -125,7 +144,7 @@ impl Running {
     /// Not ready any more, no new connections, in-flight requests answered (up to the shutdown
     /// timeout), then the admin port closes.
     pub async fn shutdown(mut self) {
-        self.app.ready.store(false, Ordering::Relaxed);
+        self.app.serving.store(false, Ordering::Relaxed);
         let _ = self.stop_webhook.send(true);
         match tokio::time::timeout(self.shutdown_timeout, &mut self.webhook_task).await {
             Ok(_) => info!("in-flight requests drained"),

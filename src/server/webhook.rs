@@ -13,12 +13,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use jiff::Timestamp;
-use tracing::{Span, debug, field, info, info_span, warn};
+use tokio::sync::oneshot;
+use tracing::{Instrument, Span, debug, field, info, info_span, warn};
 
 use super::App;
-use crate::admission::review::{self, InvalidReview};
-use crate::admission::{Webhook, admit, resource_label};
+use crate::admission::review::{self, AdmissionRequest, InvalidReview};
+use crate::admission::{Context, Outcome, Refusal, Webhook, admit, resource_label};
+use crate::cluster::outbox::{Done, SideEffect};
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
+use crate::policy::busy::parse_positive_duration;
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
 /// an object and its old version.
@@ -51,6 +54,7 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
     check_headers(request.headers())?;
+    let effects_budget = effects_budget(request.uri().query());
     let body = read_body(request.into_body(), app.limits.body_read_timeout).await?;
     let started = Instant::now();
     let request = review::decode(&body)?;
@@ -63,19 +67,15 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         operation = request.operation.as_str(),
         decision = field::Empty,
     );
-    let _entered = span.enter();
-    let outcome = admit(&request, webhook, &app.policy, Timestamp::now())?;
-    Span::current().record("decision", outcome.decision.as_str());
-    if let Some(record) = &outcome.audit {
-        if let Err(e) = app.audit.write(record) {
-            app.metrics.audit_write_errors.inc();
-            warn!(error = %e, "audit line could not be written");
-        }
-        info!(reason = record.reason, user = %record.user, "busy pod decision");
-    } else {
-        debug!("answered");
-    }
+    let outcome = span.in_scope(|| decide(app, webhook, &request))?;
     let encoded = outcome.response.encode();
+    let waiting = send_effects(app, outcome.effects);
+    if outcome.await_effects && !waiting.is_empty() {
+        let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).instrument(span).await;
+        if done.is_err() {
+            warn!(budget = ?effects_budget, "answering before every pod was updated; the updates go on");
+        }
+    }
     let labels = ReviewLabels {
         webhook: webhook.as_str(),
         resource: resource_label(&request),
@@ -88,6 +88,45 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         .get_or_create(&WebhookLabels { webhook: webhook.as_str() })
         .observe(started.elapsed().as_secs_f64());
     Ok(([(header::CONTENT_TYPE, "application/json")], encoded).into_response())
+}
+
+fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
+    let view = &app.cluster.view;
+    let context = Context { policy: &app.policy, view, view_status: view.check(Instant::now()) };
+    let outcome = admit(request, webhook, &context, Timestamp::now())?;
+    Span::current().record("decision", outcome.decision.as_str());
+    if let Some(record) = &outcome.audit {
+        if let Err(e) = app.audit.write(record) {
+            app.metrics.audit_write_errors.inc();
+            warn!(error = %e, "audit line could not be written");
+        }
+        info!(reason = record.reason, user = %record.user, detail = %record.detail, "audited");
+    } else {
+        debug!("answered");
+    }
+    Ok(outcome)
+}
+
+/// Hands the side effects to the outbox; the receivers say when each is done.
+fn send_effects(app: &App, effects: Vec<SideEffect>) -> Vec<oneshot::Receiver<Done>> {
+    let Some(outbox) = &app.cluster.outbox else {
+        for effect in &effects {
+            debug!(kind = effect.kind(), "no cluster: side effect not carried out");
+        }
+        return Vec::new();
+    };
+    effects.into_iter().map(|effect| outbox.send(effect)).collect()
+}
+
+/// How long an answer may wait for its side effects: half the API server's `?timeout=` (10s
+/// when it sent none), at most 5s, so the answer always arrives in time.
+fn effects_budget(query: Option<&str>) -> Duration {
+    let sent = (query.unwrap_or_default().split('&'))
+        .find_map(|pair| pair.strip_prefix("timeout="))
+        .and_then(|value| parse_positive_duration(value).ok())
+        .and_then(|timeout| Duration::try_from(timeout).ok())
+        .unwrap_or(Duration::from_secs(10));
+    (sent / 2).min(Duration::from_secs(5))
 }
 
 fn check_headers(headers: &HeaderMap) -> Result<(), HttpError> {
@@ -140,7 +179,7 @@ impl HttpError {
 
     fn into_counted_response(self, app: &App) -> Response {
         warn!(status = self.status.as_u16(), error = %self.message, "request refused");
-        app.metrics.invalid_requests.get_or_create(&StatusLabels { status: self.status.as_u16() }).inc();
+        app.metrics.http_errors.get_or_create(&StatusLabels { status: self.status.as_u16() }).inc();
         let body = serde_json::json!({"error": self.message, "code": self.status.as_u16()}).to_string();
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         // The body may be unread: do not let the client reuse the connection.
@@ -152,5 +191,27 @@ impl HttpError {
 impl From<InvalidReview> for HttpError {
     fn from(e: InvalidReview) -> Self {
         HttpError::new(StatusCode::BAD_REQUEST, e.0)
+    }
+}
+
+impl From<Refusal> for HttpError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Invalid(e) => e.into(),
+            Refusal::Unavailable(why) => HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effects_wait_half_the_api_servers_timeout_at_most_five_seconds() {
+        assert_eq!(effects_budget(Some("timeout=4s")), Duration::from_secs(2));
+        assert_eq!(effects_budget(Some("x=1&timeout=30s")), Duration::from_secs(5));
+        assert_eq!(effects_budget(None), Duration::from_secs(5));
+        assert_eq!(effects_budget(Some("timeout=nonsense")), Duration::from_secs(5));
     }
 }

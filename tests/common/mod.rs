@@ -44,7 +44,9 @@ pub fn fresh_certs(dir: &Path) {
 /// `busyguard serve` with its default policy, on loopback ports of its own, certificates and
 /// the audit log in `dir`, and timeouts short enough for tests.
 pub fn test_config(dir: &Path) -> ServeConfig {
-    let Command::Serve(defaults) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
+    let Command::Serve(defaults) = Cli::parse_from(["busyguard", "serve", "--no-cluster"]).command else {
+        unreachable!()
+    };
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),

@@ -1,0 +1,155 @@
+//! busyguard's view of the cluster: a watch of opted-in pods kept in memory for the decisions
+//! whose requests do not carry the pod, and the outbox through which side effects leave.
+
+pub mod outbox;
+pub mod view;
+pub mod watch;
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http::{Method, Request, Response};
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tower::{Layer, Service};
+use tracing::{info, warn};
+
+use crate::audit::AuditLog;
+use crate::metrics::Metrics;
+use crate::policy::PolicyConfig;
+use outbox::{Outbox, OutboxSettings};
+use view::View;
+use watch::Watch;
+
+/// Where the connection to the API server comes from.
+#[derive(Debug, Clone)]
+pub enum ClusterSource {
+    /// No cluster: pods' CREATE/UPDATE/DELETE are judged, evictions cannot be.
+    None,
+    /// In-cluster service account, or `KUBECONFIG` / `~/.kube/config`; none found means `None`.
+    Infer,
+    Kubeconfig(PathBuf),
+    Config(Box<kube::Config>),
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub source: ClusterSource,
+    /// Watched namespaces; empty watches all of them.
+    pub namespaces: Vec<String>,
+    /// How long the watch may fail before the view is no longer trusted.
+    pub stale_after: Duration,
+    pub outbox: OutboxSettings,
+}
+
+pub struct Cluster {
+    pub view: Arc<View>,
+    pub outbox: Option<Outbox>,
+}
+
+impl Cluster {
+    /// Connects (without waiting for the API server) and starts the watch and the outbox.
+    pub async fn start(
+        settings: ClusterSettings,
+        policy: &PolicyConfig,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Cluster> {
+        let Some(mut config) = client_config(&settings.source).await? else {
+            warn!("no cluster configured: evictions are answered 503, scale-downs are not prepared");
+            return Ok(Cluster { view: Arc::new(View::without_cluster()), outbox: None });
+        };
+        // busyguard retries its own calls; the client's default retry would also retry the 429
+        // busyguard itself answers for a pod that turned busy again.
+        config.default_retry = false;
+        info!(server = %config.cluster_url, "watching opted-in pods");
+        let scopes: Vec<view::Scope> = if settings.namespaces.is_empty() {
+            vec![None]
+        } else {
+            settings.namespaces.iter().cloned().map(Some).collect()
+        };
+        let view = Arc::new(View::watching(&scopes, settings.stale_after));
+        let client = ClientBuilder::try_from(config)
+            .context("building the Kubernetes client")?
+            .with_layer(&WatchHealthLayer(view.clone()))
+            .build();
+        let outbox = Outbox::start(client.clone(), policy.clone(), audit.clone(), metrics.clone(), settings.outbox);
+        let watch = Watch { view: view.clone(), outbox: outbox.clone(), audit, metrics, policy: policy.clone() };
+        tokio::spawn(watch.run(client, scopes));
+        Ok(Cluster { view, outbox: Some(outbox) })
+    }
+}
+
+async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
+    match source {
+        ClusterSource::None => Ok(None),
+        ClusterSource::Config(config) => Ok(Some(*config.clone())),
+        ClusterSource::Kubeconfig(path) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?;
+            Ok(Some(config))
+        }
+        ClusterSource::Infer => match kube::Config::infer().await {
+            Ok(config) => Ok(Some(config)),
+            Err(e) => {
+                warn!(error = %e, "no in-cluster config and no kubeconfig found");
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// Tells the view the API server answered a read of pods (a list, or a watch reconnecting),
+/// which is the only sign of a healthy watch in a quiet cluster.
+struct WatchHealthLayer(Arc<View>);
+
+impl<S> Layer<S> for WatchHealthLayer {
+    type Service = WatchHealth<S>;
+
+    fn layer(&self, inner: S) -> WatchHealth<S> {
+        WatchHealth { inner, view: self.0.clone() }
+    }
+}
+
+struct WatchHealth<S> {
+    inner: S,
+    view: Arc<View>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, R> Service<Request<B>> for WatchHealth<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    R: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<R>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let reads_pods = request.method() == Method::GET && request.uri().path().ends_with("/pods");
+        let view = self.view.clone();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            if reads_pods && response.status().is_success() {
+                view.connected();
+            }
+            Ok(response)
+        })
+    }
+}

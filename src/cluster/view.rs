@@ -1,0 +1,477 @@
+//! The cluster view: every opted-in pod, kept as the few hundred bytes busyguard's decisions
+//! read, and whether the view can be trusted right now.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Deserializer};
+
+use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
+use crate::policy::cost::DELETION_COST;
+use crate::policy::lifecycle::DELETE_REQUESTED;
+use crate::policy::mutate::{
+    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
+};
+use crate::policy::pod::{PodFacts, Readiness, Status};
+
+/// The annotations decisions read; all others are dropped before a pod is stored.
+const KEPT_ANNOTATIONS: [&str; 10] = [
+    BUSY_SINCE,
+    MAX_BUSY,
+    BUSY_WHEN_UNREADY,
+    DELETE_REQUESTED,
+    DELETION_COST,
+    IDLE_COST,
+    KARPENTER_DO_NOT_DISRUPT,
+    IDLE_DO_NOT_DISRUPT,
+    AUTOSCALER_SAFE_TO_EVICT,
+    IDLE_SAFE_TO_EVICT,
+];
+
+/// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
+type Pairs = Box<[(Box<str>, Box<str>)]>;
+
+fn get<'a>(pairs: &'a Pairs, key: &str) -> Option<&'a str> {
+    pairs.iter().find(|(k, _)| &**k == key).map(|(_, v)| &**v)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Phase {
+    fn parse(phase: Option<&str>) -> Phase {
+        match phase {
+            Some("Pending") => Phase::Pending,
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Unknown,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Unknown => "Unknown",
+        }
+    }
+}
+
+/// One opted-in pod as the view keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodRecord {
+    pub uid: Box<str>,
+    pub resource_version: Box<str>,
+    /// `Kind/name` of the controlling owner.
+    pub owner: Option<Box<str>>,
+    pub node: Option<Box<str>>,
+    pub phase: Phase,
+    pub status_reason: Option<Box<str>>,
+    pub readiness: Option<Readiness>,
+    pub terminating: bool,
+    pub last_restart: Option<Timestamp>,
+    pub labels: Pairs,
+    pub annotations: Pairs,
+}
+
+impl PodFacts for PodRecord {
+    fn label(&self, key: &str) -> Option<&str> {
+        get(&self.labels, key)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        get(&self.annotations, key)
+    }
+
+    fn phase(&self) -> Option<&str> {
+        Some(self.phase.as_str())
+    }
+
+    fn is_terminating(&self) -> bool {
+        self.terminating
+    }
+
+    fn last_restart(&self) -> Option<Timestamp> {
+        self.last_restart
+    }
+
+    fn readiness(&self) -> Option<Readiness> {
+        self.readiness
+    }
+
+    fn status_reason(&self) -> Option<&str> {
+        self.status_reason.as_deref()
+    }
+}
+
+/// A pod as the API sends it in lists and watch events, decoded into the fields the view
+/// keeps. A pod that does not decode is kept as `malformed` with its identity, so one bad
+/// object cannot stop the whole list.
+#[derive(Debug, Clone)]
+pub struct WatchedPod {
+    pub metadata: ObjectMeta,
+    pub node_name: Option<String>,
+    pub status: Status,
+    pub malformed: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for WatchedPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Full {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Option<Spec>,
+            #[serde(default)]
+            status: Option<Status>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            #[serde(default)]
+            node_name: Option<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Identity {
+            #[serde(default)]
+            name: Option<String>,
+            #[serde(default)]
+            namespace: Option<String>,
+            #[serde(default)]
+            uid: Option<String>,
+            #[serde(default)]
+            resource_version: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct IdentityOnly {
+            metadata: Identity,
+        }
+
+        let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
+        match serde_json::from_str::<Full>(raw.get()) {
+            Ok(full) => Ok(WatchedPod {
+                metadata: full.metadata,
+                node_name: full.spec.and_then(|s| s.node_name),
+                status: full.status.unwrap_or_default(),
+                malformed: None,
+            }),
+            Err(error) => {
+                let identity = serde_json::from_str::<IdentityOnly>(raw.get()).map_err(serde::de::Error::custom)?;
+                let Identity { name, namespace, uid, resource_version } = identity.metadata;
+                Ok(WatchedPod {
+                    metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
+                    node_name: None,
+                    status: Status::default(),
+                    malformed: Some(error.to_string()),
+                })
+            }
+        }
+    }
+}
+
+impl k8s_openapi::Resource for WatchedPod {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Pod";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "pods";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for WatchedPod {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+fn boxed(s: &str) -> Box<str> {
+    s.into()
+}
+
+impl WatchedPod {
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn record(&self) -> PodRecord {
+        let meta = &self.metadata;
+        let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
+        let annotations = (meta.annotations.iter().flatten())
+            .filter(|(k, _)| KEPT_ANNOTATIONS.contains(&k.as_str()))
+            .map(|(k, v)| (boxed(k), boxed(v)))
+            .collect();
+        let owner = (meta.owner_references.iter().flatten())
+            .find(|o| o.controller == Some(true))
+            .map(|o| format!("{}/{}", o.kind, o.name).into_boxed_str());
+        PodRecord {
+            uid: boxed(meta.uid.as_deref().unwrap_or_default()),
+            resource_version: boxed(meta.resource_version.as_deref().unwrap_or_default()),
+            owner,
+            node: self.node_name.as_deref().map(boxed),
+            phase: Phase::parse(self.status.phase.as_deref()),
+            status_reason: self.status.reason.as_deref().map(boxed),
+            readiness: self.status.readiness(),
+            terminating: meta.deletion_timestamp.is_some(),
+            last_restart: self.status.last_restart(),
+            labels,
+            annotations,
+        }
+    }
+}
+
+/// Pods by namespace, then name.
+type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
+
+/// Which pods a watch covers: one namespace, or all of them.
+pub type Scope = Option<String>;
+
+/// The view is trusted once every watch delivered its first full list, and as long as no
+/// watch has been failing for longer than `stale_after`.
+pub struct View {
+    pods: RwLock<Pods>,
+    health: Mutex<Health>,
+    stale_after: Duration,
+}
+
+struct Health {
+    /// `None`: no cluster configured; the view is never trusted but never blocks readiness.
+    unlisted: Option<HashSet<Scope>>,
+    failing_since: Option<Instant>,
+}
+
+/// Why the view cannot answer right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    NoCluster,
+    NotListed,
+    Stale { for_secs: u64 },
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::NoCluster => f.write_str("busyguard runs without a cluster connection (no kubeconfig)"),
+            Unavailable::NotListed => f.write_str("busyguard has not finished listing the opted-in pods yet"),
+            Unavailable::Stale { for_secs } => {
+                write!(f, "busyguard's watch of the opted-in pods has been failing for {for_secs}s")
+            }
+        }
+    }
+}
+
+impl View {
+    /// A view fed by watches over `scopes`.
+    pub fn watching(scopes: &[Scope], stale_after: Duration) -> View {
+        let unlisted = Some(scopes.iter().cloned().collect());
+        View { pods: RwLock::default(), health: Mutex::new(Health { unlisted, failing_since: None }), stale_after }
+    }
+
+    /// A view with no cluster behind it: evictions cannot be judged, everything else works.
+    pub fn without_cluster() -> View {
+        View {
+            pods: RwLock::default(),
+            health: Mutex::new(Health { unlisted: None, failing_since: None }),
+            stale_after: Duration::ZERO,
+        }
+    }
+
+    /// Whether decisions may rely on the view now.
+    pub fn check(&self, now: Instant) -> Result<(), Unavailable> {
+        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        match &health.unlisted {
+            None => Err(Unavailable::NoCluster),
+            Some(unlisted) if !unlisted.is_empty() => Err(Unavailable::NotListed),
+            Some(_) => match health.failing_since {
+                Some(since) if now.duration_since(since) > self.stale_after => {
+                    Err(Unavailable::Stale { for_secs: now.duration_since(since).as_secs() })
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The API server answered a read: the watches are connected.
+    pub fn connected(&self) {
+        self.health.lock().unwrap_or_else(|p| p.into_inner()).failing_since = None;
+    }
+
+    pub fn failing(&self, now: Instant) {
+        self.health.lock().unwrap_or_else(|p| p.into_inner()).failing_since.get_or_insert(now);
+    }
+
+    pub fn listed(&self, scope: &Scope) {
+        let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(unlisted) = &mut health.unlisted {
+            unlisted.remove(scope);
+        }
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<PodRecord> {
+        self.read().get(namespace)?.get(name).cloned()
+    }
+
+    /// The pods of a namespace whose labels pass `keep`, with their names.
+    pub fn select(&self, namespace: &str, keep: impl Fn(&PodRecord) -> bool) -> Vec<(String, PodRecord)> {
+        let pods = self.read();
+        let Some(in_namespace) = pods.get(namespace) else { return Vec::new() };
+        in_namespace.iter().filter(|(_, pod)| keep(pod)).map(|(name, pod)| (name.to_string(), pod.clone())).collect()
+    }
+
+    /// Stores the pod, returning what was stored before.
+    pub fn insert(&self, namespace: &str, name: &str, pod: PodRecord) -> Option<PodRecord> {
+        self.write().entry(boxed(namespace)).or_default().insert(boxed(name), pod)
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) -> Option<PodRecord> {
+        let mut pods = self.write();
+        let in_namespace = pods.get_mut(namespace)?;
+        let removed = in_namespace.remove(name);
+        if in_namespace.is_empty() {
+            pods.remove(namespace);
+        }
+        removed
+    }
+
+    /// After a full list of `scope`: drops the pods the list no longer had, and returns them.
+    pub fn keep_only(&self, scope: &Scope, listed: &HashSet<(String, String)>) -> Vec<(String, String, PodRecord)> {
+        let mut pods = self.write();
+        let mut gone = Vec::new();
+        for (namespace, in_namespace) in pods.iter_mut() {
+            if scope.as_deref().is_some_and(|s| s != &**namespace) {
+                continue;
+            }
+            in_namespace.retain(|name, pod| {
+                let keep = listed.contains(&(namespace.to_string(), name.to_string()));
+                if !keep {
+                    gone.push((namespace.to_string(), name.to_string(), pod.clone()));
+                }
+                keep
+            });
+        }
+        pods.retain(|_, in_namespace| !in_namespace.is_empty());
+        gone
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().values().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Pods> {
+        self.pods.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Pods> {
+        self.pods.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Whether the pod is one busyguard guards (the watch's label selector, checked again).
+pub fn is_opted_in(pod: &PodRecord) -> bool {
+    pod.label(BUSY_LABEL).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn watched(value: serde_json::Value) -> WatchedPod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn record_keeps_what_decisions_read_and_drops_the_rest() {
+        let pod = watched(json!({
+            "metadata": {"name": "w-1", "namespace": "capture", "uid": "u-1", "resourceVersion": "7",
+                "labels": {"app": "worker", BUSY_LABEL: "true"},
+                "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z",
+                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(5000)},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w", "uid": "r",
+                    "controller": true}],
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}));
+        let record = pod.record();
+        assert_eq!(record.label("app"), Some("worker"));
+        assert_eq!(record.annotation(BUSY_SINCE), Some("2026-11-21T20:00:00Z"));
+        assert_eq!(record.annotations.len(), 1, "unrelated annotations are not kept");
+        assert_eq!(record.owner.as_deref(), Some("ReplicaSet/w"));
+        assert_eq!(record.node.as_deref(), Some("node-1"));
+        assert_eq!(record.phase, Phase::Running);
+        assert_eq!(record.readiness, Some(Readiness { ready: true, since: None }));
+        assert_eq!(&*record.resource_version, "7");
+    }
+
+    #[test]
+    fn malformed_pod_keeps_its_identity_and_says_what_is_wrong() {
+        let pod = watched(json!({"metadata": {"name": "w", "namespace": "ns", "resourceVersion": "9"},
+                                 "status": {"phase": 42}}));
+        assert_eq!(pod.name(), "w");
+        assert_eq!(pod.metadata.resource_version.as_deref(), Some("9"));
+        assert!(pod.malformed.as_deref().unwrap().contains("invalid type"));
+    }
+
+    #[test]
+    fn view_is_trusted_after_every_list_and_until_failing_too_long() {
+        let scopes = [Some("a".to_string()), Some("b".to_string())];
+        let view = View::watching(&scopes, Duration::from_secs(30));
+        let t0 = Instant::now();
+        assert_eq!(view.check(t0), Err(Unavailable::NotListed));
+        view.listed(&scopes[0]);
+        assert_eq!(view.check(t0), Err(Unavailable::NotListed));
+        view.listed(&scopes[1]);
+        assert_eq!(view.check(t0), Ok(()));
+        view.failing(t0);
+        assert_eq!(view.check(t0 + Duration::from_secs(30)), Ok(()), "a short break is tolerated");
+        assert_eq!(view.check(t0 + Duration::from_secs(31)), Err(Unavailable::Stale { for_secs: 31 }));
+        view.connected();
+        assert_eq!(view.check(t0 + Duration::from_secs(31)), Ok(()));
+    }
+
+    #[test]
+    fn view_without_cluster_cannot_answer() {
+        let view = View::without_cluster();
+        assert_eq!(view.check(Instant::now()), Err(Unavailable::NoCluster));
+    }
+
+    #[test]
+    fn a_new_list_drops_pods_deleted_while_the_watch_was_down() {
+        let view = View::watching(&[None], Duration::from_secs(30));
+        let record = watched(json!({"metadata": {"name": "x", "namespace": "a"}})).record();
+        view.insert("a", "kept", record.clone());
+        view.insert("b", "gone", record.clone());
+        let listed = HashSet::from([("a".to_string(), "kept".to_string())]);
+        let gone = view.keep_only(&None, &listed);
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].0.as_str(), gone[0].1.as_str()), ("b", "gone"));
+        assert_eq!(view.len(), 1);
+    }
+}
