@@ -161,8 +161,10 @@ impl<'de> Deserialize<'de> for WatchedPod {
             metadata: Identity,
         }
 
-        let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
-        match serde_json::from_str::<Full>(raw.get()) {
+        // Through a generic value first: watch events arrive inside a tagged enum, where only
+        // self-describing values can be taken apart a second time.
+        let value = serde_json::Value::deserialize(deserializer)?;
+        match Full::deserialize(&value) {
             Ok(full) => Ok(WatchedPod {
                 metadata: full.metadata,
                 node_name: full.spec.and_then(|s| s.node_name),
@@ -170,7 +172,7 @@ impl<'de> Deserialize<'de> for WatchedPod {
                 malformed: None,
             }),
             Err(error) => {
-                let identity = serde_json::from_str::<IdentityOnly>(raw.get()).map_err(serde::de::Error::custom)?;
+                let identity = IdentityOnly::deserialize(&value).map_err(serde::de::Error::custom)?;
                 let Identity { name, namespace, uid, resource_version } = identity.metadata;
                 Ok(WatchedPod {
                     metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },

@@ -43,7 +43,8 @@ impl Watch {
         let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
         let mut malformed_seen: HashSet<String> = HashSet::new();
         while let Some((scope, event)) = events.next().await {
-            if event.is_ok() {
+            // `Init` comes before a list is even asked for; anything else proves a working watch.
+            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
                 self.view.connected();
             }
             match event {

@@ -2,12 +2,15 @@
 //! the kube-apiserver does: TLS, HTTP/1.1 keep-alive, `Content-Type: application/json`.
 #![allow(dead_code)] // each test binary uses its own part of this
 
+pub mod apiserver;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use busyguard::certs::{self, CertsRequest};
+use busyguard::cluster::ClusterSource;
 use busyguard::config::{Cli, Command};
 use busyguard::server::tls::CertFiles;
 use busyguard::server::{self, Limits, Running, ServeConfig};
@@ -66,6 +69,32 @@ pub fn test_config(dir: &Path) -> ServeConfig {
 impl TestServer {
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
+    }
+
+    /// A server watching the pods of this API server, ready (its first list done).
+    pub async fn with_cluster(api: &apiserver::ApiServer) -> Self {
+        let server = Self::with_cluster_unready(api).await;
+        server.wait_ready().await;
+        server
+    }
+
+    /// As `with_cluster`, without waiting for the first list; the watch counts as stale after 2s.
+    pub async fn with_cluster_unready(api: &apiserver::ApiServer) -> Self {
+        Self::start_with(|config| {
+            config.cluster.source = ClusterSource::Config(Box::new(api.kube_config()));
+            config.cluster.stale_after = Duration::from_secs(2);
+        })
+        .await
+    }
+
+    pub async fn wait_ready(&self) {
+        for _ in 0..500 {
+            if self.admin_get("/readyz").await.status == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("not ready after 10s: {}", self.admin_get("/readyz").await.text());
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
@@ -165,8 +194,10 @@ pub async fn http1(stream: TlsStream<TcpStream>) -> Sender {
     sender
 }
 
+/// A POST as the API server sends it; `?timeout=10s` unless the path has a query already.
 pub fn post_request(path: &str, body: impl Into<Bytes>) -> hyper::Request<Full<Bytes>> {
-    hyper::Request::post(format!("{path}?timeout=10s"))
+    let uri = if path.contains('?') { path.to_string() } else { format!("{path}?timeout=10s") };
+    hyper::Request::post(uri)
         .header("host", "localhost")
         .header("content-type", "application/json")
         .header("accept", "application/json, */*")

@@ -1,0 +1,513 @@
+//! busyguard with a cluster behind it: the real server over TLS, watching a stand-in API server
+//! on loopback (real paths, real JSON), asserting the exact calls busyguard makes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::apiserver::{ApiServer, Call, Fault, worker_pod};
+use common::{TestServer, fixture};
+use jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+
+use busyguard::policy::cost::busy_cost;
+
+const POD_PATH: &str = "/api/v1/namespaces/capture/pods";
+
+fn since_minutes_ago(minutes: i64) -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second() - minutes * 60).unwrap()
+}
+
+/// A busy pod as busyguard's mutating webhook leaves it: busy-since, raised cost, the user's
+/// cost kept, autoscalers told to wait.
+fn busy_pod(name: &str, since: Timestamp) -> Value {
+    let mut pod = worker_pod(name, true);
+    pod["metadata"]["annotations"] = json!({
+        "busyguard.io/busy-since": since.to_string(),
+        "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
+        "busyguard.io/idle-cost": "1",
+        "karpenter.sh/do-not-disrupt": "true",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+    });
+    pod
+}
+
+fn eviction_of(name: &str) -> Value {
+    let mut review = fixture("pod-eviction-by-user.json");
+    review["request"]["name"] = json!(name);
+    review["request"]["object"]["metadata"]["name"] = json!(name);
+    review
+}
+
+fn delete_of(pod: &Value, fixture_name: &str) -> Value {
+    let mut review = fixture(fixture_name);
+    review["request"]["name"] = pod["metadata"]["name"].clone();
+    review["request"]["oldObject"] = pod.clone();
+    review
+}
+
+fn is_event(call: &Call) -> bool {
+    call.method == "POST" && call.path == "/apis/events.k8s.io/v1/namespaces/capture/events"
+}
+
+fn pod_call(method: &'static str, name: &'static str) -> impl Fn(&Call) -> bool {
+    move |call: &Call| call.method == method && call.path == format!("{POD_PATH}/{name}")
+}
+
+/// Lets stray calls arrive before asserting that none came.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+fn denial(name: &str, since: Timestamp) -> String {
+    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    format!(
+        "pod capture/{name} is busy since {since} (protection lapses at {until} at the latest); it will be \
+         spared until it is idle; to force: kubectl label pod {name} -n capture busyguard.io/busy=false --overwrite"
+    )
+}
+
+#[tokio::test]
+async fn eviction_of_a_busy_pod_is_429_with_a_warning_event_and_nothing_patched() {
+    let api = ApiServer::start().await;
+    let since = since_minutes_ago(10);
+    api.put_pod(busy_pod("worker-a", since));
+    let server = TestServer::with_cluster(&api).await;
+
+    let response = server.review("/validate", &eviction_of("worker-a")).await;
+    assert_eq!(
+        response,
+        json!({"uid": "2b3bba80-3643-4d69-88fc-9d4f057f65a5", "allowed": false, "status": {"status": "Failure",
+               "code": 429, "reason": "TooManyRequests", "message": denial("worker-a", since)}})
+    );
+    let events = api.wait_for(1, is_event).await;
+    settle().await;
+    assert_eq!(api.writes(), events, "one Event, no patch, no delete");
+    let event = &events[0].body;
+    assert_eq!((event["type"].as_str(), event["reason"].as_str()), (Some("Warning"), Some("DisruptionBlocked")));
+    assert_eq!((event["action"].as_str(), event["note"].as_str()), (Some("Evict"), Some(&*denial("worker-a", since))));
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "v1", "kind": "Pod", "name": "worker-a", "namespace": "capture", "uid": "uid-worker-a"})
+    );
+    let audit = server.audit_lines();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0]["decision"].as_str(), audit[0]["subresource"].as_str(), audit[0]["name"].as_str()),
+        (Some("denied"), Some("eviction"), Some("worker-a"))
+    );
+}
+
+#[tokio::test]
+async fn eviction_of_an_idle_pod_or_a_pod_busyguard_does_not_know_is_allowed_without_calls() {
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("worker-idle", false));
+    let server = TestServer::with_cluster(&api).await;
+    for name in ["worker-idle", "no-such-pod"] {
+        let response = server.review("/validate", &eviction_of(name)).await;
+        assert_eq!(response, json!({"uid": "2b3bba80-3643-4d69-88fc-9d4f057f65a5", "allowed": true}), "{name}");
+    }
+    settle().await;
+    assert_eq!(api.writes(), vec![]);
+    assert!(server.audit_lines().is_empty());
+}
+
+#[tokio::test]
+async fn dry_run_eviction_of_a_busy_pod_is_judged_and_audited_but_leaves_no_event() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-6b8958b477-qvmc9", since_minutes_ago(5)));
+    let server = TestServer::with_cluster(&api).await;
+    let response = server.review("/validate", &fixture("pod-eviction-server-dry-run-by-user.json")).await;
+    assert_eq!(response["status"]["code"], 429);
+    assert_eq!(server.audit_lines()[0]["dry_run"], true, "dryRun from the eviction's deleteOptions");
+    settle().await;
+    assert_eq!(api.writes(), vec![]);
+}
+
+#[tokio::test]
+async fn repeated_evictions_of_one_pod_raise_one_event_per_interval() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    for _ in 0..5 {
+        assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    }
+    api.wait_for(1, is_event).await;
+    settle().await;
+    assert_eq!(api.writes().len(), 1, "a retrying drain does not flood the API server");
+    assert_eq!(server.metric(r#"busyguard_side_effects_total{kind="event",result="rate-limited"}"#).await, Some(4.0));
+    assert_eq!(server.audit_lines().len(), 5, "every denial is audited");
+}
+
+#[tokio::test]
+async fn busy_when_unready_pod_is_protected_while_not_ready() {
+    let api = ApiServer::start().await;
+    let mut pod = worker_pod("worker-compat", false);
+    pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] = json!("true");
+    pod["status"]["conditions"][1] =
+        json!({"type": "Ready", "status": "False", "lastTransitionTime": since_minutes_ago(3).to_string()});
+    api.put_pod(pod);
+    let server = TestServer::with_cluster(&api).await;
+    let response = server.review("/validate", &eviction_of("worker-compat")).await;
+    assert_eq!(response["status"]["message"], denial("worker-compat", since_minutes_ago(3)));
+    api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
+    wait_until_allowed(&server, "worker-compat").await;
+}
+
+async fn wait_until_allowed(server: &TestServer, name: &str) {
+    for _ in 0..500 {
+        if server.review("/validate", &eviction_of(name)).await["allowed"] == true {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("eviction of {name} still refused after 10s");
+}
+
+async fn wait_until_refused(server: &TestServer, name: &str) {
+    for _ in 0..500 {
+        if server.review("/validate", &eviction_of(name)).await["allowed"] == false {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("eviction of {name} still allowed after 10s");
+}
+
+/// Five workers: `busy` fresh and busy, `busy-stale` labelled busy while busyguard missed the
+/// flip, two idle, and `idle-stale` idle with its busy annotations left behind.
+fn five_workers(api: &ApiServer, since: Timestamp) {
+    api.put_pod(busy_pod("busy", since));
+    let mut missed = worker_pod("busy-stale", true);
+    missed["metadata"]["annotations"] = json!({"controller.kubernetes.io/pod-deletion-cost": "1"});
+    api.put_pod(missed);
+    api.put_pod(worker_pod("idle-1", false));
+    api.put_pod(worker_pod("idle-2", false));
+    let mut left_behind = busy_pod("idle-stale", since);
+    left_behind["metadata"]["labels"]["busyguard.io/busy"] = json!("false");
+    api.put_pod(left_behind);
+}
+
+fn scale_down_5_to_2() -> Value {
+    let mut review = fixture("deployment-scale-subresource-down-by-kubectl.json");
+    review["request"]["oldObject"]["spec"]["replicas"] = json!(5);
+    review
+}
+
+#[tokio::test]
+async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_allowing() {
+    let api = ApiServer::start().await;
+    let since = since_minutes_ago(30);
+    five_workers(&api, since);
+    let server = TestServer::with_cluster(&api).await;
+    let before = Timestamp::now().as_second();
+
+    let response = server.review("/validate", &scale_down_5_to_2()).await;
+    assert_eq!(response, json!({"uid": "fe29bcc8-64c6-498a-8f6b-7eb66bc8e0c3", "allowed": true}));
+    // The answer waited for the patches: they are already there.
+    let writes = api.writes();
+    assert_eq!(writes.len(), 2, "{writes:#?}");
+    let busy_stale = writes.iter().find(|c| c.path == format!("{POD_PATH}/busy-stale")).expect("busy-stale patched");
+    let stamped: Timestamp =
+        busy_stale.body["metadata"]["annotations"]["busyguard.io/busy-since"].as_str().unwrap().parse().unwrap();
+    assert!(stamped.as_second() >= before);
+    assert_eq!(busy_stale.method, "PATCH");
+    assert_eq!(
+        busy_stale.body,
+        json!({"metadata": {"uid": "uid-busy-stale", "resourceVersion": "2", "annotations": {
+            "busyguard.io/busy-since": stamped.to_string(),
+            "controller.kubernetes.io/pod-deletion-cost": busy_cost(stamped).to_string(),
+            "busyguard.io/idle-cost": "1",
+            "karpenter.sh/do-not-disrupt": "true",
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}}})
+    );
+    let idle_stale = writes.iter().find(|c| c.path == format!("{POD_PATH}/idle-stale")).expect("idle-stale patched");
+    assert_eq!(
+        idle_stale.body,
+        json!({"metadata": {"uid": "uid-idle-stale", "resourceVersion": "5", "annotations": {
+            "busyguard.io/busy-since": null,
+            "controller.kubernetes.io/pod-deletion-cost": "1",
+            "busyguard.io/idle-cost": null,
+            "karpenter.sh/do-not-disrupt": null,
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": null}}})
+    );
+    let audit = server.audit_lines();
+    assert_eq!((audit[0]["decision"].as_str(), audit[0]["reason"].as_str()), (Some("scale-down"), Some("plan")));
+    assert_eq!(
+        audit[0]["plan"],
+        json!({"replicas_from": 5, "replicas_to": 2, "pods": 5, "idle_taken": 3, "busy_waited": 0,
+               "busy_spared": 2, "refreshed": 2})
+    );
+}
+
+#[tokio::test]
+async fn dry_run_scale_down_plans_without_patching() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    let mut review = scale_down_5_to_2();
+    review["request"]["dryRun"] = json!(true);
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    settle().await;
+    assert_eq!(api.writes(), vec![]);
+    assert_eq!(server.audit_lines()[0]["dry_run"], true);
+}
+
+#[tokio::test]
+async fn replicaset_scale_down_by_the_deployment_controller_uses_its_structured_selector() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    let mut review = fixture("replicaset-update-scale-down-by-deployment-controller.json");
+    review["request"]["oldObject"]["spec"]["replicas"] = json!(5);
+    assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    assert_eq!(api.writes().len(), 2);
+    assert_eq!(server.audit_lines()[0]["plan"]["pods"], 5);
+}
+
+#[tokio::test]
+async fn a_conflicting_patch_is_planned_again_on_the_fresh_pod() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    let path = format!("{POD_PATH}/idle-stale");
+    api.fault("PATCH", &path, [Fault::Status(409)]);
+    server.review("/validate", &scale_down_5_to_2()).await;
+    let calls: Vec<(String, String)> =
+        api.writes().into_iter().filter(|c| c.path == path).map(|c| (c.method, c.path)).collect();
+    let expected = [("PATCH", &path), ("GET", &path), ("PATCH", &path)];
+    assert_eq!(calls, expected.map(|(m, p)| (m.to_string(), p.clone())));
+    assert_eq!(
+        api.pod("capture", "idle-stale").unwrap()["metadata"]["annotations"],
+        json!({
+        "controller.kubernetes.io/pod-deletion-cost": "1"})
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_on_a_patch_is_retried() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    let path = format!("{POD_PATH}/idle-stale");
+    api.fault("PATCH", &path, [Fault::Status(500)]);
+    server.review("/validate", &scale_down_5_to_2()).await;
+    api.wait_for(2, pod_call("PATCH", "idle-stale")).await;
+    assert_eq!(
+        server.metric(r#"busyguard_side_effects_total{kind="refresh",result="ok"}"#).await,
+        Some(2.0),
+        "both stale pods updated in the end"
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_api_server_does_not_hold_the_answer_past_its_budget() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    api.fault("PATCH", &format!("{POD_PATH}/idle-stale"), [Fault::Delay(Duration::from_secs(8))]);
+    let started = Instant::now();
+    let answer = server.post("/validate?timeout=2s", serde_json::to_vec(&scale_down_5_to_2()).unwrap()).await;
+    let took = started.elapsed();
+    assert_eq!(answer.json()["response"]["allowed"], true);
+    assert!(took < Duration::from_secs(2), "answered after {took:?}, past the API server's timeout");
+}
+
+#[tokio::test]
+async fn scale_objects_without_a_usable_selector_are_allowed_and_audited() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::with_cluster(&api).await;
+    let mut none = scale_down_5_to_2();
+    none["request"]["object"]["status"].as_object_mut().unwrap().remove("selector");
+    none["request"]["oldObject"]["status"].as_object_mut().unwrap().remove("selector");
+    let mut garbled = scale_down_5_to_2();
+    garbled["request"]["object"]["status"]["selector"] = json!("app in (worker");
+    for review in [none, garbled] {
+        assert_eq!(server.review("/validate", &review).await["allowed"], true);
+    }
+    settle().await;
+    assert_eq!(api.writes(), vec![]);
+    let reasons: Vec<Value> = server.audit_lines().iter().map(|l| l["reason"].clone()).collect();
+    assert_eq!(reasons, vec![json!("no-selector"), json!("invalid-selector")]);
+}
+
+#[tokio::test]
+async fn busy_delete_by_a_person_is_deferred_and_carried_out_once_when_the_pod_is_idle() {
+    let api = ApiServer::start().await;
+    let since = since_minutes_ago(10);
+    api.put_pod(busy_pod("worker-a", since));
+    let server = TestServer::with_cluster(&api).await;
+
+    let response = server
+        .review("/validate", &delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json"))
+        .await;
+    assert_eq!(response["status"]["code"], 429);
+    assert!(response["status"]["message"].as_str().unwrap().ends_with(
+        "the delete is recorded (busyguard.io/delete-requested) and busyguard carries it out once the pod is idle"
+    ));
+    let marks = api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    let requested: Value = serde_json::from_str(
+        marks[0].body["metadata"]["annotations"]["busyguard.io/delete-requested"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(requested["by"], "admin");
+
+    // Still busy: other changes of the pod do not delete it.
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["team"] = json!("a"));
+    settle().await;
+    assert!(api.writes().iter().all(|c| c.method != "DELETE"));
+
+    let idle =
+        api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    let deletes = api.wait_for(1, pod_call("DELETE", "worker-a")).await;
+    assert_eq!(
+        deletes[0].body["preconditions"],
+        json!({"uid": "uid-worker-a", "resourceVersion": idle["metadata"]["resourceVersion"]}),
+        "deletes exactly the pod seen idle"
+    );
+    // The pod goes on changing while it terminates: no second delete.
+    api.update_pod("capture", "worker-a", |pod| pod["status"]["phase"] = json!("Running"));
+    settle().await;
+    assert_eq!(api.writes().iter().filter(|c| c.method == "DELETE").count(), 1);
+    let audit = server.audit_lines();
+    let carried_out: Vec<&Value> = audit.iter().filter(|l| l["decision"] == "deleted-when-idle").collect();
+    assert_eq!(carried_out.len(), 1);
+    assert_eq!((carried_out[0]["name"].as_str(), carried_out[0]["user"].as_str()), (Some("worker-a"), Some("admin")));
+}
+
+#[tokio::test]
+async fn busy_delete_by_the_replicaset_controller_is_refused_but_not_deferred() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-replicaset-controller.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, is_event).await;
+    settle().await;
+    assert_eq!(api.writes().len(), 1, "an Event, and no delete-requested mark: {:#?}", api.writes());
+    assert_eq!(server.audit_lines()[0]["reason"], "busy");
+}
+
+#[tokio::test]
+async fn watch_restart_and_relist_keep_answers_correct() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+
+    // The watch drops; the pod turns idle meanwhile; the watch resumes where it was.
+    api.drop_watches();
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    wait_until_allowed(&server, "worker-a").await;
+
+    // The API server forgot the history (restart, compaction): 410 Gone, and a new list.
+    api.compact();
+    api.drop_watches();
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
+    wait_until_refused(&server, "worker-a").await;
+    let reads = api.calls().into_iter().filter(Call::reads_pod_list).collect::<Vec<_>>();
+    assert_eq!(reads.iter().filter(|c| !c.is_watch()).count(), 2, "listed again after 410 Gone");
+    assert!(reads.iter().all(|c| c.query.contains("labelSelector=busyguard.io%2Fbusy")), "opted-in pods only");
+}
+
+#[tokio::test]
+async fn until_the_first_list_evictions_get_503_and_readyz_says_why() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    api.fail_lists(true);
+    let server = TestServer::with_cluster_unready(&api).await;
+    api.wait_for(1, Call::reads_pod_list).await;
+
+    let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
+    assert_eq!(answer.status, 503);
+    assert_eq!(
+        answer.json()["error"],
+        "cannot judge the eviction: busyguard has not finished listing the opted-in pods yet"
+    );
+    let ready = server.admin_get("/readyz").await;
+    assert_eq!(
+        (ready.status, ready.text()),
+        (503, "not ready: busyguard has not finished listing the opted-in pods yet\n".into())
+    );
+
+    api.fail_lists(false);
+    server.wait_ready().await;
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+}
+
+#[tokio::test]
+async fn a_watch_failing_longer_than_allowed_turns_unready_and_recovers() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    api.fail_lists(true);
+    api.compact();
+    api.drop_watches();
+    let mut unready = None;
+    for _ in 0..300 {
+        let ready = server.admin_get("/readyz").await;
+        if ready.status == 503 {
+            unready = Some(ready.text());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let unready = unready.expect("unready within 6s");
+    assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
+    let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
+    assert_eq!(answer.status, 503);
+    api.fail_lists(false);
+    server.wait_ready().await;
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+}
+
+#[tokio::test]
+async fn busy_pods_lost_outside_admission_are_audited_and_counted() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("evicted-by-kubelet", since_minutes_ago(10)));
+    api.put_pod(busy_pod("node-lost", since_minutes_ago(10)));
+    api.put_pod(worker_pod("idle", false));
+    let server = TestServer::with_cluster(&api).await;
+    api.update_pod("capture", "evicted-by-kubelet", |pod| {
+        pod["status"]["phase"] = json!("Failed");
+        pod["status"]["reason"] = json!("Evicted");
+    });
+    api.remove_pod("capture", "node-lost");
+    api.remove_pod("capture", "idle");
+    for _ in 0..500 {
+        if server.audit_lines().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settle().await;
+    let lost: Vec<(Value, Value, Value)> = server
+        .audit_lines()
+        .into_iter()
+        .map(|l| (l["decision"].clone(), l["reason"].clone(), l["name"].clone()))
+        .collect();
+    assert_eq!(
+        lost,
+        vec![
+            (json!("lost"), json!("failed"), json!("evicted-by-kubelet")),
+            (json!("lost"), json!("vanished"), json!("node-lost"))
+        ]
+    );
+    assert!(server.audit_lines()[0]["detail"].as_str().unwrap().contains("(Evicted)"));
+    assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="failed"}"#).await, Some(1.0));
+    assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="vanished"}"#).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_pod_that_does_not_decode_is_skipped_and_the_others_are_served() {
+    let api = ApiServer::start().await;
+    let mut broken = worker_pod("broken", true);
+    broken["status"]["containerStatuses"] = json!("not a list");
+    api.put_pod(broken);
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    assert_eq!(server.review("/validate", &eviction_of("broken")).await["allowed"], true);
+    assert_eq!(server.metric("busyguard_view_pods").await, Some(1.0));
+}

@@ -1,0 +1,330 @@
+//! A stand-in kube-apiserver on loopback speaking the real paths and JSON busyguard uses: pod
+//! list and watch (with resourceVersions, replay and 410 Gone), pod GET/PATCH/DELETE with
+//! preconditions, and events.k8s.io Events. It records every call for tests to assert, and
+//! can be told to fail calls.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::fixture;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub body: Value,
+}
+
+impl Call {
+    /// The list and watch requests of busyguard's pod watch.
+    pub fn reads_pod_list(&self) -> bool {
+        self.method == "GET" && self.path == "/api/v1/pods"
+    }
+
+    pub fn is_watch(&self) -> bool {
+        self.reads_pod_list() && self.query.split('&').any(|p| p == "watch=true")
+    }
+}
+
+/// What to do instead of handling a call normally.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    Status(u16),
+    /// Answer only after this long.
+    Delay(Duration),
+}
+
+#[derive(Default)]
+struct Store {
+    pods: BTreeMap<(String, String), Value>,
+    resource_version: u64,
+    /// Watch events by resourceVersion; watches resuming from before `oldest` get 410 Gone.
+    history: Vec<(u64, String)>,
+    oldest: u64,
+    calls: Vec<Call>,
+    faults: HashMap<(String, String), VecDeque<Fault>>,
+    lists_fail: bool,
+}
+
+enum Feed {
+    Event(String),
+    /// Ends every open watch, as an API server restart or a dropped connection does.
+    Close,
+}
+
+#[derive(Clone)]
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    store: Arc<Mutex<Store>>,
+    feed: broadcast::Sender<Arc<Feed>>,
+}
+
+impl ApiServer {
+    pub async fn start() -> ApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (feed, _) = broadcast::channel(1024);
+        let api = ApiServer { addr: listener.local_addr().unwrap(), store: Arc::default(), feed };
+        let router = axum::Router::new().fallback(handle).with_state(api.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        api
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A client configuration for busyguard pointing here.
+    pub fn kube_config(&self) -> kube::Config {
+        kube::Config::new(self.url().parse().unwrap())
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap()
+    }
+
+    /// Adds or replaces a pod, as a controller or the kubelet writing it would; returns it as
+    /// stored (with its new resourceVersion).
+    pub fn put_pod(&self, pod: Value) -> Value {
+        let mut store = self.store();
+        let kind = if store.pods.contains_key(&key_of(&pod)) { "MODIFIED" } else { "ADDED" };
+        let pod = store.save(pod);
+        self.emit(&mut store, kind, pod.clone());
+        pod
+    }
+
+    pub fn update_pod(&self, namespace: &str, name: &str, change: impl FnOnce(&mut Value)) -> Value {
+        let mut pod = self.pod(namespace, name).expect("pod exists");
+        change(&mut pod);
+        self.put_pod(pod)
+    }
+
+    /// Removes a pod at once, as a forced delete or the pod garbage collector does.
+    pub fn remove_pod(&self, namespace: &str, name: &str) {
+        let mut store = self.store();
+        let mut pod = store.pods.remove(&(namespace.to_string(), name.to_string())).expect("pod exists");
+        store.resource_version += 1;
+        pod["metadata"]["resourceVersion"] = json!(store.resource_version.to_string());
+        self.emit(&mut store, "DELETED", pod);
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.store().pods.get(&(namespace.to_string(), name.to_string())).cloned()
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.store().calls.clone()
+    }
+
+    /// Every call but the pod list and watch requests.
+    pub fn writes(&self) -> Vec<Call> {
+        self.calls().into_iter().filter(|c| !c.reads_pod_list()).collect()
+    }
+
+    /// The next calls of `method` on `path` meet these faults, in order.
+    pub fn fault(&self, method: &str, path: &str, faults: impl IntoIterator<Item = Fault>) {
+        self.store().faults.entry((method.into(), path.into())).or_default().extend(faults);
+    }
+
+    pub fn fail_lists(&self, fail: bool) {
+        self.store().lists_fail = fail;
+    }
+
+    /// Ends every open watch.
+    pub fn drop_watches(&self) {
+        let _ = self.feed.send(Arc::new(Feed::Close));
+    }
+
+    /// Forgets the watch history: watches resuming from now or before get 410 Gone and relist.
+    pub fn compact(&self) {
+        let mut store = self.store();
+        store.history.clear();
+        store.oldest = store.resource_version + 1;
+    }
+
+    /// Waits until `count` calls match, or panics after 10 seconds with every call seen.
+    pub async fn wait_for(&self, count: usize, matching: impl Fn(&Call) -> bool) -> Vec<Call> {
+        for _ in 0..1000 {
+            let calls: Vec<Call> = self.calls().into_iter().filter(|c| matching(c)).collect();
+            if calls.len() >= count {
+                return calls;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {count} matching calls; saw {:#?}", self.calls());
+    }
+
+    fn emit(&self, store: &mut Store, kind: &str, pod: Value) {
+        let line = json!({"type": kind, "object": pod}).to_string();
+        store.history.push((store.resource_version, line.clone()));
+        let _ = self.feed.send(Arc::new(Feed::Event(line)));
+    }
+}
+
+impl Store {
+    fn save(&mut self, mut pod: Value) -> Value {
+        self.resource_version += 1;
+        pod["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        self.pods.insert(key_of(&pod), pod.clone());
+        pod
+    }
+}
+
+fn key_of(pod: &Value) -> (String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (text(&pod["metadata"]["namespace"]), text(&pod["metadata"]["name"]))
+}
+
+/// A worker pod as the API server stores it (from a real one), in namespace `capture`.
+pub fn worker_pod(name: &str, busy: bool) -> Value {
+    let mut pod = fixture("pod-delete-by-user.json")["request"]["oldObject"].take();
+    let metadata = &mut pod["metadata"];
+    metadata["name"] = json!(name);
+    metadata["uid"] = json!(format!("uid-{name}"));
+    metadata["labels"]["busyguard.io/busy"] = json!(if busy { "true" } else { "false" });
+    metadata.as_object_mut().unwrap().remove("managedFields");
+    pod
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "message": message, "reason": reason, "code": code});
+    (StatusCode::from_u16(code).unwrap(), [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+fn ok(value: Value) -> Response {
+    ([("content-type", "application/json")], value.to_string()).into_response()
+}
+
+async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let bytes = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let fault = {
+        let mut store = api.store();
+        store.calls.push(Call {
+            method: method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            body: body.clone(),
+        });
+        store.faults.get_mut(&(method.to_string(), path.clone())).and_then(VecDeque::pop_front)
+    };
+    match fault {
+        Some(Fault::Status(code)) => return status(code, "Injected", "injected by the test"),
+        Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
+        None => {}
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
+        (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, body),
+        (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
+            (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
+        }
+        (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => ok(body),
+        _ => status(404, "NotFound", &format!("{method} {path} is not served here")),
+    }
+}
+
+fn list_or_watch(api: &ApiServer, query: &str) -> Response {
+    let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
+    let opted_in = |pod: &Value| pod["metadata"]["labels"].get("busyguard.io/busy").is_some();
+    let store = api.store();
+    if param("watch") != Some("true") {
+        if store.lists_fail {
+            return status(500, "InternalError", "etcd is unavailable");
+        }
+        let items: Vec<Value> = store.pods.values().filter(|p| opted_in(p)).cloned().collect();
+        let rv = store.resource_version.to_string();
+        return ok(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}));
+    }
+    let since: u64 = param("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    if since < store.oldest {
+        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410}});
+        return ok_stream(vec![gone.to_string()], None);
+    }
+    let replay = store.history.iter().filter(|(rv, _)| *rv > since).map(|(_, line)| line.clone()).collect();
+    ok_stream(replay, Some(api.feed.subscribe()))
+}
+
+/// A watch response: the replayed events, then live ones until the feed closes.
+fn ok_stream(replay: Vec<String>, live: Option<broadcast::Receiver<Arc<Feed>>>) -> Response {
+    let replay =
+        futures::stream::iter(replay.into_iter().map(|line| Ok::<_, std::io::Error>(Bytes::from(line + "\n"))));
+    let live = futures::stream::unfold(live, |live| async move {
+        let mut live = live?;
+        loop {
+            match live.recv().await {
+                Ok(feed) => match &*feed {
+                    Feed::Event(line) => return Some((Ok(Bytes::from(format!("{line}\n"))), Some(live))),
+                    Feed::Close => return None,
+                },
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    let body = Body::from_stream(futures::StreamExt::chain(replay, live));
+    ([("content-type", "application/json")], body).into_response()
+}
+
+fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, body: Value) -> Response {
+    let mut store = api.store();
+    let key = (namespace.to_string(), name.to_string());
+    let Some(current) = store.pods.get(&key).cloned() else {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    };
+    let precondition = |uid: &Value, rv: &Value| {
+        let uid_differs = uid.is_string() && uid != &current["metadata"]["uid"];
+        let rv_differs = rv.is_string() && rv != &current["metadata"]["resourceVersion"];
+        (uid_differs || rv_differs).then(|| {
+            status(
+                409,
+                "Conflict",
+                &format!("Operation cannot be fulfilled on pods \"{name}\": the object has been modified"),
+            )
+        })
+    };
+    match *method {
+        Method::GET => ok(current),
+        Method::PATCH => {
+            if let Some(conflict) = precondition(&body["metadata"]["uid"], &body["metadata"]["resourceVersion"]) {
+                return conflict;
+            }
+            let mut patched = current;
+            let mut patch = body;
+            patch["metadata"].as_object_mut().map(|m| m.remove("resourceVersion"));
+            json_patch::merge(&mut patched, &patch);
+            let patched = store.save(patched);
+            api.emit(&mut store, "MODIFIED", patched.clone());
+            ok(patched)
+        }
+        Method::DELETE => {
+            let preconditions = &body["preconditions"];
+            if let Some(conflict) = precondition(&preconditions["uid"], &preconditions["resourceVersion"]) {
+                return conflict;
+            }
+            let mut deleting = current;
+            deleting["metadata"]["deletionTimestamp"] = json!(jiff::Timestamp::now().to_string());
+            deleting["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+            let deleting = store.save(deleting);
+            api.emit(&mut store, "MODIFIED", deleting.clone());
+            ok(deleting)
+        }
+        _ => status(405, "MethodNotAllowed", "not served here"),
+    }
+}
