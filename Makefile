@@ -3,7 +3,7 @@ CARGO ?= cargo
 LISTEN ?= 127.0.0.1:8443
 ADMIN_LISTEN ?= 127.0.0.1:8080
 
-.PHONY: build run certs test lint fmt clean
+.PHONY: build run certs test bench lint fmt clean
 
 build:
 	$(CARGO) build --release --locked
@@ -17,6 +17,10 @@ run: certs
 
 test:
 	$(CARGO) nextest run --locked --no-fail-fast
+
+# Release build; prints result tables (see BENCHMARKS.md).
+bench:
+	$(CARGO) bench --locked --bench view_memory
 
 lint:
 	$(CARGO) fmt --check

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::apiserver::{ApiServer, Call, Fault, worker_pod};
-use common::{TestServer, fixture};
+use common::{TestServer, eventually, fixture};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
@@ -151,27 +151,15 @@ async fn busy_when_unready_pod_is_protected_while_not_ready() {
     let response = server.review("/validate", &eviction_of("worker-compat")).await;
     assert_eq!(response["status"]["message"], denial("worker-compat", since_minutes_ago(3)));
     api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
-    wait_until_allowed(&server, "worker-compat").await;
+    wait_until_eviction_allowed_is(&server, "worker-compat", true).await;
 }
 
-async fn wait_until_allowed(server: &TestServer, name: &str) {
-    for _ in 0..500 {
-        if server.review("/validate", &eviction_of(name)).await["allowed"] == true {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("eviction of {name} still refused after 10s");
-}
-
-async fn wait_until_refused(server: &TestServer, name: &str) {
-    for _ in 0..500 {
-        if server.review("/validate", &eviction_of(name)).await["allowed"] == false {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("eviction of {name} still allowed after 10s");
+async fn wait_until_eviction_allowed_is(server: &TestServer, name: &str, allowed: bool) {
+    let what = format!("eviction of {name} answered allowed={allowed}");
+    eventually(&what, async || {
+        (server.review("/validate", &eviction_of(name)).await["allowed"] == allowed).then_some(())
+    })
+    .await
 }
 
 /// Five workers: `busy` fresh and busy, `busy-stale` labelled busy while busyguard missed the
@@ -399,13 +387,13 @@ async fn watch_restart_and_relist_keep_answers_correct() {
     // The watch drops; the pod turns idle meanwhile; the watch resumes where it was.
     api.drop_watches();
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
-    wait_until_allowed(&server, "worker-a").await;
+    wait_until_eviction_allowed_is(&server, "worker-a", true).await;
 
     // The API server forgot the history (restart, compaction): 410 Gone, and a new list.
     api.compact();
     api.drop_watches();
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
-    wait_until_refused(&server, "worker-a").await;
+    wait_until_eviction_allowed_is(&server, "worker-a", false).await;
     let reads = api.calls().into_iter().filter(Call::reads_pod_list).collect::<Vec<_>>();
     assert_eq!(reads.iter().filter(|c| !c.is_watch()).count(), 2, "listed again after 410 Gone");
     assert!(reads.iter().all(|c| c.query.contains("labelSelector=busyguard.io%2Fbusy")), "opted-in pods only");
@@ -444,16 +432,11 @@ async fn a_watch_failing_longer_than_allowed_turns_unready_and_recovers() {
     api.fail_lists(true);
     api.compact();
     api.drop_watches();
-    let mut unready = None;
-    for _ in 0..300 {
+    let unready = eventually("/readyz 503", async || {
         let ready = server.admin_get("/readyz").await;
-        if ready.status == 503 {
-            unready = Some(ready.text());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let unready = unready.expect("unready within 6s");
+        (ready.status == 503).then(|| ready.text())
+    })
+    .await;
     assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
     let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
     assert_eq!(answer.status, 503);
@@ -475,12 +458,7 @@ async fn busy_pods_lost_outside_admission_are_audited_and_counted() {
     });
     api.remove_pod("capture", "node-lost");
     api.remove_pod("capture", "idle");
-    for _ in 0..500 {
-        if server.audit_lines().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("two audit lines", async || (server.audit_lines().len() >= 2).then_some(())).await;
     settle().await;
     let lost: Vec<(Value, Value, Value)> = server
         .audit_lines()
@@ -510,4 +488,18 @@ async fn a_pod_that_does_not_decode_is_skipped_and_the_others_are_served() {
     assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
     assert_eq!(server.review("/validate", &eviction_of("broken")).await["allowed"], true);
     assert_eq!(server.metric("busyguard_view_pods").await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answer_stands() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    api.fault("PATCH", &format!("{POD_PATH}/worker-a"), [Fault::Status(403)]);
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    let failed = r#"busyguard_side_effects_total{kind="mark-delete",result="failed"}"#;
+    eventually(failed, async || server.metric(failed).await).await;
+    assert_eq!(server.metric(failed).await, Some(1.0));
+    assert_eq!(api.wait_for(1, pod_call("PATCH", "worker-a")).await.len(), 1, "403 is not retried");
 }

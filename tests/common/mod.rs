@@ -32,6 +32,17 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
 }
 
+/// Polls `check` every 20 ms until it gives a value; panics after 10 s, naming `what`.
+pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..500 {
+        if let Some(value) = check().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 10s: {what}")
+}
+
 /// A new CA and serving pair for localhost in `dir`.
 pub fn fresh_certs(dir: &Path) {
     certs::ensure(&CertsRequest {
@@ -88,13 +99,7 @@ impl TestServer {
     }
 
     pub async fn wait_ready(&self) {
-        for _ in 0..500 {
-            if self.admin_get("/readyz").await.status == 200 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("not ready after 10s: {}", self.admin_get("/readyz").await.text());
+        eventually("/readyz 200", async || (self.admin_get("/readyz").await.status == 200).then_some(())).await
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {

@@ -1,0 +1,113 @@
+//! Memory of the cluster view: fills it with synthetic opted-in pods (decoded from API JSON the
+//! way the watch does) and reports heap bytes per pod and the process's resident memory.
+//! `make bench`, or `cargo bench --bench view_memory`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use busyguard::cluster::view::{View, WatchedPod};
+use serde_json::json;
+
+/// Counts the bytes live on the heap.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// A pod as a Deployment makes it, with the annotations tools add; every other one busy.
+fn pod(i: usize) -> serde_json::Value {
+    let busy = i.is_multiple_of(2);
+    let mut annotations = json!({
+        "kubectl.kubernetes.io/restartedAt": "2026-11-21T20:00:00Z",
+        "prometheus.io/scrape": "true",
+        "controller.kubernetes.io/pod-deletion-cost": "1",
+    });
+    if busy {
+        let extra = json!({
+            "busyguard.io/busy-since": "2026-11-21T20:48:44Z",
+            "controller.kubernetes.io/pod-deletion-cost": "1168187571",
+            "busyguard.io/idle-cost": "1",
+            "karpenter.sh/do-not-disrupt": "true",
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+        });
+        annotations.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    }
+    json!({
+        "metadata": {
+            "name": format!("worker-6b8958b477-{i:06}"), "namespace": format!("team-{}", i % 50),
+            "uid": format!("57b6ee13-2f1a-4102-bc99-{i:012}"), "resourceVersion": format!("{}", 1000 + i),
+            "labels": {"app": "worker", "app.kubernetes.io/part-of": "capture", "pod-template-hash": "6b8958b477",
+                       "busyguard.io/busy": if busy { "true" } else { "false" }},
+            "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "worker-6b8958b477",
+                                 "uid": "4fbe5cfa-31bc-4946-a37d-e74e052ddc59", "controller": true}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1"}]
+        },
+        "spec": {"nodeName": format!("node-{}", i % 300), "containers": [{"name": "app", "image": "example.com/worker:1.0.0"}]},
+        "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T20:49:11Z"}],
+            "containerStatuses": [{"name": "app", "restartCount": 0, "ready": true,
+                                   "state": {"running": {"startedAt": "2026-11-21T20:49:11Z"}}}]}
+    })
+}
+
+fn resident_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn fill(count: usize) -> (View, isize, Duration) {
+    let view = View::watching(&[None], Duration::from_secs(60));
+    let before = LIVE.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for i in 0..count {
+        let text = pod(i).to_string();
+        let watched: WatchedPod = serde_json::from_str(&text).expect("pod decodes");
+        view.insert(watched.namespace(), watched.name(), watched.record());
+    }
+    (view, LIVE.load(Ordering::Relaxed) - before, started.elapsed())
+}
+
+fn main() {
+    println!("| pods | heap bytes/pod | resident MiB | decode+insert µs/pod | lookup ns |");
+    println!("|---:|---:|---:|---:|---:|");
+    for count in [10_000, 100_000] {
+        let (view, heap, took) = fill(count);
+        assert_eq!(view.len(), count);
+        let lookups = 100_000;
+        let started = Instant::now();
+        for i in 0..lookups {
+            let i = (i * 7919) % count;
+            std::hint::black_box(view.get(&format!("team-{}", i % 50), &format!("worker-6b8958b477-{i:06}")));
+        }
+        let lookup_ns = started.elapsed().as_nanos() / lookups as u128;
+        let resident = resident_kib().map_or("n/a".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
+        println!(
+            "| {count} | {} | {resident} | {:.2} | {lookup_ns} |",
+            heap / count as isize,
+            took.as_secs_f64() * 1e6 / count as f64
+        );
+        drop(view);
+    }
+}
