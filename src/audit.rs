@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use jiff::Timestamp;
+use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
+use tracing::warn;
 
 use crate::policy::Mode;
 use crate::policy::scale::ScalePlan;
@@ -67,6 +69,8 @@ impl AuditRecord {
 
 pub struct AuditLog {
     out: Mutex<Sink>,
+    /// Counts lines that could not be written.
+    write_errors: Counter,
 }
 
 enum Sink {
@@ -75,14 +79,22 @@ enum Sink {
 }
 
 impl AuditLog {
-    pub fn stdout() -> Self {
-        AuditLog { out: Mutex::new(Sink::Stdout) }
+    pub fn stdout(write_errors: Counter) -> Self {
+        AuditLog { out: Mutex::new(Sink::Stdout), write_errors }
     }
 
     /// Appends to `path`, creating it if needed.
-    pub fn file(path: &Path) -> io::Result<Self> {
+    pub fn file(path: &Path, write_errors: Counter) -> io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(AuditLog { out: Mutex::new(Sink::File(file)) })
+        Ok(AuditLog { out: Mutex::new(Sink::File(file)), write_errors })
+    }
+
+    /// Writes the line; a line that cannot be written is logged and counted.
+    pub fn record(&self, record: &AuditRecord) {
+        if let Err(e) = self.write(record) {
+            self.write_errors.inc();
+            warn!(error = %e, decision = record.decision, "audit line could not be written");
+        }
     }
 
     pub fn write(&self, record: &AuditRecord) -> io::Result<()> {
@@ -132,7 +144,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
         std::fs::write(&path, "earlier line\n").unwrap();
-        let log = AuditLog::file(&path).unwrap();
+        let log = AuditLog::file(&path, Counter::default()).unwrap();
         std::thread::scope(|scope| {
             for t in 0..8 {
                 let log = &log;

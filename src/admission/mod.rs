@@ -4,6 +4,8 @@
 
 pub mod review;
 
+use std::time::Instant;
+
 use base64::Engine;
 use jiff::Timestamp;
 
@@ -11,11 +13,11 @@ use serde::Deserialize;
 
 use crate::audit::AuditRecord;
 use crate::cluster::outbox::{PodRef, SideEffect};
-use crate::cluster::view::{Unavailable, View};
+use crate::cluster::view::View;
 use crate::policy::busy::{BusyState, Lapse, busy_state, contract_warnings};
 use crate::policy::disruption::{Override, Requester, Verdict, denial_message, judge};
 use crate::policy::lifecycle::{DELETE_REQUESTED, DeleteRequest, defers_delete};
-use crate::policy::mutate::{json_patch, plan_annotations};
+use crate::policy::mutate::{json_patch, plan_annotations, whole_second};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::{is_scale_down, plan_scale_down};
 use crate::policy::selector::{LabelSelector, Selector};
@@ -107,8 +109,8 @@ impl From<InvalidReview> for Refusal {
 pub struct Context<'a> {
     pub policy: &'a PolicyConfig,
     pub view: &'a View,
-    /// Whether the view may be trusted, as of the request.
-    pub view_status: Result<(), Unavailable>,
+    /// When the request arrived, to judge the view's freshness by.
+    pub arrived: Instant,
 }
 
 /// The resource as a metric label, from a fixed set so clients cannot grow the label space.
@@ -181,7 +183,8 @@ fn evict_pod(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) 
     // An eviction's dry run is asked for in its body, not (only) in the request.
     let dry_run =
         request.is_dry_run() || eviction.delete_options.and_then(|o| o.dry_run).is_some_and(|modes| !modes.is_empty());
-    context.view_status.clone().map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
+    (context.view.check(context.arrived))
+        .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
     let Some(pod) = context.view.get(&request.namespace, &request.name) else {
         // Not opted in (or no such pod: the API server answers 404 itself).
         return Ok(Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Allowed));
@@ -214,20 +217,12 @@ fn judge_disruption<P: PodFacts>(
         _ => None,
     };
     let audit = |decision: Decision, reason, detail| AuditRecord {
-        uid: request.uid.clone(),
         decision: decision.as_str(),
         reason,
         detail,
-        operation: request.operation.as_str(),
-        resource: request.resource.resource.clone(),
-        subresource: request.sub_resource().to_string(),
-        namespace: namespace.clone(),
-        name: name.clone(),
-        user: request.user_info.username.clone(),
-        groups: request.user_info.groups.clone(),
         busy_since,
         dry_run: target.dry_run,
-        ..AuditRecord::new(now, policy.mode)
+        ..audit_of(request, policy, now)
     };
     let allow = AdmissionResponse::allow(&request.uid);
     match verdict {
@@ -281,8 +276,20 @@ fn judge_disruption<P: PodFacts>(
     }
 }
 
-fn whole_second(now: Timestamp) -> Timestamp {
-    Timestamp::from_second(now.as_second()).unwrap_or(now)
+/// An audit line naming the request: who asked what of which object.
+fn audit_of(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> AuditRecord {
+    AuditRecord {
+        uid: request.uid.clone(),
+        operation: request.operation.as_str(),
+        resource: request.resource.resource.clone(),
+        subresource: request.sub_resource().to_string(),
+        namespace: request.namespace.clone(),
+        name: request.name.clone(),
+        user: request.user_info.username.clone(),
+        groups: request.user_info.groups.clone(),
+        dry_run: request.is_dry_run(),
+        ..AuditRecord::new(now, policy.mode)
+    }
 }
 
 fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
@@ -369,20 +376,11 @@ fn scale_down(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp)
     let kind = resource_label(request);
     let object = format!("{kind} {}/{}", request.namespace, request.name);
     let audit = |reason, detail: String, plan| AuditRecord {
-        uid: request.uid.clone(),
         decision: Decision::ScaleDown.as_str(),
         reason,
         detail,
-        operation: request.operation.as_str(),
-        resource: request.resource.resource.clone(),
-        subresource: request.sub_resource().to_string(),
-        namespace: request.namespace.clone(),
-        name: request.name.clone(),
-        user: request.user_info.username.clone(),
-        groups: request.user_info.groups.clone(),
-        dry_run: request.is_dry_run(),
         plan,
-        ..AuditRecord::new(now, policy.mode)
+        ..audit_of(request, policy, now)
     };
     let unprepared = |reason, why: String| {
         let detail = format!("{object} {from}→{to}: pods not prepared, {why}");
@@ -394,7 +392,7 @@ fn scale_down(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp)
         Some(Ok(selector)) if selector.is_empty() => return unprepared("no-selector", "its selector is empty".into()),
         Some(Ok(selector)) => selector,
     };
-    if let Err(why) = &context.view_status {
+    if let Err(why) = context.view.check(context.arrived) {
         return unprepared("view-unavailable", why.to_string());
     }
     let pods = context.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key)));

@@ -167,7 +167,7 @@ impl Outbox {
         };
         if skip {
             let result = if kind == "event" { Done::RateLimited } else { Done::Moot };
-            self.count(kind, result);
+            count(&self.metrics, kind, result);
             let _ = done.send(result);
             return receiver;
         }
@@ -179,7 +179,7 @@ impl Outbox {
             if let SideEffect::DeleteIdle { pod, .. } = &job.effect {
                 self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
             }
-            self.count(kind, Done::Dropped);
+            count(&self.metrics, kind, Done::Dropped);
             if let Some(done) = job.done {
                 let _ = done.send(Done::Dropped);
             }
@@ -207,10 +207,10 @@ impl Outbox {
             }
         }
     }
+}
 
-    fn count(&self, kind: &'static str, result: Done) {
-        self.metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
-    }
+fn count(metrics: &Metrics, kind: &'static str, result: Done) {
+    metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
 }
 
 fn pod_name(pod: &PodRef) -> String {
@@ -250,7 +250,7 @@ impl Worker {
                     // Not carried out: the next change of the pod may try again.
                     worker.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
                 }
-                worker.metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
+                count(&worker.metrics, kind, result);
                 if let Some(done) = job.done {
                     let _ = done.send(result);
                 }
@@ -391,10 +391,7 @@ impl Worker {
             user: request.by.clone(),
             ..AuditRecord::new(Timestamp::now(), self.policy.mode)
         };
-        if let Err(e) = self.audit.write(&record) {
-            self.metrics.audit_write_errors.inc();
-            warn!(error = %e, "audit line could not be written");
-        }
+        self.audit.record(&record);
     }
 }
 

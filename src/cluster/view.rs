@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
-use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
+use crate::policy::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
 use crate::policy::cost::DELETION_COST;
 use crate::policy::lifecycle::DELETE_REQUESTED;
 use crate::policy::mutate::{
@@ -395,14 +395,10 @@ impl View {
     }
 }
 
-/// Whether the pod is one busyguard guards (the watch's label selector, checked again).
-pub fn is_opted_in(pod: &PodRecord) -> bool {
-    pod.label(BUSY_LABEL).is_some()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::busy::BUSY_LABEL;
     use serde_json::json;
 
     fn watched(value: serde_json::Value) -> WatchedPod {

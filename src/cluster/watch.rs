@@ -43,10 +43,6 @@ impl Watch {
         let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
         let mut malformed_seen: HashSet<String> = HashSet::new();
         while let Some((scope, event)) = events.next().await {
-            // `Init` comes before a list is even asked for; anything else proves a working watch.
-            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
-                self.view.connected();
-            }
             match event {
                 Ok(watcher::Event::Init) => {
                     listing.insert(scope, HashSet::new());
@@ -64,14 +60,12 @@ impl Watch {
                     }
                     self.view.listed(&scope);
                     info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = self.view.len(), "pods listed");
-                    self.metrics.view_pods.set(self.view.len() as i64);
                 }
                 Ok(watcher::Event::Apply(pod)) => self.apply(pod, &mut malformed_seen),
                 Ok(watcher::Event::Delete(pod)) => {
                     let (namespace, name) = (pod.namespace(), pod.name());
                     let gone = self.view.remove(namespace, name);
                     self.observe(namespace, name, gone, None);
-                    self.metrics.view_pods.set(self.view.len() as i64);
                 }
                 Err(e) => {
                     self.view.failing(Instant::now());
@@ -93,9 +87,6 @@ impl Watch {
         }
         let after = pod.record();
         let before = self.view.insert(namespace, name, after.clone());
-        if before.is_none() {
-            self.metrics.view_pods.set(self.view.len() as i64);
-        }
         self.observe(namespace, name, before, Some(after));
     }
 
@@ -138,10 +129,7 @@ impl Watch {
                     busy_since,
                     ..AuditRecord::new(now, self.policy.mode)
                 };
-                if let Err(e) = self.audit.write(&record) {
-                    self.metrics.audit_write_errors.inc();
-                    warn!(error = %e, "audit line could not be written");
-                }
+                self.audit.record(&record);
             }
         }
     }

@@ -170,7 +170,8 @@ pub fn merge_patch(changes: &Changes) -> Value {
     serde_json::json!({"metadata": {"annotations": annotations}})
 }
 
-fn whole_second(now: Timestamp) -> Timestamp {
+/// Busy-since and delete-requested times are kept to the second.
+pub fn whole_second(now: Timestamp) -> Timestamp {
     Timestamp::from_second(now.as_second()).unwrap_or(now)
 }
 

@@ -93,8 +93,9 @@ pub struct Running {
 pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let metrics = Arc::new(Metrics::default());
     let audit = Arc::new(match &config.audit_log {
-        Some(path) => AuditLog::file(path).with_context(|| format!("opening audit log {}", path.display()))?,
-        None => AuditLog::stdout(),
+        Some(path) => AuditLog::file(path, metrics.audit_write_errors.clone())
+            .with_context(|| format!("opening audit log {}", path.display()))?,
+        None => AuditLog::stdout(metrics.audit_write_errors.clone()),
     });
     let (cert, cert_watcher) = tls::load_and_watch(config.cert.clone(), config.cert_reload_interval, metrics.clone())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));

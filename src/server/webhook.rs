@@ -91,15 +91,11 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 }
 
 fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
-    let view = &app.cluster.view;
-    let context = Context { policy: &app.policy, view, view_status: view.check(Instant::now()) };
+    let context = Context { policy: &app.policy, view: &app.cluster.view, arrived: Instant::now() };
     let outcome = admit(request, webhook, &context, Timestamp::now())?;
     Span::current().record("decision", outcome.decision.as_str());
     if let Some(record) = &outcome.audit {
-        if let Err(e) = app.audit.write(record) {
-            app.metrics.audit_write_errors.inc();
-            warn!(error = %e, "audit line could not be written");
-        }
+        app.audit.record(record);
         info!(reason = record.reason, user = %record.user, detail = %record.detail, "audited");
     } else {
         debug!("answered");

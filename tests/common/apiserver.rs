@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::fixture;
+use super::{eventually, fixture};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -152,16 +152,13 @@ impl ApiServer {
         store.oldest = store.resource_version + 1;
     }
 
-    /// Waits until `count` calls match, or panics after 10 seconds with every call seen.
+    /// Waits until `count` calls match, or panics after 10 seconds.
     pub async fn wait_for(&self, count: usize, matching: impl Fn(&Call) -> bool) -> Vec<Call> {
-        for _ in 0..1000 {
+        eventually(&format!("{count} matching calls"), async || {
             let calls: Vec<Call> = self.calls().into_iter().filter(|c| matching(c)).collect();
-            if calls.len() >= count {
-                return calls;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("expected {count} matching calls; saw {:#?}", self.calls());
+            (calls.len() >= count).then_some(calls)
+        })
+        .await
     }
 
     fn emit(&self, store: &mut Store, kind: &str, pod: Value) {
