@@ -144,12 +144,13 @@ async fn busy_when_unready_pod_is_protected_while_not_ready() {
     let api = ApiServer::start().await;
     let mut pod = worker_pod("worker-compat", false);
     pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] = json!("true");
+    let unready_since = since_minutes_ago(3);
     pod["status"]["conditions"][1] =
-        json!({"type": "Ready", "status": "False", "lastTransitionTime": since_minutes_ago(3).to_string()});
+        json!({"type": "Ready", "status": "False", "lastTransitionTime": unready_since.to_string()});
     api.put_pod(pod);
     let server = TestServer::with_cluster(&api).await;
     let response = server.review("/validate", &eviction_of("worker-compat")).await;
-    assert_eq!(response["status"]["message"], denial("worker-compat", since_minutes_ago(3)));
+    assert_eq!(response["status"]["message"], denial("worker-compat", unready_since));
     api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
     wait_until_eviction_allowed_is(&server, "worker-compat", true).await;
 }
