@@ -30,11 +30,15 @@ impl DeleteRequest {
     }
 }
 
+/// The administrator of clusters set up by hand or by local tools: a person despite the prefix.
+const LOCAL_ADMIN_USER: &str = "system:admin";
+
 /// A refused delete is carried out later only for people and the garbage collector: they ask
 /// once. Controllers (ReplicaSet, scheduler preemption, ...) retry and choose again by
 /// themselves; deleting later what they chose before would remove a second pod.
 pub fn defers_delete(requester: Requester<'_>) -> bool {
-    requester.username == GARBAGE_COLLECTOR_USER || !requester.username.starts_with("system:")
+    let username = requester.username;
+    username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +167,7 @@ mod tests {
         let who = |username| defers_delete(Requester { username, groups: &[] });
         assert!(who("alice"));
         assert!(who("kubernetes-admin"));
+        assert!(who("system:admin"));
         assert!(who(GARBAGE_COLLECTOR_USER));
         assert!(!who("system:serviceaccount:kube-system:replicaset-controller"));
         assert!(!who("system:kube-scheduler"));
