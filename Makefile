@@ -1,19 +1,30 @@
 # busyguard: `make run` serves on its defaults with dev certificates, `make test` runs every test.
 CARGO ?= cargo
+KUBECTL ?= kubectl
+# The busyguard command the targets below run; tests point it at an already built binary.
+BUSYGUARD ?= $(CARGO) run --quiet --locked --
 LISTEN ?= 127.0.0.1:8443
 ADMIN_LISTEN ?= 127.0.0.1:8080
+CERTS_DIR ?= certs
+# Where the cluster reaches `make run` for dev-register (a name or address of $(CERTS_DIR)/tls.crt).
+DEV_URL ?= https://127.0.0.1:8443
+# The self-managed install's certificates (manifests/self-managed), for the Service's names.
+CLUSTER_CERTS ?= manifests/self-managed/certs
+CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build run certs test bench lint fmt clean
+.PHONY: build run certs test bench lint fmt clean e2e dev-register dev-unregister \
+	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 build:
 	$(CARGO) build --release --locked
 
 # Dev certificates for localhost/127.0.0.1 are made once and kept while valid.
 certs:
-	$(CARGO) run --quiet --locked -- certs --dir certs
+	$(BUSYGUARD) certs --dir $(CERTS_DIR)
 
 run: certs
-	$(CARGO) run --quiet --locked -- serve --listen $(LISTEN) --admin-listen $(ADMIN_LISTEN)
+	$(CARGO) run --quiet --locked -- serve --listen $(LISTEN) --admin-listen $(ADMIN_LISTEN) \
+		--tls-cert $(CERTS_DIR)/tls.crt --tls-key $(CERTS_DIR)/tls.key
 
 test:
 	$(CARGO) nextest run --locked --no-fail-fast
@@ -31,3 +42,34 @@ fmt:
 
 clean:
 	$(CARGO) clean
+
+# Point the cluster in KUBECONFIG at the busyguard of `make run` (URL webhooks, caBundle from
+# $(CERTS_DIR)/ca.crt); the objects applied are kept in $(CERTS_DIR)/dev-webhooks.yaml.
+dev-register: certs
+	$(BUSYGUARD) dev-webhooks --url $(DEV_URL) --ca-file $(CERTS_DIR)/ca.crt > $(CERTS_DIR)/dev-webhooks.yaml
+	$(KUBECTL) apply -f $(CERTS_DIR)/dev-webhooks.yaml
+
+dev-unregister:
+	$(KUBECTL) delete mutatingwebhookconfiguration/busyguard-dev validatingwebhookconfiguration/busyguard-dev \
+		--ignore-not-found
+
+# End-to-end run against the cluster in KUBECONFIG (see scripts/e2e.sh).
+e2e:
+	scripts/e2e.sh
+
+# Self-managed certificates: a CA and a serving pair for the Service, kept while valid.
+cluster-certs:
+	$(BUSYGUARD) certs --dir $(CLUSTER_CERTS) --dns $(CLUSTER_DNS) --no-ip
+
+# Rotation, step 1: a new CA and serving pair; ca.crt (the caBundle) trusts the new CA and the
+# old ones, so every replica is trusted before and after it reloads. Apply the overlay.
+cluster-certs-rotate:
+	cp $(CLUSTER_CERTS)/ca.crt $(CLUSTER_CERTS)/ca.previous.crt
+	$(BUSYGUARD) certs --dir $(CLUSTER_CERTS) --dns $(CLUSTER_DNS) --no-ip --force
+	cat $(CLUSTER_CERTS)/ca.previous.crt >> $(CLUSTER_CERTS)/ca.crt
+	rm $(CLUSTER_CERTS)/ca.previous.crt
+
+# Rotation, step 2, once every replica serves the new certificate: trust the new CA only.
+cluster-certs-rotated:
+	sed -n '1,/-----END CERTIFICATE-----/p' $(CLUSTER_CERTS)/ca.crt > $(CLUSTER_CERTS)/ca.crt.new
+	mv $(CLUSTER_CERTS)/ca.crt.new $(CLUSTER_CERTS)/ca.crt

@@ -46,6 +46,11 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Write a CA and a serving certificate, keeping valid ones unless --force.
     Certs(CertsArgs),
+    /// Print webhook configurations that send the cluster's requests to a busyguard at --url
+    /// (`make dev-register`).
+    DevWebhooks(DevWebhooksArgs),
+    /// Wait, then exit: the Deployment's preStop hook, in an image without a shell.
+    Sleep(SleepArgs),
 }
 
 #[derive(Debug, Args)]
@@ -134,12 +139,32 @@ pub struct CertsArgs {
     /// IP addresses of the serving certificate.
     #[arg(long = "ip", env = "BUSYGUARD_CERTS_IPS", value_delimiter = ',', default_value = "127.0.0.1,::1")]
     pub ips: Vec<IpAddr>,
+    /// No IP addresses in the serving certificate (for a Service, reached by name).
+    #[arg(long, conflicts_with = "ips")]
+    pub no_ip: bool,
     /// Validity of new certificates, in days.
     #[arg(long, env = "BUSYGUARD_CERTS_VALID_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
     pub valid_days: u32,
     /// Replace the files even when they are still valid.
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DevWebhooksArgs {
+    /// Where the API server reaches this busyguard: `https://host:port`.
+    #[arg(long, env = "BUSYGUARD_DEV_URL", default_value = "https://127.0.0.1:8443")]
+    pub url: String,
+    /// CA of the serving certificate (PEM): the webhooks' caBundle.
+    #[arg(long, env = "BUSYGUARD_DEV_CA_FILE", default_value = "certs/ca.crt")]
+    pub ca_file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct SleepArgs {
+    /// How long, e.g. `5s`.
+    #[arg(value_parser = std_duration)]
+    pub duration: Duration,
 }
 
 fn std_duration(text: &str) -> Result<Duration, String> {
@@ -192,7 +217,7 @@ impl From<CertsArgs> for CertsRequest {
         CertsRequest {
             dir: args.dir,
             dns_names: args.dns_names,
-            ips: args.ips,
+            ips: if args.no_ip { Vec::new() } else { args.ips },
             valid_days: args.valid_days,
             force: args.force,
         }

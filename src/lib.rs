@@ -8,4 +8,5 @@ pub mod cluster;
 pub mod config;
 pub mod metrics;
 pub mod policy;
+pub mod registration;
 pub mod server;

@@ -1,14 +1,15 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use busyguard::certs::{self, CertsOutcome, CertsRequest};
-use busyguard::config::{Cli, Command, LogFormat, ServeArgs};
-use busyguard::server;
+use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
+use busyguard::{registration, server};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -18,6 +19,11 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|runtime| runtime.block_on(serve(*args))),
         Command::Certs(args) => write_certs(args.into()),
+        Command::DevWebhooks(args) => print_dev_webhooks(&args),
+        Command::Sleep(args) => {
+            std::thread::sleep(args.duration);
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,5 +87,11 @@ fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
             println!("caBundle for the webhook configurations: base64 -w0 {dir}/ca.crt");
         }
     }
+    Ok(())
+}
+
+fn print_dev_webhooks(args: &DevWebhooksArgs) -> anyhow::Result<()> {
+    let ca = std::fs::read(&args.ca_file).with_context(|| format!("reading {}", args.ca_file.display()))?;
+    print!("{}", registration::dev_webhooks(&args.url, &ca)?);
     Ok(())
 }
