@@ -504,3 +504,35 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
     assert_eq!(server.metric(failed).await, Some(1.0));
     assert_eq!(api.wait_for(1, pod_call("PATCH", "worker-a")).await.len(), 1, "403 is not retried");
 }
+
+/// Every call busyguard can make, in one run: list and watch, the mark and the delete of a
+/// deferred delete, a refresh that conflicts (patch, then get), and an Event and its series.
+#[tokio::test]
+async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.outbox.event_interval = Duration::from_millis(1);
+    })
+    .await;
+    server.wait_ready().await;
+
+    api.fault("PATCH", &format!("{POD_PATH}/idle-stale"), [Fault::Status(409)]);
+    server.review("/validate", &scale_down_5_to_2()).await;
+    for _ in 0..2 {
+        server.review("/validate", &eviction_of("worker-a")).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let event_series = |c: &Call| c.method == "PATCH" && c.path.starts_with("/apis/events.k8s.io/");
+    api.wait_for(1, event_series).await;
+    server.review("/validate", &delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json")).await;
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    api.wait_for(1, pod_call("DELETE", "worker-a")).await;
+
+    assert_eq!(api.forbidden_calls(), Vec::<String>::new(), "every call is granted");
+    let granted = common::apiserver::GRANTED.clone();
+    assert_eq!(api.permissions_used(), granted, "and every grant is used");
+}

@@ -1,11 +1,12 @@
 //! A stand-in kube-apiserver on loopback speaking the real paths and JSON busyguard uses: pod
 //! list and watch (with resourceVersions, replay and 410 Gone), pod GET/PATCH/DELETE with
 //! preconditions, and events.k8s.io Events. It records every call for tests to assert, and
-//! can be told to fail calls.
+//! can be told to fail calls. Like the real one it authorizes every call, against the
+//! ClusterRole of `manifests/base/rbac.yaml`: a call the manifests do not grant gets 403.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -55,6 +56,64 @@ struct Store {
     calls: Vec<Call>,
     faults: HashMap<(String, String), VecDeque<Fault>>,
     lists_fail: bool,
+    permissions_used: BTreeSet<Permission>,
+    forbidden: Vec<String>,
+}
+
+/// What RBAC authorizes: (API group, resource, verb).
+pub type Permission = (String, String, String);
+
+/// What busyguard's ServiceAccount is granted by `manifests/base/rbac.yaml`: the rules of the
+/// ClusterRole its ClusterRoleBinding names.
+pub static GRANTED: LazyLock<BTreeSet<Permission>> = LazyLock::new(|| {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
+    let documents: Vec<Value> = serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let of_kind = |kind: &'static str| documents.iter().filter(move |d| d["kind"] == kind);
+    let binding = of_kind("ClusterRoleBinding")
+        .find(|b| {
+            b["subjects"].as_array().unwrap().iter().any(|s| s["kind"] == "ServiceAccount" && s["name"] == "busyguard")
+        })
+        .expect("a ClusterRoleBinding for the busyguard ServiceAccount");
+    let role = of_kind("ClusterRole").find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).unwrap();
+    let strings = |v: &Value| v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    granted.insert((group.clone(), resource.clone(), verb));
+                }
+            }
+        }
+    }
+    granted
+});
+
+/// The permission a request needs, derived from its method and path as the API server does.
+fn permission_of(method: &Method, segments: &[&str], query: &str) -> Option<Permission> {
+    let (group, rest) = match segments {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (resource, named) = match rest {
+        [resource] | ["namespaces", _, resource] => (resource.to_string(), false),
+        ["namespaces", _, resource, _name] => (resource.to_string(), true),
+        ["namespaces", _, resource, _name, subresource] => (format!("{resource}/{subresource}"), true),
+        _ => return None,
+    };
+    let verb = match (method.as_str(), named) {
+        ("GET", false) if query.split('&').any(|p| p == "watch=true") => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some((group.to_string(), resource, verb.to_string()))
 }
 
 enum Feed {
@@ -132,6 +191,16 @@ impl ApiServer {
     }
 
     /// The next calls of `method` on `path` meet these faults, in order.
+    /// The permissions busyguard's calls needed, all granted.
+    pub fn permissions_used(&self) -> BTreeSet<Permission> {
+        self.store().permissions_used.clone()
+    }
+
+    /// Calls refused because the manifests do not grant them.
+    pub fn forbidden_calls(&self) -> Vec<String> {
+        self.store().forbidden.clone()
+    }
+
     pub fn fault(&self, method: &str, path: &str, faults: impl IntoIterator<Item = Fault>) {
         self.store().faults.entry((method.into(), path.into())).or_default().extend(faults);
     }
@@ -209,6 +278,7 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     let query = request.uri().query().unwrap_or_default().to_string();
     let bytes = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let fault = {
         let mut store = api.store();
         store.calls.push(Call {
@@ -217,6 +287,14 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             query: query.clone(),
             body: body.clone(),
         });
+        match permission_of(&method, &segments, &query) {
+            Some(permission) if GRANTED.contains(&permission) => store.permissions_used.insert(permission),
+            needed => {
+                store.forbidden.push(format!("{method} {path} needs {needed:?}"));
+                let message = format!("User \"system:serviceaccount:busyguard:busyguard\" cannot {method} {path}");
+                return status(403, "Forbidden", &message);
+            }
+        };
         store.faults.get_mut(&(method.to_string(), path.clone())).and_then(VecDeque::pop_front)
     };
     match fault {
@@ -224,7 +302,6 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
         Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
         None => {}
     }
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, body),

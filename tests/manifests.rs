@@ -1,0 +1,396 @@
+//! The install: `manifests/` rendered offline by `kubectl kustomize`, its two certificate
+//! overlays, the make targets that feed them (`cluster-certs`, `dev-register`), and `make e2e`
+//! without a cluster. The API server cannot check these objects here, so the tests check what
+//! it and the controllers would act on.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use busyguard::config::{Cli, Command as BusyguardCommand};
+use busyguard::policy::selector::{LabelSelector, Selector};
+use clap::Parser;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
+
+fn run(command: &mut Command) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e} (kubectl and make are needed)"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// `kubectl kustomize DIR`, offline, as objects.
+fn render(dir: &Path) -> Vec<Value> {
+    let output = run(Command::new("kubectl").arg("kustomize").arg(dir));
+    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+}
+
+fn manifests(dir: &str) -> PathBuf {
+    Path::new(ROOT).join("manifests").join(dir)
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered manifests"))
+}
+
+fn selector(value: &Value) -> Selector {
+    let selector: LabelSelector = serde_json::from_value(value.clone()).unwrap();
+    Selector::from_label_selector(&selector).unwrap()
+}
+
+fn selects(selector: &Selector, labels: &Value) -> bool {
+    selector.matches(|key| labels.get(key).and_then(Value::as_str))
+}
+
+fn webhooks(objects: &[Value]) -> Vec<&Value> {
+    let configurations = ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"];
+    let configurations = configurations.map(|kind| find(objects, kind, "busyguard"));
+    configurations.iter().flat_map(|c| c["webhooks"].as_array().unwrap()).collect()
+}
+
+fn webhook<'a>(objects: &'a [Value], name: &str) -> &'a Value {
+    webhooks(objects).into_iter().find(|w| w["name"] == name).unwrap()
+}
+
+fn base64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn without_whitespace(value: &Value) -> String {
+    value.as_str().unwrap().split_whitespace().collect()
+}
+
+#[test]
+fn the_base_renders_offline_with_everything_an_install_needs_but_the_certificate() {
+    let objects = render(&manifests(""));
+    let mut kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "MutatingWebhookConfiguration",
+            "Namespace",
+            "PodDisruptionBudget",
+            "Service",
+            "ServiceAccount",
+            "ValidatingWebhookConfiguration"
+        ]
+    );
+    assert_eq!(objects, render(&manifests("base")), "manifests/ is the base");
+}
+
+#[test]
+fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
+    let objects = render(&manifests(""));
+    let service = find(&objects, "Service", "busyguard");
+    let all = webhooks(&objects);
+    assert_eq!(all.len(), 4);
+    for webhook in all {
+        let name = &webhook["name"];
+        assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
+        assert_eq!(webhook["sideEffects"], "NoneOnDryRun", "{name}");
+        assert_eq!(webhook["matchPolicy"], "Equivalent", "{name}");
+        let timeout = webhook["timeoutSeconds"].as_u64().unwrap();
+        assert!((1..=5).contains(&timeout), "{name}: timeoutSeconds {timeout}");
+        let target = &webhook["clientConfig"]["service"];
+        assert_eq!(target["name"], service["metadata"]["name"], "{name}");
+        assert_eq!(target["namespace"], service["metadata"]["namespace"], "{name}");
+        assert_eq!(target["port"], service["spec"]["ports"][0]["port"], "{name}");
+        assert!(webhook["clientConfig"].get("url").is_none(), "{name}");
+    }
+}
+
+#[test]
+fn webhooks_never_see_kube_system_nor_busyguards_namespace_and_a_namespace_can_opt_out() {
+    let objects = render(&manifests(""));
+    let own = find(&objects, "Namespace", "busyguard");
+    let mut own_labels = own["metadata"]["labels"].clone();
+    own_labels["kubernetes.io/metadata.name"] = json!("busyguard"); // set by the API server
+    for webhook in webhooks(&objects) {
+        let namespaces = selector(&webhook["namespaceSelector"]);
+        let name = &webhook["name"];
+        assert!(selects(&namespaces, &json!({"kubernetes.io/metadata.name": "workers"})), "{name}");
+        assert!(!selects(&namespaces, &json!({"kubernetes.io/metadata.name": "kube-system"})), "{name}");
+        assert!(!selects(&namespaces, &own_labels), "{name}");
+        let mut own_unlabelled = own_labels.clone();
+        own_unlabelled.as_object_mut().unwrap().remove("busyguard.io/enabled");
+        assert!(!selects(&namespaces, &own_unlabelled), "{name}: by name too");
+        let opted_out = json!({"kubernetes.io/metadata.name": "batch", "busyguard.io/enabled": "false"});
+        assert!(!selects(&namespaces, &opted_out), "{name}");
+    }
+}
+
+#[test]
+fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
+    let objects = render(&manifests(""));
+    let rule = |webhook: &Value| {
+        let rules = webhook["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1);
+        (rules[0]["apiGroups"].clone(), rules[0]["operations"].clone(), rules[0]["resources"].clone())
+    };
+    let opted_in = json!({"busyguard.io/busy": "false"});
+    let not_opted_in = json!({"app": "web"});
+
+    let pods = webhook(&objects, "pods.busyguard.io");
+    assert_eq!(find(&objects, "MutatingWebhookConfiguration", "busyguard")["webhooks"][0], *pods);
+    assert_eq!(rule(pods), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods"])));
+    assert_eq!(
+        (&pods["failurePolicy"], &pods["clientConfig"]["service"]["path"]),
+        (&json!("Ignore"), &json!("/mutate"))
+    );
+    let objects_of = selector(&pods["objectSelector"]);
+    assert!(selects(&objects_of, &opted_in) && !selects(&objects_of, &not_opted_in));
+
+    let deletes = webhook(&objects, "pod-deletes.busyguard.io");
+    assert_eq!(rule(deletes), (json!([""]), json!(["DELETE"]), json!(["pods"])));
+    assert_eq!(deletes["failurePolicy"], "Fail");
+    assert_eq!(deletes["objectSelector"], pods["objectSelector"]);
+
+    let evictions = webhook(&objects, "pod-evictions.busyguard.io");
+    assert_eq!(rule(evictions), (json!([""]), json!(["CREATE"]), json!(["pods/eviction"])));
+    assert!(evictions.get("objectSelector").is_none(), "the Eviction carries no pod labels");
+    assert_eq!(evictions["failurePolicy"], "Ignore");
+
+    let scale_downs = webhook(&objects, "scale-downs.busyguard.io");
+    let resources = json!(["deployments", "replicasets", "deployments/scale", "replicasets/scale"]);
+    assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
+    assert!(scale_downs.get("objectSelector").is_none());
+    assert_eq!(scale_downs["failurePolicy"], "Ignore");
+    for validating in [deletes, evictions, scale_downs] {
+        assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
+    }
+}
+
+#[test]
+fn the_deployment_runs_two_spread_non_root_replicas_that_finish_admissions_before_stopping() {
+    let objects = render(&manifests(""));
+    let deployment = find(&objects, "Deployment", "busyguard");
+    let spec = &deployment["spec"];
+    let pod = &spec["template"]["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    assert_eq!(spec["replicas"], 2);
+    assert!(selects(&selector(&spec["selector"]), labels));
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["serviceAccountName"], find(&objects, "ServiceAccount", "busyguard")["metadata"]["name"]);
+
+    let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(spread["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+    assert!(selects(&selector(&spread["podAffinityTerm"]["labelSelector"]), labels));
+    let budget = find(&objects, "PodDisruptionBudget", "busyguard");
+    assert!(selects(&selector(&budget["spec"]["selector"]), labels));
+    assert_eq!(budget["spec"]["minAvailable"], 1, "one replica at a time may go");
+    let service = find(&objects, "Service", "busyguard");
+    let service_selects = service["spec"]["selector"].as_object().unwrap();
+    assert!(service_selects.iter().all(|(k, v)| labels[k] == *v));
+
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    let port = |name: &str| {
+        let ports = container["ports"].as_array().unwrap();
+        ports.iter().find(|p| p["name"] == name).unwrap()["containerPort"].as_u64().unwrap()
+    };
+    assert_eq!(port("https"), 8443, "the default --listen");
+    assert_eq!(port("admin"), 8080, "the default --admin-listen");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "https");
+    assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "admin"}));
+    assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "admin"}));
+
+    let pre_stop = &container["lifecycle"]["preStop"]["exec"]["command"];
+    assert_eq!(pre_stop[0], "/busyguard", "the image's binary (no shell there)");
+    let pre_stop: Vec<&str> = pre_stop.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let Ok(Cli { command: BusyguardCommand::Sleep(pause), .. }) = Cli::try_parse_from(&pre_stop) else {
+        panic!("preStop {pre_stop:?} is not `busyguard sleep DURATION`");
+    };
+    let env = |name: &str| {
+        let env = container["env"].as_array().unwrap();
+        env.iter().find(|e| e["name"] == name).map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    let seconds = |text: &str| text.trim_end_matches('s').parse::<u64>().unwrap();
+    let drain = seconds(&env("BUSYGUARD_SHUTDOWN_TIMEOUT").unwrap());
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(pause.duration.as_secs() + drain < grace, "preStop {pre_stop:?} and the drain fit in {grace}s");
+
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_ne!(pod["securityContext"]["runAsUser"], 0);
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    let resources = &container["resources"];
+    assert!(resources["requests"]["cpu"].is_string() && resources["requests"]["memory"].is_string());
+    assert!(resources["limits"].get("cpu").is_none(), "no CPU limit");
+
+    let mount = &container["volumeMounts"][0];
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+    assert_eq!(volume["secret"]["secretName"], "busyguard-tls");
+    let mounted = mount["mountPath"].as_str().unwrap();
+    assert_eq!(env("BUSYGUARD_TLS_CERT").unwrap(), format!("{mounted}/tls.crt"));
+    assert_eq!(env("BUSYGUARD_TLS_KEY").unwrap(), format!("{mounted}/tls.key"));
+}
+
+#[test]
+fn the_cert_manager_overlay_issues_the_serving_secret_and_injects_its_ca() {
+    let objects = render(&manifests("cert-manager"));
+    let certificate = find(&objects, "Certificate", "busyguard");
+    assert_eq!(certificate["spec"]["secretName"], "busyguard-tls", "the Deployment's volume");
+    let names = certificate["spec"]["dnsNames"].as_array().unwrap();
+    assert!(names.contains(&json!("busyguard.busyguard.svc")), "the name the API server dials");
+    let issuer = find(&objects, "Issuer", certificate["spec"]["issuerRef"]["name"].as_str().unwrap());
+    let ca = find(&objects, "Certificate", "busyguard-ca");
+    assert_eq!(issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
+    assert_eq!(ca["spec"]["isCA"], true);
+    for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
+        let annotations = &find(&objects, kind, "busyguard")["metadata"]["annotations"];
+        assert_eq!(annotations["cert-manager.io/inject-ca-from"], "busyguard/busyguard", "{kind}");
+    }
+}
+
+/// A copy of `manifests/` whose self-managed overlay has had `make cluster-certs`.
+fn self_managed_copy() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    run(Command::new("cp").args(["-r", &format!("{ROOT}/manifests")]).arg(dir.path()));
+    let certs = dir.path().join("manifests/self-managed/certs");
+    std::fs::remove_dir_all(&certs).ok();
+    make(&["cluster-certs"], &[("CLUSTER_CERTS", &certs)]);
+    (dir, certs)
+}
+
+fn make(targets: &[&str], variables: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new("make");
+    command.args(["-s", "-C", ROOT]).args(targets).arg(format!("BUSYGUARD={BUSYGUARD}"));
+    command.args(variables.iter().map(|(name, value)| format!("{name}={}", value.display())));
+    run(&mut command)
+}
+
+fn certificates_in(pem: &[u8]) -> usize {
+    String::from_utf8_lossy(pem).matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+#[test]
+fn the_self_managed_overlay_turns_make_cluster_certs_into_the_secret_and_every_ca_bundle() {
+    let (dir, certs) = self_managed_copy();
+    let objects = render(&dir.path().join("manifests/self-managed"));
+    let secret = find(&objects, "Secret", "busyguard-tls");
+    assert_eq!(secret["metadata"]["namespace"], "busyguard");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        let written = std::fs::read(certs.join(file)).unwrap();
+        assert_eq!(without_whitespace(&secret["data"][file]), base64(&written), "{file}");
+    }
+    let ca = std::fs::read(certs.join("ca.crt")).unwrap();
+    for webhook in webhooks(&objects) {
+        assert_eq!(without_whitespace(&webhook["clientConfig"]["caBundle"]), base64(&ca), "{}", webhook["name"]);
+    }
+    let serving = String::from_utf8(std::fs::read(certs.join("tls.crt")).unwrap()).unwrap();
+    let check = run(Command::new(BUSYGUARD)
+        .args(["certs", "--dns", "busyguard.busyguard.svc", "--no-ip", "--dir"])
+        .arg(&certs));
+    assert!(String::from_utf8_lossy(&check.stdout).contains("kept"), "valid for the Service's name");
+    assert_eq!(std::fs::read_to_string(certs.join("tls.crt")).unwrap(), serving);
+}
+
+#[test]
+fn a_rotation_trusts_the_old_and_the_new_ca_until_it_is_finished() {
+    let (_dir, certs) = self_managed_copy();
+    let old_ca = std::fs::read(certs.join("ca.crt")).unwrap();
+    let old_serving = std::fs::read(certs.join("tls.crt")).unwrap();
+
+    make(&["cluster-certs-rotate"], &[("CLUSTER_CERTS", &certs)]);
+    let during = std::fs::read(certs.join("ca.crt")).unwrap();
+    assert_eq!(certificates_in(&during), 2);
+    assert!(during.ends_with(&old_ca), "the old CA is still trusted");
+    assert_ne!(std::fs::read(certs.join("tls.crt")).unwrap(), old_serving, "a new serving pair");
+    let check = run(Command::new(BUSYGUARD)
+        .args(["certs", "--dns", "busyguard.busyguard.svc", "--no-ip", "--dir"])
+        .arg(&certs));
+    assert!(String::from_utf8_lossy(&check.stdout).contains("kept"), "the new pair chains to the new CA");
+
+    make(&["cluster-certs-rotated"], &[("CLUSTER_CERTS", &certs)]);
+    let after = std::fs::read(certs.join("ca.crt")).unwrap();
+    assert_eq!(certificates_in(&after), 1);
+    assert!(during.starts_with(&after), "only the new CA is left");
+}
+
+/// A kubectl that records its arguments and the files it is given instead of calling a cluster.
+fn fake_kubectl(dir: &Path) -> PathBuf {
+    let path = dir.join("kubectl");
+    let script = format!("#!/bin/sh\necho \"$@\" >> {log}\n", log = dir.join("kubectl.log").display());
+    std::fs::write(&path, script).unwrap();
+    run(Command::new("chmod").arg("+x").arg(&path));
+    path
+}
+
+#[test]
+fn make_dev_register_applies_url_webhooks_trusting_the_local_ca_and_dev_unregister_removes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubectl = fake_kubectl(dir.path());
+    let certs = dir.path().join("certs");
+    make(&["dev-register"], &[("KUBECTL", &kubectl), ("CERTS_DIR", &certs)]);
+    let applied = certs.join("dev-webhooks.yaml");
+    let log = std::fs::read_to_string(dir.path().join("kubectl.log")).unwrap();
+    assert_eq!(log, format!("apply -f {}\n", applied.display()));
+
+    let objects: Vec<Value> = serde_saphyr::from_multiple(&std::fs::read_to_string(&applied).unwrap()).unwrap();
+    let base = render(&manifests(""));
+    let ca = std::fs::read(certs.join("ca.crt")).unwrap();
+    assert_eq!(objects.len(), 2);
+    for object in &objects {
+        assert_eq!(object["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(object["metadata"]["name"], "busyguard-dev");
+        let deployed = find(&base, object["kind"].as_str().unwrap(), "busyguard");
+        let dev = object["webhooks"].as_array().unwrap();
+        assert_eq!(dev.len(), deployed["webhooks"].as_array().unwrap().len());
+        for (dev, deployed) in dev.iter().zip(deployed["webhooks"].as_array().unwrap()) {
+            let client = dev["clientConfig"].as_object().unwrap();
+            let path = deployed["clientConfig"]["service"]["path"].as_str().unwrap();
+            assert_eq!(client["url"], format!("https://127.0.0.1:8443{path}"), "exactly one of url and service");
+            assert!(!client.contains_key("service"));
+            assert_eq!(client["caBundle"], base64(&ca));
+            for field in ["name", "rules", "failurePolicy", "sideEffects", "admissionReviewVersions", "timeoutSeconds"]
+            {
+                assert_eq!(dev[field], deployed[field], "{field}");
+            }
+        }
+    }
+
+    make(&["dev-unregister"], &[("KUBECTL", &kubectl)]);
+    let log = std::fs::read_to_string(dir.path().join("kubectl.log")).unwrap();
+    let deleted = log.lines().last().unwrap();
+    assert_eq!(
+        deleted,
+        "delete mutatingwebhookconfiguration/busyguard-dev validatingwebhookconfiguration/busyguard-dev --ignore-not-found"
+    );
+}
+
+#[test]
+fn make_e2e_without_a_reachable_cluster_says_so_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n\
+         current-context: c\n",
+    )
+    .unwrap();
+    let output = Command::new("make").args(["-s", "-C", ROOT, "e2e"]).env("KUBECONFIG", &kubeconfig).output().unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("no cluster reachable"), "{said}");
+    assert!(said.contains("nothing was tested"), "{said}");
+}
