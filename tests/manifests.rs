@@ -85,6 +85,7 @@ fn the_base_renders_offline_with_everything_an_install_needs_but_the_certificate
             "MutatingWebhookConfiguration",
             "Namespace",
             "PodDisruptionBudget",
+            "ResourceQuota",
             "Service",
             "ServiceAccount",
             "ValidatingWebhookConfiguration"
@@ -185,6 +186,10 @@ fn the_deployment_runs_two_spread_non_root_replicas_that_finish_admissions_befor
     assert_eq!(spec["replicas"], 2);
     assert!(selects(&selector(&spec["selector"]), labels));
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    let quota = &find(&objects, "ResourceQuota", "busyguard-critical-pods")["spec"];
+    assert_eq!(quota["scopeSelector"]["matchExpressions"][0]["values"], json!([pod["priorityClassName"]]));
+    let quota_pods: u64 = quota["hard"]["pods"].as_str().unwrap().parse().unwrap();
+    assert!(quota_pods > spec["replicas"].as_u64().unwrap() + 1, "room for a rollout's surge");
     assert_eq!(pod["serviceAccountName"], find(&objects, "ServiceAccount", "busyguard")["metadata"]["name"]);
 
     let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
