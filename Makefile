@@ -32,6 +32,8 @@ test:
 # Release build; prints result tables (see BENCHMARKS.md).
 bench:
 	$(CARGO) bench --locked --bench view_memory
+	$(CARGO) bench --locked --bench handler
+	$(CARGO) bench --locked --bench load
 
 lint:
 	$(CARGO) fmt --check

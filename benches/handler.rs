@@ -1,0 +1,62 @@
+//! The handler alone, per fixture: decode the AdmissionReview, decide, encode the answer; no
+//! TLS, no HTTP. `make bench`, or `cargo bench --bench handler`.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use busyguard::admission::review::decode;
+use busyguard::admission::{Context, Webhook, admit};
+use busyguard::cluster::view::{View, WatchedPod};
+use busyguard::config::{Cli, Command};
+use clap::Parser;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// A view holding the busy pod the eviction fixture names.
+fn view_with_busy_pod() -> View {
+    let eviction: Value = serde_json::from_slice(&fixture("pod-eviction-by-user.json")).unwrap();
+    let delete: Value = serde_json::from_slice(&fixture("pod-delete-by-replicaset-controller.json")).unwrap();
+    let mut pod = delete["request"]["oldObject"].clone();
+    pod["metadata"]["name"] = eviction["request"]["name"].clone();
+    pod["metadata"]["annotations"] = json!({"busyguard.io/busy-since": Timestamp::now().to_string()});
+    let watched: WatchedPod = serde_json::from_value(pod).unwrap();
+    let scope = None;
+    let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60));
+    view.insert(watched.namespace(), watched.name(), watched.record());
+    view.connected();
+    view.listed(&scope);
+    view
+}
+
+fn main() {
+    let Command::Serve(args) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
+    let policy = args.into_config().policy;
+    let view = view_with_busy_pod();
+    let cases = [
+        ("pod-eviction-by-user.json", Webhook::Validating),
+        ("pod-delete-by-replicaset-controller.json", Webhook::Validating),
+        ("pod-delete-by-user.json", Webhook::Validating),
+        ("pod-update-label-busy-by-user.json", Webhook::Mutating),
+        ("pod-create-by-replicaset-controller.json", Webhook::Mutating),
+        ("deployment-scale-subresource-down-by-kubectl.json", Webhook::Validating),
+    ];
+    println!("| review (body size) | decode + decide + encode µs |");
+    println!("|---|---:|");
+    for (name, webhook) in cases {
+        let body = fixture(name);
+        let context = Context { policy: &policy, view: &view, arrived: Instant::now() };
+        let iterations = 20_000;
+        let started = Instant::now();
+        for _ in 0..iterations {
+            let request = decode(black_box(&body)).unwrap();
+            let outcome = admit(&request, webhook, &context, Timestamp::now()).unwrap();
+            black_box(outcome.response.encode());
+        }
+        let each = started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
+        println!("| {name} ({:.1} KB) | {each:.1} |", body.len() as f64 / 1024.0);
+    }
+}

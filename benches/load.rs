@@ -1,0 +1,478 @@
+//! busyguard under load, against the floor: the same TLS and HTTP stack answering a constant
+//! "allowed" without reading the review. `make bench`, or `cargo bench --bench load`.
+//!
+//! The generator keeps CONNECTIONS keep-alive HTTP/1.1 TLS connections, as the kube-apiserver
+//! does, and replays real AdmissionReview bodies (`tests/fixtures/`) as fast as answers come.
+//! busyguard and the floor run as processes of their own (the floor is this binary again) and
+//! take turns, so both see the same machine. Also measured: cold start without a cluster, full
+//! TLS handshakes per second of server CPU, resident memory.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+
+use busyguard::policy::cost::busy_cost;
+
+const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
+const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
+const CONNECTIONS: usize = 16;
+const RUN: Duration = Duration::from_secs(4);
+const ROUNDS: usize = 2;
+
+fn main() {
+    if let Ok(dir) = std::env::var(FLOOR_ENV) {
+        return floor_server(Path::new(&dir));
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(run_all());
+}
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+struct Scenario {
+    name: &'static str,
+    path: &'static str,
+    body: Bytes,
+}
+
+fn scenarios() -> Vec<Scenario> {
+    [
+        ("eviction, busy pod (429)", "/validate", "pod-eviction-by-user.json"),
+        ("delete, busy pod (429)", "/validate", "pod-delete-by-replicaset-controller.json"),
+        ("pod update to busy (patch)", "/mutate", "pod-update-label-busy-by-user.json"),
+        ("scale subresource down", "/validate", "deployment-scale-subresource-down-by-kubectl.json"),
+    ]
+    .into_iter()
+    .map(|(name, path, file)| Scenario { name, path, body: Bytes::from(serde_json::to_vec(&fixture(file)).unwrap()) })
+    .collect()
+}
+
+/// The busy pod the eviction names, as busyguard's watch lists it after the mutating webhook
+/// annotated it (nothing stale, so a scale-down that selects it has nothing to patch).
+fn busy_pod() -> Value {
+    let eviction = fixture("pod-eviction-by-user.json");
+    let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
+    pod["metadata"]["name"] = eviction["request"]["name"].clone();
+    pod["metadata"]["namespace"] = eviction["request"]["namespace"].clone();
+    let since = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap();
+    pod["metadata"]["annotations"] = json!({
+        "busyguard.io/busy-since": since.to_string(),
+        "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
+        "karpenter.sh/do-not-disrupt": "true",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+    });
+    pod
+}
+
+/// A stand-in API server: one list with the busy pod, a watch that stays open, 201 to Events.
+async fn api_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let list =
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": [busy_pod()]});
+    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let list = list.clone();
+        async move {
+            let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+            match (request.uri().path(), watch) {
+                ("/api/v1/pods", true) => {
+                    Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>())
+                }
+                ("/api/v1/pods", false) => Body::from(list.to_string()),
+                _ => Body::from("{}"),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn spawn_busyguard(dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &[&str]) -> Child {
+    Command::new(BUSYGUARD)
+        .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+        .arg("--tls-cert")
+        .arg(dir.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("tls.key"))
+        .arg("--audit-log")
+        .arg(dir.join("audit.log"))
+        .args(cluster)
+        .env("BUSYGUARD_LOG_LEVEL", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn run_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(dir.path()).stdout(Stdio::null()).status();
+    assert!(status.unwrap().success());
+    let client = client_config(dir.path());
+    let probe = scenarios().remove(1);
+
+    let cold_start = cold_start(dir.path(), &client, &probe).await;
+
+    let api = api_server().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_for(api)).unwrap();
+    let (listen, admin) = (free_addr(), free_addr());
+    let mut busyguard = spawn_busyguard(dir.path(), listen, admin, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    wait_ready(admin).await;
+    let idle_rss = memory_kib(busyguard.id(), "VmRSS");
+
+    let floor_addr = free_addr();
+    let mut floor = Command::new(std::env::current_exe().unwrap())
+        .env(FLOOR_ENV, dir.path())
+        .env("FLOOR_LISTEN", floor_addr.to_string())
+        .spawn()
+        .unwrap();
+    connect(floor_addr, &client).await;
+
+    let mut rows = Vec::new();
+    for scenario in scenarios() {
+        let answer = answer_of(listen, &client, &scenario).await;
+        let (mut ours, mut floors) = (Totals::default(), Totals::default());
+        for _ in 0..ROUNDS {
+            floors.add(load(floor_addr, floor.id(), &client, &scenario).await);
+            ours.add(load(listen, busyguard.id(), &client, &scenario).await);
+        }
+        rows.push((scenario.name, answer, ours, floors));
+    }
+    let handshakes = handshakes(listen, busyguard.id(), &client).await;
+    let peak_rss = memory_kib(busyguard.id(), "VmHWM");
+    for server in [&mut busyguard, &mut floor] {
+        server.kill().ok();
+        server.wait().ok();
+    }
+
+    report(&rows, cold_start, handshakes, idle_rss, peak_rss);
+}
+
+fn kubeconfig_for(api: SocketAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://{api}'}}}}]\n\
+         users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+    )
+}
+
+async fn wait_ready(admin: SocketAddr) {
+    for _ in 0..500 {
+        if let Ok(mut stream) = TcpStream::connect(admin).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream.write_all(b"GET /readyz HTTP/1.0\r\n\r\n").await.ok();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.ok();
+            if answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("busyguard did not turn ready");
+}
+
+/// Process start to the first answered review, without a cluster; the median of 5.
+async fn cold_start(dir: &Path, client: &Arc<rustls::ClientConfig>, probe: &Scenario) -> Duration {
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let (listen, admin) = (free_addr(), free_addr());
+        let started = Instant::now();
+        let mut child = spawn_busyguard(dir, listen, admin, &["--no-cluster"]);
+        loop {
+            if let Ok(mut sender) = try_connect(listen, client).await
+                && send(&mut sender, probe).await.is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        times.push(started.elapsed());
+        child.kill().ok();
+        child.wait().ok();
+    }
+    times.sort();
+    times[2]
+}
+
+fn client_config(dir: &Path) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(dir.join("ca.crt")).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Every connection a full handshake, as after an API server restart.
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn try_connect(addr: SocketAddr, client: &Arc<rustls::ClientConfig>) -> std::io::Result<Sender> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(client.clone()).connect(name, tcp).await?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(std::io::Error::other)?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+async fn connect(addr: SocketAddr, client: &Arc<rustls::ClientConfig>) -> Sender {
+    for _ in 0..500 {
+        if let Ok(sender) = try_connect(addr, client).await {
+            return sender;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nothing answers on {addr}");
+}
+
+/// One review as the kube-apiserver posts it; the answer's body when answered 200.
+async fn send(sender: &mut Sender, scenario: &Scenario) -> Result<Bytes, String> {
+    let request = hyper::Request::post(format!("{}?timeout=10s", scenario.path))
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, */*")
+        .header("user-agent", "kube-apiserver-admission")
+        .body(Full::new(scenario.body.clone()))
+        .unwrap();
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    (status == 200 && !body.is_empty()).then_some(body).ok_or_else(|| format!("HTTP {status}"))
+}
+
+/// What busyguard answers a scenario, in a word, to show the table measures the real path.
+async fn answer_of(addr: SocketAddr, client: &Arc<rustls::ClientConfig>, scenario: &Scenario) -> String {
+    let body = send(&mut connect(addr, client).await, scenario).await.unwrap_or_default();
+    let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let response = &review["response"];
+    match (&response["allowed"], &response["status"]["code"], &response["patch"]) {
+        (Value::Bool(false), code, _) => format!("denied {code}"),
+        (Value::Bool(true), _, Value::String(_)) => "patched".into(),
+        (Value::Bool(true), _, _) => "allowed".into(),
+        _ => format!("no review: {}", String::from_utf8_lossy(&body)),
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    answered: usize,
+    errors: usize,
+    latencies_us: Vec<u32>,
+    elapsed: Duration,
+    server_cpu: Duration,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.answered += other.answered;
+        self.errors += other.errors;
+        self.latencies_us.extend(other.latencies_us);
+        self.elapsed += other.elapsed;
+        self.server_cpu += other.server_cpu;
+    }
+
+    fn per_second(&self) -> f64 {
+        self.answered as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile_ms(&mut self, p: f64) -> f64 {
+        self.latencies_us.sort_unstable();
+        let index = ((self.latencies_us.len() as f64 * p) as usize).min(self.latencies_us.len().saturating_sub(1));
+        self.latencies_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
+    }
+}
+
+/// CONNECTIONS clients posting back to back for RUN.
+async fn load(addr: SocketAddr, server: u32, client: &Arc<rustls::ClientConfig>, scenario: &Scenario) -> Totals {
+    let cpu_before = cpu_time(server);
+    let started = Instant::now();
+    let deadline = started + RUN;
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (client, scenario) =
+            (client.clone(), Scenario { name: scenario.name, path: scenario.path, body: scenario.body.clone() });
+        tasks.push(tokio::spawn(async move {
+            let mut totals = Totals::default();
+            let mut sender = connect(addr, &client).await;
+            while Instant::now() < deadline {
+                let sent = Instant::now();
+                match send(&mut sender, &scenario).await {
+                    Ok(_) => {
+                        totals.answered += 1;
+                        totals.latencies_us.push(sent.elapsed().as_micros() as u32);
+                    }
+                    Err(_) => {
+                        totals.errors += 1;
+                        sender = connect(addr, &client).await;
+                    }
+                }
+            }
+            totals
+        }));
+    }
+    let mut totals = Totals::default();
+    for task in tasks {
+        totals.add(task.await.unwrap());
+    }
+    totals.elapsed = started.elapsed();
+    totals.server_cpu = cpu_time(server) - cpu_before;
+    totals
+}
+
+/// Full handshakes (no resumption) per second of server CPU, from CONNECTIONS clients.
+async fn handshakes(addr: SocketAddr, server: u32, client: &Arc<rustls::ClientConfig>) -> f64 {
+    let cpu_before = cpu_time(server);
+    let deadline = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let tcp = TcpStream::connect(addr).await.unwrap();
+                let name = ServerName::try_from("127.0.0.1").unwrap();
+                if tokio_rustls::TlsConnector::from(client.clone()).connect(name, tcp).await.is_ok() {
+                    done += 1;
+                }
+            }
+            done
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    done as f64 / (cpu_time(server) - cpu_before).as_secs_f64()
+}
+
+/// User + system CPU time of a process, from /proc (clock ticks of 10 ms).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn report(
+    rows: &[(&str, String, Totals, Totals)],
+    cold_start: Duration,
+    handshakes: f64,
+    idle_rss: u64,
+    peak_rss: u64,
+) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n{CONNECTIONS} keep-alive TLS connections, {ROUNDS} x {}s per server, alternating", RUN.as_secs())
+        .unwrap();
+    writeln!(
+        out,
+        "| scenario | answer | busyguard req/s | floor req/s | ratio | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req |"
+    )
+    .unwrap();
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
+    for (name, answer, ours, floor) in rows {
+        let mut ours = Totals { latencies_us: ours.latencies_us.clone(), ..*ours };
+        let cpu_per_request = ours.server_cpu.as_secs_f64() * 1e6 / ours.answered.max(1) as f64;
+        writeln!(
+            out,
+            "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} |",
+            ours.per_second(),
+            floor.per_second(),
+            ours.per_second() / floor.per_second(),
+            ours.percentile_ms(0.5),
+            ours.percentile_ms(0.99),
+            ours.percentile_ms(0.999),
+            ours.errors,
+            cpu_per_request
+        )
+        .unwrap();
+    }
+    writeln!(
+        out,
+        "\ncold start (process start to first answered review, no cluster): {:.1} ms",
+        cold_start.as_secs_f64() * 1e3
+    )
+    .unwrap();
+    writeln!(out, "full TLS handshakes (ECDSA P-256) per second of server CPU: {handshakes:.0}").unwrap();
+    writeln!(
+        out,
+        "busyguard resident memory: {:.1} MiB idle, {:.1} MiB peak",
+        idle_rss as f64 / 1024.0,
+        peak_rss as f64 / 1024.0
+    )
+    .unwrap();
+}
+
+/// The floor: the same TLS settings and certificate, HTTP/1.1 keep-alive, reads the body and
+/// answers a constant allowed review.
+fn floor_server(dir: &Path) {
+    let addr: SocketAddr = std::env::var("FLOOR_LISTEN").unwrap().parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        let chain = CertificateDer::pem_file_iter(dir.join("tls.crt")).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+        let key = PrivateKeyDer::from_pem_file(PathBuf::from(dir).join("tls.key")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let answer = Bytes::from_static(
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}"#,
+        );
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (acceptor, answer) = (acceptor.clone(), answer.clone());
+            tokio::spawn(async move {
+                tcp.set_nodelay(true).ok();
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let answer = answer.clone();
+                    async move {
+                        request.into_body().collect().await?;
+                        let response = hyper::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(answer))
+                            .unwrap();
+                        Ok::<_, hyper::Error>(response)
+                    }
+                });
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await.ok();
+            });
+        }
+    });
+}
