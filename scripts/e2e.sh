@@ -61,11 +61,13 @@ cleanup() {
         k delete namespace "$NS" --wait=false >/dev/null && say "deleting namespace $NS"
     fi
     [[ -n $LOCAL_WEBHOOKS ]] && k delete -f "$LOCAL_WEBHOOKS" --ignore-not-found >/dev/null
-    if [[ -n $LOCAL_PID ]]; then
-        kill "$LOCAL_PID" 2>/dev/null && wait "$LOCAL_PID" 2>/dev/null
-        ((status == 0)) || say "the local busyguard's log: $WORK/busyguard.log"
+    [[ -n $LOCAL_PID ]] && kill "$LOCAL_PID" 2>/dev/null && wait "$LOCAL_PID" 2>/dev/null
+    ((status == 0)) && say "PASS: every assertion held"
+    if ((status == 1)); then
+        say "kept for a look: $WORK (the drain's output, and the local busyguard's log and audit lines if it ran)"
+    else
+        rm -rf "$WORK"
     fi
-    ((status == 0)) && say "PASS: every assertion held" && rm -rf "$WORK"
     exit "$status"
 }
 trap cleanup EXIT
