@@ -1,6 +1,7 @@
 //! The audit trail: one JSON line per denial, would-be denial, exemption used on a busy pod,
-//! lapse of protection, scale-down plan, deferred delete carried out and busy pod lost. Each line is written whole and flushed before the answer leaves, so
-//! lines never interleave and none is lost when the process stops.
+//! lapse of protection, scale-down plan, deferred delete carried out and busy pod lost. Each
+//! line is written whole and flushed before the answer leaves, so lines never interleave and
+//! none is lost when the process stops.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};

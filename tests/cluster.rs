@@ -420,6 +420,11 @@ async fn until_the_first_list_evictions_get_503_and_readyz_says_why() {
         (503, "not ready: busyguard has not finished listing the opted-in pods yet\n".into())
     );
 
+    recovers_and_refuses_the_busy_eviction_again(&api, &server).await;
+}
+
+/// Lists succeed again: the server turns ready and judges the busy worker-a again.
+async fn recovers_and_refuses_the_busy_eviction_again(api: &ApiServer, server: &TestServer) {
     api.fail_lists(false);
     server.wait_ready().await;
     assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
@@ -441,9 +446,7 @@ async fn a_watch_failing_longer_than_allowed_turns_unready_and_recovers() {
     assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
     let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
     assert_eq!(answer.status, 503);
-    api.fail_lists(false);
-    server.wait_ready().await;
-    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    recovers_and_refuses_the_busy_eviction_again(&api, &server).await;
 }
 
 #[tokio::test]

@@ -158,15 +158,15 @@ impl Outbox {
     pub fn send(&self, effect: SideEffect) -> oneshot::Receiver<Done> {
         let (done, receiver) = oneshot::channel();
         let kind = effect.kind();
-        let skip = match &effect {
+        let skipped = match &effect {
             SideEffect::DeleteIdle { pod, .. } => {
-                !self.deletes.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone())
+                let in_flight = !self.deletes.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone());
+                in_flight.then_some(Done::Moot)
             }
-            SideEffect::Event { pod, .. } => self.event_rate_limited(&pod.uid),
-            _ => false,
+            SideEffect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(Done::RateLimited),
+            _ => None,
         };
-        if skip {
-            let result = if kind == "event" { Done::RateLimited } else { Done::Moot };
+        if let Some(result) = skipped {
             count(&self.metrics, kind, result);
             let _ = done.send(result);
             return receiver;
@@ -291,9 +291,9 @@ impl Worker {
     }
 
     async fn attempt(&self, effect: &mut SideEffect) -> Attempt {
+        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
         match effect {
             SideEffect::Refresh { pod, resource_version, changes } => {
-                let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 let mut patch = merge_patch(changes);
                 patch["metadata"]["resourceVersion"] = resource_version.clone().into();
                 patch["metadata"]["uid"] = pod.uid.clone().into();
@@ -320,7 +320,6 @@ impl Worker {
                 }
             }
             SideEffect::MarkDeleteRequested { pod, request } => {
-                let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
                     "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
                 match api.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
@@ -329,7 +328,6 @@ impl Worker {
                 }
             }
             SideEffect::DeleteIdle { pod, resource_version, request } => {
-                let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 // Exactly once: only the pod as it was seen idle, by whichever replica is first.
                 let preconditions =
                     Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
