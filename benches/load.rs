@@ -115,8 +115,10 @@ fn spawn_busyguard(dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &
         .arg("--audit-log")
         .arg(dir.join("audit.log"))
         .args(cluster)
-        .env("BUSYGUARD_LOG_LEVEL", "warn")
+        // Logging as deployed (manifests/base): info level, JSON lines.
+        .env("BUSYGUARD_LOG_FORMAT", "json")
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap()
 }
@@ -146,8 +148,10 @@ async fn run_all() {
         .unwrap();
     connect(floor_addr, &client).await;
 
+    // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
+    let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
     let mut rows = Vec::new();
-    for scenario in scenarios() {
+    for scenario in scenarios().into_iter().filter(|s| s.name.contains(&only)) {
         let answer = answer_of(listen, &client, &scenario).await;
         let (mut ours, mut floors) = (Totals::default(), Totals::default());
         for _ in 0..ROUNDS {
@@ -300,6 +304,10 @@ impl Totals {
         self.answered as f64 / self.elapsed.as_secs_f64()
     }
 
+    fn cpu_per_request_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.answered.max(1) as f64
+    }
+
     fn percentile_ms(&mut self, p: f64) -> f64 {
         self.latencies_us.sort_unstable();
         let index = ((self.latencies_us.len() as f64 * p) as usize).min(self.latencies_us.len().saturating_sub(1));
@@ -396,15 +404,14 @@ fn report(
         .unwrap();
     writeln!(
         out,
-        "| scenario | answer | busyguard req/s | floor req/s | ratio | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req |"
+        "| scenario | answer | busyguard req/s | floor req/s | ratio | p50 ms | p99 ms | p99.9 ms | errors | CPU µs/req busyguard | CPU µs/req floor |"
     )
     .unwrap();
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|").unwrap();
     for (name, answer, ours, floor) in rows {
-        let cpu_per_request = ours.server_cpu.as_secs_f64() * 1e6 / ours.answered.max(1) as f64;
         writeln!(
             out,
-            "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} |",
+            "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} |",
             ours.per_second(),
             floor.per_second(),
             ours.per_second() / floor.per_second(),
@@ -412,7 +419,8 @@ fn report(
             ours.percentile_ms(0.99),
             ours.percentile_ms(0.999),
             ours.errors,
-            cpu_per_request
+            ours.cpu_per_request_us(),
+            floor.cpu_per_request_us()
         )
         .unwrap();
     }

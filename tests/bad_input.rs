@@ -76,13 +76,13 @@ async fn malformed_or_mistyped_reviews_are_400_and_counted() {
             "pod as a string",
             "/validate",
             serde_json::to_vec(&pod_as_string).unwrap(),
-            "request.oldObject is not a valid object",
+            "request.oldObject is not a valid Pod",
         ),
         (
             "labels as a list",
             "/mutate",
             serde_json::to_vec(&labels_as_list).unwrap(),
-            "request.object is not a valid object",
+            "request.object is not a valid Pod",
         ),
     ];
     let count = cases.len();

@@ -2,14 +2,13 @@
 //! operation, and the policy's verdict put into wire form. No I/O: the caller brings `now` and
 //! the view, writes the audit line and sends the side effects.
 
+pub mod objects;
 pub mod review;
 
 use std::time::Instant;
 
 use base64::Engine;
 use jiff::Timestamp;
-
-use serde::Deserialize;
 
 use crate::audit::AuditRecord;
 use crate::cluster::outbox::{PodRef, SideEffect};
@@ -20,9 +19,10 @@ use crate::policy::lifecycle::{DELETE_REQUESTED, DeleteRequest, defers_delete};
 use crate::policy::mutate::{json_patch, plan_annotations, whole_second};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::{is_scale_down, plan_scale_down};
-use crate::policy::selector::{LabelSelector, Selector};
+use crate::policy::selector::Selector;
 use crate::policy::{Mode, PolicyConfig};
-use review::{AdmissionRequest, AdmissionResponse, InvalidReview, Operation, decode_object};
+use objects::Object;
+use review::{AdmissionRequest, AdmissionResponse, InvalidReview, Operation};
 
 /// Which registration called: only the mutating one may answer with a patch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,10 +145,10 @@ pub fn admit(
 }
 
 fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, Refusal> {
-    let pod: Pod = decode_object(&request.object, "object")?;
+    let pod = expect_pod(request.object()?, "object")?;
     let mut response = AdmissionResponse::allow(&request.uid);
-    response.warnings = contract_warnings(&pod);
-    let patch = json_patch(&pod, &plan_annotations(&pod, policy.mutation, policy.default_max_busy, now));
+    response.warnings = contract_warnings(pod);
+    let patch = json_patch(pod, &plan_annotations(pod, policy.mutation, policy.default_max_busy, now));
     if patch.0.is_empty() {
         return Ok(Outcome::plain(response, Decision::Allowed));
     }
@@ -159,30 +159,24 @@ fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
 }
 
 fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, Refusal> {
-    let pod: Pod = decode_object(&request.old_object, "oldObject")?;
-    let target = Target { pod: &pod, uid: &pod.metadata.uid, dry_run: request.is_dry_run(), is_delete: true };
+    let pod = expect_pod(request.old_object()?, "oldObject")?;
+    let target = Target { pod, uid: &pod.metadata.uid, dry_run: request.is_dry_run(), is_delete: true };
     Ok(judge_disruption(request, policy, target, now))
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Eviction {
-    #[serde(default)]
-    delete_options: Option<DeleteOptions>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DeleteOptions {
-    #[serde(default)]
-    dry_run: Option<Vec<String>>,
+/// The object a pod route reads, or why the request does not fit the route.
+fn expect_pod<'a>(object: &'a Object, field: &str) -> Result<&'a Pod, InvalidReview> {
+    match object {
+        Object::Pod(pod) => Ok(pod),
+        other => Err(InvalidReview(format!("request.{field} is a {}, not a Pod", other.kind()))),
+    }
 }
 
 fn evict_pod(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) -> Result<Outcome, Refusal> {
-    let eviction: Eviction = decode_object(&request.object, "object")?;
-    // An eviction's dry run is asked for in its body, not (only) in the request.
-    let dry_run =
-        request.is_dry_run() || eviction.delete_options.and_then(|o| o.dry_run).is_some_and(|modes| !modes.is_empty());
+    let Object::Eviction(eviction) = request.object()? else {
+        return Err(InvalidReview(format!("request.object is a {}, not an Eviction", request.object()?.kind())).into());
+    };
+    let dry_run = request.is_dry_run() || eviction.is_dry_run();
     (context.view.check(context.arrived))
         .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
     let Some(pod) = context.view.get(&request.namespace, &request.name) else {
@@ -306,42 +300,6 @@ fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
     }
 }
 
-/// A ReplicaSet or Deployment: replicas and a structured selector.
-#[derive(Deserialize)]
-struct Workload {
-    #[serde(default)]
-    spec: WorkloadSpec,
-}
-
-#[derive(Default, Deserialize)]
-struct WorkloadSpec {
-    #[serde(default)]
-    replicas: Option<i32>,
-    #[serde(default)]
-    selector: Option<LabelSelector>,
-}
-
-/// `autoscaling/v1` Scale: replicas, and the selector as a string.
-#[derive(Deserialize)]
-struct Scale {
-    #[serde(default)]
-    spec: ScaleSpec,
-    #[serde(default)]
-    status: ScaleStatus,
-}
-
-#[derive(Default, Deserialize)]
-struct ScaleSpec {
-    #[serde(default)]
-    replicas: Option<i32>,
-}
-
-#[derive(Default, Deserialize)]
-struct ScaleStatus {
-    #[serde(default)]
-    selector: Option<String>,
-}
-
 /// Replicas before and after, and the pods' selector (`None`: the object has none).
 struct ScaleRequest {
     from: Option<i32>,
@@ -350,17 +308,23 @@ struct ScaleRequest {
 }
 
 fn scale_request(request: &AdmissionRequest) -> Result<ScaleRequest, Refusal> {
-    if request.sub_resource() == "scale" {
-        let old: Scale = decode_object(&request.old_object, "oldObject")?;
-        let new: Scale = decode_object(&request.object, "object")?;
-        let selector = new.status.selector.or(old.status.selector).filter(|s| !s.trim().is_empty());
-        Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector: selector.map(|s| s.parse()) })
-    } else {
-        let old: Workload = decode_object(&request.old_object, "oldObject")?;
-        let new: Workload = decode_object(&request.object, "object")?;
-        let selector = new.spec.selector.or(old.spec.selector);
-        let selector = selector.map(|s| Selector::from_label_selector(&s));
-        Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector })
+    match (request.old_object()?, request.object()?) {
+        (Object::Scale(old), Object::Scale(new)) => {
+            let selector =
+                new.status.selector.as_ref().or(old.status.selector.as_ref()).filter(|s| !s.trim().is_empty());
+            Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector: selector.map(|s| s.parse()) })
+        }
+        (Object::Workload(old), Object::Workload(new)) => {
+            let selector = new.spec.selector.as_ref().or(old.spec.selector.as_ref());
+            let selector = selector.map(Selector::from_label_selector);
+            Ok(ScaleRequest { from: old.spec.replicas, to: new.spec.replicas, selector })
+        }
+        (old, new) => Err(InvalidReview(format!(
+            "request.oldObject and request.object are a {} and a {}, not two Scales, Deployments or ReplicaSets",
+            old.kind(),
+            new.kind()
+        ))
+        .into()),
     }
 }
 

@@ -1,8 +1,12 @@
 //! `admission.k8s.io/v1` AdmissionReview on the wire: what busyguard reads and what it answers.
 //! Unknown fields are ignored, so newer API servers keep working.
 
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use std::fmt;
+
+use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::objects::{Object, ObjectSeed, Pending};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -17,31 +21,23 @@ struct ReviewIn {
     request: Option<AdmissionRequest>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct AdmissionRequest {
     pub uid: String,
     pub kind: GroupVersionKind,
     pub resource: GroupVersionResource,
-    #[serde(default)]
     pub sub_resource: Option<String>,
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub namespace: String,
     pub operation: Operation,
-    #[serde(default)]
     pub user_info: UserInfo,
-    /// Decoded later, and only into the fields the route needs.
-    #[serde(default)]
-    pub object: Option<Box<RawValue>>,
-    #[serde(default)]
-    pub old_object: Option<Box<RawValue>>,
-    #[serde(default)]
+    /// Decoded by `kind` into the fields decisions read (see `objects`); `None` when absent.
+    pub object: Option<Object>,
+    pub old_object: Option<Object>,
     pub dry_run: Option<bool>,
 }
 
-/// Of the request's kind only the name is read (for logs).
+/// Of the request's kind only the name is read: it says how to decode the objects.
 #[derive(Debug, Default, Deserialize)]
 pub struct GroupVersionKind {
     pub kind: String,
@@ -90,6 +86,124 @@ impl AdmissionRequest {
     pub fn is_dry_run(&self) -> bool {
         self.dry_run.unwrap_or(false)
     }
+
+    pub fn object(&self) -> Result<&Object, InvalidReview> {
+        self.object.as_ref().ok_or_else(|| InvalidReview("request.object is missing".into()))
+    }
+
+    pub fn old_object(&self) -> Result<&Object, InvalidReview> {
+        self.old_object.as_ref().ok_or_else(|| InvalidReview("request.oldObject is missing".into()))
+    }
+}
+
+/// The fields busyguard reads; any other is skipped unparsed.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum Field {
+    Uid,
+    Kind,
+    Resource,
+    SubResource,
+    Name,
+    Namespace,
+    Operation,
+    UserInfo,
+    Object,
+    OldObject,
+    DryRun,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for AdmissionRequest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(RequestVisitor)
+    }
+}
+
+/// Written out rather than derived so that `object` and `oldObject` are decoded by `kind`,
+/// which comes before them, in the one pass over the body.
+struct RequestVisitor;
+
+impl<'de> Visitor<'de> for RequestVisitor {
+    type Value = AdmissionRequest;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an AdmissionRequest object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest, A::Error> {
+        let (mut uid, mut kind, mut resource, mut operation) = (None, None::<GroupVersionKind>, None, None);
+        let (mut sub_resource, mut name, mut namespace, mut user_info, mut dry_run) = (None, None, None, None, None);
+        let (mut object, mut old_object) = (None, None);
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Uid => set(&mut uid, map.next_value()?, "uid")?,
+                Field::Kind => set(&mut kind, map.next_value()?, "kind")?,
+                Field::Resource => set(&mut resource, map.next_value()?, "resource")?,
+                Field::SubResource => set(&mut sub_resource, map.next_value()?, "subResource")?,
+                Field::Name => set(&mut name, map.next_value()?, "name")?,
+                Field::Namespace => set(&mut namespace, map.next_value()?, "namespace")?,
+                Field::Operation => set(&mut operation, map.next_value()?, "operation")?,
+                Field::UserInfo => set(&mut user_info, map.next_value()?, "userInfo")?,
+                Field::DryRun => set(&mut dry_run, map.next_value()?, "dryRun")?,
+                Field::Object => {
+                    set(&mut object, next_object(&mut map, kind.as_ref(), operation, "object")?, "object")?
+                }
+                Field::OldObject => {
+                    let old = next_object(&mut map, kind.as_ref(), operation, "oldObject")?;
+                    set(&mut old_object, old, "oldObject")?
+                }
+                Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let kind = kind.ok_or_else(|| A::Error::missing_field("kind"))?;
+        let resolve = |pending: Option<Pending>, field| {
+            let seed = object_seed(&kind, operation, field);
+            pending.map_or(Ok(None), |p| p.resolve(seed)).map_err(A::Error::custom)
+        };
+        Ok(AdmissionRequest {
+            object: resolve(object, "object")?,
+            old_object: resolve(old_object, "oldObject")?,
+            uid: uid.ok_or_else(|| A::Error::missing_field("uid"))?,
+            resource: resource.ok_or_else(|| A::Error::missing_field("resource"))?,
+            operation: operation.ok_or_else(|| A::Error::missing_field("operation"))?,
+            kind,
+            sub_resource: sub_resource.flatten(),
+            name: name.flatten().unwrap_or_default(),
+            namespace: namespace.flatten().unwrap_or_default(),
+            user_info: user_info.flatten().unwrap_or_default(),
+            dry_run: dry_run.flatten(),
+        })
+    }
+}
+
+/// A field seen twice is refused: two readers of the same body must not see different values.
+fn set<T, E: Error>(slot: &mut Option<T>, value: T, field: &'static str) -> Result<(), E> {
+    if slot.replace(value).is_some() {
+        return Err(E::duplicate_field(field));
+    }
+    Ok(())
+}
+
+fn next_object<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    kind: Option<&GroupVersionKind>,
+    operation: Option<Operation>,
+    field: &'static str,
+) -> Result<Pending, A::Error> {
+    match kind {
+        Some(kind) => Ok(Pending::Decoded(map.next_value_seed(object_seed(kind, operation, field))?)),
+        None => Ok(Pending::Raw(map.next_value()?)),
+    }
+}
+
+fn object_seed<'a>(kind: &'a GroupVersionKind, operation: Option<Operation>, field: &'static str) -> ObjectSeed<'a> {
+    // Of a pod, only a delete reads the old version; an update's (as large) is skipped.
+    let unread = kind.kind == "Pod" && field == "oldObject" && operation.is_some_and(|o| o != Operation::Delete);
+    ObjectSeed { kind: &kind.kind, field, unread }
 }
 
 /// Why a body is not a request busyguard can judge. Always the client's fault (HTTP 400).
@@ -122,12 +236,6 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest, InvalidReview> {
         return Err(InvalidReview("request.uid is empty".into()));
     }
     Ok(request)
-}
-
-/// A decoded object the route needs, named after its field for error messages.
-pub fn decode_object<'a, T: Deserialize<'a>>(raw: &'a Option<Box<RawValue>>, field: &str) -> Result<T, InvalidReview> {
-    let raw = raw.as_deref().ok_or_else(|| InvalidReview(format!("request.{field} is missing")))?;
-    serde_json::from_str(raw.get()).map_err(|e| InvalidReview(format!("request.{field} is not a valid object: {e}")))
 }
 
 #[derive(Debug, Serialize)]
@@ -193,6 +301,7 @@ impl AdmissionResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::pod::PodFacts;
     use serde_json::json;
 
     fn body(value: serde_json::Value) -> Vec<u8> {
@@ -241,6 +350,59 @@ mod tests {
         empty_uid["uid"] = json!("");
         let err = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": empty_uid}))).unwrap_err();
         assert_eq!(err.0, "request.uid is empty");
+    }
+
+    #[test]
+    fn objects_are_decoded_by_kind_whatever_order_the_fields_come_in() {
+        let pod = json!({"metadata": {"name": "w", "annotations": {"busyguard.io/busy-since": "2026-11-21T20:00:00Z"}},
+                         "spec": {"containers": [{"name": "c"}]}});
+        let in_order = format!(
+            r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","kind":{{"kind":"Pod"}},
+               "resource":{{"resource":"pods"}},"operation":"DELETE","object":null,"oldObject":{pod}}}}}"#
+        );
+        let kind_last = format!(
+            r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","oldObject":{pod},"object":null,
+               "resource":{{"resource":"pods"}},"operation":"DELETE","kind":{{"kind":"Pod"}}}}}}"#
+        );
+        for body in [in_order, kind_last] {
+            let request = decode(body.as_bytes()).unwrap();
+            assert!(request.object.is_none(), "null is no object");
+            let Some(Object::Pod(old)) = &request.old_object else { panic!("{:?}", request.old_object) };
+            assert_eq!(old.metadata.name, "w");
+            assert_eq!(old.annotation("busyguard.io/busy-since"), Some("2026-11-21T20:00:00Z"));
+        }
+    }
+
+    #[test]
+    fn the_old_pod_of_an_update_is_skipped_and_of_a_delete_read() {
+        // In the API server's order: the operation comes before the objects.
+        for (operation, read) in [("UPDATE", false), ("DELETE", true)] {
+            let body = format!(
+                r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","kind":{{"kind":"Pod"}},
+                   "resource":{{"resource":"pods"}},"operation":"{operation}","oldObject":{{"metadata":{{"name":"w"}}}}}}}}"#
+            );
+            let request = decode(body.as_bytes()).unwrap();
+            assert_eq!(matches!(request.old_object, Some(Object::Pod(_))), read, "{operation}");
+        }
+    }
+
+    #[test]
+    fn a_field_sent_twice_is_refused() {
+        let body = format!(
+            r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","uid":"v","kind":{{"kind":"Pod"}},
+               "resource":{{"resource":"pods"}},"operation":"DELETE"}}}}"#
+        );
+        let err = decode(body.as_bytes()).unwrap_err();
+        assert!(err.0.contains("duplicate field `uid`"), "{err}");
+    }
+
+    #[test]
+    fn an_object_of_another_kind_is_skipped_unread() {
+        let mut request = minimal_request();
+        request["kind"]["kind"] = json!("ConfigMap");
+        request["object"] = json!({"data": {"x": [1, {"y": null}]}});
+        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": request}))).unwrap();
+        assert!(matches!(request.object, Some(Object::Unread)));
     }
 
     #[test]

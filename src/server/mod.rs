@@ -185,6 +185,10 @@ async fn serve_tls(
             },
         };
         let (acceptor, http, router, watcher) = (acceptor.clone(), http.clone(), router.clone(), graceful.watcher());
+        // Answers are small and go out whole: do not hold them back waiting for an ACK.
+        if let Err(e) = tcp.set_nodelay(true) {
+            debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         tokio::spawn(async move {
             let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => stream,

@@ -14,7 +14,7 @@ use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
-use tracing::{Instrument, Span, debug, field, info, info_span, warn};
+use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
 use super::App;
 use crate::admission::review::{self, AdmissionRequest, InvalidReview};
@@ -58,7 +58,8 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     let body = read_body(request.into_body(), app.limits.body_read_timeout).await?;
     let started = Instant::now();
     let request = review::decode(&body)?;
-    let span = info_span!(
+    // Debug level: at info, a review costs no tracing work; its audit line is the record.
+    let span = debug_span!(
         "review",
         uid = %request.uid,
         kind = %request.kind.kind,
@@ -73,7 +74,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     if outcome.await_effects && !waiting.is_empty() {
         let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).instrument(span).await;
         if done.is_err() {
-            warn!(budget = ?effects_budget, "answering before every pod was updated; the updates go on");
+            warn!(uid = %request.uid, budget = ?effects_budget, "answering before every pod was updated; the updates go on");
         }
     }
     let labels = ReviewLabels {
@@ -96,7 +97,7 @@ fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Out
     Span::current().record("decision", outcome.decision.as_str());
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
-        info!(reason = record.reason, user = %record.user, detail = %record.detail, "audited");
+        debug!(reason = record.reason, user = %record.user, detail = %record.detail, "audited");
     } else {
         debug!("answered");
     }
