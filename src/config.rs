@@ -79,6 +79,14 @@ pub struct ServeArgs {
     /// Time allowed for a request's body once the headers are in.
     #[arg(long, env = "BUSYGUARD_BODY_READ_TIMEOUT", default_value = "10s", value_parser = std_duration)]
     pub body_read_timeout: Duration,
+    /// Open webhook connections at most; a connection beyond is closed as soon as it is
+    /// accepted, so the API server fails over (or applies failurePolicy) at once.
+    #[arg(long, env = "BUSYGUARD_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Reviews handled at once at most; one beyond is answered 503 at once (shed) instead of
+    /// waiting, so the API server applies failurePolicy well before its timeout.
+    #[arg(long, env = "BUSYGUARD_MAX_IN_FLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "BUSYGUARD_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = std_duration)]
     pub shutdown_timeout: Duration,
@@ -183,6 +191,8 @@ impl ServeArgs {
                 handshake_timeout: self.handshake_timeout,
                 header_read_timeout: self.header_read_timeout,
                 body_read_timeout: self.body_read_timeout,
+                max_connections: self.max_connections as usize,
+                max_in_flight: self.max_in_flight as usize,
             },
             shutdown_timeout: self.shutdown_timeout,
             policy: PolicyConfig {

@@ -47,6 +47,8 @@ pub struct Metrics {
     pub reviews: Family<ReviewLabels, Counter>,
     pub review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram>,
     pub http_errors: Family<StatusLabels, Counter>,
+    pub reviews_shed: Counter,
+    pub connections_refused: Counter,
     pub audit_write_errors: Counter,
     pub tls_reloads: Family<ResultLabels, Counter>,
     pub side_effects: Family<SideEffectLabels, Counter>,
@@ -79,6 +81,18 @@ impl Default for Metrics {
              method or type; 503: no decision possible), by HTTP status",
             http_errors.clone(),
         );
+        let reviews_shed = Counter::default();
+        registry.register(
+            "admission_reviews_shed",
+            "Requests answered 503 at once because max-in-flight reviews were already being handled",
+            reviews_shed.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Webhook connections closed on accept because max-connections were open",
+            connections_refused.clone(),
+        );
         let audit_write_errors = Counter::default();
         registry.register("audit_write_errors", "Audit lines that could not be written", audit_write_errors.clone());
         let tls_reloads = Family::<ResultLabels, Counter>::default();
@@ -108,6 +122,8 @@ impl Default for Metrics {
             reviews,
             review_seconds,
             http_errors,
+            reviews_shed,
+            connections_refused,
             audit_write_errors,
             tls_reloads,
             side_effects,

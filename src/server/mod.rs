@@ -19,7 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
@@ -52,6 +52,8 @@ pub struct Limits {
     /// Also bounds how long an idle keep-alive connection stays open.
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
+    pub max_connections: usize,
+    pub max_in_flight: usize,
 }
 
 /// What the request handlers share.
@@ -61,6 +63,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub cluster: Cluster,
+    /// One permit per review being handled (`Limits::max_in_flight`).
+    pub in_flight: Arc<Semaphore>,
     serving: AtomicBool,
 }
 
@@ -113,12 +117,19 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
         metrics,
         limits: config.limits,
         cluster,
+        in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
         serving: AtomicBool::new(false),
     });
     let (stop_webhook, webhook_stopped) = watch::channel(false);
     let (stop_admin, mut admin_stopped) = watch::channel(false);
-    let webhook_task =
-        tokio::spawn(serve_tls(listener, acceptor, webhook::router(app.clone()), config.limits, webhook_stopped));
+    let webhook_task = tokio::spawn(serve_tls(
+        listener,
+        acceptor,
+        webhook::router(app.clone()),
+        config.limits,
+        app.metrics.clone(),
+        webhook_stopped,
+    ));
     let admin = axum::serve(admin_listener, admin::router(app.clone()))
         .with_graceful_shutdown(async move { until_stopped(&mut admin_stopped).await });
     let admin_task = tokio::spawn(async move {
@@ -165,9 +176,11 @@ async fn serve_tls(
     acceptor: TlsAcceptor,
     router: Router,
     limits: Limits,
+    metrics: Arc<Metrics>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let mut http = auto::Builder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     http.http2().timer(TokioTimer::new());
@@ -184,6 +197,12 @@ async fn serve_tls(
                 }
             },
         };
+        let Ok(open) = connections.clone().try_acquire_owned() else {
+            // Closed at once: cheaper than a handshake, and the client learns now, not at its timeout.
+            metrics.connections_refused.inc();
+            debug!(%peer, max = limits.max_connections, "connection limit reached: closed");
+            continue;
+        };
         let (acceptor, http, router, watcher) = (acceptor.clone(), http.clone(), router.clone(), graceful.watcher());
         // Answers are small and go out whole: do not hold them back waiting for an ACK.
         if let Err(e) = tcp.set_nodelay(true) {
@@ -199,6 +218,7 @@ async fn serve_tls(
             if let Err(e) = watcher.watch(connection).await {
                 debug!(%peer, error = %e, "connection closed with an error");
             }
+            drop(open);
         });
     }
     drop(listener);

@@ -53,9 +53,19 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
+    // Held until the answer is written; none left means shed now rather than answer late.
+    let Ok(_in_flight) = app.in_flight.clone().try_acquire_owned() else {
+        app.metrics.reviews_shed.inc();
+        return Err(HttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("busyguard is handling {} reviews already: shed, retry", app.limits.max_in_flight),
+        ));
+    };
     check_headers(request.headers())?;
-    let effects_budget = effects_budget(request.uri().query());
-    let body = read_body(request.into_body(), app.limits.body_read_timeout).await?;
+    let timeout = api_server_timeout(request.uri().query());
+    let effects_budget = effects_budget(timeout);
+    // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
+    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
     let started = Instant::now();
     let request = review::decode(&body)?;
     // Debug level: at info, a review costs no tracing work; its audit line is the record.
@@ -115,15 +125,19 @@ fn send_effects(app: &App, effects: Vec<SideEffect>) -> Vec<oneshot::Receiver<Do
     effects.into_iter().map(|effect| outbox.send(effect)).collect()
 }
 
-/// How long an answer may wait for its side effects: half the API server's `?timeout=` (10s
-/// when it sent none), at most 5s, so the answer always arrives in time.
-fn effects_budget(query: Option<&str>) -> Duration {
-    let sent = (query.unwrap_or_default().split('&'))
+/// The API server's `?timeout=` for this call; 10s (its default) when it sent none.
+fn api_server_timeout(query: Option<&str>) -> Duration {
+    (query.unwrap_or_default().split('&'))
         .find_map(|pair| pair.strip_prefix("timeout="))
         .and_then(|value| parse_positive_duration(value).ok())
         .and_then(|timeout| Duration::try_from(timeout).ok())
-        .unwrap_or(Duration::from_secs(10));
-    (sent / 2).min(Duration::from_secs(5))
+        .unwrap_or(Duration::from_secs(10))
+}
+
+/// How long an answer may wait for its side effects: half the API server's timeout, at most
+/// 5s, so the answer always arrives in time.
+fn effects_budget(timeout: Duration) -> Duration {
+    (timeout / 2).min(Duration::from_secs(5))
 }
 
 fn check_headers(headers: &HeaderMap) -> Result<(), HttpError> {
@@ -181,6 +195,9 @@ impl HttpError {
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         // The body may be unread: do not let the client reuse the connection.
         response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         response
     }
 }
@@ -206,9 +223,10 @@ mod tests {
 
     #[test]
     fn effects_wait_half_the_api_servers_timeout_at_most_five_seconds() {
-        assert_eq!(effects_budget(Some("timeout=4s")), Duration::from_secs(2));
-        assert_eq!(effects_budget(Some("x=1&timeout=30s")), Duration::from_secs(5));
-        assert_eq!(effects_budget(None), Duration::from_secs(5));
-        assert_eq!(effects_budget(Some("timeout=nonsense")), Duration::from_secs(5));
+        let budget = |query| effects_budget(api_server_timeout(query));
+        assert_eq!(budget(Some("timeout=4s")), Duration::from_secs(2));
+        assert_eq!(budget(Some("x=1&timeout=30s")), Duration::from_secs(5));
+        assert_eq!(budget(None), Duration::from_secs(5));
+        assert_eq!(budget(Some("timeout=nonsense")), Duration::from_secs(5));
     }
 }

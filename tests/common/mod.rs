@@ -61,6 +61,8 @@ pub fn test_config(dir: &Path) -> ServeConfig {
     let Command::Serve(defaults) = Cli::parse_from(["busyguard", "serve", "--no-cluster"]).command else {
         unreachable!()
     };
+    let defaults = defaults.into_config();
+    let default_limits = defaults.limits;
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
@@ -70,10 +72,11 @@ pub fn test_config(dir: &Path) -> ServeConfig {
             handshake_timeout: Duration::from_secs(2),
             header_read_timeout: Duration::from_secs(2),
             body_read_timeout: Duration::from_secs(2),
+            ..default_limits
         },
         shutdown_timeout: Duration::from_secs(5),
         audit_log: Some(dir.join("audit.log")),
-        ..defaults.into_config()
+        ..defaults
     }
 }
 
