@@ -4,14 +4,16 @@
 //! The generator keeps CONNECTIONS keep-alive HTTP/1.1 TLS connections, as the kube-apiserver
 //! does, and replays real AdmissionReview bodies (`tests/fixtures/`) as fast as answers come.
 //! busyguard and the floor run as processes of their own (the floor is this binary again) and
-//! take turns, so both see the same machine. Also measured: cold start without a cluster, full
-//! TLS handshakes per second of server CPU, resident memory.
+//! take turns, so both see the same machine. Then each scenario open loop at half busyguard's
+//! sustained rate (both servers), and the first scenario at 4x that rate and right after. Also
+//! measured: cold start without a cluster, full TLS handshakes per second of server CPU,
+//! resident memory.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -151,6 +153,7 @@ async fn run_all() {
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
     let mut rows = Vec::new();
+    let mut half_load = Vec::new();
     for scenario in scenarios().into_iter().filter(|s| s.name.contains(&only)) {
         let answer = answer_of(listen, &client, &scenario).await;
         let (mut ours, mut floors) = (Totals::default(), Totals::default());
@@ -158,8 +161,17 @@ async fn run_all() {
             floors.add(load(floor_addr, floor.id(), &client, &scenario).await);
             ours.add(load(listen, busyguard.id(), &client, &scenario).await);
         }
+        let half = ours.per_second() / 2.0;
+        let ten = Duration::from_secs(10);
+        let floor_paced = paced(floor_addr, &client, &scenario, half, RUN, ten, CONNECTIONS).await;
+        let ours_paced = paced(listen, &client, &scenario, half, RUN, ten, CONNECTIONS).await;
+        half_load.push((scenario.name, half, ours_paced, floor_paced));
         rows.push((scenario.name, answer, ours, floors));
     }
+    let overload = match (rows.first(), scenarios().into_iter().find(|s| s.name.contains(&only))) {
+        (Some((_, _, ours, _)), Some(scenario)) => Some(overload(listen, &client, &scenario, ours.per_second()).await),
+        _ => None,
+    };
     let handshakes = handshakes(listen, busyguard.id(), &client).await;
     let peak_rss = memory_kib(busyguard.id(), "VmHWM");
     for server in [&mut busyguard, &mut floor] {
@@ -168,6 +180,22 @@ async fn run_all() {
     }
 
     report(&mut rows, cold_start, handshakes, idle_rss, peak_rss);
+    report_paced(&half_load, overload.as_ref());
+}
+
+/// The first scenario at 4x what busyguard sustained, each request with `?timeout=2s`, then at
+/// once half the sustainable rate again.
+async fn overload(
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+    scenario: &Scenario,
+    sustained: f64,
+) -> (&'static str, f64, Paced, Paced) {
+    let timeout = Duration::from_secs(2);
+    // As the API server does under load: more connections as long as answers are slow to come.
+    let over = paced(addr, client, scenario, 4.0 * sustained, RUN, timeout, 2048).await;
+    let after = paced(addr, client, scenario, sustained / 2.0, Duration::from_secs(2), timeout, CONNECTIONS).await;
+    (scenario.name, 4.0 * sustained, over, after)
 }
 
 fn kubeconfig_for(api: SocketAddr) -> String {
@@ -256,7 +284,14 @@ async fn connect(addr: SocketAddr, client: &Arc<rustls::ClientConfig>) -> Sender
 
 /// One review as the kube-apiserver posts it; the answer's body when answered 200.
 async fn send(sender: &mut Sender, scenario: &Scenario) -> Result<Bytes, String> {
-    let request = hyper::Request::post(format!("{}?timeout=10s", scenario.path))
+    send_within(sender, scenario, Duration::from_secs(10)).await.and_then(|(status, body)| {
+        (status == 200 && !body.is_empty()).then_some(body).ok_or_else(|| format!("HTTP {status}"))
+    })
+}
+
+/// One review with the API server's `?timeout=`; the HTTP status and body.
+async fn send_within(sender: &mut Sender, scenario: &Scenario, timeout: Duration) -> Result<(u16, Bytes), String> {
+    let request = hyper::Request::post(format!("{}?timeout={}s", scenario.path, timeout.as_secs()))
         .header("host", "127.0.0.1")
         .header("content-type", "application/json")
         .header("accept", "application/json, */*")
@@ -264,9 +299,9 @@ async fn send(sender: &mut Sender, scenario: &Scenario) -> Result<Bytes, String>
         .body(Full::new(scenario.body.clone()))
         .unwrap();
     let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
-    let status = response.status();
+    let status = response.status().as_u16();
     let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-    (status == 200 && !body.is_empty()).then_some(body).ok_or_else(|| format!("HTTP {status}"))
+    Ok((status, body))
 }
 
 /// What busyguard answers a scenario, in a word, to show the table measures the real path.
@@ -350,6 +385,123 @@ async fn load(addr: SocketAddr, server: u32, client: &Arc<rustls::ClientConfig>,
     totals.elapsed = started.elapsed();
     totals.server_cpu = cpu_time(server) - cpu_before;
     totals
+}
+
+/// What became of the requests of an open-loop run.
+#[derive(Default)]
+struct Paced {
+    offered: usize,
+    answered: usize,
+    /// 503 from busyguard: shed at once.
+    shed: usize,
+    /// No TLS session or the connection closed: busyguard's connection limit, or an error.
+    refused: usize,
+    /// Answered after, or not answered by, the `?timeout=` sent.
+    late: usize,
+    /// Not sent: no connection of the pool was free (or the generator was behind) for a whole
+    /// timeout after it was due.
+    unsent: usize,
+    /// From the time each request was due (waits for a free connection included), in µs.
+    latencies_us: Vec<u32>,
+    elapsed: Duration,
+}
+
+/// Requests at a fixed `rate` for `run`, whether or not answers keep up (open loop), each with
+/// `?timeout=`; like the API server, a new connection when no idle one is free, up to `max_open`.
+async fn paced(
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+    scenario: &Scenario,
+    rate: f64,
+    run: Duration,
+    timeout: Duration,
+    max_open: usize,
+) -> Paced {
+    let idle: Arc<Mutex<Vec<Sender>>> = Arc::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_open));
+    let started = tokio::time::Instant::now();
+    let total = (rate * run.as_secs_f64()) as usize;
+    let mut tasks = Vec::with_capacity(total);
+    let mut unsent = 0;
+    let mut ticks = tokio::time::interval(Duration::from_millis(1));
+    let mut next = 0;
+    while next < total {
+        ticks.tick().await;
+        let now = tokio::time::Instant::now();
+        while next < total && started + Duration::from_secs_f64(next as f64 / rate) <= now {
+            let due = started + Duration::from_secs_f64(next as f64 / rate);
+            next += 1;
+            if now - due > timeout {
+                unsent += 1;
+                continue;
+            }
+            let (idle, slots, client) = (idle.clone(), slots.clone(), client.clone());
+            let scenario = Scenario { name: scenario.name, path: scenario.path, body: scenario.body.clone() };
+            tasks.push(tokio::spawn(async move {
+                let Ok(Ok(_slot)) = tokio::time::timeout_at(due + timeout, slots.acquire_owned()).await else {
+                    return Outcome::Unsent;
+                };
+                let connected = tokio::time::timeout_at(due + timeout, checkout(&idle, addr, &client)).await;
+                let Ok(Some(mut sender)) = connected else { return Outcome::Refused };
+                // Late: not answered within the timeout from the moment it was sent.
+                let answer = tokio::time::timeout(timeout, send_within(&mut sender, &scenario, timeout)).await;
+                let outcome = match answer {
+                    Err(_) => Outcome::Late,
+                    Ok(Ok((200, _))) => Outcome::Answered(due.elapsed().as_micros() as u32),
+                    Ok(Ok((503, _))) => Outcome::Shed,
+                    Ok(Ok(_) | Err(_)) => Outcome::Refused,
+                };
+                if matches!(outcome, Outcome::Answered(_)) && !sender.is_closed() {
+                    idle.lock().unwrap().push(sender);
+                }
+                outcome
+            }));
+        }
+    }
+    let mut paced = Paced { offered: total, unsent, ..Paced::default() };
+    for task in tasks {
+        match task.await.unwrap() {
+            Outcome::Answered(us) => {
+                paced.answered += 1;
+                paced.latencies_us.push(us);
+            }
+            Outcome::Shed => paced.shed += 1,
+            Outcome::Refused => paced.refused += 1,
+            Outcome::Late => paced.late += 1,
+            Outcome::Unsent => paced.unsent += 1,
+        }
+    }
+    paced.elapsed = started.elapsed();
+    paced.latencies_us.sort_unstable();
+    paced
+}
+
+/// An idle connection of the pool, or a new one when none is idle; the caller holds one of the
+/// pool's slots, so at most that many are open.
+async fn checkout(idle: &Mutex<Vec<Sender>>, addr: SocketAddr, client: &Arc<rustls::ClientConfig>) -> Option<Sender> {
+    loop {
+        let popped = idle.lock().unwrap().pop();
+        let Some(mut sender) = popped else { break };
+        if sender.ready().await.is_ok() {
+            return Some(sender);
+        }
+    }
+    try_connect(addr, client).await.ok()
+}
+
+enum Outcome {
+    Answered(u32),
+    Shed,
+    Refused,
+    Late,
+    Unsent,
+}
+
+impl Paced {
+    fn percentile_ms(&self, p: f64) -> f64 {
+        let index = ((self.latencies_us.len() as f64 * p) as usize).min(self.latencies_us.len().saturating_sub(1));
+        self.latencies_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
+    }
 }
 
 /// Full handshakes (no resumption) per second of server CPU, from CONNECTIONS clients.
@@ -438,6 +590,48 @@ fn report(
         peak_rss as f64 / 1024.0
     )
     .unwrap();
+}
+
+fn report_paced(half_load: &[(&str, f64, Paced, Paced)], overload: Option<&(&str, f64, Paced, Paced)>) {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "\nhalf busyguard's sustained rate, open loop over {CONNECTIONS} connections (latency from when each \
+         request was due), busyguard and then the floor at the same rate"
+    )
+    .unwrap();
+    writeln!(out, "| scenario | req/s | p50 ms | p99 ms | p99.9 ms | floor p50 ms | floor p99 ms | floor p99.9 ms | not answered |")
+        .unwrap();
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|").unwrap();
+    for (name, rate, ours, floor) in half_load {
+        let missed = ours.offered - ours.answered;
+        let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|p| ours.percentile_ms(p));
+        let [f50, f99, f999] = [0.5, 0.99, 0.999].map(|p| floor.percentile_ms(p));
+        writeln!(
+            out,
+            "| {name} | {rate:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {f50:.2} | {f99:.2} | {f999:.2} | {missed} |"
+        )
+        .unwrap();
+    }
+    let Some((name, rate, over, after)) = overload else { return };
+    writeln!(out, "\noverload: {name} offered at {rate:.0} req/s (4x sustained) for {}s, ?timeout=2s", RUN.as_secs())
+        .unwrap();
+    writeln!(out, "| phase | offered | answered | shed 503 | connection refused | past deadline | not sent (generator behind) | p99 ms of answered |").unwrap();
+    writeln!(out, "|---|---|---|---|---|---|---|---|").unwrap();
+    for (phase, paced) in [("4x overload", over), ("right after, half rate", after)] {
+        writeln!(
+            out,
+            "| {phase} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            paced.offered,
+            paced.answered,
+            paced.shed,
+            paced.refused,
+            paced.late,
+            paced.unsent,
+            paced.percentile_ms(0.99)
+        )
+        .unwrap();
+    }
 }
 
 /// The floor: the same TLS settings and certificate, HTTP/1.1 keep-alive, reads the body and
