@@ -89,7 +89,7 @@ impl Object {
             Object::Eviction(_) => "Eviction",
             Object::Workload(_) => "Deployment or ReplicaSet",
             Object::Scale(_) => "Scale",
-            Object::Unread => "object busyguard does not read",
+            Object::Unread => "kind busyguard does not read",
         }
     }
 }
