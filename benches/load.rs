@@ -45,6 +45,7 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+#[derive(Clone)]
 struct Scenario {
     name: &'static str,
     path: &'static str,
@@ -345,8 +346,7 @@ impl Totals {
 
     fn percentile_ms(&mut self, p: f64) -> f64 {
         self.latencies_us.sort_unstable();
-        let index = ((self.latencies_us.len() as f64 * p) as usize).min(self.latencies_us.len().saturating_sub(1));
-        self.latencies_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
+        percentile_ms(&self.latencies_us, p)
     }
 }
 
@@ -357,8 +357,7 @@ async fn load(addr: SocketAddr, server: u32, client: &Arc<rustls::ClientConfig>,
     let deadline = started + RUN;
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
-        let (client, scenario) =
-            (client.clone(), Scenario { name: scenario.name, path: scenario.path, body: scenario.body.clone() });
+        let (client, scenario) = (client.clone(), scenario.clone());
         tasks.push(tokio::spawn(async move {
             let mut totals = Totals::default();
             let mut sender = connect(addr, &client).await;
@@ -403,7 +402,6 @@ struct Paced {
     unsent: usize,
     /// From the time each request was due (waits for a free connection included), in µs.
     latencies_us: Vec<u32>,
-    elapsed: Duration,
 }
 
 /// Requests at a fixed `rate` for `run`, whether or not answers keep up (open loop), each with
@@ -436,7 +434,7 @@ async fn paced(
                 continue;
             }
             let (idle, slots, client) = (idle.clone(), slots.clone(), client.clone());
-            let scenario = Scenario { name: scenario.name, path: scenario.path, body: scenario.body.clone() };
+            let scenario = scenario.clone();
             tasks.push(tokio::spawn(async move {
                 let Ok(Ok(_slot)) = tokio::time::timeout_at(due + timeout, slots.acquire_owned()).await else {
                     return Outcome::Unsent;
@@ -471,7 +469,6 @@ async fn paced(
             Outcome::Unsent => paced.unsent += 1,
         }
     }
-    paced.elapsed = started.elapsed();
     paced.latencies_us.sort_unstable();
     paced
 }
@@ -499,9 +496,14 @@ enum Outcome {
 
 impl Paced {
     fn percentile_ms(&self, p: f64) -> f64 {
-        let index = ((self.latencies_us.len() as f64 * p) as usize).min(self.latencies_us.len().saturating_sub(1));
-        self.latencies_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
+        percentile_ms(&self.latencies_us, p)
     }
+}
+
+/// The `p` quantile of sorted latencies in µs, in ms.
+fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    let index = ((sorted_us.len() as f64 * p) as usize).min(sorted_us.len().saturating_sub(1));
+    sorted_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
 }
 
 /// Full handshakes (no resumption) per second of server CPU, from CONNECTIONS clients.

@@ -43,6 +43,8 @@ async fn malformed_or_mistyped_reviews_are_400_and_counted() {
     unknown_operation["request"]["operation"] = json!("PURGE");
     let mut v1beta1 = fixture("pod-delete-by-user.json");
     v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let mut eviction_of_kind_pod = fixture("pod-eviction-by-user.json");
+    eviction_of_kind_pod["request"]["kind"]["kind"] = json!("Pod");
     let mut no_uid = fixture("pod-delete-by-user.json");
     no_uid["request"].as_object_mut().unwrap().remove("uid");
 
@@ -77,6 +79,12 @@ async fn malformed_or_mistyped_reviews_are_400_and_counted() {
             "/validate",
             serde_json::to_vec(&pod_as_string).unwrap(),
             "request.oldObject is not a valid Pod",
+        ),
+        (
+            "eviction whose kind says Pod",
+            "/validate",
+            serde_json::to_vec(&eviction_of_kind_pod).unwrap(),
+            "request.object is a Pod, not an Eviction",
         ),
         (
             "labels as a list",

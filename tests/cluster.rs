@@ -268,8 +268,7 @@ async fn a_conflicting_patch_is_planned_again_on_the_fresh_pod() {
     assert_eq!(calls, expected.map(|(m, p)| (m.to_string(), p.clone())));
     assert_eq!(
         api.pod("capture", "idle-stale").unwrap()["metadata"]["annotations"],
-        json!({
-        "controller.kubernetes.io/pod-deletion-cost": "1"})
+        json!({"controller.kubernetes.io/pod-deletion-cost": "1"})
     );
 }
 

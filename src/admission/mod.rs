@@ -168,13 +168,14 @@ fn delete_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp)
 fn expect_pod<'a>(object: &'a Object, field: &str) -> Result<&'a Pod, InvalidReview> {
     match object {
         Object::Pod(pod) => Ok(pod),
-        other => Err(InvalidReview(format!("request.{field} is a {}, not a Pod", other.kind()))),
+        other => Err(other.mismatch(field, "a Pod")),
     }
 }
 
 fn evict_pod(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) -> Result<Outcome, Refusal> {
-    let Object::Eviction(eviction) = request.object()? else {
-        return Err(InvalidReview(format!("request.object is a {}, not an Eviction", request.object()?.kind())).into());
+    let eviction = match request.object()? {
+        Object::Eviction(eviction) => eviction,
+        other => return Err(other.mismatch("object", "an Eviction").into()),
     };
     let dry_run = request.is_dry_run() || eviction.is_dry_run();
     (context.view.check(context.arrived))

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, Error, IgnoredAny};
 use serde_json::value::RawValue;
 
+use super::review::InvalidReview;
 use crate::policy::pod::Pod;
 use crate::policy::selector::LabelSelector;
 
@@ -91,6 +92,11 @@ impl Object {
             Object::Scale(_) => "Scale",
             Object::Unread => "kind busyguard does not read",
         }
+    }
+
+    /// Why this object does not fit a route that reads `wanted` ("a Pod") from `request.{field}`.
+    pub fn mismatch(&self, field: &str, wanted: &str) -> InvalidReview {
+        InvalidReview(format!("request.{field} is a {}, not {wanted}", self.kind()))
     }
 }
 
