@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::audit::AuditMetrics;
+
 /// Every label value is a fixed string, so no client can make the label space grow.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
@@ -49,7 +51,7 @@ pub struct Metrics {
     pub http_errors: Family<StatusLabels, Counter>,
     pub reviews_shed: Counter,
     pub connections_refused: Counter,
-    pub audit_write_errors: Counter,
+    pub audit: AuditMetrics,
     pub tls_reloads: Family<ResultLabels, Counter>,
     pub side_effects: Family<SideEffectLabels, Counter>,
     pub busy_pods_lost: Family<CauseLabels, Counter>,
@@ -93,8 +95,18 @@ impl Default for Metrics {
             "Webhook connections closed on accept because max-connections were open",
             connections_refused.clone(),
         );
-        let audit_write_errors = Counter::default();
-        registry.register("audit_write_errors", "Audit lines that could not be written", audit_write_errors.clone());
+        let audit = AuditMetrics::default();
+        registry.register(
+            "audit_write_errors",
+            "Failed attempts to write audit lines (disk full, file unwritable); the lines are held and retried",
+            audit.write_errors.clone(),
+        );
+        registry.register("audit_lines_held", "Audit lines waiting in memory to be written", audit.held.clone());
+        registry.register(
+            "audit_lines_dropped",
+            "Audit lines given up because too many were already waiting to be written",
+            audit.dropped.clone(),
+        );
         let tls_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tls_reloads",
@@ -124,7 +136,7 @@ impl Default for Metrics {
             http_errors,
             reviews_shed,
             connections_refused,
-            audit_write_errors,
+            audit,
             tls_reloads,
             side_effects,
             busy_pods_lost,

@@ -69,11 +69,13 @@ pub struct App {
 }
 
 impl App {
-    /// Serving and not draining, and the cluster view (if any) listed and fresh.
+    /// Serving and not draining, every audit line written, and the cluster view (if any) listed
+    /// and fresh.
     pub fn readiness(&self) -> Result<(), String> {
         if !self.serving.load(Ordering::Relaxed) {
             return Err("shutting down".into());
         }
+        self.audit.health()?;
         match self.cluster.view.check(Instant::now()) {
             // Without a cluster there is nothing to wait for: evictions get 503, the rest works.
             Ok(()) | Err(Unavailable::NoCluster) => Ok(()),
@@ -97,9 +99,9 @@ pub struct Running {
 pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let metrics = Arc::new(Metrics::default());
     let audit = Arc::new(match &config.audit_log {
-        Some(path) => AuditLog::file(path, metrics.audit_write_errors.clone())
+        Some(path) => AuditLog::file(path, metrics.audit.clone())
             .with_context(|| format!("opening audit log {}", path.display()))?,
-        None => AuditLog::stdout(metrics.audit_write_errors.clone()),
+        None => AuditLog::stdout(metrics.audit.clone()),
     });
     let (cert, cert_watcher) = tls::load_and_watch(config.cert.clone(), config.cert_reload_interval, metrics.clone())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
