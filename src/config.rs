@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// Private key of the serving certificate (PEM).
     #[arg(long, env = "BUSYGUARD_TLS_KEY", default_value = "certs/tls.key")]
     pub tls_key: PathBuf,
+    /// Require a client certificate issued by a CA in this PEM file (the API server's, set in
+    /// its AdmissionConfiguration); connections without one are refused in the handshake.
+    #[arg(long, env = "BUSYGUARD_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
     /// How often the certificate files are read again for changes.
     #[arg(long, env = "BUSYGUARD_CERT_RELOAD_INTERVAL", default_value = "1s", value_parser = std_duration)]
     pub cert_reload_interval: Duration,
@@ -87,6 +91,10 @@ pub struct ServeArgs {
     /// waiting, so the API server applies failurePolicy well before its timeout.
     #[arg(long, env = "BUSYGUARD_MAX_IN_FLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
+    /// On SIGTERM, how long to go on serving while unready before refusing new connections: time
+    /// for a load balancer that follows /readyz to stop sending new ones.
+    #[arg(long, env = "BUSYGUARD_SHUTDOWN_DELAY", default_value = "0s", value_parser = zero_or_std_duration)]
+    pub shutdown_delay: Duration,
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "BUSYGUARD_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = std_duration)]
     pub shutdown_timeout: Duration,
@@ -175,6 +183,14 @@ pub struct SleepArgs {
     pub duration: Duration,
 }
 
+fn zero_or_std_duration(text: &str) -> Result<Duration, String> {
+    if text.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
+        Ok(Duration::ZERO)
+    } else {
+        std_duration(text)
+    }
+}
+
 fn std_duration(text: &str) -> Result<Duration, String> {
     let duration = parse_positive_duration(text)?;
     Duration::try_from(duration).map_err(|e| e.to_string())
@@ -186,6 +202,7 @@ impl ServeArgs {
             listen: self.listen,
             admin_listen: self.admin_listen,
             cert: CertFiles { cert: self.tls_cert, key: self.tls_key },
+            client_ca: self.client_ca,
             cert_reload_interval: self.cert_reload_interval,
             limits: Limits {
                 handshake_timeout: self.handshake_timeout,
@@ -194,6 +211,7 @@ impl ServeArgs {
                 max_connections: self.max_connections as usize,
                 max_in_flight: self.max_in_flight as usize,
             },
+            shutdown_delay: self.shutdown_delay,
             shutdown_timeout: self.shutdown_timeout,
             policy: PolicyConfig {
                 mode: self.mode,

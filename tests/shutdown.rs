@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+use common::process::Process;
 use common::{TestServer, ca_of, connect, fixture};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -65,69 +64,13 @@ async fn shutdown_answers_the_request_in_flight_and_refuses_new_connections() {
     tokio::time::timeout(Duration::from_secs(5), stopping).await.expect("drained promptly").unwrap();
 }
 
-struct Process {
-    child: Child,
-    logs: mpsc::Receiver<serde_json::Value>,
-}
-
-impl Process {
-    /// `busyguard serve` in `dir` on its default certificate paths, with JSON logs.
-    fn serve(dir: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_busyguard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .current_dir(dir)
-            // As on a fresh machine: no cluster to find, so busyguard serves without one.
-            .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (sender, logs) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log lines are JSON: {line}"));
-                let _ = sender.send(value);
-            }
-        });
-        Process { child, logs }
-    }
-
-    fn wait_for_log(&self, message: &str) -> serde_json::Value {
-        loop {
-            let line = self.logs.recv_timeout(Duration::from_secs(10)).expect("log line in time");
-            if line["message"] == message {
-                return line;
-            }
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill").args(["-s", name, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-    }
-
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        for _ in 0..100 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.child.kill().unwrap();
-        panic!("busyguard did not exit within 5 s");
-    }
-}
-
 /// `busyguard certs`, then `busyguard serve` with a review in flight: the process, and the
 /// review waiting for the rest of its body.
 async fn serving_with_a_request_in_flight(dir: &std::path::Path) -> (Process, HalfSent) {
     let status = Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
     assert!(status.success());
-    let process = Process::serve(dir);
-    let serving = process.wait_for_log("busyguard serving");
-    let addr: SocketAddr = serving["webhook"].as_str().unwrap().parse().unwrap();
+    let process = Process::serve(dir, &[]);
+    let addr = process.webhook;
     let in_flight = send_half(addr, &ca_of(&dir.join("certs"))).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     (process, in_flight)

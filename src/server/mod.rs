@@ -36,8 +36,12 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub cert: CertFiles,
+    /// CAs whose client certificates are required, if set (mTLS).
+    pub client_ca: Option<PathBuf>,
     pub cert_reload_interval: Duration,
     pub limits: Limits,
+    /// After SIGTERM, unready but still serving for this long before the port closes.
+    pub shutdown_delay: Duration,
     pub shutdown_timeout: Duration,
     pub policy: PolicyConfig,
     /// Audit lines go to this file, or to stdout without one.
@@ -69,10 +73,15 @@ pub struct App {
 }
 
 impl App {
+    /// False from the start of a shutdown.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
     /// Serving and not draining, every audit line written, and the cluster view (if any) listed
     /// and fresh.
     pub fn readiness(&self) -> Result<(), String> {
-        if !self.serving.load(Ordering::Relaxed) {
+        if !self.is_serving() {
             return Err("shutting down".into());
         }
         self.audit.health()?;
@@ -93,6 +102,7 @@ pub struct Running {
     webhook_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     cert_watcher: JoinHandle<()>,
+    shutdown_delay: Duration,
     shutdown_timeout: Duration,
 }
 
@@ -104,7 +114,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
         None => AuditLog::stdout(metrics.audit.clone()),
     });
     let (cert, cert_watcher) = tls::load_and_watch(config.cert.clone(), config.cert_reload_interval, metrics.clone())?;
-    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert, config.client_ca.as_deref())?));
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
     let admin_listener = TcpListener::bind(config.admin_listen)
         .await
@@ -150,15 +160,21 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
         webhook_task,
         admin_task,
         cert_watcher,
+        shutdown_delay: config.shutdown_delay,
         shutdown_timeout: config.shutdown_timeout,
     })
 }
 
 impl Running {
-    /// Not ready any more, no new connections, in-flight requests answered (up to the shutdown
-    /// timeout), then the admin port closes.
+    /// Not ready any more; for the shutdown delay still serving, each HTTP/1.1 answer closing
+    /// its connection; then no new connections, in-flight requests answered (up to the shutdown
+    /// timeout), and the admin port closes.
     pub async fn shutdown(mut self) {
         self.app.serving.store(false, Ordering::Relaxed);
+        if !self.shutdown_delay.is_zero() {
+            info!(delay = ?self.shutdown_delay, "unready; still serving until the shutdown delay is over");
+            tokio::time::sleep(self.shutdown_delay).await;
+        }
         let _ = self.stop_webhook.send(true);
         match tokio::time::timeout(self.shutdown_timeout, &mut self.webhook_task).await {
             Ok(_) => info!("in-flight requests drained"),

@@ -1,18 +1,20 @@
-//! TLS for the webhook port: rustls with ring, TLS 1.2 and 1.3, ALPN h2 and http/1.1, and a
-//! serving certificate that follows its files.
+//! TLS for the webhook port: rustls with ring, TLS 1.2 and 1.3, ALPN h2 and http/1.1, a
+//! serving certificate that follows its files, and optionally client certificates required.
 //!
 //! The files are read again every `interval` and compared by content, which catches every way
 //! they change: an editor's rewrite, `busyguard certs --force`, and the `..data` symlink swap of
 //! a Kubernetes Secret volume (inotify on the file names misses the latter). A pair that does not
 //! load keeps the last good one in service.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
+use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ServerConfig, version};
 use rustls_pki_types::pem::PemObject;
@@ -20,6 +22,17 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{info, warn};
 
 use crate::metrics::{Metrics, ResultLabels};
+
+fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(path)? {
+        roots.add(ca?)?;
+    }
+    if roots.is_empty() {
+        anyhow::bail!("no PEM certificate in it");
+    }
+    Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?)
+}
 
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -128,11 +141,18 @@ async fn watch(
     }
 }
 
-pub fn server_config(cert: Arc<ReloadingCert>) -> anyhow::Result<ServerConfig> {
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&version::TLS13, &version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(cert);
+/// With `client_ca`, only clients presenting a certificate issued by one of its CAs finish the
+/// handshake.
+pub fn server_config(cert: Arc<ReloadingCert>, client_ca: Option<&Path>) -> anyhow::Result<ServerConfig> {
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_protocol_versions(&[&version::TLS13, &version::TLS12])?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => builder.with_client_cert_verifier(
+            client_verifier(path).with_context(|| format!("loading the client CA {}", path.display()))?,
+        ),
+    };
+    let mut config = builder.with_cert_resolver(cert);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

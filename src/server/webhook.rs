@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -32,7 +33,20 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/mutate", post(mutate).fallback(method_not_allowed))
         .route("/validate", post(validate).fallback(method_not_allowed))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), close_while_draining))
         .with_state(app)
+}
+
+/// While shutting down, HTTP/1.1 answers close their connection, so a keep-alive client opens
+/// a new one (to a replica still ready) instead of finding this one gone. HTTP/2 gets GOAWAY
+/// when the port closes.
+async fn close_while_draining(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let http1 = request.version() < Version::HTTP_2;
+    let mut response = next.run(request).await;
+    if http1 && !app.is_serving() {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 async fn mutate(State(app): State<Arc<App>>, request: Request) -> Response {
