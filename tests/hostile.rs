@@ -1,0 +1,152 @@
+//! Hostile clients: thousands of idle connections, half-open TLS handshakes, headers and bodies
+//! trickled a byte at a time. Each is bounded (connection count, time), and while each goes
+//! on, a keep-alive connection opened before it, like the API server's, keeps getting answers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TestServer, fixture, http1, post_request, send};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn server() -> TestServer {
+    TestServer::start_with(|config| {
+        config.limits.handshake_timeout = TIMEOUT;
+        config.limits.header_read_timeout = TIMEOUT;
+        config.limits.body_read_timeout = TIMEOUT;
+        config.limits.max_connections = 256;
+    })
+    .await
+}
+
+/// Reviews every 20 ms on one keep-alive connection; the times they were answered at.
+struct Heartbeat(JoinHandle<Vec<Instant>>, tokio::sync::watch::Sender<bool>);
+
+impl Heartbeat {
+    async fn start(server: &TestServer) -> Self {
+        let mut sender = http1(server.connect().await).await;
+        let body = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        Heartbeat(
+            tokio::spawn(async move {
+                let mut answered = vec![Instant::now()];
+                while !*stopped.borrow() {
+                    let answer = send(&mut sender, post_request("/validate", body.clone())).await;
+                    assert_eq!(answer.json()["response"]["allowed"], true);
+                    answered.push(Instant::now());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answered
+            }),
+            stop,
+        )
+    }
+
+    /// Stops and checks that no answer took longer than 500 ms to follow the one before.
+    async fn assert_steady(self) {
+        let _ = self.1.send(true);
+        let answered = self.0.await.expect("every heartbeat answered, allowed");
+        let longest = answered.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+        assert!(answered.len() > 20, "only {} answers", answered.len());
+        assert!(longest < Duration::from_millis(500), "answers stopped for {longest:?}");
+    }
+}
+
+/// Whether the server closes this connection within `within` (EOF or reset), not answering it.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buffer = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {} // a TLS alert or an HTTP error: wait for the close that follows
+        }
+    }
+}
+
+#[tokio::test]
+async fn thousands_of_idle_connections_are_capped_and_closed_while_answers_keep_coming() {
+    let server = server().await;
+    let heartbeat = Heartbeat::start(&server).await;
+    let started = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..2000 {
+        idle.push(TcpStream::connect(server.webhook).await.unwrap());
+    }
+    let closed = futures::future::join_all(idle.iter_mut().map(|s| closed_within(s, TIMEOUT + Duration::from_secs(3))));
+    let closed = closed.await;
+    assert!(closed.iter().all(|c| *c), "every idle connection closed by the server");
+    assert!(started.elapsed() < TIMEOUT + Duration::from_secs(3));
+    let refused = server.metric("busyguard_connections_refused_total").await.unwrap();
+    assert!(refused >= 2000.0 - 256.0, "{refused} closed on accept");
+    heartbeat.assert_steady().await;
+    assert_eq!(
+        server.review("/validate", &fixture("pod-delete-by-user.json")).await["allowed"],
+        true,
+        "new connections taken again"
+    );
+}
+
+#[tokio::test]
+async fn half_open_tls_handshakes_are_dropped_at_the_handshake_timeout_while_answers_keep_coming() {
+    let server = server().await;
+    let heartbeat = Heartbeat::start(&server).await;
+    // A handshake record announcing 512 bytes, of which only the first few arrive.
+    let partial_hello: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    let mut stalled = Vec::new();
+    for _ in 0..200 {
+        let mut tcp = TcpStream::connect(server.webhook).await.unwrap();
+        tcp.write_all(partial_hello).await.unwrap();
+        stalled.push(tcp);
+    }
+    let started = Instant::now();
+    let closed =
+        futures::future::join_all(stalled.iter_mut().map(|s| closed_within(s, TIMEOUT + Duration::from_secs(2)))).await;
+    assert!(closed.iter().all(|c| *c), "every stalled handshake dropped");
+    assert!(started.elapsed() > TIMEOUT / 2, "not before the handshake timeout: {:?}", started.elapsed());
+    heartbeat.assert_steady().await;
+}
+
+/// Writes `bytes` one at a time, 100 ms apart, until they run out or the server closes.
+async fn trickle(stream: &mut tokio_rustls::client::TlsStream<TcpStream>, bytes: &[u8]) {
+    for byte in bytes {
+        if stream.write_all(&[*byte]).await.is_err() || stream.flush().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn trickled_headers_and_bodies_are_cut_off_at_their_deadlines_while_answers_keep_coming() {
+    let server = server().await;
+    let heartbeat = Heartbeat::start(&server).await;
+    let head =
+        b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n";
+    let clients = (0..50).map(|i| {
+        let server = &server;
+        async move {
+            let mut stream = server.connect().await;
+            let started = Instant::now();
+            if i % 2 == 0 {
+                // Headers, a byte at a time: cut off at the header deadline though bytes keep coming.
+                trickle(&mut stream, head).await;
+            } else {
+                stream.write_all(head).await.unwrap();
+                trickle(&mut stream, &[b' '; 400]).await;
+            }
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest).await;
+            (started.elapsed(), String::from_utf8_lossy(&rest).into_owned())
+        }
+    });
+    for (took, answer) in futures::future::join_all(clients).await {
+        assert!(took < TIMEOUT + Duration::from_secs(2), "a trickling client held on for {took:?}");
+        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    heartbeat.assert_steady().await;
+}
