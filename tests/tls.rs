@@ -29,20 +29,38 @@ fn leaf_in(dir: &Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(dir.join("tls.crt")).unwrap()
 }
 
-/// Full handshakes in a loop until stopped; returns (succeeded, failed).
-fn keep_handshaking(
+/// Load until stopped, as the API server sends it across a rotation: one client opening a new
+/// connection (full handshake) for each review, one sending reviews on a keep-alive connection
+/// opened before. Returns (answered, failed).
+fn keep_reviewing(
     addr: std::net::SocketAddr,
     cas: Vec<CertificateDer<'static>>,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<(usize, usize)> {
+    let body = Bytes::from(serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap());
+    let review = async move |sender: &mut common::Sender| -> Result<(), String> {
+        let response = sender.send_request(post_request("/validate", body.clone())).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let answer = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let allowed =
+            serde_json::from_slice::<serde_json::Value>(&answer).is_ok_and(|a| a["response"]["allowed"] == true);
+        if status == 200 && allowed { Ok(()) } else { Err(format!("{status}: {}", String::from_utf8_lossy(&answer))) }
+    };
     tokio::spawn(async move {
+        let mut kept = common::http1(connect(addr, &cas, &[b"http/1.1"]).await.unwrap()).await;
         let (mut ok, mut failed) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
-            match connect(addr, &cas, &[b"http/1.1"]).await {
-                Ok(_) => ok += 1,
-                Err(e) => {
-                    eprintln!("handshake failed: {e}");
-                    failed += 1;
+            let fresh = async {
+                let stream = connect(addr, &cas, &[b"http/1.1"]).await.map_err(|e| e.to_string())?;
+                review(&mut common::http1(stream).await).await
+            };
+            for result in [fresh.await, review(&mut kept).await] {
+                match result {
+                    Ok(()) => ok += 1,
+                    Err(e) => {
+                        eprintln!("review failed: {e}");
+                        failed += 1;
+                    }
                 }
             }
         }
@@ -167,13 +185,13 @@ async fn plaintext_http_to_the_tls_port_gets_no_answer_and_the_server_keeps_serv
 }
 
 #[tokio::test]
-async fn rewritten_certificate_files_are_served_without_a_failed_handshake() {
+async fn rewritten_certificate_files_are_served_under_load_without_a_failed_request() {
     let server = TestServer::start().await;
     let next = tempfile::tempdir().unwrap();
     fresh_certs(next.path());
     let cas = vec![server.ca(), ca_of(next.path())];
     let stop = Arc::new(AtomicBool::new(false));
-    let hammer = keep_handshaking(server.webhook, cas.clone(), stop.clone());
+    let hammer = keep_reviewing(server.webhook, cas.clone(), stop.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // Replaced the way `busyguard certs --force` does: key, then certificate, each renamed over.
@@ -184,8 +202,8 @@ async fn rewritten_certificate_files_are_served_without_a_failed_handshake() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = hammer.await.unwrap();
-    assert_eq!(failed, 0, "no handshake failed across the reload ({ok} succeeded)");
-    assert!(ok > 10, "the client kept handshaking throughout ({ok})");
+    assert_eq!(failed, 0, "no review failed across the reload ({ok} answered)");
+    assert!(ok > 10, "the clients kept sending throughout ({ok})");
     assert_eq!(server.metric(RELOADS_OK).await, Some(1.0), "exactly one reload took effect");
 }
 
@@ -209,7 +227,7 @@ fn secret_volume(dir: &Path, generation: &str, source: &Path) {
 }
 
 #[tokio::test]
-async fn a_secret_volume_symlink_swap_is_followed_without_a_failed_handshake() {
+async fn a_secret_volume_symlink_swap_is_followed_under_load_without_a_failed_request() {
     let first = tempfile::tempdir().unwrap();
     let second = tempfile::tempdir().unwrap();
     fresh_certs(first.path());
@@ -226,13 +244,14 @@ async fn a_secret_volume_symlink_swap_is_followed_without_a_failed_handshake() {
     assert_eq!(served_leaf(server.webhook, &cas).await, leaf_in(first.path()));
 
     let stop = Arc::new(AtomicBool::new(false));
-    let hammer = keep_handshaking(server.webhook, cas.clone(), stop.clone());
+    let hammer = keep_reviewing(server.webhook, cas.clone(), stop.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
     secret_volume(volume.path(), "..2026_11_21_21_00_00.2", second.path());
     wait_until_serving(server.webhook, &cas, &leaf_in(second.path())).await;
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = hammer.await.unwrap();
-    assert_eq!(failed, 0, "no handshake failed across the swap ({ok} succeeded)");
+    assert_eq!(failed, 0, "no review failed across the swap ({ok} answered)");
+    assert!(ok > 10, "the clients kept sending throughout ({ok})");
 }
 
 #[tokio::test]
