@@ -1,0 +1,155 @@
+//! The promises every answer keeps, whatever the input: checked on generated inputs by
+//! `tests/properties.rs` (in `make test`) and on fuzzed ones by `fuzz/` (`make fuzz`). Each
+//! check panics with what broke.
+
+use std::time::{Duration, Instant};
+
+use busyguard::admission::review::decode;
+use busyguard::admission::{Context, Outcome, Refusal, Webhook, admit};
+use busyguard::cluster::view::{View, WatchedPod};
+use busyguard::policy::busy::parse_positive_duration;
+use busyguard::policy::disruption::Exemptions;
+use busyguard::policy::mutate::MutationSettings;
+use busyguard::policy::{Mode, POD_GC_USER, PolicyConfig};
+use jiff::{SignedDuration, Timestamp};
+use serde_json::Value;
+
+pub const EXEMPT_USER: &str = "ops-oncall";
+pub const EXEMPT_GROUP: &str = "ops-team";
+
+pub fn now() -> Timestamp {
+    "2026-11-21T20:00:00Z".parse().unwrap()
+}
+
+/// Enforce mode, a day of max-busy, the pod garbage collector and one user and group exempt.
+pub fn policy() -> PolicyConfig {
+    PolicyConfig {
+        mode: Mode::Enforce,
+        default_max_busy: SignedDuration::from_hours(24),
+        exemptions: Exemptions {
+            users: vec![POD_GC_USER.into(), EXEMPT_USER.into()],
+            groups: vec![EXEMPT_GROUP.into()],
+        },
+        mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
+    }
+}
+
+/// A listed, fresh view holding these pods (as the API would list them).
+pub fn view_of(pods: &[&Value]) -> View {
+    let view = View::watching(&[None], Duration::from_secs(60));
+    view.listed(&None);
+    for pod in pods {
+        if let Ok(watched) = serde_json::from_value::<WatchedPod>((*pod).clone()) {
+            view.insert(watched.namespace(), watched.name(), watched.record());
+        }
+    }
+    view
+}
+
+/// Decodes and judges `body` as `webhook`; a refusal is the 4xx/503 busyguard would send.
+pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Outcome, Refusal> {
+    let request = decode(body)?;
+    let context = Context { policy: &policy(), view, arrived: Instant::now() };
+    let outcome = admit(&request, webhook, &context, now())?;
+    // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
+    let answer: Value = serde_json::from_slice(&outcome.response.encode()).expect("the answer is JSON");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["uid"].as_str(), Some(request.uid.as_str()), "the answer echoes the uid");
+    if webhook == Webhook::Validating {
+        assert!(outcome.response.patch.is_none(), "only the mutating webhook patches");
+    }
+    if !outcome.response.allowed {
+        assert_eq!(outcome.response.status.as_ref().map(|s| s.code), Some(429), "a refusal is a 429");
+        assert!(outcome.audit.is_some(), "every refusal is audited");
+    }
+    Ok(outcome)
+}
+
+/// Any body gets a well-formed answer from both webhooks, or a refusal; never a panic.
+pub fn any_body_is_answered_or_refused(body: &[u8], view: &View) {
+    for webhook in [Webhook::Mutating, Webhook::Validating] {
+        let _ = judge(body, webhook, view);
+    }
+}
+
+/// A pod as a delete or an eviction sees it, and who asks.
+pub struct Disruption<'a> {
+    pub pod: &'a Value,
+    pub review: &'a Value,
+}
+
+/// A pod marked busy, not already going, is only let go with an audit line naming an exemption
+/// that really applies; a pod not marked busy is never refused.
+pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, view: &View) {
+    let body = serde_json::to_vec(disruption.review).unwrap();
+    let outcome = match judge(&body, Webhook::Validating, view) {
+        Ok(outcome) => outcome,
+        Err(Refusal::Invalid(e)) => panic!("a well-formed review refused: {e:?}"),
+        Err(Refusal::Unavailable(_)) => return,
+    };
+    let pod = disruption.pod;
+    let labels = &pod["metadata"]["labels"];
+    let marked_busy = labels["busyguard.io/busy"] == "true";
+    let going = pod["metadata"]["deletionTimestamp"].is_string()
+        || matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+    let unready_counts = pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] == "true";
+    if !marked_busy && !unready_counts {
+        assert!(outcome.response.allowed, "a pod not marked busy is never refused");
+    }
+    if !marked_busy || going || !outcome.response.allowed {
+        return;
+    }
+    let audit = outcome.audit.expect("a busy pod let go is audited");
+    let request = &disruption.review["request"];
+    let since = audit.busy_since;
+    match (audit.decision, audit.reason) {
+        ("exempted", "exempt-user") => {
+            assert!(policy().exemptions.users.iter().any(|u| *u == request["userInfo"]["username"]));
+        }
+        ("exempted", "exempt-group") => {
+            let groups = request["userInfo"]["groups"].as_array().cloned().unwrap_or_default();
+            assert!(groups.iter().any(|g| g == EXEMPT_GROUP), "{groups:?}");
+        }
+        ("lapsed", "max-busy-exceeded") => {
+            let limit = audit.detail.split("max-busy ").nth(1).and_then(|rest| rest.split(':').next()).unwrap();
+            let limit = parse_positive_duration(limit).unwrap();
+            assert!(since.unwrap().checked_add(limit).unwrap() <= now(), "lapsed early: {}", audit.detail);
+        }
+        ("lapsed", "stale-after-restart") => {
+            let at = audit.detail.split("restarted at ").nth(1).and_then(|rest| rest.split(": the flag").next());
+            let at: Timestamp = at.unwrap().parse().unwrap();
+            assert!(at > since.unwrap(), "{}", audit.detail);
+        }
+        other => panic!("a busy pod let go without an exemption: {other:?} {}", audit.detail),
+    }
+}
+
+/// The patch of a flip to busy applies to the pod it came from; a second look finds nothing
+/// to do; the flip back to idle restores the annotations the pod had.
+pub fn busy_and_back_restores_the_annotations(update: &Value) {
+    let idle_pod = update["request"]["object"].clone();
+    let flip = |review: &Value, to: &str| {
+        let mut review = review.clone();
+        let pod = &mut review["request"]["object"];
+        pod["metadata"]["labels"]["busyguard.io/busy"] = Value::String(to.into());
+        let body = serde_json::to_vec(&review).unwrap();
+        let outcome = judge(&body, Webhook::Mutating, &View::without_cluster()).expect("a pod update is answered");
+        assert!(outcome.response.allowed);
+        let mut patched = review["request"]["object"].clone();
+        if let Some(patch) = &outcome.response.patch {
+            use base64::Engine;
+            let patch: json_patch::Patch =
+                serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(patch).unwrap()).unwrap();
+            json_patch::patch(&mut patched, &patch).expect("the patch applies to the object it came from");
+        }
+        review["request"]["object"] = patched;
+        review
+    };
+    let busy = flip(update, "true");
+    let again = flip(&busy, "true");
+    assert_eq!(again["request"]["object"], busy["request"]["object"], "a second look changes nothing");
+    let idle = flip(&busy, "false");
+    let annotations = |pod: &Value| pod["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+    assert_eq!(annotations(&idle["request"]["object"]), annotations(&idle_pod), "idle again: annotations restored");
+}
