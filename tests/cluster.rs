@@ -365,6 +365,63 @@ async fn busy_delete_by_a_person_is_deferred_and_carried_out_once_when_the_pod_i
 }
 
 #[tokio::test]
+async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exactly_once() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+
+    api.fault("DELETE", &format!("{POD_PATH}/worker-a"), [Fault::Status(429), Fault::Status(503)]);
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    api.wait_for(3, pod_call("DELETE", "worker-a")).await;
+    settle().await;
+    assert_eq!(api.calls().iter().filter(|c| pod_call("DELETE", "worker-a")(c)).count(), 3, "429, 503, then done");
+    assert!(api.pod("capture", "worker-a").unwrap()["metadata"]["deletionTimestamp"].is_string(), "terminating");
+    let carried_out = server.audit_lines().into_iter().filter(|l| l["decision"] == "deleted-when-idle").count();
+    assert_eq!(carried_out, 1);
+}
+
+#[tokio::test]
+async fn an_api_server_restart_is_ridden_out_and_readyz_follows_a_long_one() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+
+    // Down for less than the view may be stale (2s here): busyguard stays ready and judges on.
+    let restart = tokio::spawn({
+        let api = api.clone();
+        async move { api.restart(Duration::from_millis(800)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.admin_get("/readyz").await.status, 200);
+    let started = Instant::now();
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    assert!(started.elapsed() < Duration::from_secs(1), "answered from the view, not waiting for the API server");
+    restart.await.unwrap();
+    // Back: the watch is open again and sees the pod turn idle.
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    wait_until_eviction_allowed_is(&server, "worker-a", true).await;
+
+    // Down for longer: unready (evictions get 503) until it is back, then ready by itself.
+    let restart = tokio::spawn({
+        let api = api.clone();
+        async move { api.restart(Duration::from_secs(4)).await }
+    });
+    let unready = eventually("/readyz 503", async || {
+        let ready = server.admin_get("/readyz").await;
+        (ready.status == 503).then(|| ready.text())
+    })
+    .await;
+    assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
+    restart.await.unwrap();
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
+    server.wait_ready().await;
+    wait_until_eviction_allowed_is(&server, "worker-a", false).await;
+}
+
+#[tokio::test]
 async fn busy_delete_by_the_replicaset_controller_is_refused_but_not_deferred() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));

@@ -56,6 +56,8 @@ struct Store {
     calls: Vec<Call>,
     faults: HashMap<(String, String), VecDeque<Fault>>,
     lists_fail: bool,
+    /// Restarting: every call gets 503.
+    down: bool,
     permissions_used: BTreeSet<Permission>,
     forbidden: Vec<String>,
 }
@@ -127,16 +129,36 @@ pub struct ApiServer {
     pub addr: SocketAddr,
     store: Arc<Mutex<Store>>,
     feed: broadcast::Sender<Arc<Feed>>,
+    listening: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl ApiServer {
     pub async fn start() -> ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (feed, _) = broadcast::channel(1024);
-        let api = ApiServer { addr: listener.local_addr().unwrap(), store: Arc::default(), feed };
-        let router = axum::Router::new().fallback(handle).with_state(api.clone());
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        let api =
+            ApiServer { addr: listener.local_addr().unwrap(), store: Arc::default(), feed, listening: Arc::default() };
+        api.listen(listener);
         api
+    }
+
+    fn listen(&self, listener: tokio::net::TcpListener) {
+        let router = axum::Router::new().fallback(handle).with_state(self.clone());
+        let task = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        *self.listening.lock().unwrap() = Some(task);
+    }
+
+    /// Down for `down_for`, as a restarting API server is: watches end, connections still open
+    /// get 503, new ones are refused; then back on the same address with the same objects.
+    pub async fn restart(&self, down_for: Duration) {
+        self.store().down = true;
+        if let Some(task) = self.listening.lock().unwrap().take() {
+            task.abort();
+        }
+        self.drop_watches();
+        tokio::time::sleep(down_for).await;
+        self.listen(tokio::net::TcpListener::bind(self.addr).await.unwrap());
+        self.store().down = false;
     }
 
     pub fn url(&self) -> String {
@@ -281,6 +303,9 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let fault = {
         let mut store = api.store();
+        if store.down {
+            return status(503, "ServiceUnavailable", "apiserver is shutting down");
+        }
         store.calls.push(Call {
             method: method.to_string(),
             path: path.clone(),
