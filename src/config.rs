@@ -10,6 +10,7 @@ use jiff::SignedDuration;
 use crate::certs::CertsRequest;
 use crate::cluster::outbox::OutboxSettings;
 use crate::cluster::{ClusterSettings, ClusterSource};
+use crate::policy::busy::MaxBusy;
 use crate::policy::busy::parse_positive_duration;
 use crate::policy::disruption::Exemptions;
 use crate::policy::mutate::MutationSettings;
@@ -105,6 +106,9 @@ pub struct ServeArgs {
     /// `busyguard.io/max-busy` annotation says otherwise.
     #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
     pub max_busy: SignedDuration,
+    /// No pod is protected longer than this, whatever its own `busyguard.io/max-busy` says.
+    #[arg(long, env = "BUSYGUARD_MAX_BUSY_CEILING", value_parser = parse_positive_duration)]
+    pub max_busy_ceiling: Option<SignedDuration>,
     /// Users who may delete busy pods (comma-separated in the environment). Replaces the default.
     #[arg(long = "exempt-user", env = "BUSYGUARD_EXEMPT_USERS", value_delimiter = ',', default_value = POD_GC_USER)]
     pub exempt_users: Vec<String>,
@@ -215,7 +219,7 @@ impl ServeArgs {
             shutdown_timeout: self.shutdown_timeout,
             policy: PolicyConfig {
                 mode: self.mode,
-                default_max_busy: self.max_busy,
+                max_busy: MaxBusy { default: self.max_busy, ceiling: self.max_busy_ceiling },
                 exemptions: Exemptions {
                     users: self.exempt_users.into_iter().filter(|u| !u.is_empty()).collect(),
                     groups: self.exempt_groups.into_iter().filter(|g| !g.is_empty()).collect(),
@@ -266,7 +270,7 @@ mod tests {
     fn defaults_enforce_with_a_day_of_max_busy_and_the_pod_gc_exempt() {
         let config = serve(&[]);
         assert_eq!(config.policy.mode, Mode::Enforce);
-        assert_eq!(config.policy.default_max_busy, SignedDuration::from_hours(24));
+        assert_eq!(config.policy.max_busy, MaxBusy::new(SignedDuration::from_hours(24)));
         assert_eq!(config.policy.exemptions.users, vec![POD_GC_USER.to_string()]);
         assert!(config.policy.mutation.karpenter && config.policy.mutation.cluster_autoscaler);
         assert_eq!(config.listen, "0.0.0.0:8443".parse().unwrap());
@@ -300,7 +304,7 @@ mod tests {
             "500ms",
         ]);
         assert_eq!(config.policy.mode, Mode::DryRun);
-        assert_eq!(config.policy.default_max_busy, SignedDuration::from_mins(90));
+        assert_eq!(config.policy.max_busy.default, SignedDuration::from_mins(90));
         assert_eq!(config.policy.exemptions.users, vec!["a", "b"]);
         assert_eq!(config.policy.exemptions.groups, vec!["ops"]);
         assert!(!config.policy.mutation.karpenter);

@@ -114,9 +114,9 @@ fn ago(minutes: i64) -> String {
     (invariants::now() - SignedDuration::from_mins(minutes)).to_string()
 }
 
-/// Minutes ago, often right at a max-busy boundary (10m, 1h, 3h, 24h, 48h).
+/// Minutes ago, often right at a max-busy boundary (10m, 1h, 3h, 24h, the 36h ceiling, 48h).
 fn minutes_ago() -> impl Strategy<Value = i64> {
-    let boundaries = prop::sample::select(&[10i64, 60, 180, 1440, 2880][..]);
+    let boundaries = prop::sample::select(&[10i64, 60, 180, 1440, 2160, 2880][..]);
     prop_oneof![(boundaries, -2i64..=2).prop_map(|(limit, off)| limit + off), -60i64..6000,]
 }
 
@@ -127,7 +127,8 @@ fn disruption() -> impl Strategy<Value = (Value, Value, bool)> {
         prop_oneof![4 => Just(Some("true")), 1 => prop::option::of(prop::sample::select(&["false", "", "TRUE"][..]))];
     let since =
         prop::option::weighted(0.9, prop_oneof![9 => minutes_ago().prop_map(ago), 1 => Just("yesterday".to_string())]);
-    let max_busy = prop::option::of(prop::sample::select(&["10m", "1h", "3h", "48h", "0s", "-1h", "forever"][..]));
+    let max_busy =
+        prop::option::of(prop::sample::select(&["10m", "1h", "3h", "48h", "72h", "0s", "-1h", "forever"][..]));
     let restarted = prop::option::weighted(0.2, minutes_ago().prop_map(ago));
     let phase = prop_oneof![6 => Just("Running"), 1 => Just("Pending"), 1 => Just("Succeeded"), 1 => Just("Failed")];
     let unready = prop::option::weighted(0.15, minutes_ago().prop_map(ago));
@@ -234,11 +235,12 @@ proptest! {
     #[test]
     fn busy_pods_are_let_go_only_with_an_audited_exemption_that_applies((pod, review, evict) in disruption()) {
         let view = if evict { invariants::view_of(&[&pod]) } else { invariants::view_of(&[]) };
-        invariants::busy_pods_go_only_with_an_audited_exemption(Disruption { pod: &pod, review: &review }, &view);
+        invariants::busy_pods_go_only_with_an_audited_exemption(Disruption { pod: &pod, review: &review }, &view)
+            .expect("a well-formed disruption is judged");
     }
 
     #[test]
     fn the_flip_to_busy_patches_cleanly_and_the_flip_back_restores_the_annotations(update in idle_pod_update()) {
-        invariants::busy_and_back_restores_the_annotations(&update);
+        invariants::busy_and_back_restores_the_annotations(&update).expect("a well-formed update is judged");
     }
 }

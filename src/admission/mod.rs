@@ -147,8 +147,8 @@ pub fn admit(
 fn mutate_pod(request: &AdmissionRequest, policy: &PolicyConfig, now: Timestamp) -> Result<Outcome, Refusal> {
     let pod = expect_pod(request.object()?, "object")?;
     let mut response = AdmissionResponse::allow(&request.uid);
-    response.warnings = contract_warnings(pod);
-    let patch = json_patch(pod, &plan_annotations(pod, policy.mutation, policy.default_max_busy, now));
+    response.warnings = contract_warnings(pod, policy.max_busy);
+    let patch = json_patch(pod, &plan_annotations(pod, policy.mutation, policy.max_busy, now));
     if patch.0.is_empty() {
         return Ok(Outcome::plain(response, Decision::Allowed));
     }
@@ -202,7 +202,7 @@ fn judge_disruption<P: PodFacts>(
     target: Target<'_, P>,
     now: Timestamp,
 ) -> Outcome {
-    let state = busy_state(target.pod, policy.default_max_busy, now);
+    let state = busy_state(target.pod, policy.max_busy, now);
     let requester = Requester { username: &request.user_info.username, groups: &request.user_info.groups };
     let verdict = judge(state, requester, &policy.exemptions);
     let (namespace, name) = (&request.namespace, &request.name);
@@ -364,13 +364,13 @@ fn scale_down(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp)
     if pods.is_empty() {
         return Ok(Outcome::plain(allow(), Decision::Allowed));
     }
-    let states: Vec<BusyState> = pods.iter().map(|(_, pod)| busy_state(pod, policy.default_max_busy, now)).collect();
+    let states: Vec<BusyState> = pods.iter().map(|(_, pod)| busy_state(pod, policy.max_busy, now)).collect();
     let effects: Vec<SideEffect> = if request.is_dry_run() {
         Vec::new()
     } else {
         pods.iter()
             .filter_map(|(name, pod)| {
-                let changes = plan_annotations(pod, policy.mutation, policy.default_max_busy, now);
+                let changes = plan_annotations(pod, policy.mutation, policy.max_busy, now);
                 (!changes.is_empty()).then(|| SideEffect::Refresh {
                     pod: PodRef { namespace: request.namespace.clone(), name: name.clone(), uid: pod.uid.to_string() },
                     resource_version: pod.resource_version.to_string(),

@@ -304,8 +304,7 @@ impl Worker {
                         Ok(Some(fresh)) if fresh.metadata.uid.as_deref() == Some(&pod.uid) => {
                             let record = fresh.record();
                             let now = Timestamp::now();
-                            *changes =
-                                plan_annotations(&record, self.policy.mutation, self.policy.default_max_busy, now);
+                            *changes = plan_annotations(&record, self.policy.mutation, self.policy.max_busy, now);
                             *resource_version = record.resource_version.to_string();
                             if changes.is_empty() {
                                 Attempt::Done(Done::Moot)

@@ -95,7 +95,7 @@ impl Watch {
             self.outbox.forget(&gone.uid);
         }
         let now = Timestamp::now();
-        let Some(observation) = observe(before.as_ref(), after.as_ref(), self.policy.default_max_busy, now) else {
+        let Some(observation) = observe(before.as_ref(), after.as_ref(), self.policy.max_busy, now) else {
             return;
         };
         match observation {

@@ -48,7 +48,27 @@ impl BusyState {
     }
 }
 
-pub fn busy_state(pod: &impl PodFacts, default_max_busy: SignedDuration, now: Timestamp) -> BusyState {
+/// How long protection lasts: the pod's own `busyguard.io/max-busy` or else the default, never
+/// past the ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxBusy {
+    pub default: SignedDuration,
+    /// `--max-busy-ceiling`: no pod is protected longer, whatever its annotation says.
+    pub ceiling: Option<SignedDuration>,
+}
+
+impl MaxBusy {
+    pub const fn new(default: SignedDuration) -> Self {
+        MaxBusy { default, ceiling: None }
+    }
+
+    pub fn of(&self, pod: &impl PodFacts) -> SignedDuration {
+        let limit = max_busy(pod).unwrap_or(self.default);
+        self.ceiling.map_or(limit, |ceiling| limit.min(ceiling))
+    }
+}
+
+pub fn busy_state(pod: &impl PodFacts, max_busy: MaxBusy, now: Timestamp) -> BusyState {
     let Some(label) = pod.label(BUSY_LABEL) else {
         return BusyState::NotOptedIn;
     };
@@ -58,7 +78,7 @@ pub fn busy_state(pod: &impl PodFacts, default_max_busy: SignedDuration, now: Ti
     if pod.is_terminal() {
         return BusyState::Terminal;
     }
-    let limit = max_busy(pod).unwrap_or(default_max_busy);
+    let limit = max_busy.of(pod);
     if label != "true" {
         return match unready_since(pod) {
             Some(since) => protection(since, limit, now),
@@ -114,7 +134,7 @@ pub fn parse_positive_duration(text: &str) -> Result<SignedDuration, String> {
 }
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
-pub fn contract_warnings(pod: &impl PodFacts) -> Vec<String> {
+pub fn contract_warnings(pod: &impl PodFacts, limits: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
         warnings.push(format!(
@@ -123,6 +143,11 @@ pub fn contract_warnings(pod: &impl PodFacts) -> Vec<String> {
     }
     if let Some(Err(e)) = pod.annotation(MAX_BUSY).map(parse_positive_duration) {
         warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
+    }
+    if let (Some(own), Some(ceiling)) = (max_busy(pod), limits.ceiling.filter(|c| max_busy(pod) > Some(*c))) {
+        warnings.push(format!(
+            "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
+        ));
     }
     warnings
 }
@@ -133,7 +158,7 @@ mod tests {
     use crate::policy::pod::Pod;
     use serde_json::json;
 
-    const HOUR: SignedDuration = SignedDuration::from_hours(1);
+    const HOUR: MaxBusy = MaxBusy::new(SignedDuration::from_hours(1));
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -164,8 +189,8 @@ mod tests {
     fn label_values_other_than_true_are_idle_and_warned_about() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));
         assert_eq!(busy_state(&p, HOUR, ts("2026-01-01T00:00:00Z")), BusyState::Idle);
-        assert_eq!(contract_warnings(&p).len(), 1);
-        assert!(contract_warnings(&p)[0].contains("\"yes\""));
+        assert_eq!(contract_warnings(&p, HOUR).len(), 1);
+        assert!(contract_warnings(&p, HOUR)[0].contains("\"yes\""));
     }
 
     #[test]
@@ -184,7 +209,7 @@ mod tests {
         let p = busy_pod("2026-01-01T00:00:00Z");
         assert_eq!(
             busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")),
-            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR } }
+            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR.default } }
         );
     }
 
@@ -204,12 +229,37 @@ mod tests {
     }
 
     #[test]
+    fn the_ceiling_cuts_a_pods_own_longer_max_busy_and_says_so() {
+        let ceiling = MaxBusy { ceiling: Some(SignedDuration::from_hours(2)), ..HOUR };
+        let mut p = busy_pod("2026-01-01T00:00:00Z");
+        p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "72h".into());
+        assert!(busy_state(&p, ceiling, ts("2026-01-01T01:59:59Z")).is_protected());
+        assert_eq!(
+            busy_state(&p, ceiling, ts("2026-01-01T02:00:00Z")),
+            BusyState::Lapsed {
+                since: ts("2026-01-01T00:00:00Z"),
+                lapse: Lapse::MaxBusy { limit: SignedDuration::from_hours(2) }
+            }
+        );
+        assert_eq!(
+            contract_warnings(&p, ceiling),
+            [
+                "busyguard: annotation busyguard.io/max-busy=72h is above the cluster's ceiling; protection ends after 2h"
+            ]
+        );
+        // Shorter than the ceiling: the pod's own value stands, without a warning.
+        p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "90m".into());
+        assert!(!busy_state(&p, ceiling, ts("2026-01-01T01:30:00Z")).is_protected());
+        assert_eq!(contract_warnings(&p, ceiling), Vec::<String>::new());
+    }
+
+    #[test]
     fn invalid_max_busy_falls_back_to_the_default_with_a_warning() {
         for bad in ["forever", "-5m", "0s"] {
             let mut p = busy_pod("2026-01-01T00:00:00Z");
             p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), bad.into());
             assert!(!busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")).is_protected(), "{bad}");
-            assert_eq!(contract_warnings(&p).len(), 1, "{bad}");
+            assert_eq!(contract_warnings(&p, HOUR).len(), 1, "{bad}");
         }
     }
 
@@ -276,7 +326,7 @@ mod tests {
         );
         assert_eq!(
             busy_state(&compat_pod("False", "Running"), HOUR, ts("2026-01-01T01:00:00Z")),
-            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR } }
+            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR.default } }
         );
     }
 

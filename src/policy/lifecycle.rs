@@ -1,10 +1,10 @@
 //! What a change seen in the cluster means for a busy pod: a deferred delete that may now go
 //! ahead, or a busy pod lost without any request busyguard could refuse.
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::busy::{BusyState, busy_state};
+use super::busy::{BusyState, MaxBusy, busy_state};
 use super::disruption::Requester;
 use super::pod::PodFacts;
 
@@ -70,10 +70,10 @@ impl LossCause {
 pub fn observe<P: PodFacts>(
     before: Option<&P>,
     after: Option<&P>,
-    default_max_busy: SignedDuration,
+    max_busy: MaxBusy,
     now: Timestamp,
 ) -> Option<Observation> {
-    let state = |pod: &P| busy_state(pod, default_max_busy, now);
+    let state = |pod: &P| busy_state(pod, max_busy, now);
     let was_busy = before.map(state).and_then(|s| match s {
         BusyState::Busy { since, .. } => Some(since),
         _ => None,
@@ -99,7 +99,7 @@ mod tests {
     use crate::policy::pod::Pod;
     use serde_json::json;
 
-    const DAY: SignedDuration = SignedDuration::from_hours(24);
+    const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
 
     fn now() -> Timestamp {
         "2026-11-21T21:00:00Z".parse().unwrap()

@@ -9,7 +9,7 @@ pub mod pod;
 pub mod scale;
 pub mod selector;
 
-use jiff::SignedDuration;
+use busy::MaxBusy;
 
 use disruption::Exemptions;
 use mutate::MutationSettings;
@@ -28,7 +28,7 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
     pub mode: Mode,
-    pub default_max_busy: SignedDuration,
+    pub max_busy: MaxBusy,
     pub exemptions: Exemptions,
     pub mutation: MutationSettings,
 }

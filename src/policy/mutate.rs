@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, busy_state};
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MaxBusy, busy_state};
 use super::cost::{DELETION_COST, busy_cost};
 use super::pod::{Pod, PodFacts};
 
@@ -59,12 +59,7 @@ fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
     ]
 }
 
-pub fn plan_annotations(
-    pod: &impl PodFacts,
-    settings: MutationSettings,
-    default_max_busy: SignedDuration,
-    now: Timestamp,
-) -> Changes {
+pub fn plan_annotations(pod: &impl PodFacts, settings: MutationSettings, max_busy: MaxBusy, now: Timestamp) -> Changes {
     let mut changes = Changes::new();
     let Some(label) = pod.label(BUSY_LABEL) else {
         return changes;
@@ -85,7 +80,7 @@ pub fn plan_annotations(
                 changes.insert(g.key, Some(g.busy_value));
             }
         }
-        (true, Some(_)) if matches!(busy_state(pod, default_max_busy, now), BusyState::Lapsed { .. }) => {
+        (true, Some(_)) if matches!(busy_state(pod, max_busy, now), BusyState::Lapsed { .. }) => {
             // Protection ran out while the flag stayed up: the user's values rank the pod again,
             // and stay saved (with busy-since) so the flip to idle restores the same values.
             for g in guarded(settings, now) {
@@ -181,7 +176,7 @@ mod tests {
     use serde_json::json;
 
     const ALL: MutationSettings = MutationSettings { karpenter: true, cluster_autoscaler: true };
-    const DAY: SignedDuration = SignedDuration::from_hours(24);
+    const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

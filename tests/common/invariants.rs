@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use busyguard::admission::review::decode;
 use busyguard::admission::{Context, Outcome, Refusal, Webhook, admit};
 use busyguard::cluster::view::{View, WatchedPod};
-use busyguard::policy::busy::parse_positive_duration;
+use busyguard::policy::busy::{MaxBusy, parse_positive_duration};
 use busyguard::policy::disruption::Exemptions;
 use busyguard::policy::mutate::MutationSettings;
 use busyguard::policy::{Mode, POD_GC_USER, PolicyConfig};
@@ -21,11 +21,15 @@ pub fn now() -> Timestamp {
     "2026-11-21T20:00:00Z".parse().unwrap()
 }
 
-/// Enforce mode, a day of max-busy, the pod garbage collector and one user and group exempt.
+/// No pod is protected longer than this here, whatever its own max-busy says.
+pub const CEILING: SignedDuration = SignedDuration::from_hours(36);
+
+/// Enforce mode, a day of max-busy up to a ceiling, the pod garbage collector and one user and
+/// group exempt.
 pub fn policy() -> PolicyConfig {
     PolicyConfig {
         mode: Mode::Enforce,
-        default_max_busy: SignedDuration::from_hours(24),
+        max_busy: MaxBusy { default: SignedDuration::from_hours(24), ceiling: Some(CEILING) },
         exemptions: Exemptions {
             users: vec![POD_GC_USER.into(), EXEMPT_USER.into()],
             groups: vec![EXEMPT_GROUP.into()],
@@ -80,14 +84,11 @@ pub struct Disruption<'a> {
 }
 
 /// A pod marked busy, not already going, is only let go with an audit line naming an exemption
-/// that really applies; a pod not marked busy is never refused.
-pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, view: &View) {
+/// that really applies; a pod not marked busy is never refused. Checked when the review is
+/// judged at all; the refusal otherwise.
+pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, view: &View) -> Result<(), Refusal> {
     let body = serde_json::to_vec(disruption.review).unwrap();
-    let outcome = match judge(&body, Webhook::Validating, view) {
-        Ok(outcome) => outcome,
-        Err(Refusal::Invalid(e)) => panic!("a well-formed review refused: {e:?}"),
-        Err(Refusal::Unavailable(_)) => return,
-    };
+    let outcome = judge(&body, Webhook::Validating, view)?;
     let pod = disruption.pod;
     let labels = &pod["metadata"]["labels"];
     let marked_busy = labels["busyguard.io/busy"] == "true";
@@ -97,8 +98,12 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
     if !marked_busy && !unready_counts {
         assert!(outcome.response.allowed, "a pod not marked busy is never refused");
     }
+    if !outcome.response.allowed {
+        let since = outcome.audit.as_ref().and_then(|audit| audit.busy_since);
+        assert!(since.is_none_or(|since| since.checked_add(CEILING).unwrap() > now()), "held past the ceiling");
+    }
     if !marked_busy || going || !outcome.response.allowed {
-        return;
+        return Ok(());
     }
     let audit = outcome.audit.expect("a busy pod let go is audited");
     let request = &disruption.review["request"];
@@ -123,18 +128,20 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
         }
         other => panic!("a busy pod let go without an exemption: {other:?} {}", audit.detail),
     }
+    Ok(())
 }
 
 /// The patch of a flip to busy applies to the pod it came from; a second look finds nothing
-/// to do; the flip back to idle restores the annotations the pod had.
-pub fn busy_and_back_restores_the_annotations(update: &Value) {
+/// to do; the flip back to idle restores the annotations the pod had. Checked when the update
+/// of the idle pod `update` carries is judged at all; the refusal otherwise.
+pub fn busy_and_back_restores_the_annotations(update: &Value) -> Result<(), Refusal> {
     let idle_pod = update["request"]["object"].clone();
-    let flip = |review: &Value, to: &str| {
+    let flip = |review: &Value, to: &str| -> Result<Value, Refusal> {
         let mut review = review.clone();
         let pod = &mut review["request"]["object"];
         pod["metadata"]["labels"]["busyguard.io/busy"] = Value::String(to.into());
         let body = serde_json::to_vec(&review).unwrap();
-        let outcome = judge(&body, Webhook::Mutating, &View::without_cluster()).expect("a pod update is answered");
+        let outcome = judge(&body, Webhook::Mutating, &View::without_cluster())?;
         assert!(outcome.response.allowed);
         let mut patched = review["request"]["object"].clone();
         if let Some(patch) = &outcome.response.patch {
@@ -144,12 +151,13 @@ pub fn busy_and_back_restores_the_annotations(update: &Value) {
             json_patch::patch(&mut patched, &patch).expect("the patch applies to the object it came from");
         }
         review["request"]["object"] = patched;
-        review
+        Ok(review)
     };
-    let busy = flip(update, "true");
-    let again = flip(&busy, "true");
+    let busy = flip(update, "true")?;
+    let again = flip(&busy, "true").expect("the patched pod is judged");
     assert_eq!(again["request"]["object"], busy["request"]["object"], "a second look changes nothing");
-    let idle = flip(&busy, "false");
+    let idle = flip(&busy, "false").expect("the patched pod is judged");
     let annotations = |pod: &Value| pod["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
     assert_eq!(annotations(&idle["request"]["object"]), annotations(&idle_pod), "idle again: annotations restored");
+    Ok(())
 }
