@@ -10,8 +10,7 @@ use jiff::SignedDuration;
 use crate::certs::CertsRequest;
 use crate::cluster::outbox::OutboxSettings;
 use crate::cluster::{ClusterSettings, ClusterSource};
-use crate::policy::busy::MaxBusy;
-use crate::policy::busy::parse_positive_duration;
+use crate::policy::busy::{MaxBusy, parse_positive_duration};
 use crate::policy::disruption::Exemptions;
 use crate::policy::mutate::MutationSettings;
 use crate::policy::{Mode, POD_GC_USER, PolicyConfig};
@@ -187,6 +186,7 @@ pub struct SleepArgs {
     pub duration: Duration,
 }
 
+/// `0` (in any unit) turns the delay off; anything else is a positive duration.
 fn zero_or_std_duration(text: &str) -> Result<Duration, String> {
     if text.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
         Ok(Duration::ZERO)

@@ -115,14 +115,13 @@ async fn keep_reviewing(addr: SocketAddr, ca: CertificateDer<'static>, stop: Arc
     let mut sender: Option<Sender> = None;
     while !stop.load(Ordering::Relaxed) {
         let result = async {
-            let connection = match sender.take() {
+            let mut connection = match sender.take() {
                 Some(open) => open,
                 None => {
                     http1(connect(addr, std::slice::from_ref(&ca), &[b"http/1.1"]).await.map_err(|e| e.to_string())?)
                         .await
                 }
             };
-            let mut connection = connection;
             let response =
                 connection.send_request(post_request("/validate", body.clone())).await.map_err(|e| e.to_string())?;
             let closes = response.headers().get("connection").is_some_and(|v| v == "close");
