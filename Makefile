@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build run certs test bench lint fmt clean e2e dev-register dev-unregister \
+.PHONY: build run certs test bench fuzz lint fmt clean e2e dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 build:
@@ -34,6 +34,18 @@ bench:
 	$(CARGO) bench --locked --bench view_memory
 	$(CARGO) bench --locked --bench handler
 	$(CARGO) bench --locked --bench load
+
+# Fuzzing (cargo-fuzz on the nightly toolchain): each target for FUZZ_SECONDS, seeded with the
+# fixtures; new inputs are kept in fuzz/corpus/, a crash in fuzz/artifacts/ (and `make fuzz` fails).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= review busy_protection mutation_round_trip
+fuzz:
+	$(CARGO) +nightly fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+	for target in $(FUZZ_TARGETS); do \
+		case $$target in review) seeds=tests/fixtures ;; *) seeds=fuzz/seeds/pods ;; esac; \
+		mkdir -p fuzz/corpus/$$target; \
+		$(CARGO) +nightly fuzz run $$target fuzz/corpus/$$target $$seeds -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 lint:
 	$(CARGO) fmt --check

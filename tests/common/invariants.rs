@@ -38,14 +38,17 @@ pub fn policy() -> PolicyConfig {
     }
 }
 
+/// The pod as busyguard's watch reads it, unless it does not decode (the watch skips those).
+fn watched(pod: &Value) -> Option<WatchedPod> {
+    serde_json::from_value::<WatchedPod>(pod.clone()).ok().filter(|watched| watched.malformed.is_none())
+}
+
 /// A listed, fresh view holding these pods (as the API would list them).
 pub fn view_of(pods: &[&Value]) -> View {
     let view = View::watching(&[None], Duration::from_secs(60));
     view.listed(&None);
-    for pod in pods {
-        if let Ok(watched) = serde_json::from_value::<WatchedPod>((*pod).clone()) {
-            view.insert(watched.namespace(), watched.name(), watched.record());
-        }
+    for watched in pods.iter().filter_map(|pod| watched(pod)) {
+        view.insert(watched.namespace(), watched.name(), watched.record());
     }
     view
 }
@@ -102,7 +105,8 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
         let since = outcome.audit.as_ref().and_then(|audit| audit.busy_since);
         assert!(since.is_none_or(|since| since.checked_add(CEILING).unwrap() > now()), "held past the ceiling");
     }
-    if !marked_busy || going || !outcome.response.allowed {
+    // A pod busyguard cannot read is not in its view: its eviction is not judged.
+    if !marked_busy || going || !outcome.response.allowed || watched(pod).is_none() {
         return Ok(());
     }
     let audit = outcome.audit.expect("a busy pod let go is audited");
