@@ -148,7 +148,7 @@ impl AuditLog {
     }
 
     fn write_held(&self, state: &mut State) {
-        let result = state.write_held();
+        let result = state.drain();
         self.metrics.held.set(state.held.len() as i64);
         match (result, state.failing.is_some()) {
             (Ok(()), true) => {
@@ -170,7 +170,7 @@ impl AuditLog {
 impl State {
     /// Writes the held lines in order; after an error the rest of a partly written line comes
     /// first next time, so a line is never split by another or written twice.
-    fn write_held(&mut self) -> io::Result<()> {
+    fn drain(&mut self) -> io::Result<()> {
         while let Some(line) = self.held.front() {
             match self.sink.write(&line[self.written..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -5,9 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TestServer, fixture, post_request, test_config};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use common::{TestServer, fixture, http1, post_request, test_config, try_send};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
@@ -55,16 +53,8 @@ async fn post_as(
     let tcp = TcpStream::connect(server.webhook).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
     let stream = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
     let body = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
-    let response = sender.send_request(post_request("/validate", body)).await.map_err(|e| format!("{e:?}"))?;
-    let status = response.status().as_u16();
-    response.into_body().collect().await.map_err(|e| e.to_string())?;
-    Ok(status)
+    Ok(try_send(&mut http1(stream).await, post_request("/validate", body)).await?.status)
 }
 
 async fn server_trusting(ca: &ClientCa) -> TestServer {

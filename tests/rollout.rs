@@ -12,19 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::process::Process;
-use common::{Sender, ca_of, connect, fixture, http1, post_request};
-use http_body_util::BodyExt;
+use common::{Sender, admin_get, ca_of, connect, fixture, http1, post_request, review_allowed};
+use hyper::body::Bytes;
 use rustls_pki_types::CertificateDer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const DELAY: &str = "400ms";
-
-fn certs_in(dir: &Path) {
-    let status =
-        std::process::Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
-    assert!(status.success());
-}
 
 fn replica(dir: &Path) -> Process {
     Process::serve(dir, &["--no-cluster", "--shutdown-delay", DELAY])
@@ -32,11 +25,7 @@ fn replica(dir: &Path) -> Process {
 
 /// The status of `GET /readyz`, or None when the admin port does not answer.
 async fn readyz(admin: SocketAddr) -> Option<u16> {
-    let mut tcp = TcpStream::connect(admin).await.ok()?;
-    tcp.write_all(b"GET /readyz HTTP/1.0\r\nhost: admin\r\n\r\n").await.ok()?;
-    let mut head = [0u8; 12];
-    tcp.read_exact(&mut head).await.ok()?;
-    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    admin_get(admin, "/readyz").await.ok().map(|answer| answer.status)
 }
 
 /// One address in front of the replicas: each new connection goes to the next replica whose
@@ -111,7 +100,7 @@ struct Tally {
 /// Reviews back to back on a keep-alive connection, as the API server sends them; a new
 /// connection when the server closed the last one after its answer.
 async fn keep_reviewing(addr: SocketAddr, ca: CertificateDer<'static>, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
-    let body = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
+    let body = Bytes::from(serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap());
     let mut sender: Option<Sender> = None;
     while !stop.load(Ordering::Relaxed) {
         let result = async {
@@ -122,14 +111,8 @@ async fn keep_reviewing(addr: SocketAddr, ca: CertificateDer<'static>, stop: Arc
                         .await
                 }
             };
-            let response =
-                connection.send_request(post_request("/validate", body.clone())).await.map_err(|e| e.to_string())?;
-            let closes = response.headers().get("connection").is_some_and(|v| v == "close");
-            let status = response.status();
-            let answer = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-            if status != 200 || !answer.windows(14).any(|w| w == br#""allowed":true"#) {
-                return Err(format!("{status}: {}", String::from_utf8_lossy(&answer)));
-            }
+            let answer = review_allowed(&mut connection, body.clone()).await?;
+            let closes = answer.headers.get("connection").is_some_and(|v| v == "close");
             Ok((!closes).then_some(connection))
         }
         .await;
@@ -146,7 +129,7 @@ async fn keep_reviewing(addr: SocketAddr, ca: CertificateDer<'static>, stop: Arc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_two_replicas_under_load_fails_no_request() {
     let dir = tempfile::tempdir().unwrap();
-    certs_in(dir.path());
+    common::process::certs(dir.path());
     let ca = ca_of(&dir.path().join("certs"));
     let balancer = Balancer::default();
     let address = balancer.start().await;
@@ -189,7 +172,7 @@ async fn a_rolling_restart_of_two_replicas_under_load_fails_no_request() {
 #[tokio::test]
 async fn after_sigterm_new_connections_are_refused_only_once_readiness_is_down_and_the_delay_is_over() {
     let dir = tempfile::tempdir().unwrap();
-    certs_in(dir.path());
+    common::process::certs(dir.path());
     let ca = ca_of(&dir.path().join("certs"));
     let replica = replica(dir.path());
     assert_eq!(readyz(replica.admin).await, Some(200));

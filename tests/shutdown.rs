@@ -4,7 +4,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use common::process::Process;
@@ -67,8 +66,7 @@ async fn shutdown_answers_the_request_in_flight_and_refuses_new_connections() {
 /// `busyguard certs`, then `busyguard serve` with a review in flight: the process, and the
 /// review waiting for the rest of its body.
 async fn serving_with_a_request_in_flight(dir: &std::path::Path) -> (Process, HalfSent) {
-    let status = Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
-    assert!(status.success());
+    common::process::certs(dir);
     let process = Process::serve(dir, &[]);
     let addr = process.webhook;
     let in_flight = send_half(addr, &ca_of(&dir.join("certs"))).await;

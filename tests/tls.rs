@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, ca_of, connect, fixture, fresh_certs, post_request, send, test_config};
+use common::{TestServer, ca_of, connect, fixture, fresh_certs, post_request, review_allowed, send, test_config};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -38,25 +38,17 @@ fn keep_reviewing(
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<(usize, usize)> {
     let body = Bytes::from(serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap());
-    let review = async move |sender: &mut common::Sender| -> Result<(), String> {
-        let response = sender.send_request(post_request("/validate", body.clone())).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        let answer = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        let allowed =
-            serde_json::from_slice::<serde_json::Value>(&answer).is_ok_and(|a| a["response"]["allowed"] == true);
-        if status == 200 && allowed { Ok(()) } else { Err(format!("{status}: {}", String::from_utf8_lossy(&answer))) }
-    };
     tokio::spawn(async move {
         let mut kept = common::http1(connect(addr, &cas, &[b"http/1.1"]).await.unwrap()).await;
         let (mut ok, mut failed) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             let fresh = async {
                 let stream = connect(addr, &cas, &[b"http/1.1"]).await.map_err(|e| e.to_string())?;
-                review(&mut common::http1(stream).await).await
+                review_allowed(&mut common::http1(stream).await, body.clone()).await
             };
-            for result in [fresh.await, review(&mut kept).await] {
+            for result in [fresh.await, review_allowed(&mut kept, body.clone()).await] {
                 match result {
-                    Ok(()) => ok += 1,
+                    Ok(_) => ok += 1,
                     Err(e) => {
                         eprintln!("review failed: {e}");
                         failed += 1;

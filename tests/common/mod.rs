@@ -147,12 +147,7 @@ impl TestServer {
     }
 
     pub async fn admin_get(&self, path: &str) -> Answer {
-        let stream = TcpStream::connect(self.admin).await.unwrap();
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
-        tokio::spawn(connection);
-        let request = hyper::Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
-        send(&mut sender, request).await
+        admin_get(self.admin, path).await.expect("the admin port answers")
     }
 
     pub async fn metrics(&self) -> String {
@@ -164,6 +159,16 @@ impl TestServer {
         let text = self.metrics().await;
         text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
+}
+
+/// GET on a plain-HTTP admin port; the error says why there was no answer (e.g. port closed).
+pub async fn admin_get(admin: SocketAddr, path: &str) -> Result<Answer, String> {
+    let stream = TcpStream::connect(admin).await.map_err(|e| e.to_string())?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
+    try_send(&mut sender, request).await
 }
 
 pub fn ca_of(dir: &Path) -> CertificateDer<'static> {
@@ -233,11 +238,24 @@ impl Answer {
 }
 
 pub async fn send(sender: &mut Sender, request: hyper::Request<Full<Bytes>>) -> Answer {
-    let response = sender.send_request(request).await.expect("an HTTP answer");
+    try_send(sender, request).await.expect("an HTTP answer")
+}
+
+/// As `send`, for callers that count failures instead of stopping at one. The error is
+/// hyper's with its cause (a TLS alert, a reset).
+pub async fn try_send(sender: &mut Sender, request: hyper::Request<Full<Bytes>>) -> Result<Answer, String> {
+    let response = sender.send_request(request).await.map_err(|e| format!("{e:?}"))?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Answer { status, headers, body }
+    let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Answer { status, headers, body })
+}
+
+/// POSTs a review to `/validate` and insists on a 200 answer that allows it.
+pub async fn review_allowed(sender: &mut Sender, body: Bytes) -> Result<Answer, String> {
+    let answer = try_send(sender, post_request("/validate", body)).await?;
+    let allowed = serde_json::from_slice::<Value>(&answer.body).is_ok_and(|a| a["response"]["allowed"] == true);
+    if answer.status == 200 && allowed { Ok(answer) } else { Err(format!("{}: {}", answer.status, answer.text())) }
 }
 
 /// A fixture from `tests/fixtures/` (AdmissionReview bodies a real kube-apiserver sent).

@@ -7,6 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// `busyguard certs` in `dir`: the dev certificates `serve` uses by default.
+pub fn certs(dir: &Path) {
+    let status = Command::new(env!("CARGO_BIN_EXE_busyguard")).arg("certs").current_dir(dir).status().unwrap();
+    assert!(status.success());
+}
+
 pub struct Process {
     pub webhook: SocketAddr,
     pub admin: SocketAddr,
