@@ -13,7 +13,8 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -397,15 +398,49 @@ struct Paced {
     refused: usize,
     /// Answered after, or not answered by, the `?timeout=` sent.
     late: usize,
-    /// Not sent: no connection of the pool was free (or the generator was behind) for a whole
-    /// timeout after it was due.
+    /// Not sent: no connection of the pool was free for a whole timeout after it was due.
     unsent: usize,
     /// From the time each request was due (waits for a free connection included), in µs.
     latencies_us: Vec<u32>,
+    /// How late the pacer thread woke, each time it woke to send, in µs: how long the machine
+    /// itself keeps a thread that is ready to run waiting (sorted).
+    pacer_late_us: Vec<u32>,
+}
+
+impl Paced {
+    fn add(&mut self, other: Paced) {
+        self.answered += other.answered;
+        self.shed += other.shed;
+        self.refused += other.refused;
+        self.late += other.late;
+        self.unsent += other.unsent;
+        self.latencies_us.extend(other.latencies_us);
+    }
+}
+
+/// The schedule of an open-loop run, shared by its pacer and its connections.
+struct Schedule {
+    started: Instant,
+    rate: f64,
+    total: usize,
+    /// One permit per request due; `total` is reached, then one more per connection to stop it.
+    tickets: tokio::sync::Semaphore,
+    /// Requests handed to a connection so far.
+    taken: AtomicUsize,
+    /// Connections waiting for a ticket.
+    idle: AtomicUsize,
+}
+
+impl Schedule {
+    fn due(&self, request: usize) -> Instant {
+        self.started + Duration::from_secs_f64(request as f64 / self.rate)
+    }
 }
 
 /// Requests at a fixed `rate` for `run`, whether or not answers keep up (open loop), each with
-/// `?timeout=`; like the API server, a new connection when no idle one is free, up to `max_open`.
+/// `?timeout=`. A thread of its own keeps the schedule to the tens of µs (tokio's timer ticks in
+/// whole ms, which would send in bursts); connections take the due requests in turn and, like
+/// the API server, a new one is opened when a request finds none idle, up to `max_open`.
 async fn paced(
     addr: SocketAddr,
     client: &Arc<rustls::ClientConfig>,
@@ -415,83 +450,117 @@ async fn paced(
     timeout: Duration,
     max_open: usize,
 ) -> Paced {
-    let idle: Arc<Mutex<Vec<Sender>>> = Arc::default();
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_open));
-    let started = tokio::time::Instant::now();
-    let total = (rate * run.as_secs_f64()) as usize;
-    let mut tasks = Vec::with_capacity(total);
-    let mut unsent = 0;
-    let mut ticks = tokio::time::interval(Duration::from_millis(1));
-    let mut next = 0;
-    while next < total {
-        ticks.tick().await;
-        let now = tokio::time::Instant::now();
-        while next < total && started + Duration::from_secs_f64(next as f64 / rate) <= now {
-            let due = started + Duration::from_secs_f64(next as f64 / rate);
-            next += 1;
-            if now - due > timeout {
-                unsent += 1;
-                continue;
-            }
-            let (idle, slots, client) = (idle.clone(), slots.clone(), client.clone());
-            let scenario = scenario.clone();
-            tasks.push(tokio::spawn(async move {
-                let Ok(Ok(_slot)) = tokio::time::timeout_at(due + timeout, slots.acquire_owned()).await else {
-                    return Outcome::Unsent;
-                };
-                let connected = tokio::time::timeout_at(due + timeout, checkout(&idle, addr, &client)).await;
-                let Ok(Some(mut sender)) = connected else { return Outcome::Refused };
-                // Late: not answered within the timeout from the moment it was sent.
-                let answer = tokio::time::timeout(timeout, send_within(&mut sender, &scenario, timeout)).await;
-                let outcome = match answer {
-                    Err(_) => Outcome::Late,
-                    Ok(Ok((200, _))) => Outcome::Answered(due.elapsed().as_micros() as u32),
-                    Ok(Ok((503, _))) => Outcome::Shed,
-                    Ok(Ok(_) | Err(_)) => Outcome::Refused,
-                };
-                if matches!(outcome, Outcome::Answered(_)) && !sender.is_closed() {
-                    idle.lock().unwrap().push(sender);
-                }
-                outcome
-            }));
-        }
+    let warm = CONNECTIONS.min(max_open);
+    let mut senders = Vec::new();
+    for _ in 0..warm {
+        senders.push(connect(addr, client).await);
     }
-    let mut paced = Paced { offered: total, unsent, ..Paced::default() };
-    for task in tasks {
-        match task.await.unwrap() {
-            Outcome::Answered(us) => {
-                paced.answered += 1;
-                paced.latencies_us.push(us);
+    let schedule = Arc::new(Schedule {
+        started: Instant::now(),
+        rate,
+        total: (rate * run.as_secs_f64()) as usize,
+        tickets: tokio::sync::Semaphore::new(0),
+        taken: AtomicUsize::new(0),
+        idle: AtomicUsize::new(0),
+    });
+    let open = |sender: Option<Sender>| {
+        let request = PacedRequest { addr, client: client.clone(), scenario: scenario.clone(), timeout };
+        tokio::spawn(keep_schedule(schedule.clone(), request, sender))
+    };
+    let mut connections: Vec<_> = senders.into_iter().map(|sender| open(Some(sender))).collect();
+    let (schedule_kept, (open_more, mut opening)) = (schedule.clone(), tokio::sync::mpsc::unbounded_channel());
+    let pacer = std::thread::spawn(move || {
+        let schedule = schedule_kept;
+        let mut issued = 0;
+        let mut opened = warm;
+        let mut woke_late_us = Vec::new();
+        while issued < schedule.total {
+            let now = Instant::now();
+            let due = (issued..schedule.total).take_while(|&request| schedule.due(request) <= now).count();
+            if due > 0 {
+                // How late this thread woke for the first request due: the machine's own delay.
+                woke_late_us.push((now - schedule.due(issued)).as_micros() as u32);
             }
-            Outcome::Shed => paced.shed += 1,
-            Outcome::Refused => paced.refused += 1,
-            Outcome::Late => paced.late += 1,
-            Outcome::Unsent => paced.unsent += 1,
+            schedule.tickets.add_permits(due);
+            issued += due;
+            let waiting = schedule.tickets.available_permits();
+            if waiting > schedule.idle.load(Ordering::Relaxed) && opened < max_open {
+                opened += 1;
+                let _ = open_more.send(());
+            }
+            if let Some(wait) = schedule.due(issued).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
         }
+        schedule.tickets.add_permits(opened);
+        woke_late_us
+    });
+    // New connections are spawned here, on the runtime, as the pacer asks for them.
+    while opening.recv().await.is_some() {
+        connections.push(open(None));
+    }
+    let mut pacer_late_us = pacer.join().unwrap();
+    pacer_late_us.sort_unstable();
+    let mut paced = Paced { offered: schedule.total, pacer_late_us, ..Paced::default() };
+    for connection in connections {
+        paced.add(connection.await.unwrap());
     }
     paced.latencies_us.sort_unstable();
     paced
 }
 
-/// An idle connection of the pool, or a new one when none is idle; the caller holds one of the
-/// pool's slots, so at most that many are open.
-async fn checkout(idle: &Mutex<Vec<Sender>>, addr: SocketAddr, client: &Arc<rustls::ClientConfig>) -> Option<Sender> {
-    loop {
-        let popped = idle.lock().unwrap().pop();
-        let Some(mut sender) = popped else { break };
-        if sender.ready().await.is_ok() {
-            return Some(sender);
-        }
-    }
-    try_connect(addr, client).await.ok()
+#[derive(Clone)]
+struct PacedRequest {
+    addr: SocketAddr,
+    client: Arc<rustls::ClientConfig>,
+    scenario: Scenario,
+    timeout: Duration,
 }
 
-enum Outcome {
-    Answered(u32),
-    Shed,
-    Refused,
-    Late,
-    Unsent,
+/// One connection of an open-loop run: takes due requests until the schedule is done; after an
+/// error or a refused connection, connects again for the next one.
+async fn keep_schedule(schedule: Arc<Schedule>, request: PacedRequest, mut sender: Option<Sender>) -> Paced {
+    let mut paced = Paced::default();
+    loop {
+        schedule.idle.fetch_add(1, Ordering::Relaxed);
+        let ticket = schedule.tickets.acquire().await;
+        schedule.idle.fetch_sub(1, Ordering::Relaxed);
+        ticket.unwrap().forget();
+        let taken = schedule.taken.fetch_add(1, Ordering::Relaxed);
+        if taken >= schedule.total {
+            return paced;
+        }
+        let due = schedule.due(taken);
+        if due.elapsed() > request.timeout {
+            paced.unsent += 1;
+            continue;
+        }
+        if sender.as_ref().is_none_or(|sender| sender.is_closed()) {
+            let deadline = tokio::time::Instant::from_std(due + request.timeout);
+            sender = tokio::time::timeout_at(deadline, try_connect(request.addr, &request.client))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let Some(connection) = &mut sender else {
+            paced.refused += 1;
+            continue;
+        };
+        // Late: not answered within the timeout from the moment it was sent.
+        let answer =
+            tokio::time::timeout(request.timeout, send_within(connection, &request.scenario, request.timeout)).await;
+        match answer {
+            Ok(Ok((200, _))) => {
+                paced.answered += 1;
+                paced.latencies_us.push(due.elapsed().as_micros() as u32);
+                continue;
+            }
+            Err(_) => paced.late += 1,
+            Ok(Ok((503, _))) => paced.shed += 1,
+            Ok(Ok(_) | Err(_)) => paced.refused += 1,
+        }
+        sender = None;
+    }
 }
 
 impl Paced {
@@ -602,23 +671,28 @@ fn report_paced(half_load: &[(&str, f64, Paced, Paced)], overload: Option<&(&str
          request was due), busyguard and then the floor at the same rate"
     )
     .unwrap();
-    writeln!(out, "| scenario | req/s | p50 ms | p99 ms | p99.9 ms | floor p50 ms | floor p99 ms | floor p99.9 ms | not answered |")
-        .unwrap();
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|").unwrap();
+    writeln!(
+        out,
+        "| scenario | req/s | p50 ms | p99 ms | p99.9 ms | floor p50 ms | floor p99 ms | floor p99.9 ms | not answered | pacer woke late p99.9 / max ms |"
+    )
+    .unwrap();
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
     for (name, rate, ours, floor) in half_load {
         let missed = ours.offered - ours.answered;
         let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|p| ours.percentile_ms(p));
         let [f50, f99, f999] = [0.5, 0.99, 0.999].map(|p| floor.percentile_ms(p));
+        let late = &ours.pacer_late_us;
+        let (late_p999, late_max) = (percentile_ms(late, 0.999), percentile_ms(late, 1.0));
         writeln!(
             out,
-            "| {name} | {rate:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {f50:.2} | {f99:.2} | {f999:.2} | {missed} |"
+            "| {name} | {rate:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {f50:.2} | {f99:.2} | {f999:.2} | {missed} | {late_p999:.2} / {late_max:.2} |"
         )
         .unwrap();
     }
     let Some((name, rate, over, after)) = overload else { return };
     writeln!(out, "\noverload: {name} offered at {rate:.0} req/s (4x sustained) for {}s, ?timeout=2s", RUN.as_secs())
         .unwrap();
-    writeln!(out, "| phase | offered | answered | shed 503 | connection refused | past deadline | not sent (generator behind) | p99 ms of answered |").unwrap();
+    writeln!(out, "| phase | offered | answered | shed 503 | connection refused | past deadline | not sent (no connection free in time) | p99 ms of answered |").unwrap();
     writeln!(out, "|---|---|---|---|---|---|---|---|").unwrap();
     for (phase, paced) in [("4x overload", over), ("right after, half rate", after)] {
         writeln!(
