@@ -9,7 +9,6 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -33,20 +32,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/mutate", post(mutate).fallback(method_not_allowed))
         .route("/validate", post(validate).fallback(method_not_allowed))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(app.clone(), close_while_draining))
         .with_state(app)
-}
-
-/// While shutting down, HTTP/1.1 answers close their connection, so a keep-alive client opens
-/// a new one (to a replica still ready) instead of finding this one gone. HTTP/2 gets GOAWAY
-/// when the port closes.
-async fn close_while_draining(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let http1 = request.version() < Version::HTTP_2;
-    let mut response = next.run(request).await;
-    if http1 && !app.is_serving() {
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 async fn mutate(State(app): State<Arc<App>>, request: Request) -> Response {
@@ -76,6 +62,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         ));
     };
     check_headers(request.headers())?;
+    let http1 = request.version() < Version::HTTP_2;
     let timeout = api_server_timeout(request.uri().query());
     let effects_budget = effects_budget(timeout);
     // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
@@ -112,7 +99,13 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         .review_seconds
         .get_or_create(&WebhookLabels { webhook: webhook.as_str() })
         .observe(started.elapsed().as_secs_f64());
-    Ok(([(header::CONTENT_TYPE, "application/json")], encoded).into_response())
+    let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
+    if http1 && !app.is_serving() {
+        // Draining: the keep-alive client opens its next connection to a replica still ready
+        // instead of finding this one gone. HTTP/2 clients get GOAWAY when the port closes.
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(response)
 }
 
 fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
