@@ -11,6 +11,10 @@ use busyguard::certs::{self, CertsOutcome, CertsRequest};
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
 use busyguard::{registration, server};
 
+/// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
