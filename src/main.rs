@@ -16,6 +16,7 @@ use busyguard::{registration, server};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    small_pages_only();
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let result = match cli.command {
@@ -35,6 +36,16 @@ fn main() -> ExitCode {
             error!("{e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Where transparent huge pages are "always" on, mimalloc's arenas fill 2 MiB pages: an idle
+/// busyguard held 22 MiB instead of 13, and 66 instead of 45 with 1024 connections open.
+fn small_pages_only() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes plain integers and only sets a flag on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 
