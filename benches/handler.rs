@@ -12,6 +12,10 @@ use clap::Parser;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+/// The allocator the busyguard binary runs with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
