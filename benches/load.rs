@@ -509,7 +509,6 @@ async fn paced(
     paced
 }
 
-#[derive(Clone)]
 struct PacedRequest {
     addr: SocketAddr,
     client: Arc<rustls::ClientConfig>,
