@@ -5,7 +5,8 @@
 //! does, and replays real AdmissionReview bodies (`tests/fixtures/`) as fast as answers come.
 //! busyguard and the floor run as processes of their own (the floor is this binary again) and
 //! take turns, so both see the same machine. Then each scenario open loop at half busyguard's
-//! sustained rate (both servers), and the first scenario at 4x that rate and right after. Also
+//! sustained rate and at LIGHT_RATE (both servers), and the first scenario at 4x that rate and
+//! right after. Also
 //! measured: cold start without a cluster, full TLS handshakes per second of server CPU,
 //! resident memory.
 
@@ -32,6 +33,8 @@ const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
 const CONNECTIONS: usize = 16;
 const RUN: Duration = Duration::from_secs(4);
 const ROUNDS: usize = 2;
+/// A busy cluster's rate of reviews to one replica, for latency away from saturation.
+const LIGHT_RATE: f64 = 1000.0;
 
 fn main() {
     if let Ok(dir) = std::env::var(FLOOR_ENV) {
@@ -155,7 +158,7 @@ async fn run_all() {
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
     let mut rows = Vec::new();
-    let mut half_load = Vec::new();
+    let mut open_loop = Vec::new();
     for scenario in scenarios().into_iter().filter(|s| s.name.contains(&only)) {
         let answer = answer_of(listen, &client, &scenario).await;
         let (mut ours, mut floors) = (Totals::default(), Totals::default());
@@ -163,11 +166,12 @@ async fn run_all() {
             floors.add(load(floor_addr, floor.id(), &client, &scenario).await);
             ours.add(load(listen, busyguard.id(), &client, &scenario).await);
         }
-        let half = ours.per_second() / 2.0;
         let ten = Duration::from_secs(10);
-        let floor_paced = paced(floor_addr, &client, &scenario, half, RUN, ten, CONNECTIONS).await;
-        let ours_paced = paced(listen, &client, &scenario, half, RUN, ten, CONNECTIONS).await;
-        half_load.push((scenario.name, half, ours_paced, floor_paced));
+        for rate in [ours.per_second() / 2.0, LIGHT_RATE] {
+            let floor_paced = paced(floor_addr, &client, &scenario, rate, RUN, ten, CONNECTIONS).await;
+            let ours_paced = paced(listen, &client, &scenario, rate, RUN, ten, CONNECTIONS).await;
+            open_loop.push((scenario.name, rate, ours_paced, floor_paced));
+        }
         rows.push((scenario.name, answer, ours, floors));
     }
     let overload = match (rows.first(), scenarios().into_iter().find(|s| s.name.contains(&only))) {
@@ -182,7 +186,7 @@ async fn run_all() {
     }
 
     report(&mut rows, cold_start, handshakes, idle_rss, peak_rss);
-    report_paced(&half_load, overload.as_ref());
+    report_paced(&open_loop, overload.as_ref());
 }
 
 /// The first scenario at 4x what busyguard sustained, each request with `?timeout=2s`, then at
@@ -662,12 +666,12 @@ fn report(
     .unwrap();
 }
 
-fn report_paced(half_load: &[(&str, f64, Paced, Paced)], overload: Option<&(&str, f64, Paced, Paced)>) {
+fn report_paced(open_loop: &[(&str, f64, Paced, Paced)], overload: Option<&(&str, f64, Paced, Paced)>) {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "\nhalf busyguard's sustained rate, open loop over {CONNECTIONS} connections (latency from when each \
-         request was due), busyguard and then the floor at the same rate"
+        "\nopen loop over {CONNECTIONS} connections, each scenario at half busyguard's sustained rate and at \
+         {LIGHT_RATE} req/s (latency from when each request was due), busyguard and then the floor at the same rate"
     )
     .unwrap();
     writeln!(
@@ -676,7 +680,7 @@ fn report_paced(half_load: &[(&str, f64, Paced, Paced)], overload: Option<&(&str
     )
     .unwrap();
     writeln!(out, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
-    for (name, rate, ours, floor) in half_load {
+    for (name, rate, ours, floor) in open_loop {
         let missed = ours.offered - ours.answered;
         let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|p| ours.percentile_ms(p));
         let [f50, f99, f999] = [0.5, 0.99, 0.999].map(|p| floor.percentile_ms(p));
