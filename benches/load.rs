@@ -135,9 +135,10 @@ async fn run_all() {
     let status = Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(dir.path()).stdout(Stdio::null()).status();
     assert!(status.unwrap().success());
     let client = client_config(dir.path());
-    let probe = scenarios().remove(1);
+    let all = scenarios();
+    let probe = &all[1];
 
-    let cold_start = cold_start(dir.path(), &client, &probe).await;
+    let cold_start = cold_start(dir.path(), &client, probe).await;
 
     let api = api_server().await;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -157,25 +158,26 @@ async fn run_all() {
 
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
+    let chosen: Vec<&Scenario> = all.iter().filter(|s| s.name.contains(&only)).collect();
     let mut rows = Vec::new();
     let mut open_loop = Vec::new();
-    for scenario in scenarios().into_iter().filter(|s| s.name.contains(&only)) {
-        let answer = answer_of(listen, &client, &scenario).await;
+    for &scenario in &chosen {
+        let answer = answer_of(listen, &client, scenario).await;
         let (mut ours, mut floors) = (Totals::default(), Totals::default());
         for _ in 0..ROUNDS {
-            floors.add(load(floor_addr, floor.id(), &client, &scenario).await);
-            ours.add(load(listen, busyguard.id(), &client, &scenario).await);
+            floors.add(load(floor_addr, floor.id(), &client, scenario).await);
+            ours.add(load(listen, busyguard.id(), &client, scenario).await);
         }
         let ten = Duration::from_secs(10);
         for rate in [ours.per_second() / 2.0, LIGHT_RATE] {
-            let floor_paced = paced(floor_addr, &client, &scenario, rate, RUN, ten, CONNECTIONS).await;
-            let ours_paced = paced(listen, &client, &scenario, rate, RUN, ten, CONNECTIONS).await;
+            let floor_paced = paced(floor_addr, &client, scenario, rate, RUN, ten, CONNECTIONS).await;
+            let ours_paced = paced(listen, &client, scenario, rate, RUN, ten, CONNECTIONS).await;
             open_loop.push((scenario.name, rate, ours_paced, floor_paced));
         }
         rows.push((scenario.name, answer, ours, floors));
     }
-    let overload = match (rows.first(), scenarios().into_iter().find(|s| s.name.contains(&only))) {
-        (Some((_, _, ours, _)), Some(scenario)) => Some(overload(listen, &client, &scenario, ours.per_second()).await),
+    let overload = match (rows.first(), chosen.first()) {
+        (Some((_, _, ours, _)), Some(scenario)) => Some(overload(listen, &client, scenario, ours.per_second()).await),
         _ => None,
     };
     let handshakes = handshakes(listen, busyguard.id(), &client).await;
@@ -618,6 +620,11 @@ fn memory_kib(pid: u32, field: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// A markdown table's header row and the separator under it.
+fn table_header(out: &mut impl Write, columns: &[&str]) {
+    writeln!(out, "| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len())).unwrap();
+}
+
 fn report(
     rows: &mut [(&str, String, Totals, Totals)],
     cold_start: Duration,
@@ -628,12 +635,22 @@ fn report(
     let mut out = std::io::stdout().lock();
     writeln!(out, "\n{CONNECTIONS} keep-alive TLS connections, {ROUNDS} x {}s per server, alternating", RUN.as_secs())
         .unwrap();
-    writeln!(
-        out,
-        "| scenario | answer | busyguard req/s | floor req/s | ratio | p50 ms | p99 ms | p99.9 ms | errors | CPU µs/req busyguard | CPU µs/req floor |"
-    )
-    .unwrap();
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|").unwrap();
+    table_header(
+        &mut out,
+        &[
+            "scenario",
+            "answer",
+            "busyguard req/s",
+            "floor req/s",
+            "ratio",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "errors",
+            "CPU µs/req busyguard",
+            "CPU µs/req floor",
+        ],
+    );
     for (name, answer, ours, floor) in rows {
         writeln!(
             out,
@@ -674,12 +691,21 @@ fn report_paced(open_loop: &[(&str, f64, Paced, Paced)], overload: Option<&(&str
          {LIGHT_RATE} req/s (latency from when each request was due), busyguard and then the floor at the same rate"
     )
     .unwrap();
-    writeln!(
-        out,
-        "| scenario | req/s | p50 ms | p99 ms | p99.9 ms | floor p50 ms | floor p99 ms | floor p99.9 ms | not answered | pacer woke late p99.9 / max ms |"
-    )
-    .unwrap();
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
+    table_header(
+        &mut out,
+        &[
+            "scenario",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "floor p50 ms",
+            "floor p99 ms",
+            "floor p99.9 ms",
+            "not answered",
+            "pacer woke late p99.9 / max ms",
+        ],
+    );
     for (name, rate, ours, floor) in open_loop {
         let missed = ours.offered - ours.answered;
         let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|p| ours.percentile_ms(p));
@@ -695,8 +721,19 @@ fn report_paced(open_loop: &[(&str, f64, Paced, Paced)], overload: Option<&(&str
     let Some((name, rate, over, after)) = overload else { return };
     writeln!(out, "\noverload: {name} offered at {rate:.0} req/s (4x sustained) for {}s, ?timeout=2s", RUN.as_secs())
         .unwrap();
-    writeln!(out, "| phase | offered | answered | shed 503 | connection refused | past deadline | not sent (no connection free in time) | p99 ms of answered |").unwrap();
-    writeln!(out, "|---|---|---|---|---|---|---|---|").unwrap();
+    table_header(
+        &mut out,
+        &[
+            "phase",
+            "offered",
+            "answered",
+            "shed 503",
+            "connection refused",
+            "past deadline",
+            "not sent (no connection free in time)",
+            "p99 ms of answered",
+        ],
+    );
     for (phase, paced) in [("4x overload", over), ("right after, half rate", after)] {
         writeln!(
             out,

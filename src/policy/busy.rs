@@ -144,7 +144,9 @@ pub fn contract_warnings(pod: &impl PodFacts, limits: MaxBusy) -> Vec<String> {
     if let Some(Err(e)) = pod.annotation(MAX_BUSY).map(parse_positive_duration) {
         warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
     }
-    if let (Some(own), Some(ceiling)) = (max_busy(pod), limits.ceiling.filter(|c| max_busy(pod) > Some(*c))) {
+    if let (Some(own), Some(ceiling)) = (max_busy(pod), limits.ceiling)
+        && own > ceiling
+    {
         warnings.push(format!(
             "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
         ));

@@ -68,7 +68,7 @@ pub struct App {
     pub limits: Limits,
     pub cluster: Cluster,
     /// One permit per review being handled (`Limits::max_in_flight`).
-    pub in_flight: Arc<Semaphore>,
+    pub in_flight: Semaphore,
     serving: AtomicBool,
 }
 
@@ -129,7 +129,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
         metrics,
         limits: config.limits,
         cluster,
-        in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
+        in_flight: Semaphore::new(config.limits.max_in_flight),
         serving: AtomicBool::new(false),
     });
     let (stop_webhook, webhook_stopped) = watch::channel(false);

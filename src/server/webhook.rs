@@ -54,7 +54,7 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
     // Held until the answer is written; none left means shed now rather than answer late.
-    let Ok(_in_flight) = app.in_flight.clone().try_acquire_owned() else {
+    let Ok(_in_flight) = app.in_flight.try_acquire() else {
         app.metrics.reviews_shed.inc();
         return Err(HttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
