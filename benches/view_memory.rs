@@ -99,7 +99,8 @@ fn main() {
         let started = Instant::now();
         for i in 0..lookups {
             let i = (i * 7919) % count;
-            std::hint::black_box(view.get(&format!("team-{}", i % 50), &format!("worker-6b8958b477-{i:06}")));
+            let key = (format!("team-{}", i % 50), format!("worker-6b8958b477-{i:06}"));
+            std::hint::black_box(view.with_pod(&key.0, &key.1, |pod| std::hint::black_box(pod).uid.len()));
         }
         let lookup_ns = started.elapsed().as_nanos() / lookups as u128;
         let resident = resident_kib().map_or("n/a".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));

@@ -180,12 +180,12 @@ fn evict_pod(request: &AdmissionRequest, context: &Context<'_>, now: Timestamp) 
     let dry_run = request.is_dry_run() || eviction.is_dry_run();
     (context.view.check(context.arrived))
         .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
-    let Some(pod) = context.view.get(&request.namespace, &request.name) else {
-        // Not opted in (or no such pod: the API server answers 404 itself).
-        return Ok(Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Allowed));
-    };
-    let target = Target { pod: &pod, uid: &pod.uid, dry_run, is_delete: false };
-    Ok(judge_disruption(request, context.policy, target, now))
+    let judged = context.view.with_pod(&request.namespace, &request.name, |pod| {
+        let target = Target { pod, uid: &pod.uid, dry_run, is_delete: false };
+        judge_disruption(request, context.policy, target, now)
+    });
+    // None: not opted in (or no such pod: the API server answers 404 itself).
+    Ok(judged.unwrap_or_else(|| Outcome::plain(AdmissionResponse::allow(&request.uid), Decision::Allowed)))
 }
 
 /// The pod a delete or an eviction would take away.

@@ -332,8 +332,10 @@ impl View {
         }
     }
 
-    pub fn get(&self, namespace: &str, name: &str) -> Option<PodRecord> {
-        self.read().get(namespace)?.get(name).cloned()
+    /// `read` applied to the pod's record, under the view's read lock: an eviction judges the
+    /// record where it lies instead of copying its maps out.
+    pub fn with_pod<T>(&self, namespace: &str, name: &str, read: impl FnOnce(&PodRecord) -> T) -> Option<T> {
+        self.read().get(namespace)?.get(name).map(read)
     }
 
     /// The pods of a namespace whose labels pass `keep`, with their names.
