@@ -134,22 +134,21 @@ pub fn parse_positive_duration(text: &str) -> Result<SignedDuration, String> {
 }
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
-pub fn contract_warnings(pod: &impl PodFacts, limits: MaxBusy) -> Vec<String> {
+pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
         warnings.push(format!(
             "busyguard: label {BUSY_LABEL}={value:?} is neither \"true\" nor \"false\"; the pod counts as idle"
         ));
     }
-    if let Some(Err(e)) = pod.annotation(MAX_BUSY).map(parse_positive_duration) {
-        warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
-    }
-    if let (Some(own), Some(ceiling)) = (max_busy(pod), limits.ceiling)
-        && own > ceiling
-    {
-        warnings.push(format!(
+    match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
+        (Some(Err(e)), _) => {
+            warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
+        }
+        (Some(Ok(own)), Some(ceiling)) if own > ceiling => warnings.push(format!(
             "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
-        ));
+        )),
+        _ => {}
     }
     warnings
 }

@@ -236,6 +236,7 @@ async fn serve_tls(
             if let Err(e) = watcher.watch(connection).await {
                 debug!(%peer, error = %e, "connection closed with an error");
             }
+            // The connection's slot: moved in here so it is held until the connection ends.
             drop(open);
         });
     }
