@@ -217,7 +217,11 @@ impl std::fmt::Display for InvalidReview {
 }
 
 pub fn decode(body: &[u8]) -> Result<AdmissionRequest, InvalidReview> {
-    let review: ReviewIn = serde_json::from_slice(body).map_err(|e| {
+    // JSON is UTF-8. Checked here for the whole body at once: serde_json checks only the strings
+    // it reads, one by one, and none of those it skips.
+    let text = std::str::from_utf8(body)
+        .map_err(|e| InvalidReview(format!("body is not valid JSON: it is not UTF-8 ({e})")))?;
+    let review: ReviewIn = serde_json::from_str(text).map_err(|e| {
         InvalidReview(if e.is_data() {
             format!("body is not a valid {API_VERSION} {KIND}: {e}")
         } else {
@@ -384,6 +388,20 @@ mod tests {
             let request = decode(body.as_bytes()).unwrap();
             assert_eq!(matches!(request.old_object, Some(Object::Pod(_))), read, "{operation}");
         }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_refused_even_where_nothing_reads_it() {
+        // A pod's spec is skipped unread; its bytes are still part of the JSON, which is UTF-8.
+        let mut body = format!(
+            r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","kind":{{"kind":"Pod"}},
+               "resource":{{"resource":"pods"}},"operation":"DELETE","oldObject":{{"spec":{{"x":"??"}}}}}}}}"#
+        )
+        .into_bytes();
+        let at = body.windows(2).position(|pair| pair == b"??").unwrap();
+        body[at..at + 2].copy_from_slice(&[0xC3, 0x28]);
+        let err = decode(&body).unwrap_err();
+        assert!(err.0.starts_with("body is not valid JSON: it is not UTF-8"), "{err}");
     }
 
     #[test]
