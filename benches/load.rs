@@ -3,12 +3,12 @@
 //!
 //! The generator keeps CONNECTIONS keep-alive HTTP/1.1 TLS connections, as the kube-apiserver
 //! does, and replays real AdmissionReview bodies (`tests/fixtures/`) as fast as answers come.
-//! busyguard and the floor run as processes of their own (the floor is this binary again) and
-//! take turns, so both see the same machine. Then each scenario open loop at half busyguard's
-//! sustained rate and at LIGHT_RATE (both servers), and the first scenario at 4x that rate and
-//! right after. Also
-//! measured: cold start without a cluster, full TLS handshakes per second of server CPU,
-//! resident memory.
+//! busyguard, the floor and the floor that also checks the JSON (the least a correct webhook
+//! does: refuse a malformed review, echo its uid) run as processes of their own (the floors are
+//! this binary again) and take turns, so all see the same machine. Then each scenario open
+//! loop at half busyguard's sustained rate and at LIGHT_RATE (busyguard and the floor), and the
+//! first scenario at 4x that rate and right after. Also measured: cold start without a
+//! cluster, full TLS handshakes per second of server CPU, resident memory.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -23,6 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::de::Error as _;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -30,6 +31,8 @@ use busyguard::policy::cost::busy_cost;
 
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
 const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
+/// Set for the floor that checks every byte of the review's JSON and echoes its uid.
+const FLOOR_JSON_ENV: &str = "BUSYGUARD_BENCH_FLOOR_JSON";
 const CONNECTIONS: usize = 16;
 const RUN: Duration = Duration::from_secs(4);
 const ROUNDS: usize = 2;
@@ -38,7 +41,7 @@ const LIGHT_RATE: f64 = 1000.0;
 
 fn main() {
     if let Ok(dir) = std::env::var(FLOOR_ENV) {
-        return floor_server(Path::new(&dir));
+        return floor_server(Path::new(&dir), std::env::var_os(FLOOR_JSON_ENV).is_some());
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(run_all());
@@ -112,6 +115,15 @@ fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+fn spawn_floor(dir: &Path, listen: SocketAddr, reads_json: bool) -> Child {
+    let mut floor = Command::new(std::env::current_exe().unwrap());
+    floor.env(FLOOR_ENV, dir).env("FLOOR_LISTEN", listen.to_string());
+    if reads_json {
+        floor.env(FLOOR_JSON_ENV, "1");
+    }
+    floor.spawn().unwrap()
+}
+
 fn spawn_busyguard(dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &[&str]) -> Child {
     Command::new(BUSYGUARD)
         .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
@@ -148,13 +160,11 @@ async fn run_all() {
     wait_ready(admin).await;
     let idle_rss = memory_kib(busyguard.id(), "VmRSS");
 
-    let floor_addr = free_addr();
-    let mut floor = Command::new(std::env::current_exe().unwrap())
-        .env(FLOOR_ENV, dir.path())
-        .env("FLOOR_LISTEN", floor_addr.to_string())
-        .spawn()
-        .unwrap();
+    let (floor_addr, json_floor_addr) = (free_addr(), free_addr());
+    let mut floor = spawn_floor(dir.path(), floor_addr, false);
+    let mut json_floor = spawn_floor(dir.path(), json_floor_addr, true);
     connect(floor_addr, &client).await;
+    connect(json_floor_addr, &client).await;
 
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
@@ -163,9 +173,16 @@ async fn run_all() {
     let mut open_loop = Vec::new();
     for &scenario in &chosen {
         let answer = answer_of(listen, &client, scenario).await;
-        let (mut ours, mut floors) = (Totals::default(), Totals::default());
+        assert_eq!(
+            answer_of(json_floor_addr, &client, scenario).await,
+            "allowed",
+            "the JSON floor reads {}",
+            scenario.name
+        );
+        let (mut ours, mut floors, mut json_floors) = (Totals::default(), Totals::default(), Totals::default());
         for _ in 0..ROUNDS {
             floors.add(load(floor_addr, floor.id(), &client, scenario).await);
+            json_floors.add(load(json_floor_addr, json_floor.id(), &client, scenario).await);
             ours.add(load(listen, busyguard.id(), &client, scenario).await);
         }
         let ten = Duration::from_secs(10);
@@ -174,15 +191,15 @@ async fn run_all() {
             let ours_paced = paced(listen, &client, scenario, rate, RUN, ten, CONNECTIONS).await;
             open_loop.push((scenario.name, rate, ours_paced, floor_paced));
         }
-        rows.push((scenario.name, answer, ours, floors));
+        rows.push(Row { name: scenario.name, answer, ours, floor: floors, json_floor: json_floors });
     }
     let overload = match (rows.first(), chosen.first()) {
-        (Some((_, _, ours, _)), Some(scenario)) => Some(overload(listen, &client, scenario, ours.per_second()).await),
+        (Some(Row { ours, .. }), Some(scenario)) => Some(overload(listen, &client, scenario, ours.per_second()).await),
         _ => None,
     };
     let handshakes = handshakes(listen, busyguard.id(), &client).await;
     let peak_rss = memory_kib(busyguard.id(), "VmHWM");
-    for server in [&mut busyguard, &mut floor] {
+    for server in [&mut busyguard, &mut floor, &mut json_floor] {
         server.kill().ok();
         server.wait().ok();
     }
@@ -625,13 +642,16 @@ fn table_header(out: &mut impl Write, columns: &[&str]) {
     writeln!(out, "| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len())).unwrap();
 }
 
-fn report(
-    rows: &mut [(&str, String, Totals, Totals)],
-    cold_start: Duration,
-    handshakes: f64,
-    idle_rss: u64,
-    peak_rss: u64,
-) {
+/// One scenario's closed-loop runs, each server's rounds added up.
+struct Row {
+    name: &'static str,
+    answer: String,
+    ours: Totals,
+    floor: Totals,
+    json_floor: Totals,
+}
+
+fn report(rows: &mut [Row], cold_start: Duration, handshakes: f64, idle_rss: u64, peak_rss: u64) {
     let mut out = std::io::stdout().lock();
     writeln!(out, "\n{CONNECTIONS} keep-alive TLS connections, {ROUNDS} x {}s per server, alternating", RUN.as_secs())
         .unwrap();
@@ -643,27 +663,35 @@ fn report(
             "busyguard req/s",
             "floor req/s",
             "ratio",
+            "floor + JSON req/s",
+            "floor + JSON / floor",
+            "busyguard / floor + JSON",
             "p50 ms",
             "p99 ms",
             "p99.9 ms",
             "errors",
             "CPU µs/req busyguard",
             "CPU µs/req floor",
+            "CPU µs/req floor + JSON",
         ],
     );
-    for (name, answer, ours, floor) in rows {
+    for Row { name, answer, ours, floor, json_floor } in rows {
         writeln!(
             out,
-            "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} |",
+            "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} |",
             ours.per_second(),
             floor.per_second(),
             ours.per_second() / floor.per_second(),
+            json_floor.per_second(),
+            json_floor.per_second() / floor.per_second(),
+            ours.per_second() / json_floor.per_second(),
             ours.percentile_ms(0.5),
             ours.percentile_ms(0.99),
             ours.percentile_ms(0.999),
-            ours.errors,
+            ours.errors + floor.errors + json_floor.errors,
             ours.cpu_per_request_us(),
-            floor.cpu_per_request_us()
+            floor.cpu_per_request_us(),
+            json_floor.cpu_per_request_us()
         )
         .unwrap();
     }
@@ -751,8 +779,9 @@ fn report_paced(open_loop: &[(&str, f64, Paced, Paced)], overload: Option<&(&str
 }
 
 /// The floor: the same TLS settings and certificate, HTTP/1.1 keep-alive, reads the body and
-/// answers a constant allowed review.
-fn floor_server(dir: &Path) {
+/// answers a constant allowed review. With `reads_json` it first decodes the review, checking
+/// every byte as busyguard must, and answers with its uid (or 400 to malformed JSON).
+fn floor_server(dir: &Path, reads_json: bool) {
     let addr: SocketAddr = std::env::var("FLOOR_LISTEN").unwrap().parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
@@ -780,8 +809,10 @@ fn floor_server(dir: &Path) {
                 let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let answer = answer.clone();
                     async move {
-                        request.into_body().collect().await?;
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let (status, answer) = if reads_json { allow_uid(&body) } else { (200, answer) };
                         let response = hyper::Response::builder()
+                            .status(status)
                             .header("content-type", "application/json")
                             .body(Full::new(answer))
                             .unwrap();
@@ -792,4 +823,31 @@ fn floor_server(dir: &Path) {
             });
         }
     });
+}
+
+#[derive(serde::Deserialize)]
+struct UidOnly {
+    request: UidOnlyRequest,
+}
+
+#[derive(serde::Deserialize)]
+struct UidOnlyRequest {
+    uid: String,
+}
+
+/// The JSON floor's answer: the review's uid allowed, after the whole body is checked as
+/// busyguard checks it: UTF-8 once, then serde_json (the fields not named here are skipped, and
+/// checked, as busyguard skips them).
+fn allow_uid(body: &[u8]) -> (u16, Bytes) {
+    let text = std::str::from_utf8(body).map_err(serde_json::Error::custom);
+    match text.and_then(serde_json::from_str::<UidOnly>) {
+        Ok(review) => {
+            let uid = serde_json::to_string(&review.request.uid).unwrap();
+            let answer = format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":{uid},"allowed":true}}}}"#
+            );
+            (200, Bytes::from(answer))
+        }
+        Err(e) => (400, Bytes::from(json!({"error": e.to_string(), "code": 400}).to_string())),
+    }
 }
