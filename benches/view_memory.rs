@@ -90,7 +90,7 @@ fn fill(count: usize) -> (View, isize, Duration) {
 }
 
 fn main() {
-    println!("| pods | heap bytes/pod | resident MiB | decode+insert µs/pod | lookup ns |");
+    println!("| pods | heap bytes/pod | resident MiB | build+decode+insert µs/pod | lookup ns |");
     println!("|---:|---:|---:|---:|---:|");
     for count in [10_000, 100_000] {
         let (view, heap, took) = fill(count);
