@@ -27,6 +27,7 @@ use serde::de::Error as _;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
+use busyguard::admission::review::AdmissionResponse;
 use busyguard::policy::cost::busy_cost;
 
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
@@ -179,19 +180,19 @@ async fn run_all() {
             "the JSON floor reads {}",
             scenario.name
         );
-        let (mut ours, mut floors, mut json_floors) = (Totals::default(), Totals::default(), Totals::default());
+        let mut row = Row { name: scenario.name, answer, ..Row::default() };
         for _ in 0..ROUNDS {
-            floors.add(load(floor_addr, floor.id(), &client, scenario).await);
-            json_floors.add(load(json_floor_addr, json_floor.id(), &client, scenario).await);
-            ours.add(load(listen, busyguard.id(), &client, scenario).await);
+            row.floor.add(load(floor_addr, floor.id(), &client, scenario).await);
+            row.json_floor.add(load(json_floor_addr, json_floor.id(), &client, scenario).await);
+            row.ours.add(load(listen, busyguard.id(), &client, scenario).await);
         }
         let ten = Duration::from_secs(10);
-        for rate in [ours.per_second() / 2.0, LIGHT_RATE] {
+        for rate in [row.ours.per_second() / 2.0, LIGHT_RATE] {
             let floor_paced = paced(floor_addr, &client, scenario, rate, RUN, ten, CONNECTIONS).await;
             let ours_paced = paced(listen, &client, scenario, rate, RUN, ten, CONNECTIONS).await;
             open_loop.push((scenario.name, rate, ours_paced, floor_paced));
         }
-        rows.push(Row { name: scenario.name, answer, ours, floor: floors, json_floor: json_floors });
+        rows.push(row);
     }
     let overload = match (rows.first(), chosen.first()) {
         (Some(Row { ours, .. }), Some(scenario)) => Some(overload(listen, &client, scenario, ours.per_second()).await),
@@ -439,6 +440,10 @@ impl Paced {
         self.unsent += other.unsent;
         self.latencies_us.extend(other.latencies_us);
     }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        percentile_ms(&self.latencies_us, p)
+    }
 }
 
 /// The schedule of an open-loop run, shared by its pacer and its connections.
@@ -585,12 +590,6 @@ async fn keep_schedule(schedule: Arc<Schedule>, request: PacedRequest, mut sende
     }
 }
 
-impl Paced {
-    fn percentile_ms(&self, p: f64) -> f64 {
-        percentile_ms(&self.latencies_us, p)
-    }
-}
-
 /// The `p` quantile of sorted latencies in µs, in ms.
 fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
     let index = ((sorted_us.len() as f64 * p) as usize).min(sorted_us.len().saturating_sub(1));
@@ -643,6 +642,7 @@ fn table_header(out: &mut impl Write, columns: &[&str]) {
 }
 
 /// One scenario's closed-loop runs, each server's rounds added up.
+#[derive(Default)]
 struct Row {
     name: &'static str,
     answer: String,
@@ -841,13 +841,7 @@ struct UidOnlyRequest {
 fn allow_uid(body: &[u8]) -> (u16, Bytes) {
     let text = std::str::from_utf8(body).map_err(serde_json::Error::custom);
     match text.and_then(serde_json::from_str::<UidOnly>) {
-        Ok(review) => {
-            let uid = serde_json::to_string(&review.request.uid).unwrap();
-            let answer = format!(
-                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":{uid},"allowed":true}}}}"#
-            );
-            (200, Bytes::from(answer))
-        }
+        Ok(review) => (200, Bytes::from(AdmissionResponse::allow(&review.request.uid).encode())),
         Err(e) => (400, Bytes::from(json!({"error": e.to_string(), "code": 400}).to_string())),
     }
 }

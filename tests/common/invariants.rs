@@ -105,8 +105,10 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
         let since = outcome.audit.as_ref().and_then(|audit| audit.busy_since);
         assert!(since.is_none_or(|since| since.checked_add(CEILING).unwrap() > now()), "held past the ceiling");
     }
-    // A pod busyguard cannot read is not in its view: its eviction is not judged.
-    if !marked_busy || going || !outcome.response.allowed || watched(pod).is_none() {
+    // An eviction is judged from the view, which skips a pod the watch cannot read; a delete
+    // carries its pod and is judged whatever the watch makes of it.
+    let evicted = disruption.review["request"]["subResource"] == "eviction";
+    if !marked_busy || going || !outcome.response.allowed || (evicted && watched(pod).is_none()) {
         return Ok(());
     }
     let audit = outcome.audit.expect("a busy pod let go is audited");

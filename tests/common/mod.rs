@@ -23,6 +23,7 @@ use rustls::ClientConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -163,10 +164,7 @@ impl TestServer {
 
 /// GET on a plain-HTTP admin port; the error says why there was no answer (e.g. port closed).
 pub async fn admin_get(admin: SocketAddr, path: &str) -> Result<Answer, String> {
-    let stream = TcpStream::connect(admin).await.map_err(|e| e.to_string())?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
+    let mut sender = http1(TcpStream::connect(admin).await.map_err(|e| e.to_string())?).await;
     let request = hyper::Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
     try_send(&mut sender, request).await
 }
@@ -202,7 +200,8 @@ pub async fn connect(
 
 pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-pub async fn http1(stream: TlsStream<TcpStream>) -> Sender {
+/// An HTTP/1.1 client over `stream` (TLS to the webhook port, plain TCP to the admin port).
+pub async fn http1<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(stream: S) -> Sender {
     let (sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
     tokio::spawn(connection);
