@@ -1,4 +1,4 @@
-//! The audit trail: one JSON line per denial, would-be denial, exemption used on a busy pod,
+//! The audit sink (the lines themselves are `policy::outcome::AuditRecord`): one JSON line per denial, would-be denial, exemption used on a busy pod,
 //! lapse of protection, scale-down plan, deferred delete carried out and busy pod lost. Each
 //! line is written whole before the answer leaves, so lines never interleave and none is lost
 //! when the process stops. A line the disk refuses (full, read-only) is held in memory and
@@ -10,66 +10,11 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Mutex;
 
-use jiff::Timestamp;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use serde::Serialize;
 use tracing::{error, info};
 
-use crate::policy::Mode;
-use crate::policy::scale::ScalePlan;
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuditRecord {
-    pub time: Timestamp,
-    /// The AdmissionReview's uid; empty for what busyguard saw on the watch.
-    pub uid: String,
-    /// `denied`, `would-deny` (dry-run mode), `exempted`, `lapsed`, `scale-down`,
-    /// `deleted-when-idle` or `lost`.
-    pub decision: &'static str,
-    /// Why, in one word: see README, "Audit lines".
-    pub reason: &'static str,
-    /// The same in words, with the names and times involved.
-    pub detail: String,
-    pub operation: &'static str,
-    pub resource: String,
-    pub subresource: String,
-    pub namespace: String,
-    /// The pod's name, or the ReplicaSet's or Deployment's for a scale-down.
-    pub name: String,
-    pub user: String,
-    pub groups: Vec<String>,
-    pub busy_since: Option<Timestamp>,
-    pub mode: Mode,
-    /// The request was a dry run: the answer was given, nothing was changed.
-    pub dry_run: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan: Option<ScalePlan>,
-}
-
-impl AuditRecord {
-    /// A line with only the time and mode set, for the caller to fill in.
-    pub fn new(time: Timestamp, mode: Mode) -> Self {
-        AuditRecord {
-            time,
-            uid: String::new(),
-            decision: "",
-            reason: "",
-            detail: String::new(),
-            operation: "",
-            resource: String::new(),
-            subresource: String::new(),
-            namespace: String::new(),
-            name: String::new(),
-            user: String::new(),
-            groups: Vec::new(),
-            busy_since: None,
-            mode,
-            dry_run: false,
-            plan: None,
-        }
-    }
-}
+use crate::policy::outcome::AuditRecord;
 
 /// Lines kept in memory while the sink refuses them: about 5 MiB of typical lines.
 const MAX_HELD_LINES: usize = 10_000;
@@ -129,7 +74,7 @@ impl AuditLog {
             state.held.push_back(line);
         } else {
             self.metrics.dropped.inc();
-            error!(decision = record.decision, uid = %record.uid, "audit line dropped: {MAX_HELD_LINES} lines already wait to be written");
+            error!(decision = record.decision.as_str(), uid = %record.uid, "audit line dropped: {MAX_HELD_LINES} lines already wait to be written");
         }
         self.write_held(&mut state);
     }
@@ -192,13 +137,15 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+    use crate::policy::Mode;
+    use crate::policy::outcome::{Decision, Reason};
 
     fn record(uid: &str) -> AuditRecord {
         AuditRecord {
             time: "2026-11-21T20:00:00Z".parse().unwrap(),
             uid: uid.into(),
-            decision: "denied",
-            reason: "busy",
+            decision: Decision::Denied,
+            reason: Reason::Busy,
             detail: "pod capture/w is busy".into(),
             operation: "DELETE",
             resource: "pods".into(),

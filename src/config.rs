@@ -10,9 +10,10 @@ use jiff::SignedDuration;
 use crate::certs::CertsRequest;
 use crate::cluster::outbox::OutboxSettings;
 use crate::cluster::{ClusterSettings, ClusterSource};
-use crate::policy::busy::{MaxBusy, parse_positive_duration};
+use crate::duration::parse_positive_duration;
+use crate::policy::busy::MaxBusy;
 use crate::policy::disruption::Exemptions;
-use crate::policy::mutate::MutationSettings;
+use crate::policy::update::MutationSettings;
 use crate::policy::{Mode, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
@@ -137,6 +138,11 @@ pub struct ServeArgs {
     /// How long the watch may fail before evictions get 503 and /readyz turns unready.
     #[arg(long, env = "BUSYGUARD_VIEW_STALE_AFTER", default_value = "60s", value_parser = std_duration)]
     pub view_stale_after: Duration,
+    /// How often every watched pod is looked at again: a protection that ran out gives the pod
+    /// its own annotations back and lets a deferred delete go, and a patch that failed is
+    /// tried again.
+    #[arg(long, env = "BUSYGUARD_SWEEP_INTERVAL", default_value = "30s", value_parser = std_duration)]
+    pub sweep_interval: Duration,
     /// At most one DisruptionBlocked Event per pod in this interval.
     #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
     pub event_interval: Duration,
@@ -238,6 +244,7 @@ impl ServeArgs {
                 },
                 namespaces: self.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
                 stale_after: self.view_stale_after,
+                sweep_interval: self.sweep_interval,
                 outbox: OutboxSettings { event_interval: self.event_interval, ..OutboxSettings::default() },
             },
         }

@@ -173,7 +173,8 @@ async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_a
     assert_eq!(
         response,
         json!({"uid": "72c74df2-1c4e-45f7-b24d-4717cf675c16", "allowed": false,
-               "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": message}})
+               "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": message,
+                          "details": {"causes": [{"reason": "BusyguardPodBusy"}]}}})
     );
     let audit = server.audit_lines();
     assert_eq!(audit.len(), 1);

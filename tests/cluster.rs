@@ -78,7 +78,8 @@ async fn eviction_of_a_busy_pod_is_429_with_a_warning_event_and_nothing_patched(
     assert_eq!(
         response,
         json!({"uid": "2b3bba80-3643-4d69-88fc-9d4f057f65a5", "allowed": false, "status": {"status": "Failure",
-               "code": 429, "reason": "TooManyRequests", "message": denial("worker-a", since)}})
+               "code": 429, "reason": "TooManyRequests", "message": denial("worker-a", since),
+               "details": {"causes": [{"reason": "BusyguardPodBusy"}]}}})
     );
     let events = api.wait_for(1, is_event).await;
     settle().await;
@@ -164,8 +165,13 @@ async fn wait_until_eviction_allowed_is(server: &TestServer, name: &str, allowed
 }
 
 /// Five workers: `busy` fresh and busy, `busy-stale` labelled busy while busyguard missed the
-/// flip, two idle, and `idle-stale` idle with its busy annotations left behind.
+/// flip, two idle, and `idle-stale` idle with its busy annotations left behind. The watch's own
+/// refresh of the two stale ones is refused (403, not retried), so they are still stale when a
+/// test scales down: start the server with `serving_five_workers`.
 fn five_workers(api: &ApiServer, since: Timestamp) {
+    for stale in ["busy-stale", "idle-stale"] {
+        api.fault("PATCH", &format!("{POD_PATH}/{stale}"), [Fault::Status(403)]);
+    }
     api.put_pod(busy_pod("busy", since));
     let mut missed = worker_pod("busy-stale", true);
     missed["metadata"]["annotations"] = json!({"controller.kubernetes.io/pod-deletion-cost": "1"});
@@ -175,6 +181,15 @@ fn five_workers(api: &ApiServer, since: Timestamp) {
     let mut left_behind = busy_pod("idle-stale", since);
     left_behind["metadata"]["labels"]["busyguard.io/busy"] = json!("false");
     api.put_pod(left_behind);
+}
+
+/// A server watching `five_workers`, once the watch tried (and failed) to refresh the two stale
+/// ones; the calls so far are forgotten.
+async fn serving_five_workers(api: &ApiServer) -> TestServer {
+    let server = TestServer::with_cluster(api).await;
+    api.wait_for(2, |c| c.method == "PATCH").await;
+    api.forget_calls();
+    server
 }
 
 fn scale_down_5_to_2() -> Value {
@@ -188,7 +203,7 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
     let api = ApiServer::start().await;
     let since = since_minutes_ago(30);
     five_workers(&api, since);
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let before = Timestamp::now().as_second();
 
     let response = server.review("/validate", &scale_down_5_to_2()).await;
@@ -233,7 +248,7 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
 async fn dry_run_scale_down_plans_without_patching() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let mut review = scale_down_5_to_2();
     review["request"]["dryRun"] = json!(true);
     assert_eq!(server.review("/validate", &review).await["allowed"], true);
@@ -246,7 +261,7 @@ async fn dry_run_scale_down_plans_without_patching() {
 async fn replicaset_scale_down_by_the_deployment_controller_uses_its_structured_selector() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let mut review = fixture("replicaset-update-scale-down-by-deployment-controller.json");
     review["request"]["oldObject"]["spec"]["replicas"] = json!(5);
     assert_eq!(server.review("/validate", &review).await["allowed"], true);
@@ -255,20 +270,24 @@ async fn replicaset_scale_down_by_the_deployment_controller_uses_its_structured_
 }
 
 #[tokio::test]
-async fn a_conflicting_patch_is_planned_again_on_the_fresh_pod() {
+async fn a_conflicting_patch_is_decided_again_on_the_pods_next_change() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let path = format!("{POD_PATH}/idle-stale");
     api.fault("PATCH", &path, [Fault::Status(409)]);
     server.review("/validate", &scale_down_5_to_2()).await;
+    // A conflict means the pod changed: its watch event comes, and busyguard plans on it.
+    api.update_pod("capture", "idle-stale", |pod| pod["metadata"]["annotations"]["team"] = json!("a"));
+    api.wait_for(2, pod_call("PATCH", "idle-stale")).await;
+    settle().await;
     let calls: Vec<(String, String)> =
         api.writes().into_iter().filter(|c| c.path == path).map(|c| (c.method, c.path)).collect();
-    let expected = [("PATCH", &path), ("GET", &path), ("PATCH", &path)];
-    assert_eq!(calls, expected.map(|(m, p)| (m.to_string(), p.clone())));
+    let expected = [("PATCH", &path), ("PATCH", &path)];
+    assert_eq!(calls, expected.map(|(m, p)| (m.to_string(), p.clone())), "no GET: the watch brought the pod");
     assert_eq!(
         api.pod("capture", "idle-stale").unwrap()["metadata"]["annotations"],
-        json!({"controller.kubernetes.io/pod-deletion-cost": "1"})
+        json!({"controller.kubernetes.io/pod-deletion-cost": "1", "team": "a"})
     );
 }
 
@@ -276,7 +295,7 @@ async fn a_conflicting_patch_is_planned_again_on_the_fresh_pod() {
 async fn a_server_error_on_a_patch_is_retried() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let path = format!("{POD_PATH}/idle-stale");
     api.fault("PATCH", &path, [Fault::Status(500)]);
     server.review("/validate", &scale_down_5_to_2()).await;
@@ -292,7 +311,7 @@ async fn a_server_error_on_a_patch_is_retried() {
 async fn a_hanging_api_server_does_not_hold_the_answer_past_its_budget() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     api.fault("PATCH", &format!("{POD_PATH}/idle-stale"), [Fault::Delay(Duration::from_secs(8))]);
     let started = Instant::now();
     let answer = server.post("/validate?timeout=2s", serde_json::to_vec(&scale_down_5_to_2()).unwrap()).await;
@@ -305,7 +324,7 @@ async fn a_hanging_api_server_does_not_hold_the_answer_past_its_budget() {
 async fn scale_objects_without_a_usable_selector_are_allowed_and_audited() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
-    let server = TestServer::with_cluster(&api).await;
+    let server = serving_five_workers(&api).await;
     let mut none = scale_down_5_to_2();
     none["request"]["object"]["status"].as_object_mut().unwrap().remove("selector");
     none["request"]["oldObject"]["status"].as_object_mut().unwrap().remove("selector");
@@ -564,8 +583,8 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
     assert_eq!(api.wait_for(1, pod_call("PATCH", "worker-a")).await.len(), 1, "403 is not retried");
 }
 
-/// Every call busyguard can make, in one run: list and watch, the mark and the delete of a
-/// deferred delete, a refresh that conflicts (patch, then get), and an Event and its series.
+/// Every call busyguard can make, in one run: list and watch, refreshes, the mark and the
+/// delete of a deferred delete, and an Event and its series.
 #[tokio::test]
 async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let api = ApiServer::start().await;
@@ -578,7 +597,6 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     .await;
     server.wait_ready().await;
 
-    api.fault("PATCH", &format!("{POD_PATH}/idle-stale"), [Fault::Status(409)]);
     server.review("/validate", &scale_down_5_to_2()).await;
     for _ in 0..2 {
         server.review("/validate", &eviction_of("worker-a")).await;

@@ -13,6 +13,7 @@ use crate::policy::pod::Pod;
 use crate::policy::selector::LabelSelector;
 
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // two per request, decoded in place rather than boxed
 pub enum Object {
     Pod(Pod),
     Eviction(Eviction),

@@ -3,10 +3,13 @@
 
 use std::fmt;
 
+use base64::Engine;
+
 use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::objects::{Object, ObjectSeed, Pending};
+use crate::policy::outcome::Answer;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -256,7 +259,7 @@ pub struct AdmissionResponse {
     pub uid: String,
     pub allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
+    pub status: Option<MetaStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch_type: Option<&'static str>,
     /// Base64 of the JSONPatch; present only when there are operations.
@@ -268,11 +271,23 @@ pub struct AdmissionResponse {
 
 /// `metav1.Status` as the API server relays it to the requester.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Status {
+pub struct MetaStatus {
     pub status: &'static str,
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
+    pub details: StatusDetails,
+}
+
+/// `metav1.StatusDetails`: the causes, which clients can match on rather than on the message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusDetails {
+    pub causes: [StatusCause; 1],
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusCause {
+    pub reason: &'static str,
 }
 
 impl AdmissionResponse {
@@ -287,12 +302,31 @@ impl AdmissionResponse {
         }
     }
 
-    /// A refusal the requester should retry later, as a PodDisruptionBudget answers (429).
-    pub fn deny_retry_later(uid: &str, message: String) -> Self {
-        AdmissionResponse {
-            allowed: false,
-            status: Some(Status { status: "Failure", code: 429, reason: "TooManyRequests", message }),
-            ..Self::allow(uid)
+    /// The policy's answer on the wire: a patch as base64 JSONPatch, a refusal with its code,
+    /// reason and cause.
+    pub fn of(uid: &str, answer: &Answer) -> Self {
+        match answer {
+            Answer::Allow { warnings } => AdmissionResponse { warnings: warnings.clone(), ..Self::allow(uid) },
+            Answer::Patch { patch, warnings } => {
+                let patch = serde_json::to_vec(patch).expect("a JSONPatch always serializes");
+                AdmissionResponse {
+                    patch_type: Some("JSONPatch"),
+                    patch: Some(base64::engine::general_purpose::STANDARD.encode(patch)),
+                    warnings: warnings.clone(),
+                    ..Self::allow(uid)
+                }
+            }
+            Answer::Deny { denial, message } => AdmissionResponse {
+                allowed: false,
+                status: Some(MetaStatus {
+                    status: "Failure",
+                    code: denial.code(),
+                    reason: denial.reason(),
+                    message: message.clone(),
+                    details: StatusDetails { causes: [StatusCause { reason: denial.cause() }] },
+                }),
+                ..Self::allow(uid)
+            },
         }
     }
 
@@ -305,6 +339,7 @@ impl AdmissionResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::outcome::Denial;
     use crate::policy::pod::PodFacts;
     use serde_json::json;
 
@@ -424,14 +459,31 @@ mod tests {
     }
 
     #[test]
-    fn denial_carries_429_and_echoes_the_uid() {
-        let encoded = AdmissionResponse::deny_retry_later("u-9", "busy".into()).encode();
+    fn denial_carries_429_its_cause_and_echoes_the_uid() {
+        let answer = Answer::Deny { denial: Denial::PodBusy, message: "busy".into() };
+        let encoded = AdmissionResponse::of("u-9", &answer).encode();
         let value: serde_json::Value = serde_json::from_slice(&encoded).unwrap();
         assert_eq!(
             value,
             json!({"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": "u-9", "allowed": false,
-                "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": "busy"}}})
+                "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": "busy",
+                    "details": {"causes": [{"reason": "BusyguardPodBusy"}]}}}})
         );
+    }
+
+    #[test]
+    fn a_patch_goes_out_as_base64_jsonpatch_with_its_warnings() {
+        let patch: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations/a", "value": "1"}])).unwrap();
+        let answer = Answer::Patch { patch, warnings: vec!["w".into()] };
+        let value = serde_json::to_value(AdmissionResponse::of("u", &answer)).unwrap();
+        assert_eq!(value["patchType"], "JSONPatch");
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value["patch"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+            json!([{"op": "add", "path": "/metadata/annotations/a", "value": "1"}])
+        );
+        assert_eq!(value["warnings"], json!(["w"]));
     }
 
     #[test]

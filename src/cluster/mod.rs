@@ -43,6 +43,8 @@ pub struct ClusterSettings {
     pub namespaces: Vec<String>,
     /// How long the watch may fail before the view is no longer trusted.
     pub stale_after: Duration,
+    /// How often every watched pod is looked at again (lapsed protection, effects that failed).
+    pub sweep_interval: Duration,
     pub outbox: OutboxSettings,
 }
 
@@ -77,8 +79,15 @@ impl Cluster {
             .context("building the Kubernetes client")?
             .with_layer(&WatchHealthLayer(view.clone()))
             .build();
-        let outbox = Outbox::start(client.clone(), policy.clone(), audit.clone(), metrics.clone(), settings.outbox);
-        let watch = Watch { view: view.clone(), outbox: outbox.clone(), audit, metrics, policy: policy.clone() };
+        let outbox = Outbox::start(client.clone(), audit.clone(), metrics.clone(), settings.outbox);
+        let watch = Watch {
+            view: view.clone(),
+            outbox: outbox.clone(),
+            audit,
+            metrics,
+            policy: policy.clone(),
+            sweep_interval: settings.sweep_interval,
+        };
         tokio::spawn(watch.run(client, scopes));
         Ok(Cluster { view, outbox: Some(outbox) })
     }

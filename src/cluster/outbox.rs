@@ -15,50 +15,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use super::view::WatchedPod;
-use crate::audit::{AuditLog, AuditRecord};
+use crate::audit::AuditLog;
 use crate::metrics::{Metrics, SideEffectLabels};
-use crate::policy::PolicyConfig;
-use crate::policy::lifecycle::{DELETE_REQUESTED, DeleteRequest};
-use crate::policy::mutate::{Changes, merge_patch, plan_annotations};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum SideEffect {
-    /// Bring busyguard's annotations up to date; `changes` were planned on `resource_version`.
-    Refresh { pod: PodRef, resource_version: String, changes: Changes },
-    /// Note a refused delete on the pod, so it is carried out once the pod is idle.
-    MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
-    /// Carry out a deferred delete: the pod, as of `resource_version`, is idle.
-    DeleteIdle { pod: PodRef, resource_version: String, request: DeleteRequest },
-    /// A Warning Event on the pod for a refused disruption.
-    Event { pod: PodRef, action: &'static str, note: String },
-}
-
-impl SideEffect {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SideEffect::Refresh { .. } => "refresh",
-            SideEffect::MarkDeleteRequested { .. } => "mark-delete",
-            SideEffect::DeleteIdle { .. } => "delete-idle",
-            SideEffect::Event { .. } => "event",
-        }
-    }
-
-    fn pod(&self) -> &PodRef {
-        match self {
-            SideEffect::Refresh { pod, .. }
-            | SideEffect::MarkDeleteRequested { pod, .. }
-            | SideEffect::DeleteIdle { pod, .. }
-            | SideEffect::Event { pod, .. } => pod,
-        }
-    }
-}
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect};
+use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutboxSettings {
@@ -84,30 +44,31 @@ impl Default for OutboxSettings {
 
 /// What happened to a side effect, as the metric's `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Done {
+pub enum EffectResult {
     Ok,
-    /// Nothing left to do: the pod is gone, changed or already up to date.
+    /// Nothing left to do: the pod is gone, changed (its next watch event decides again) or
+    /// already up to date.
     Moot,
     Failed,
     Dropped,
     RateLimited,
 }
 
-impl Done {
+impl EffectResult {
     fn as_str(self) -> &'static str {
         match self {
-            Done::Ok => "ok",
-            Done::Moot => "moot",
-            Done::Failed => "failed",
-            Done::Dropped => "dropped",
-            Done::RateLimited => "rate-limited",
+            EffectResult::Ok => "ok",
+            EffectResult::Moot => "moot",
+            EffectResult::Failed => "failed",
+            EffectResult::Dropped => "dropped",
+            EffectResult::RateLimited => "rate-limited",
         }
     }
 }
 
 struct Job {
-    effect: SideEffect,
-    done: Option<oneshot::Sender<Done>>,
+    effect: Effect,
+    done: Option<oneshot::Sender<EffectResult>>,
 }
 
 #[derive(Clone)]
@@ -121,13 +82,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    pub fn start(
-        client: Client,
-        policy: PolicyConfig,
-        audit: Arc<AuditLog>,
-        metrics: Arc<Metrics>,
-        settings: OutboxSettings,
-    ) -> Outbox {
+    pub fn start(client: Client, audit: Arc<AuditLog>, metrics: Arc<Metrics>, settings: OutboxSettings) -> Outbox {
         let (jobs, queue) = mpsc::channel(settings.queue);
         let outbox = Outbox {
             jobs,
@@ -143,7 +98,6 @@ impl Outbox {
         let worker = Arc::new(Worker {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            policy,
             audit,
             metrics,
             settings,
@@ -155,15 +109,15 @@ impl Outbox {
 
     /// Queues a side effect; the receiver tells when it is done. A deferred delete already in
     /// flight and an Event within the rate limit are not queued again.
-    pub fn send(&self, effect: SideEffect) -> oneshot::Receiver<Done> {
+    pub fn send(&self, effect: Effect) -> oneshot::Receiver<EffectResult> {
         let (done, receiver) = oneshot::channel();
         let kind = effect.kind();
         let skipped = match &effect {
-            SideEffect::DeleteIdle { pod, .. } => {
+            Effect::DeleteIdle { pod, .. } => {
                 let in_flight = !self.deletes.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone());
-                in_flight.then_some(Done::Moot)
+                in_flight.then_some(EffectResult::Moot)
             }
-            SideEffect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(Done::RateLimited),
+            Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(EffectResult::RateLimited),
             _ => None,
         };
         if let Some(result) = skipped {
@@ -175,13 +129,13 @@ impl Outbox {
             let job = match e {
                 mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
             };
-            error!(kind, pod = %pod_name(job.effect.pod()), "side-effect queue is full: dropped");
-            if let SideEffect::DeleteIdle { pod, .. } = &job.effect {
+            error!(kind, pod = %job.effect.pod(), "side-effect queue is full: dropped");
+            if let Effect::DeleteIdle { pod, .. } = &job.effect {
                 self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
             }
-            count(&self.metrics, kind, Done::Dropped);
+            count(&self.metrics, kind, EffectResult::Dropped);
             if let Some(done) = job.done {
-                let _ = done.send(Done::Dropped);
+                let _ = done.send(EffectResult::Dropped);
             }
         }
         receiver
@@ -209,18 +163,13 @@ impl Outbox {
     }
 }
 
-fn count(metrics: &Metrics, kind: &'static str, result: Done) {
+fn count(metrics: &Metrics, kind: &'static str, result: EffectResult) {
     metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
-}
-
-fn pod_name(pod: &PodRef) -> String {
-    format!("{}/{}", pod.namespace, pod.name)
 }
 
 struct Worker {
     client: Client,
     recorder: Recorder,
-    policy: PolicyConfig,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     settings: OutboxSettings,
@@ -229,7 +178,7 @@ struct Worker {
 
 /// One attempt's verdict.
 enum Attempt {
-    Done(Done),
+    Done(EffectResult),
     /// Worth another try after a pause (conflict, throttling, server error, timeout).
     Retry(String),
     Fail(String),
@@ -244,8 +193,8 @@ impl Worker {
             tokio::spawn(async move {
                 let kind = job.effect.kind();
                 let result = worker.carry_out(&job.effect).await;
-                if let SideEffect::DeleteIdle { pod, .. } = &job.effect
-                    && result != Done::Ok
+                if let Effect::DeleteIdle { pod, .. } = &job.effect
+                    && result != EffectResult::Ok
                 {
                     // Not carried out: the next change of the pod may try again.
                     worker.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
@@ -259,12 +208,11 @@ impl Worker {
         }
     }
 
-    async fn carry_out(&self, effect: &SideEffect) -> Done {
-        let pod = pod_name(effect.pod());
-        let mut effect = effect.clone();
+    async fn carry_out(&self, effect: &Effect) -> EffectResult {
+        let pod = effect.pod();
         let mut pause = Duration::from_millis(200);
         for attempt in 1..=self.settings.attempts {
-            let outcome = match tokio::time::timeout(self.settings.call_timeout, self.attempt(&mut effect)).await {
+            let outcome = match tokio::time::timeout(self.settings.call_timeout, self.attempt(effect)).await {
                 Ok(outcome) => outcome,
                 Err(_) => Attempt::Retry(format!("no answer within {:?}", self.settings.call_timeout)),
             };
@@ -275,7 +223,7 @@ impl Worker {
                 }
                 Attempt::Fail(why) => {
                     error!(kind = effect.kind(), %pod, error = %why, "side effect failed");
-                    return Done::Failed;
+                    return EffectResult::Failed;
                 }
                 Attempt::Retry(why) if attempt < self.settings.attempts => {
                     warn!(kind = effect.kind(), %pod, attempt, error = %why, "side effect will be retried");
@@ -287,72 +235,58 @@ impl Worker {
                 }
             }
         }
-        Done::Failed
+        EffectResult::Failed
     }
 
-    async fn attempt(&self, effect: &mut SideEffect) -> Attempt {
+    async fn attempt(&self, effect: &Effect) -> Attempt {
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
         match effect {
-            SideEffect::Refresh { pod, resource_version, changes } => {
+            Effect::Refresh { pod, resource_version, changes } => {
                 let mut patch = merge_patch(changes);
                 patch["metadata"]["resourceVersion"] = resource_version.clone().into();
                 patch["metadata"]["uid"] = pod.uid.clone().into();
                 match api.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => Attempt::Done(Done::Ok),
-                    // The pod changed since the view saw it: plan again on what it is now.
-                    Err(kube::Error::Api(status)) if status.code == 409 => match api.get_opt(&pod.name).await {
-                        Ok(Some(fresh)) if fresh.metadata.uid.as_deref() == Some(&pod.uid) => {
-                            let record = fresh.record();
-                            let now = Timestamp::now();
-                            *changes = plan_annotations(&record, self.policy.mutation, self.policy.max_busy, now);
-                            *resource_version = record.resource_version.to_string();
-                            if changes.is_empty() {
-                                Attempt::Done(Done::Moot)
-                            } else {
-                                Attempt::Retry("the pod changed; planned again".into())
-                            }
-                        }
-                        Ok(_) => Attempt::Done(Done::Moot),
-                        Err(e) => classify(e),
-                    },
+                    Ok(_) => Attempt::Done(EffectResult::Ok),
+                    // The pod changed since the view saw it: its watch event decides again.
+                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
                     Err(e) => classify(e),
                 }
             }
-            SideEffect::MarkDeleteRequested { pod, request } => {
+            Effect::MarkDeleteRequested { pod, request } => {
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
                     "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
                 match api.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => Attempt::Done(Done::Ok),
+                    Ok(_) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }
             }
-            SideEffect::DeleteIdle { pod, resource_version, request } => {
+            Effect::DeleteIdle { pod, resource_version, request, audit } => {
                 // Exactly once: only the pod as it was seen idle, by whichever replica is first.
                 let preconditions =
                     Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
                 let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
                 match api.delete(&pod.name, &params).await {
                     Ok(_) => {
-                        info!(pod = %pod_name(pod), requested_by = %request.by, "deferred delete carried out");
-                        self.audit_deleted(pod, request);
-                        Attempt::Done(Done::Ok)
+                        info!(%pod, requested_by = %request.by, "deferred delete carried out");
+                        self.audit.record(&AuditRecord { time: Timestamp::now(), ..(**audit).clone() });
+                        Attempt::Done(EffectResult::Ok)
                     }
                     // Changed since (busy again, already deleted by another replica): the next
                     // change of the pod decides again.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(Done::Moot),
+                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
                     // Refused by busyguard itself: the pod turned busy again.
-                    Err(kube::Error::Api(status)) if status.code == 429 && status.message.contains("is busy") => {
-                        Attempt::Done(Done::Moot)
+                    Err(kube::Error::Api(status)) if status.code == 429 && names_cause(&status, BUSY_CAUSE) => {
+                        Attempt::Done(EffectResult::Moot)
                     }
                     Err(e) => classify(e),
                 }
             }
-            SideEffect::Event { pod, action, note } => {
+            Effect::Event { pod, action, note } => {
                 let event = Event {
                     type_: EventType::Warning,
                     reason: "DisruptionBlocked".into(),
                     note: Some(note.chars().take(1024).collect()),
-                    action: action.to_string(),
+                    action: action.as_str().into(),
                     secondary: None,
                 };
                 let reference = ObjectReference {
@@ -364,39 +298,24 @@ impl Worker {
                     ..ObjectReference::default()
                 };
                 match self.recorder.publish(&event, &reference).await {
-                    Ok(()) => Attempt::Done(Done::Ok),
+                    Ok(()) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }
             }
         }
     }
+}
 
-    fn audit_deleted(&self, pod: &PodRef, request: &DeleteRequest) {
-        let record = AuditRecord {
-            decision: "deleted-when-idle",
-            reason: "delete-requested",
-            detail: format!(
-                "pod {} is idle: deleted as {} asked at {} while it was busy",
-                pod_name(pod),
-                request.by,
-                request.at
-            ),
-            operation: "DELETE",
-            resource: "pods".into(),
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            user: request.by.clone(),
-            ..AuditRecord::new(Timestamp::now(), self.policy.mode)
-        };
-        self.audit.record(&record);
-    }
+/// Whether the API server's refusal names this cause (busyguard names its own).
+fn names_cause(status: &kube::core::Status, cause: &str) -> bool {
+    status.details.as_ref().is_some_and(|details| details.causes.iter().any(|c| c.reason == cause))
 }
 
 /// 404: the pod is gone, nothing to do. 409, 429, 5xx and transport errors: try again.
 fn classify(error: kube::Error) -> Attempt {
     match error {
         kube::Error::Api(status) => match status.code {
-            404 => Attempt::Done(Done::Moot),
+            404 => Attempt::Done(EffectResult::Moot),
             409 | 429 | 500..=599 => Attempt::Retry(format!("{} {}", status.code, status.message)),
             code => Attempt::Fail(format!("{code} {}", status.message)),
         },

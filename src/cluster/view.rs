@@ -9,64 +9,13 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
-use crate::policy::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
-use crate::policy::cost::DELETION_COST;
-use crate::policy::lifecycle::DELETE_REQUESTED;
-use crate::policy::mutate::{
-    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
-};
-use crate::policy::pod::{PodFacts, Readiness, Status};
-
-/// The annotations decisions read; all others are dropped before a pod is stored.
-const KEPT_ANNOTATIONS: [&str; 10] = [
-    BUSY_SINCE,
-    MAX_BUSY,
-    BUSY_WHEN_UNREADY,
-    DELETE_REQUESTED,
-    DELETION_COST,
-    IDLE_COST,
-    KARPENTER_DO_NOT_DISRUPT,
-    IDLE_DO_NOT_DISRUPT,
-    AUTOSCALER_SAFE_TO_EVICT,
-    IDLE_SAFE_TO_EVICT,
-];
+use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
 
 /// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
 type Pairs = Box<[(Box<str>, Box<str>)]>;
 
 fn get<'a>(pairs: &'a Pairs, key: &str) -> Option<&'a str> {
     pairs.iter().find(|(k, _)| &**k == key).map(|(_, v)| &**v)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Unknown,
-}
-
-impl Phase {
-    fn parse(phase: Option<&str>) -> Phase {
-        match phase {
-            Some("Pending") => Phase::Pending,
-            Some("Running") => Phase::Running,
-            Some("Succeeded") => Phase::Succeeded,
-            Some("Failed") => Phase::Failed,
-            _ => Phase::Unknown,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Running => "Running",
-            Phase::Succeeded => "Succeeded",
-            Phase::Failed => "Failed",
-            Phase::Unknown => "Unknown",
-        }
-    }
 }
 
 /// One opted-in pod as the view keeps it.
@@ -87,6 +36,14 @@ pub struct PodRecord {
 }
 
 impl PodFacts for PodRecord {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
     fn label(&self, key: &str) -> Option<&str> {
         get(&self.labels, key)
     }
@@ -95,8 +52,8 @@ impl PodFacts for PodRecord {
         get(&self.annotations, key)
     }
 
-    fn phase(&self) -> Option<&str> {
-        Some(self.phase.as_str())
+    fn phase(&self) -> Phase {
+        self.phase
     }
 
     fn is_terminating(&self) -> bool {
@@ -123,7 +80,7 @@ impl PodFacts for PodRecord {
 pub struct WatchedPod {
     pub metadata: ObjectMeta,
     pub node_name: Option<String>,
-    pub status: Status,
+    pub status: PodStatus,
     pub malformed: Option<String>,
 }
 
@@ -136,7 +93,7 @@ impl<'de> Deserialize<'de> for WatchedPod {
             #[serde(default)]
             spec: Option<Spec>,
             #[serde(default)]
-            status: Option<Status>,
+            status: Option<PodStatus>,
         }
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -177,7 +134,7 @@ impl<'de> Deserialize<'de> for WatchedPod {
                 Ok(WatchedPod {
                     metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
                     node_name: None,
-                    status: Status::default(),
+                    status: PodStatus::default(),
                     malformed: Some(error.to_string()),
                 })
             }
@@ -223,7 +180,7 @@ impl WatchedPod {
         let meta = &self.metadata;
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
         let annotations = (meta.annotations.iter().flatten())
-            .filter(|(k, _)| KEPT_ANNOTATIONS.contains(&k.as_str()))
+            .filter(|(k, _)| DECIDING_ANNOTATIONS.contains(&k.as_str()))
             .map(|(k, v)| (boxed(k), boxed(v)))
             .collect();
         let owner = (meta.owner_references.iter().flatten())
@@ -345,6 +302,15 @@ impl View {
         in_namespace.iter().filter(|(_, pod)| keep(pod)).map(|(name, pod)| (name.to_string(), pod.clone())).collect()
     }
 
+    /// `each` applied to every pod under the read lock, its results gathered.
+    pub fn flat_map<T>(&self, each: impl Fn(&str, &str, &PodRecord) -> Vec<T>) -> Vec<T> {
+        let pods = self.read();
+        let records = pods
+            .iter()
+            .flat_map(|(namespace, in_namespace)| in_namespace.iter().map(move |(name, pod)| (namespace, name, pod)));
+        records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
+    }
+
     /// Stores the pod, returning what was stored before.
     pub fn insert(&self, namespace: &str, name: &str, pod: PodRecord) -> Option<PodRecord> {
         self.write().entry(boxed(namespace)).or_default().insert(boxed(name), pod)
@@ -400,7 +366,7 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::BUSY_LABEL;
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
     use serde_json::json;
 
     fn watched(value: serde_json::Value) -> WatchedPod {

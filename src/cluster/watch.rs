@@ -1,9 +1,11 @@
-//! Feeds the view from watches of opted-in pods, and acts on what the changes mean: deferred
-//! deletes that may go ahead, busy pods lost outside admission.
+//! Feeds the view from watches of opted-in pods, and carries out what each change means (see
+//! `policy::observed`): deferred deletes that may go ahead, stale annotations to bring up to
+//! date, busy pods lost outside admission. A sweep on a timer asks the same of every pod, so a
+//! protection that runs out, or a side effect that did not land, is acted on without a change.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -11,13 +13,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use super::outbox::{Outbox, PodRef, SideEffect};
+use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View, WatchedPod};
-use crate::audit::{AuditLog, AuditRecord};
+use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics};
 use crate::policy::PolicyConfig;
 use crate::policy::busy::BUSY_LABEL;
-use crate::policy::lifecycle::{LossCause, Observation, observe};
+use crate::policy::observed;
+use crate::policy::outcome::PodRef;
 
 pub struct Watch {
     pub view: Arc<View>,
@@ -25,6 +28,8 @@ pub struct Watch {
     pub audit: Arc<AuditLog>,
     pub metrics: Arc<Metrics>,
     pub policy: PolicyConfig,
+    /// How often every pod in the view is looked at again.
+    pub sweep_interval: Duration,
 }
 
 impl Watch {
@@ -42,7 +47,19 @@ impl Watch {
         // Per scope being listed: the pods the list had so far.
         let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
         let mut malformed_seen: HashSet<String> = HashSet::new();
-        while let Some((scope, event)) = events.next().await {
+        let mut sweep = tokio::time::interval(self.sweep_interval);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let (scope, event) = tokio::select! {
+                next = events.next() => match next {
+                    Some(next) => next,
+                    None => return,
+                },
+                _ = sweep.tick() => {
+                    self.sweep();
+                    continue;
+                }
+            };
             match event {
                 Ok(watcher::Event::Init) => {
                     listing.insert(scope, HashSet::new());
@@ -56,7 +73,7 @@ impl Watch {
                 Ok(watcher::Event::InitDone) => {
                     let listed = listing.remove(&scope).unwrap_or_default();
                     for (namespace, name, gone) in self.view.keep_only(&scope, &listed) {
-                        self.observe(&namespace, &name, Some(gone), None);
+                        self.changed(&namespace, &name, Some(gone), None);
                     }
                     self.view.listed(&scope);
                     info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = self.view.len(), "pods listed");
@@ -65,7 +82,7 @@ impl Watch {
                 Ok(watcher::Event::Delete(pod)) => {
                     let (namespace, name) = (pod.namespace(), pod.name());
                     let gone = self.view.remove(namespace, name);
-                    self.observe(namespace, name, gone, None);
+                    self.changed(namespace, name, gone, None);
                 }
                 Err(e) => {
                     self.view.failing(Instant::now());
@@ -87,50 +104,35 @@ impl Watch {
         }
         let after = pod.record();
         let before = self.view.insert(namespace, name, after.clone());
-        self.observe(namespace, name, before, Some(after));
+        self.changed(namespace, name, before, Some(after));
     }
 
-    fn observe(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
+    fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
         if let (Some(gone), None) = (&before, &after) {
             self.outbox.forget(&gone.uid);
         }
+        let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
+        let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
+        let observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        for effect in observed.effects {
+            drop(self.outbox.send(effect));
+        }
+        if let Some((cause, record)) = observed.lost {
+            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
+            warn!(%pod, cause = cause.label(), "{}", record.detail);
+            self.audit.record(&record);
+        }
+    }
+
+    /// What is due for every pod, whether it changed or not.
+    fn sweep(&self) {
         let now = Timestamp::now();
-        let Some(observation) = observe(before.as_ref(), after.as_ref(), self.policy.max_busy, now) else {
-            return;
-        };
-        match observation {
-            Observation::DeleteNow(request) => {
-                let Some(after) = after else { return };
-                let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: after.uid.to_string() };
-                let resource_version = after.resource_version.to_string();
-                drop(self.outbox.send(SideEffect::DeleteIdle { pod, resource_version, request }));
-            }
-            Observation::Lost { busy_since, cause } => {
-                self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
-                let detail = match &cause {
-                    LossCause::Failed { reason } => format!(
-                        "busy pod {namespace}/{name} failed ({}) without a request busyguard could refuse: \
-                         node-pressure eviction or preemption by the kubelet",
-                        reason.as_deref().unwrap_or("no reason given")
-                    ),
-                    LossCause::Vanished => format!(
-                        "busy pod {namespace}/{name} disappeared without a graceful delete: node lost or \
-                         deleted with --force"
-                    ),
-                };
-                warn!(pod = %format!("{namespace}/{name}"), cause = cause.label(), "{detail}");
-                let record = AuditRecord {
-                    decision: "lost",
-                    reason: cause.label(),
-                    detail,
-                    resource: "pods".into(),
-                    namespace: namespace.into(),
-                    name: name.into(),
-                    busy_since,
-                    ..AuditRecord::new(now, self.policy.mode)
-                };
-                self.audit.record(&record);
-            }
+        let effects = self.view.flat_map(|namespace, name, record| {
+            let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
+            observed::due(&pod, record, &self.policy, now)
+        });
+        for effect in effects {
+            drop(self.outbox.send(effect));
         }
     }
 }

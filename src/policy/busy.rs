@@ -2,7 +2,8 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::pod::{PodFacts, Readiness};
+use super::pod::{Phase, PodFacts, Readiness};
+use crate::duration::parse_positive_duration;
 
 /// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle.
 pub const BUSY_LABEL: &str = "busyguard.io/busy";
@@ -108,7 +109,7 @@ fn protection(since: Option<Timestamp>, limit: SignedDuration, now: Timestamp) -
 
 /// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready.
 fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
-    if pod.annotation(BUSY_WHEN_UNREADY) != Some("true") || pod.phase() != Some("Running") {
+    if pod.annotation(BUSY_WHEN_UNREADY) != Some("true") || pod.phase() != Phase::Running {
         return None;
     }
     match pod.readiness() {
@@ -124,33 +125,6 @@ pub fn busy_since(pod: &impl PodFacts) -> Option<Timestamp> {
 /// The pod's own max-busy, when it is a positive duration such as `2h` or `90m`.
 pub fn max_busy(pod: &impl PodFacts) -> Option<SignedDuration> {
     parse_positive_duration(pod.annotation(MAX_BUSY)?).ok()
-}
-
-/// Go-style (`1h30m`), friendly (`2 hours`) or ISO 8601 (`PT2H`) durations, above zero.
-pub fn parse_positive_duration(text: &str) -> Result<SignedDuration, String> {
-    let duration: SignedDuration =
-        text.trim().parse().map_err(|e| format!("{text:?} is not a duration such as 90s, 30m or 2h: {e}"))?;
-    if duration.is_positive() { Ok(duration) } else { Err(format!("{text:?} must be longer than zero")) }
-}
-
-/// What is wrong with how a pod uses the contract, said back to whoever wrote it.
-pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
-    let mut warnings = Vec::new();
-    if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
-        warnings.push(format!(
-            "busyguard: label {BUSY_LABEL}={value:?} is neither \"true\" nor \"false\"; the pod counts as idle"
-        ));
-    }
-    match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
-        (Some(Err(e)), _) => {
-            warnings.push(format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {e}"));
-        }
-        (Some(Ok(own)), Some(ceiling)) if own > ceiling => warnings.push(format!(
-            "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
-        )),
-        _ => {}
-    }
-    warnings
 }
 
 #[cfg(test)]
@@ -187,11 +161,9 @@ mod tests {
     }
 
     #[test]
-    fn label_values_other_than_true_are_idle_and_warned_about() {
+    fn label_values_other_than_true_are_idle() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));
         assert_eq!(busy_state(&p, HOUR, ts("2026-01-01T00:00:00Z")), BusyState::Idle);
-        assert_eq!(contract_warnings(&p, HOUR).len(), 1);
-        assert!(contract_warnings(&p, HOUR)[0].contains("\"yes\""));
     }
 
     #[test]
@@ -230,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ceiling_cuts_a_pods_own_longer_max_busy_and_says_so() {
+    fn the_ceiling_cuts_a_pods_own_longer_max_busy() {
         let ceiling = MaxBusy { ceiling: Some(SignedDuration::from_hours(2)), ..HOUR };
         let mut p = busy_pod("2026-01-01T00:00:00Z");
         p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "72h".into());
@@ -242,33 +214,18 @@ mod tests {
                 lapse: Lapse::MaxBusy { limit: SignedDuration::from_hours(2) }
             }
         );
-        assert_eq!(
-            contract_warnings(&p, ceiling),
-            [
-                "busyguard: annotation busyguard.io/max-busy=72h is above the cluster's ceiling; protection ends after 2h"
-            ]
-        );
-        // Shorter than the ceiling: the pod's own value stands, without a warning.
+        // Shorter than the ceiling: the pod's own value stands.
         p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), "90m".into());
         assert!(!busy_state(&p, ceiling, ts("2026-01-01T01:30:00Z")).is_protected());
-        assert_eq!(contract_warnings(&p, ceiling), Vec::<String>::new());
     }
 
     #[test]
-    fn invalid_max_busy_falls_back_to_the_default_with_a_warning() {
+    fn invalid_max_busy_falls_back_to_the_default() {
         for bad in ["forever", "-5m", "0s"] {
             let mut p = busy_pod("2026-01-01T00:00:00Z");
             p.metadata.annotations.as_mut().unwrap().insert(MAX_BUSY.into(), bad.into());
             assert!(!busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")).is_protected(), "{bad}");
-            assert_eq!(contract_warnings(&p, HOUR).len(), 1, "{bad}");
         }
-    }
-
-    #[test]
-    fn durations_parse_go_style_and_iso() {
-        assert_eq!(parse_positive_duration("1h30m"), Ok(SignedDuration::from_mins(90)));
-        assert_eq!(parse_positive_duration("PT2H"), Ok(SignedDuration::from_hours(2)));
-        assert_eq!(parse_positive_duration("45s"), Ok(SignedDuration::from_secs(45)));
     }
 
     #[test]

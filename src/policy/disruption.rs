@@ -1,9 +1,17 @@
-//! May this pod be taken away now? The answer for deletes (and, through the cluster view,
-//! evictions): busy pods are spared unless their protection lapsed or the requester is exempt.
+//! Pod DELETE and pods/eviction CREATE, decided whole: may this pod be taken away now? Busy
+//! pods are spared unless their protection lapsed or the requester is exempt; a person's (or the
+//! garbage collector's) refused delete is carried out later, once the pod is idle.
 
 use jiff::Timestamp;
 
-use super::busy::{BUSY_LABEL, BusyState, Lapse};
+use super::busy::{BusyState, Lapse, busy_state};
+use super::messages;
+use super::outcome::{
+    Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, PodRef, Reason,
+};
+use super::pod::PodFacts;
+use super::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, PolicyConfig, Requester};
+use crate::duration::whole_second;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Exemptions {
@@ -11,13 +19,7 @@ pub struct Exemptions {
     pub groups: Vec<String>,
 }
 
-/// Who asks, as the API server authenticated them.
-#[derive(Debug, Clone, Copy)]
-pub struct Requester<'a> {
-    pub username: &'a str,
-    pub groups: &'a [String],
-}
-
+/// The busy rule's answer for one pod and one requester.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Nothing busy is at stake.
@@ -36,13 +38,19 @@ pub enum Override {
 }
 
 impl Override {
-    /// Short reason for audit lines and metrics.
-    pub fn reason(&self) -> &'static str {
+    pub fn decision(&self) -> Decision {
         match self {
-            Override::Lapsed { lapse: Lapse::MaxBusy { .. }, .. } => "max-busy-exceeded",
-            Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => "stale-after-restart",
-            Override::ExemptUser(_) => "exempt-user",
-            Override::ExemptGroup(_) => "exempt-group",
+            Override::Lapsed { .. } => Decision::Lapsed,
+            Override::ExemptUser(_) | Override::ExemptGroup(_) => Decision::Exempted,
+        }
+    }
+
+    pub fn reason(&self) -> Reason {
+        match self {
+            Override::Lapsed { lapse: Lapse::MaxBusy { .. }, .. } => Reason::MaxBusyExceeded,
+            Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => Reason::StaleAfterRestart,
+            Override::ExemptUser(_) => Reason::ExemptUser,
+            Override::ExemptGroup(_) => Reason::ExemptGroup,
         }
     }
 }
@@ -63,20 +71,80 @@ pub fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions
     }
 }
 
-/// What a person reads when busyguard refuses: who is busy, since when, and how to override.
-pub fn denial_message(namespace: &str, name: &str, since: Option<Timestamp>, until: Option<Timestamp>) -> String {
-    let since = since.map_or_else(|| " (since unknown)".to_string(), |t| format!(" since {t}"));
-    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
-    format!(
-        "pod {namespace}/{name} is busy{since}{until}; it will be spared until it is idle; \
-         to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite"
-    )
+/// A refused delete is carried out later only for people and the garbage collector: they ask
+/// once. Controllers (ReplicaSet, scheduler preemption, ...) retry and choose again by
+/// themselves; deleting later what they chose before would remove a second pod.
+pub fn defers_delete(requester: Requester<'_>) -> bool {
+    let username = requester.username;
+    username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
+}
+
+/// The answer to `ask`, a delete or an eviction of `pod`.
+pub fn decide(ask: &Ask<'_>, action: Action, pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let state = busy_state(pod, config.max_busy, now);
+    let busy_since = match state {
+        BusyState::Busy { since, .. } => since,
+        BusyState::Lapsed { since, .. } => Some(since),
+        _ => None,
+    };
+    let audit =
+        |decision, reason, detail| AuditRecord { busy_since, ..ask.audit(decision, reason, detail, config.mode, now) };
+    let (namespace, name) = (ask.namespace, ask.name);
+    match judge(state, ask.requester, &config.exemptions) {
+        Verdict::Allow => Outcome::allow(Decision::Allowed),
+        Verdict::AllowBusy(over) => {
+            let decision = over.decision();
+            Outcome::allow(decision).audited(audit(
+                decision,
+                over.reason(),
+                messages::override_detail(&over, namespace, name),
+            ))
+        }
+        Verdict::Deny { since, until } => {
+            let mut message = messages::busy_denial(namespace, name, since, until);
+            if config.mode == Mode::DryRun {
+                let warnings = vec![messages::would_deny(&message)];
+                return Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
+                    Decision::WouldDeny,
+                    Reason::Busy,
+                    message,
+                ));
+            }
+            let deferred = action == Action::Delete && !ask.dry_run && defers_delete(ask.requester);
+            if deferred {
+                message.push_str(&messages::delete_deferred());
+            }
+            let target =
+                PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
+            let mut effects = Vec::new();
+            if !ask.dry_run {
+                effects.push(Effect::Event { pod: target.clone(), action, note: message.clone() });
+            }
+            if deferred && pod.delete_request().is_none() {
+                let request = DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
+                effects.push(Effect::MarkDeleteRequested { pod: target, request });
+            }
+            let reason = if deferred { Reason::BusyDeleteDeferred } else { Reason::Busy };
+            Outcome {
+                answer: Answer::Deny { denial: Denial::PodBusy, message: message.clone() },
+                decision: Decision::Denied,
+                audit: Some(audit(Decision::Denied, reason, message)),
+                effects,
+                await_effects: false,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, MaxBusy};
+    use crate::policy::outcome::DELETE_REQUESTED;
+    use crate::policy::pod::Pod;
+    use crate::policy::update::MutationSettings;
     use jiff::SignedDuration;
+    use serde_json::json;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -90,6 +158,46 @@ mod tests {
 
     fn busy() -> BusyState {
         BusyState::Busy { since: Some(ts("2026-11-21T20:00:00Z")), until: Some(ts("2026-11-22T20:00:00Z")) }
+    }
+
+    fn config(mode: Mode) -> PolicyConfig {
+        PolicyConfig {
+            mode,
+            max_busy: MaxBusy::new(SignedDuration::from_hours(24)),
+            exemptions: Exemptions { users: vec!["ops".into()], groups: vec!["ops:breakglass".into()] },
+            mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
+        }
+    }
+
+    fn now() -> Timestamp {
+        ts("2026-11-21T21:00:00Z")
+    }
+
+    fn worker(label: &str, annotations: serde_json::Value, status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "capture", "uid": "u-w",
+            "labels": {BUSY_LABEL: label}, "annotations": annotations}, "status": status}))
+        .unwrap()
+    }
+
+    fn busy_worker() -> Pod {
+        worker("true", json!({BUSY_SINCE: "2026-11-21T20:00:00Z"}), json!({"phase": "Running"}))
+    }
+
+    fn ask(username: &'static str, dry_run: bool) -> Ask<'static> {
+        Ask {
+            uid: "review-1",
+            operation: "DELETE",
+            resource: "pods",
+            subresource: "",
+            namespace: "capture",
+            name: "w",
+            requester: Requester { username, groups: NO_GROUPS },
+            dry_run,
+        }
+    }
+
+    fn reason(outcome: &Outcome) -> Option<Reason> {
+        outcome.audit.as_ref().map(|a| a.reason)
     }
 
     #[test]
@@ -108,25 +216,10 @@ mod tests {
     }
 
     #[test]
-    fn lapsed_protection_allows_and_says_why() {
-        let lapse = Lapse::MaxBusy { limit: SignedDuration::from_hours(1) };
-        let verdict =
-            judge(BusyState::Lapsed { since: ts("2026-11-21T20:00:00Z"), lapse }, admin(), &Exemptions::default());
-        let Verdict::AllowBusy(over) = verdict else { panic!("{verdict:?}") };
-        assert_eq!(over.reason(), "max-busy-exceeded");
-    }
-
-    #[test]
     fn exempt_user_and_exempt_group_may_delete_busy_pods() {
-        let exemptions = Exemptions {
-            users: vec!["system:serviceaccount:kube-system:pod-garbage-collector".into()],
-            groups: vec!["ops:breakglass".into()],
-        };
-        let gc = Requester { username: "system:serviceaccount:kube-system:pod-garbage-collector", groups: NO_GROUPS };
-        assert_eq!(
-            judge(busy(), gc, &exemptions),
-            Verdict::AllowBusy(Override::ExemptUser("system:serviceaccount:kube-system:pod-garbage-collector".into()))
-        );
+        let exemptions = Exemptions { users: vec!["gc".into()], groups: vec!["ops:breakglass".into()] };
+        let gc = Requester { username: "gc", groups: NO_GROUPS };
+        assert_eq!(judge(busy(), gc, &exemptions), Verdict::AllowBusy(Override::ExemptUser("gc".into())));
         let groups = vec!["system:authenticated".to_string(), "ops:breakglass".to_string()];
         let person = Requester { username: "alice", groups: &groups };
         assert_eq!(
@@ -137,15 +230,115 @@ mod tests {
     }
 
     #[test]
-    fn denial_message_names_the_pod_the_time_and_the_override() {
-        let message =
-            denial_message("capture", "worker-1", Some(ts("2026-11-21T20:00:00Z")), Some(ts("2026-11-22T20:00:00Z")));
+    fn people_and_the_garbage_collector_get_deferred_deletes_controllers_do_not() {
+        let who = |username| defers_delete(Requester { username, groups: &[] });
+        assert!(who("alice"));
+        assert!(who("kubernetes-admin"));
+        assert!(who("system:admin"));
+        assert!(who(GARBAGE_COLLECTOR_USER));
+        assert!(!who("system:serviceaccount:kube-system:replicaset-controller"));
+        assert!(!who("system:kube-scheduler"));
+        assert!(!who("system:node:node-1"));
+    }
+
+    // The busy contract's table, one row a test: what a delete or an eviction of the pod gets.
+
+    #[test]
+    fn a_persons_delete_of_a_busy_pod_is_refused_429_marked_and_an_event_raised() {
+        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert_eq!((denial.code(), denial.cause()), (429, "BusyguardPodBusy"));
+        assert!(message.ends_with("busyguard carries it out once the pod is idle"), "{message}");
+        assert_eq!(reason(&outcome), Some(Reason::BusyDeleteDeferred));
+        let pod = PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() };
         assert_eq!(
-            message,
-            "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
-             2026-11-22T20:00:00Z at the latest); it will be spared until it is idle; to force: \
-             kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
+            outcome.effects,
+            [
+                Effect::Event { pod: pod.clone(), action: Action::Delete, note: message.clone() },
+                Effect::MarkDeleteRequested {
+                    pod,
+                    request: DeleteRequest { by: "alice".into(), at: ts("2026-11-21T21:00:00Z") }
+                },
+            ]
         );
-        assert!(denial_message("ns", "p", None, None).contains("busy (since unknown);"));
+    }
+
+    #[test]
+    fn a_controllers_delete_of_a_busy_pod_is_refused_without_a_mark() {
+        let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
+        let outcome = decide(&ask(replicaset, false), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        assert!(!outcome.is_allowed());
+        assert_eq!(reason(&outcome), Some(Reason::Busy));
+        assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Delete, .. }]));
+    }
+
+    #[test]
+    fn an_eviction_of_a_busy_pod_is_refused_and_never_deferred() {
+        let outcome = decide(&ask("alice", false), Action::Evict, &busy_worker(), &config(Mode::Enforce), now());
+        assert!(!outcome.is_allowed());
+        assert_eq!(reason(&outcome), Some(Reason::Busy));
+        assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Evict, .. }]));
+    }
+
+    #[test]
+    fn a_dry_run_request_is_judged_the_same_and_changes_nothing() {
+        let outcome = decide(&ask("alice", true), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        assert!(!outcome.is_allowed());
+        assert!(outcome.effects.is_empty());
+        assert!(outcome.audit.unwrap().dry_run);
+    }
+
+    #[test]
+    fn an_already_marked_pod_is_not_marked_again() {
+        let marked = worker(
+            "true",
+            json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DELETE_REQUESTED: r#"{"by":"bob","at":"2026-11-21T20:30:00Z"}"#}),
+            json!({"phase": "Running"}),
+        );
+        let outcome = decide(&ask("alice", false), Action::Delete, &marked, &config(Mode::Enforce), now());
+        assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
+    }
+
+    #[test]
+    fn dry_run_mode_allows_with_a_warning_and_promises_no_deferred_delete() {
+        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::DryRun), now());
+        let Answer::Allow { warnings } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert!(warnings[0].starts_with("busyguard dry-run, would deny: pod capture/w is busy"), "{warnings:?}");
+        assert!(!warnings[0].contains("delete is recorded"), "nothing is recorded in dry-run mode");
+        assert_eq!(outcome.decision, Decision::WouldDeny);
+        assert!(outcome.effects.is_empty());
+    }
+
+    #[test]
+    fn idle_terminating_and_terminal_pods_go_without_an_audit_line() {
+        let idle = worker("false", json!({}), json!({"phase": "Running"}));
+        let done = worker("true", json!({BUSY_SINCE: "2026-11-21T20:00:00Z"}), json!({"phase": "Succeeded"}));
+        let mut going = busy_worker();
+        going.metadata.deletion_timestamp = Some(now());
+        for pod in [idle, done, going] {
+            let outcome = decide(&ask("alice", false), Action::Delete, &pod, &config(Mode::Enforce), now());
+            assert_eq!(outcome.decision, Decision::Allowed);
+            assert!(outcome.audit.is_none() && outcome.effects.is_empty());
+        }
+    }
+
+    #[test]
+    fn an_exempt_requester_takes_a_busy_pod_and_the_exemption_is_audited() {
+        let outcome = decide(&ask("ops", false), Action::Evict, &busy_worker(), &config(Mode::Enforce), now());
+        assert_eq!(outcome.decision, Decision::Exempted);
+        let audit = outcome.audit.unwrap();
+        assert_eq!(
+            (audit.reason, audit.detail.as_str()),
+            (Reason::ExemptUser, "pod capture/w is busy; user ops is exempt")
+        );
+        assert_eq!(audit.busy_since, Some(ts("2026-11-21T20:00:00Z")));
+    }
+
+    #[test]
+    fn a_busy_pod_past_max_busy_goes_and_the_lapse_is_audited() {
+        let late = ts("2026-11-22T20:00:01Z");
+        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::Enforce), late);
+        assert_eq!(outcome.decision, Decision::Lapsed);
+        assert_eq!(reason(&outcome), Some(Reason::MaxBusyExceeded));
     }
 }

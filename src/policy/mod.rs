@@ -1,18 +1,32 @@
 //! Pure decisions: no I/O, and no clock but the `now` passed in.
+//!
+//! Each path is decided whole in one file, returning an [`outcome::Outcome`]:
+//! - [`update`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy flips);
+//! - [`disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse, defer);
+//! - [`scale`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
+//! - [`observed`]: a change the watch saw (deferred deletes due, stale annotations, losses).
+//!
+//! The rest are the atoms they share: [`busy`] (is a pod protected), [`cost`], [`selector`],
+//! [`pod`] (what a decision reads of a pod), and [`messages`], every sentence a person reads.
+//!
+//! Words: a `Verdict` is the busy rule's answer for one pod; a `Decision` is what busyguard did,
+//! as metrics and audit lines name it; an `Outcome` is all of it: the answer, the audit line and
+//! the side effects.
 
 pub mod busy;
 pub mod cost;
 pub mod disruption;
-pub mod lifecycle;
-pub mod mutate;
+pub mod messages;
+pub mod observed;
+pub mod outcome;
 pub mod pod;
 pub mod scale;
 pub mod selector;
+pub mod update;
 
 use busy::MaxBusy;
-
 use disruption::Exemptions;
-use mutate::MutationSettings;
+use update::MutationSettings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -33,5 +47,19 @@ pub struct PolicyConfig {
     pub mutation: MutationSettings,
 }
 
+/// Who asks, as the API server authenticated them.
+#[derive(Debug, Clone, Copy)]
+pub struct Requester<'a> {
+    pub username: &'a str,
+    pub groups: &'a [String],
+}
+
+// Who sends what, as a real API server names the requesters (kube-controller-manager with
+// `--use-service-account-credentials`).
+
 /// The pod garbage collector deletes pods whose node is gone: nothing is left to protect.
 pub const POD_GC_USER: &str = "system:serviceaccount:kube-system:pod-garbage-collector";
+/// The garbage collector deletes pods whose owner is gone; it asks once.
+pub const GARBAGE_COLLECTOR_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+/// The administrator of clusters set up by hand or by local tools: a person despite the prefix.
+pub const LOCAL_ADMIN_USER: &str = "system:admin";

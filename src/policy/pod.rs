@@ -1,10 +1,36 @@
 //! The few fields of a Pod that busyguard's decisions read, decoded straight from the JSON the
 //! API server sent. Everything else in the pod (spec, managedFields, ...) is skipped unparsed.
+//!
+//! Two shapes carry a pod to the decisions: [`Pod`], decoded from a request, and the cluster
+//! view's compact record; [`PodFacts`] is what both answer, and [`DECIDING_ANNOTATIONS`] the
+//! annotations the view must keep for the decisions to read the same on both.
 
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
+
+use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
+use super::cost::DELETION_COST;
+use super::outcome::{DELETE_REQUESTED, DeleteRequest};
+use super::update::{
+    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
+};
+
+/// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
+/// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
+pub const DECIDING_ANNOTATIONS: [&str; 10] = [
+    BUSY_SINCE,
+    MAX_BUSY,
+    BUSY_WHEN_UNREADY,
+    DELETE_REQUESTED,
+    DELETION_COST,
+    IDLE_COST,
+    KARPENTER_DO_NOT_DISRUPT,
+    IDLE_DO_NOT_DISRUPT,
+    AUTOSCALER_SAFE_TO_EVICT,
+    IDLE_SAFE_TO_EVICT,
+];
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -13,7 +39,7 @@ pub struct Pod {
     #[serde(default, deserialize_with = "null_as_default")]
     pub metadata: Metadata,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub status: Status,
+    pub status: PodStatus,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -26,6 +52,8 @@ pub struct Metadata {
     #[serde(default, deserialize_with = "null_as_default")]
     pub uid: String,
     #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_version: String,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub labels: Labels,
     /// `None` when the pod has no annotations map at all: a patch must then create the map.
     #[serde(default)]
@@ -36,7 +64,7 @@ pub struct Metadata {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Status {
+pub struct PodStatus {
     #[serde(default)]
     pub phase: Option<String>,
     /// Why the kubelet failed the pod (`Evicted`, `Preempting`, ...).
@@ -73,23 +101,44 @@ pub struct ContainerStatus {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ContainerState {
     #[serde(default)]
-    pub running: Option<Running>,
+    pub running: Option<StateRunning>,
     #[serde(default)]
-    pub terminated: Option<Terminated>,
+    pub terminated: Option<StateTerminated>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Running {
+pub struct StateRunning {
     #[serde(default)]
     pub started_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Terminated {
+pub struct StateTerminated {
     #[serde(default)]
     pub finished_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Phase {
+    pub fn parse(phase: Option<&str>) -> Phase {
+        match phase {
+            Some("Pending") => Phase::Pending,
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Unknown,
+        }
+    }
 }
 
 /// Readiness as the pod's `Ready` condition reports it.
@@ -101,9 +150,11 @@ pub struct Readiness {
 
 /// What the busy decisions read of a pod, whether it came in a request or from the cluster view.
 pub trait PodFacts {
+    fn uid(&self) -> &str;
+    fn resource_version(&self) -> &str;
     fn label(&self, key: &str) -> Option<&str>;
     fn annotation(&self, key: &str) -> Option<&str>;
-    fn phase(&self) -> Option<&str>;
+    fn phase(&self) -> Phase;
     fn is_terminating(&self) -> bool;
     /// When a container of this pod last came back from a restart, if one ever did.
     fn last_restart(&self) -> Option<Timestamp>;
@@ -114,11 +165,24 @@ pub trait PodFacts {
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
-        matches!(self.phase(), Some("Succeeded" | "Failed"))
+        matches!(self.phase(), Phase::Succeeded | Phase::Failed)
+    }
+
+    /// The delete busyguard deferred on this pod, if any.
+    fn delete_request(&self) -> Option<DeleteRequest> {
+        serde_json::from_str(self.annotation(DELETE_REQUESTED)?).ok()
     }
 }
 
 impl PodFacts for Pod {
+    fn uid(&self) -> &str {
+        &self.metadata.uid
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.metadata.resource_version
+    }
+
     fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
     }
@@ -127,8 +191,8 @@ impl PodFacts for Pod {
         self.metadata.labels.get(key).map(String::as_str)
     }
 
-    fn phase(&self) -> Option<&str> {
-        self.status.phase.as_deref()
+    fn phase(&self) -> Phase {
+        Phase::parse(self.status.phase.as_deref())
     }
 
     fn is_terminating(&self) -> bool {
@@ -148,7 +212,7 @@ impl PodFacts for Pod {
     }
 }
 
-impl Status {
+impl PodStatus {
     pub fn last_restart(&self) -> Option<Timestamp> {
         self.container_statuses
             .iter()

@@ -1,9 +1,88 @@
-//! What a scale-down will do to the pods it selects: how many idle pods it can take at once,
-//! and how many busy ones it has to wait for.
+//! Scale-downs of ReplicaSets and Deployments (`replicas` or `*/scale`), decided whole: never
+//! refused; before the controller picks pods, the costs it ranks them by are brought up to date,
+//! and what the scale-down will do to the pods it selects is audited: how many idle pods it can
+//! take at once, and how many busy ones it has to wait for.
 
+use jiff::Timestamp;
 use serde::Serialize;
 
-use super::busy::BusyState;
+use super::PolicyConfig;
+use super::busy::{BusyState, busy_state};
+use super::messages;
+use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason};
+use super::pod::PodFacts;
+use super::selector::Selector;
+use super::update::plan_annotations;
+
+/// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
+/// does not parse).
+#[derive(Debug)]
+pub struct ScaleRequest {
+    pub from: Option<i32>,
+    pub to: Option<i32>,
+    pub selector: Option<Result<Selector, String>>,
+}
+
+/// The answer to a change of `object` (e.g. `deployments/scale capture/worker`). `select` reads
+/// the cluster view: the pods of the request's namespace the selector matches, or why the view
+/// cannot say.
+pub fn decide<P: PodFacts>(
+    ask: &Ask<'_>,
+    object: &str,
+    scale: ScaleRequest,
+    select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, String>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let Some((from, to)) = is_scale_down(scale.from, scale.to) else {
+        return Outcome::allow(Decision::Allowed);
+    };
+    let audit =
+        |reason, detail, plan| AuditRecord { plan, ..ask.audit(Decision::ScaleDown, reason, detail, config.mode, now) };
+    let unprepared = |reason, why: &str| {
+        let detail = messages::scale_unprepared(object, from, to, why);
+        Outcome::allow(Decision::ScaleDown).audited(audit(reason, detail, None))
+    };
+    let selector = match scale.selector {
+        None => return unprepared(Reason::NoSelector, messages::NO_SELECTOR),
+        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &messages::selector_unparsed(&e)),
+        Some(Ok(selector)) if selector.is_empty() => return unprepared(Reason::NoSelector, messages::EMPTY_SELECTOR),
+        Some(Ok(selector)) => selector,
+    };
+    let pods = match select(&selector) {
+        Ok(pods) => pods,
+        Err(why) => return unprepared(Reason::ViewUnavailable, &why),
+    };
+    if pods.is_empty() {
+        return Outcome::allow(Decision::Allowed);
+    }
+    let states: Vec<BusyState> = pods.iter().map(|(_, pod)| busy_state(pod, config.max_busy, now)).collect();
+    let effects: Vec<Effect> = if ask.dry_run {
+        Vec::new()
+    } else {
+        pods.iter()
+            .filter_map(|(name, pod)| {
+                let changes = plan_annotations(pod, config.mutation, config.max_busy, now);
+                (!changes.is_empty()).then(|| Effect::Refresh {
+                    pod: PodRef {
+                        namespace: ask.namespace.to_string(),
+                        name: name.clone(),
+                        uid: pod.uid().to_string(),
+                    },
+                    resource_version: pod.resource_version().to_string(),
+                    changes,
+                })
+            })
+            .collect()
+    };
+    let plan = plan_scale_down(from, to, &states, effects.len());
+    let detail = messages::scale_plan(object, &plan);
+    Outcome {
+        effects,
+        await_effects: true,
+        ..Outcome::allow(Decision::ScaleDown).audited(audit(Reason::Plan, detail, Some(plan)))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ScalePlan {

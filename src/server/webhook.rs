@@ -17,11 +17,12 @@ use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
 use super::App;
-use crate::admission::review::{self, AdmissionRequest, InvalidReview};
-use crate::admission::{Context, Outcome, Refusal, Webhook, admit, resource_label};
-use crate::cluster::outbox::{Done, SideEffect};
+use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
+use crate::admission::{DecisionInputs, Refusal, Resource, Webhook, admit};
+use crate::cluster::outbox::EffectResult;
+use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
-use crate::policy::busy::parse_positive_duration;
+use crate::policy::outcome::{Effect, Outcome};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
 /// an object and its old version.
@@ -80,7 +81,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         decision = field::Empty,
     );
     let outcome = span.in_scope(|| decide(app, webhook, &request))?;
-    let encoded = outcome.response.encode();
+    let encoded = AdmissionResponse::of(&request.uid, &outcome.answer).encode();
     let waiting = send_effects(app, outcome.effects);
     if outcome.await_effects && !waiting.is_empty() {
         let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).instrument(span).await;
@@ -90,7 +91,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     }
     let labels = ReviewLabels {
         webhook: webhook.as_str(),
-        resource: resource_label(&request),
+        resource: Resource::of(&request).label(),
         operation: request.operation.as_str(),
         result: outcome.decision.as_str(),
     };
@@ -109,12 +110,12 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 }
 
 fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
-    let context = Context { policy: &app.policy, view: &app.cluster.view, arrived: Instant::now() };
-    let outcome = admit(request, webhook, &context, Timestamp::now())?;
+    let inputs = DecisionInputs { policy: &app.policy, view: &app.cluster.view, arrived: Instant::now() };
+    let outcome = admit(request, webhook, &inputs, Timestamp::now())?;
     Span::current().record("decision", outcome.decision.as_str());
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
-        debug!(reason = record.reason, user = %record.user, detail = %record.detail, "audited");
+        debug!(reason = record.reason.as_str(), user = %record.user, detail = %record.detail, "audited");
     } else {
         debug!("answered");
     }
@@ -122,7 +123,7 @@ fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Out
 }
 
 /// Hands the side effects to the outbox; the receivers say when each is done.
-fn send_effects(app: &App, effects: Vec<SideEffect>) -> Vec<oneshot::Receiver<Done>> {
+fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<oneshot::Receiver<EffectResult>> {
     let Some(outbox) = &app.cluster.outbox else {
         for effect in &effects {
             debug!(kind = effect.kind(), "no cluster: side effect not carried out");

@@ -207,6 +207,11 @@ impl ApiServer {
         self.store().calls.clone()
     }
 
+    /// Forgets the calls so far: what a test asserts starts from here.
+    pub fn forget_calls(&self) {
+        self.store().calls.clear();
+    }
+
     /// Every call but the pod list and watch requests.
     pub fn writes(&self) -> Vec<Call> {
         self.calls().into_iter().filter(|c| !c.reads_pod_list()).collect()

@@ -4,12 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use busyguard::admission::review::decode;
-use busyguard::admission::{Context, Outcome, Refusal, Webhook, admit};
+use busyguard::admission::review::{AdmissionResponse, decode};
+use busyguard::admission::{DecisionInputs, Refusal, Webhook, admit};
 use busyguard::cluster::view::{View, WatchedPod};
-use busyguard::policy::busy::{MaxBusy, parse_positive_duration};
+use busyguard::duration::parse_positive_duration;
+use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::disruption::Exemptions;
-use busyguard::policy::mutate::MutationSettings;
+use busyguard::policy::outcome::AuditRecord;
+use busyguard::policy::update::MutationSettings;
 use busyguard::policy::{Mode, POD_GC_USER, PolicyConfig};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
@@ -53,11 +55,18 @@ pub fn view_of(pods: &[&Value]) -> View {
     view
 }
 
+/// An answer on the wire and the audit line written with it.
+pub struct Judged {
+    pub response: AdmissionResponse,
+    pub audit: Option<AuditRecord>,
+}
+
 /// Decodes and judges `body` as `webhook`; a refusal is the 4xx/503 busyguard would send.
-pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Outcome, Refusal> {
+pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Refusal> {
     let request = decode(body)?;
-    let context = Context { policy: &policy(), view, arrived: Instant::now() };
-    let outcome = admit(&request, webhook, &context, now())?;
+    let inputs = DecisionInputs { policy: &policy(), view, arrived: Instant::now() };
+    let decided = admit(&request, webhook, &inputs, now())?;
+    let outcome = Judged { response: AdmissionResponse::of(&request.uid, &decided.answer), audit: decided.audit };
     // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
     let answer: Value = serde_json::from_slice(&outcome.response.encode()).expect("the answer is JSON");
     assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
@@ -114,7 +123,7 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
     let audit = outcome.audit.expect("a busy pod let go is audited");
     let request = &disruption.review["request"];
     let since = audit.busy_since;
-    match (audit.decision, audit.reason) {
+    match (audit.decision.as_str(), audit.reason.as_str()) {
         ("exempted", "exempt-user") => {
             assert!(policy().exemptions.users.iter().any(|u| *u == request["userInfo"]["username"]));
         }

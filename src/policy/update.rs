@@ -1,4 +1,5 @@
-//! The annotations busyguard writes on a pod's flip to busy, and takes back on its flip to idle.
+//! Pod CREATE and UPDATE, decided whole (the mutating webhook): the annotations busyguard
+//! writes on a pod's flip to busy, and takes back on its flip to idle.
 //!
 //! The plan depends only on the pod as it is about to be stored, so a reinvocation (the API
 //! server calling us again after another webhook changed the pod) finds nothing left to do.
@@ -10,9 +11,13 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MaxBusy, busy_state};
+use super::PolicyConfig;
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_state};
 use super::cost::{DELETION_COST, busy_cost};
+use super::messages;
+use super::outcome::{Answer, Decision, Outcome};
 use super::pod::{Pod, PodFacts};
+use crate::duration::{parse_positive_duration, whole_second};
 
 /// Where the user's own value of each guarded annotation waits while the pod is busy.
 /// Absent while busy means the user had none.
@@ -57,6 +62,33 @@ fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
             busy_value: "false".into(),
         },
     ]
+}
+
+/// The answer to a pod's create or update: the annotation changes as a JSONPatch, and what the
+/// writer should know about how the pod uses the contract.
+pub fn decide(pod: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let warnings = contract_warnings(pod, config.max_busy);
+    let patch = json_patch(pod, &plan_annotations(pod, config.mutation, config.max_busy, now));
+    if patch.0.is_empty() {
+        return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
+    }
+    Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
+}
+
+/// What is wrong with how a pod uses the contract, said back to whoever wrote it.
+pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
+        warnings.push(messages::label_not_boolean(value));
+    }
+    match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
+        (Some(Err(e)), _) => warnings.push(messages::max_busy_ignored(&e)),
+        (Some(Ok(own)), Some(ceiling)) if own > ceiling => {
+            warnings.push(messages::max_busy_above_ceiling(own, ceiling));
+        }
+        _ => {}
+    }
+    warnings
 }
 
 pub fn plan_annotations(pod: &impl PodFacts, settings: MutationSettings, max_busy: MaxBusy, now: Timestamp) -> Changes {
@@ -163,11 +195,6 @@ pub fn merge_patch(changes: &Changes) -> Value {
         .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
         .collect();
     serde_json::json!({"metadata": {"annotations": annotations}})
-}
-
-/// Busy-since and delete-requested times are kept to the second.
-pub fn whole_second(now: Timestamp) -> Timestamp {
-    Timestamp::from_second(now.as_second()).unwrap_or(now)
 }
 
 #[cfg(test)]
@@ -353,6 +380,38 @@ mod tests {
         let annotations = &doc["metadata"]["annotations"];
         assert_eq!(annotations[BUSY_SINCE], "2026-11-21T20:48:44Z");
         assert_eq!(annotations[DELETION_COST], busy_cost(ts("2026-11-21T20:48:44Z")).to_string());
+    }
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_busy_label_neither_true_nor_false_is_warned_about() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));
+        assert_eq!(
+            contract_warnings(&p, DAY),
+            ["busyguard: label busyguard.io/busy=\"yes\" is neither \"true\" nor \"false\"; the pod counts as idle"]
+        );
+    }
+
+    #[test]
+    fn a_max_busy_above_the_ceiling_or_unreadable_is_warned_about() {
+        let ceiling = MaxBusy { ceiling: Some(jiff::SignedDuration::from_hours(2)), ..DAY };
+        let with =
+            |value: &str| pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {MAX_BUSY: value}}}));
+        assert_eq!(
+            contract_warnings(&with("72h"), ceiling),
+            [
+                "busyguard: annotation busyguard.io/max-busy=72h is above the cluster's ceiling; protection ends after 2h"
+            ]
+        );
+        assert_eq!(contract_warnings(&with("90m"), ceiling), Vec::<String>::new(), "below the ceiling: fine");
+        for bad in ["forever", "-5m", "0s"] {
+            let warnings = contract_warnings(&with(bad), DAY);
+            assert_eq!(warnings.len(), 1, "{bad}");
+            assert!(warnings[0].starts_with("busyguard: annotation busyguard.io/max-busy ignored"), "{warnings:?}");
+        }
     }
 
     #[test]

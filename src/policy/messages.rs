@@ -1,0 +1,121 @@
+//! Every sentence a person reads: refusals, warnings, and the `detail` of audit lines. Kept in
+//! one place so the wording stays consistent; no code matches on any of it.
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY};
+use super::disruption::Override;
+use super::observed::LossCause;
+use super::outcome::{DELETE_REQUESTED, DeleteRequest, PodRef};
+use super::scale::ScalePlan;
+
+/// What a person reads when busyguard refuses: who is busy, since when, and how to override.
+pub fn busy_denial(namespace: &str, name: &str, since: Option<Timestamp>, until: Option<Timestamp>) -> String {
+    let since = since.map_or_else(|| " (since unknown)".to_string(), |t| format!(" since {t}"));
+    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    format!(
+        "pod {namespace}/{name} is busy{since}{until}; it will be spared until it is idle; \
+         to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite"
+    )
+}
+
+/// Added to a refusal of a delete busyguard will carry out itself.
+pub fn delete_deferred() -> String {
+    format!("; the delete is recorded ({DELETE_REQUESTED}) and busyguard carries it out once the pod is idle")
+}
+
+/// The warning of `--mode dry-run` in place of a refusal.
+pub fn would_deny(message: &str) -> String {
+    format!("busyguard dry-run, would deny: {message}")
+}
+
+/// Why a busy pod was let go.
+pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
+    let pod = format!("pod {namespace}/{name}");
+    match over {
+        Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
+            format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
+        }
+        Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
+            format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
+        }
+        Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
+        Override::ExemptGroup(group) => format!("{pod} is busy; group {group} is exempt"),
+    }
+}
+
+/// A scale-down allowed without preparing its pods, and why.
+pub fn scale_unprepared(object: &str, from: i32, to: i32, why: &str) -> String {
+    format!("{object} {from}→{to}: pods not prepared, {why}")
+}
+
+pub const NO_SELECTOR: &str = "the object has no selector";
+pub const EMPTY_SELECTOR: &str = "its selector is empty";
+
+pub fn selector_unparsed(error: &str) -> String {
+    format!("its selector does not parse: {error}")
+}
+
+/// What a scale-down will do to the pods it selects.
+pub fn scale_plan(object: &str, plan: &ScalePlan) -> String {
+    format!(
+        "{object} {}→{}: takes {} idle pod(s) now, waits for {} busy pod(s), spares {} busy pod(s); \
+         {} pod(s) had stale busyguard annotations",
+        plan.replicas_from, plan.replicas_to, plan.idle_taken, plan.busy_waited, plan.busy_spared, plan.refreshed
+    )
+}
+
+/// A busy pod gone without a request busyguard could refuse.
+pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
+    match cause {
+        LossCause::Failed { reason } => format!(
+            "busy pod {pod} failed ({}) without a request busyguard could refuse: \
+             node-pressure eviction or preemption by the kubelet",
+            reason.as_deref().unwrap_or("no reason given")
+        ),
+        LossCause::Vanished => {
+            format!("busy pod {pod} disappeared without a graceful delete: node lost or deleted with --force")
+        }
+    }
+}
+
+/// A deferred delete carried out.
+pub fn deleted_when_idle(pod: &PodRef, request: &DeleteRequest) -> String {
+    format!("pod {pod} is idle: deleted as {} asked at {} while it was busy", request.by, request.at)
+}
+
+pub fn label_not_boolean(value: &str) -> String {
+    format!("busyguard: label {BUSY_LABEL}={value:?} is neither \"true\" nor \"false\"; the pod counts as idle")
+}
+
+pub fn max_busy_ignored(error: &str) -> String {
+    format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {error}")
+}
+
+pub fn max_busy_above_ceiling(own: SignedDuration, ceiling: SignedDuration) -> String {
+    format!(
+        "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn busy_denial_names_the_pod_the_time_and_the_override() {
+        let message =
+            busy_denial("capture", "worker-1", Some(ts("2026-11-21T20:00:00Z")), Some(ts("2026-11-22T20:00:00Z")));
+        assert_eq!(
+            message,
+            "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
+             2026-11-22T20:00:00Z at the latest); it will be spared until it is idle; to force: \
+             kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
+        );
+        assert!(busy_denial("ns", "p", None, None).contains("busy (since unknown);"));
+    }
+}

@@ -1,0 +1,226 @@
+//! What a change seen on the watch means, decided whole: a deferred delete that may now go
+//! ahead, busyguard's annotations gone stale (a flip busyguard missed, a lapse of protection),
+//! or a busy pod lost without any request busyguard could refuse.
+
+use jiff::Timestamp;
+
+use super::PolicyConfig;
+use super::busy::{BusyState, busy_state};
+use super::messages;
+use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
+use super::pod::{Phase, PodFacts};
+use super::update::plan_annotations;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossCause {
+    /// The kubelet failed the pod (node-pressure eviction, preemption at admission, ...).
+    Failed { reason: Option<String> },
+    /// Gone from the API without a graceful delete (node loss, forced delete).
+    Vanished,
+}
+
+impl LossCause {
+    pub fn label(&self) -> &'static str {
+        match self {
+            LossCause::Failed { .. } => "failed",
+            LossCause::Vanished => "vanished",
+        }
+    }
+
+    fn reason(&self) -> Reason {
+        match self {
+            LossCause::Failed { .. } => Reason::Failed,
+            LossCause::Vanished => Reason::Vanished,
+        }
+    }
+}
+
+/// What to do about a change.
+#[derive(Debug, Default, PartialEq)]
+pub struct Observed {
+    pub effects: Vec<Effect>,
+    /// A busy pod lost: its audit line and its cause, for the metric.
+    pub lost: Option<(LossCause, AuditRecord)>,
+}
+
+/// `before` and `after` are the same pod as last seen and as seen now (`None`: deleted).
+pub fn decide<P: PodFacts>(
+    pod: &PodRef,
+    before: Option<&P>,
+    after: Option<&P>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Observed {
+    let was_busy = before.map(|p| busy_state(p, config.max_busy, now)).and_then(|s| match s {
+        BusyState::Busy { since, .. } => Some(since),
+        _ => None,
+    });
+    let cause = match (was_busy, after) {
+        (Some(_), None) => Some(LossCause::Vanished),
+        (Some(_), Some(now_)) if now_.phase() == Phase::Failed && !now_.is_terminating() => {
+            Some(LossCause::Failed { reason: now_.status_reason().map(str::to_string) })
+        }
+        _ => None,
+    };
+    if let Some(cause) = cause {
+        let detail = messages::lost(pod, &cause);
+        let record = AuditRecord {
+            busy_since: was_busy.flatten(),
+            ..AuditRecord::of_pod(pod, Decision::Lost, cause.reason(), detail, config.mode, now)
+        };
+        return Observed { effects: Vec::new(), lost: Some((cause, record)) };
+    }
+    let effects = after.map(|p| due(pod, p, config, now)).unwrap_or_default();
+    Observed { effects, lost: None }
+}
+
+/// What is due for the pod as it is now, whatever changed: its deferred delete once it is no
+/// longer protected, else busyguard's annotations brought up to date. Also asked on a timer, so
+/// that a protection running out is acted on without waiting for a change.
+pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<Effect> {
+    if let Some(request) = now_seen.delete_request()
+        && matches!(busy_state(now_seen, config.max_busy, now), BusyState::Idle | BusyState::Lapsed { .. })
+    {
+        let detail = messages::deleted_when_idle(pod, &request);
+        let audit = AuditRecord {
+            operation: "DELETE",
+            user: request.by.clone(),
+            ..AuditRecord::of_pod(pod, Decision::DeletedWhenIdle, Reason::DeleteRequested, detail, config.mode, now)
+        };
+        let resource_version = now_seen.resource_version().to_string();
+        return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];
+    }
+    let changes = plan_annotations(now_seen, config.mutation, config.max_busy, now);
+    if changes.is_empty() {
+        return Vec::new();
+    }
+    vec![Effect::Refresh { pod: pod.clone(), resource_version: now_seen.resource_version().to_string(), changes }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Mode;
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, MaxBusy};
+    use crate::policy::cost::{DELETION_COST, busy_cost};
+    use crate::policy::disruption::Exemptions;
+    use crate::policy::outcome::{DELETE_REQUESTED, DeleteRequest};
+    use crate::policy::pod::Pod;
+    use crate::policy::update::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT, MutationSettings};
+    use serde_json::json;
+
+    fn config() -> PolicyConfig {
+        PolicyConfig {
+            mode: Mode::Enforce,
+            max_busy: MaxBusy::new(jiff::SignedDuration::from_hours(24)),
+            exemptions: Exemptions::default(),
+            mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-21T21:00:00Z".parse().unwrap()
+    }
+
+    fn since() -> Timestamp {
+        "2026-11-21T20:00:00Z".parse().unwrap()
+    }
+
+    fn target() -> PodRef {
+        PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() }
+    }
+
+    /// A pod with busyguard's annotations as the mutating webhook leaves them for `label`.
+    fn pod(label: &str, extra_annotations: serde_json::Value, status: serde_json::Value) -> Pod {
+        let mut annotations = if label == "true" {
+            json!({BUSY_SINCE: since().to_string(), DELETION_COST: busy_cost(since()).to_string(),
+                   KARPENTER_DO_NOT_DISRUPT: "true", AUTOSCALER_SAFE_TO_EVICT: "false"})
+        } else {
+            json!({})
+        };
+        annotations.as_object_mut().unwrap().extend(extra_annotations.as_object().unwrap().clone());
+        serde_json::from_value(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
+            "labels": {BUSY_LABEL: label}, "annotations": annotations}, "status": status}))
+        .unwrap()
+    }
+
+    fn requested() -> serde_json::Value {
+        json!({DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#})
+    }
+
+    fn running() -> serde_json::Value {
+        json!({"phase": "Running"})
+    }
+
+    #[test]
+    fn marked_pod_turning_idle_is_deleted_now_and_the_delete_audited_for_its_requester() {
+        let busy = pod("true", requested(), running());
+        let idle = pod("false", requested(), running());
+        let observed = decide(&target(), Some(&busy), Some(&idle), &config(), now());
+        let [Effect::DeleteIdle { pod, resource_version, request, audit }] = observed.effects.as_slice() else {
+            panic!("{observed:?}")
+        };
+        assert_eq!((pod, resource_version.as_str()), (&target(), "7"));
+        assert_eq!(request, &DeleteRequest { by: "alice".into(), at: "2026-11-21T20:30:00Z".parse().unwrap() });
+        assert_eq!(
+            (audit.decision, audit.reason, audit.user.as_str()),
+            (Decision::DeletedWhenIdle, Reason::DeleteRequested, "alice")
+        );
+        assert_eq!(
+            decide(&target(), Some(&busy), Some(&busy), &config(), now()),
+            Observed::default(),
+            "still busy: wait"
+        );
+    }
+
+    #[test]
+    fn marked_pod_already_terminating_is_not_deleted_again() {
+        let mut idle = pod("false", requested(), running());
+        idle.metadata.deletion_timestamp = Some(now());
+        assert_eq!(decide(&target(), None, Some(&idle), &config(), now()), Observed::default());
+    }
+
+    #[test]
+    fn marked_pod_past_max_busy_is_deleted_on_the_timer_without_any_change() {
+        let busy = pod("true", requested(), running());
+        let later: Timestamp = "2026-11-22T20:00:00Z".parse().unwrap();
+        assert_eq!(due(&target(), &busy, &config(), now()), Vec::new(), "still protected");
+        assert!(matches!(due(&target(), &busy, &config(), later).as_slice(), [Effect::DeleteIdle { .. }]));
+    }
+
+    #[test]
+    fn a_flip_to_idle_busyguard_missed_is_restored_by_a_refresh() {
+        let mut missed = pod("true", json!({IDLE_COST: "3"}), running());
+        missed.metadata.labels.insert(BUSY_LABEL.into(), "false".into());
+        let effects = due(&target(), &missed, &config(), now());
+        let [Effect::Refresh { changes, resource_version, .. }] = effects.as_slice() else { panic!("{effects:?}") };
+        assert_eq!(resource_version, "7");
+        assert_eq!(changes.get(DELETION_COST), Some(&Some("3".to_string())));
+        assert_eq!(changes.get(KARPENTER_DO_NOT_DISRUPT), Some(&None));
+    }
+
+    #[test]
+    fn a_pod_up_to_date_needs_nothing() {
+        assert_eq!(due(&target(), &pod("true", json!({}), running()), &config(), now()), Vec::new());
+        assert_eq!(due(&target(), &pod("false", json!({}), running()), &config(), now()), Vec::new());
+    }
+
+    #[test]
+    fn busy_pod_failed_by_the_kubelet_is_a_loss_with_its_reason() {
+        let busy = pod("true", json!({}), running());
+        let evicted = pod("true", json!({}), json!({"phase": "Failed", "reason": "Evicted"}));
+        let observed = decide(&target(), Some(&busy), Some(&evicted), &config(), now());
+        let (cause, audit) = observed.lost.unwrap();
+        assert_eq!(cause, LossCause::Failed { reason: Some("Evicted".into()) });
+        assert_eq!((audit.decision, audit.reason, audit.busy_since), (Decision::Lost, Reason::Failed, Some(since())));
+    }
+
+    #[test]
+    fn busy_pod_vanishing_is_a_loss_but_an_idle_one_is_not() {
+        let busy = pod("true", json!({}), running());
+        let observed = decide(&target(), Some(&busy), None, &config(), now());
+        assert!(matches!(observed.lost, Some((LossCause::Vanished, _))));
+        let idle = pod("false", json!({}), running());
+        assert_eq!(decide(&target(), Some(&idle), None, &config(), now()), Observed::default());
+    }
+}

@@ -1,0 +1,344 @@
+//! What a decision comes to, in busyguard's own words: the answer, the audit line and the side
+//! effects. The admission layer turns the answer into an AdmissionResponse; the cluster layer
+//! carries out the effects; the audit sink writes the line.
+
+use std::fmt;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::scale::ScalePlan;
+use super::update::Changes;
+use super::{Mode, Requester};
+
+#[derive(Debug)]
+pub struct Outcome {
+    pub answer: Answer,
+    pub decision: Decision,
+    pub audit: Option<AuditRecord>,
+    /// To leave through the outbox once the answer is decided.
+    pub effects: Vec<Effect>,
+    /// The answer waits (within its deadline) for the effects: a scale-down's cost updates
+    /// must land before the controller picks pods.
+    pub await_effects: bool,
+}
+
+impl Outcome {
+    pub fn answer(answer: Answer, decision: Decision) -> Self {
+        Outcome { answer, decision, audit: None, effects: Vec::new(), await_effects: false }
+    }
+
+    /// Allowed as it is, with nothing to say.
+    pub fn allow(decision: Decision) -> Self {
+        Self::answer(Answer::Allow { warnings: Vec::new() }, decision)
+    }
+
+    pub fn audited(self, record: AuditRecord) -> Self {
+        Outcome { audit: Some(record), ..self }
+    }
+
+    pub fn is_allowed(&self) -> bool {
+        !matches!(self.answer, Answer::Deny { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Allow {
+        warnings: Vec<String>,
+    },
+    /// Allowed with these changes (only the mutating webhook answers so).
+    Patch {
+        patch: json_patch::Patch,
+        warnings: Vec<String>,
+    },
+    Deny {
+        denial: Denial,
+        message: String,
+    },
+}
+
+/// Why a request is refused, as the requester's client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// The pod is busy: retry later, as a PodDisruptionBudget answers (429).
+    PodBusy,
+}
+
+/// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
+/// PodDisruptionBudget names `DisruptionBudget`: how busyguard knows its own answer.
+pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
+
+impl Denial {
+    pub fn code(self) -> u16 {
+        match self {
+            Denial::PodBusy => 429,
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            Denial::PodBusy => "TooManyRequests",
+        }
+    }
+
+    pub fn cause(self) -> &'static str {
+        match self {
+            Denial::PodBusy => BUSY_CAUSE,
+        }
+    }
+}
+
+/// What busyguard did: the `result` of the review metric and the `decision` of audit lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    Allowed,
+    Patched,
+    Denied,
+    /// Dry-run mode: allowed with a warning, audited as a denial that did not happen.
+    WouldDeny,
+    /// A busy pod's protection set aside for an exempt requester.
+    Exempted,
+    /// A pod marked busy whose protection ran out (max-busy, restart).
+    Lapsed,
+    /// A scale-down, prepared (or not, and why) and allowed.
+    ScaleDown,
+    /// Not a request busyguard judges: allowed as is.
+    Unhandled,
+    /// busyguard carried out a delete it had deferred.
+    DeletedWhenIdle,
+    /// A busy pod went without a request busyguard could refuse.
+    Lost,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Patched => "patched",
+            Decision::Denied => "denied",
+            Decision::WouldDeny => "would-deny",
+            Decision::Exempted => "exempted",
+            Decision::Lapsed => "lapsed",
+            Decision::ScaleDown => "scale-down",
+            Decision::Unhandled => "unhandled",
+            Decision::DeletedWhenIdle => "deleted-when-idle",
+            Decision::Lost => "lost",
+        }
+    }
+}
+
+/// Why, in one word (README, "Audit lines").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    Busy,
+    BusyDeleteDeferred,
+    ExemptUser,
+    ExemptGroup,
+    MaxBusyExceeded,
+    StaleAfterRestart,
+    Plan,
+    NoSelector,
+    InvalidSelector,
+    ViewUnavailable,
+    DeleteRequested,
+    Failed,
+    Vanished,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Busy => "busy",
+            Reason::BusyDeleteDeferred => "busy-delete-deferred",
+            Reason::ExemptUser => "exempt-user",
+            Reason::ExemptGroup => "exempt-group",
+            Reason::MaxBusyExceeded => "max-busy-exceeded",
+            Reason::StaleAfterRestart => "stale-after-restart",
+            Reason::Plan => "plan",
+            Reason::NoSelector => "no-selector",
+            Reason::InvalidSelector => "invalid-selector",
+            Reason::ViewUnavailable => "view-unavailable",
+            Reason::DeleteRequested => "delete-requested",
+            Reason::Failed => "failed",
+            Reason::Vanished => "vanished",
+        }
+    }
+}
+
+/// One audit line: who asked what of which object, what busyguard decided and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditRecord {
+    pub time: Timestamp,
+    /// The AdmissionReview's uid; empty for what busyguard saw on the watch.
+    pub uid: String,
+    pub decision: Decision,
+    pub reason: Reason,
+    /// The same in words, with the names and times involved.
+    pub detail: String,
+    pub operation: &'static str,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    /// The pod's name, or the ReplicaSet's or Deployment's for a scale-down.
+    pub name: String,
+    pub user: String,
+    pub groups: Vec<String>,
+    pub busy_since: Option<Timestamp>,
+    pub mode: Mode,
+    /// The request was a dry run: the answer was given, nothing was changed.
+    pub dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<ScalePlan>,
+}
+
+impl AuditRecord {
+    /// A line about a pod that no request named (the watch saw it), for the caller to fill in.
+    pub fn of_pod(
+        pod: &PodRef,
+        decision: Decision,
+        reason: Reason,
+        detail: String,
+        mode: Mode,
+        now: Timestamp,
+    ) -> Self {
+        AuditRecord {
+            time: now,
+            uid: String::new(),
+            decision,
+            reason,
+            detail,
+            operation: "",
+            resource: "pods".into(),
+            subresource: String::new(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            user: String::new(),
+            groups: Vec::new(),
+            busy_since: None,
+            mode,
+            dry_run: false,
+            plan: None,
+        }
+    }
+}
+
+/// The request being decided, as the decisions see it: no wire format.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub uid: &'a str,
+    pub operation: &'static str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub requester: Requester<'a>,
+    /// The request changes nothing (`dryRun`, or an eviction's `deleteOptions.dryRun`).
+    pub dry_run: bool,
+}
+
+impl Ask<'_> {
+    /// An audit line naming this request.
+    pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
+        AuditRecord {
+            time: now,
+            uid: self.uid.to_string(),
+            decision,
+            reason,
+            detail,
+            operation: self.operation,
+            resource: self.resource.to_string(),
+            subresource: self.subresource.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            user: self.requester.username.to_string(),
+            groups: self.requester.groups.to_vec(),
+            busy_since: None,
+            mode,
+            dry_run: self.dry_run,
+            plan: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
+/// The value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
+pub const DELETE_REQUESTED: &str = "busyguard.io/delete-requested";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRequest {
+    pub by: String,
+    pub at: Timestamp,
+}
+
+impl DeleteRequest {
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).expect("two strings always serialize")
+    }
+}
+
+/// What a disruption was: the Event's action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Delete,
+    Evict,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Delete => "Delete",
+            Action::Evict => "Evict",
+        }
+    }
+}
+
+/// A change to the cluster a decision asks for; the outbox carries it out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Bring busyguard's annotations up to date; `changes` were planned on `resource_version`.
+    Refresh { pod: PodRef, resource_version: String, changes: Changes },
+    /// Note a refused delete on the pod, so it is carried out once the pod is idle.
+    MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
+    /// Carry out a deferred delete: the pod, as of `resource_version`, is no longer protected.
+    /// `audit` is written once it is done.
+    DeleteIdle { pod: PodRef, resource_version: String, request: DeleteRequest, audit: Box<AuditRecord> },
+    /// A Warning Event on the pod for a refused disruption.
+    Event { pod: PodRef, action: Action, note: String },
+}
+
+impl Effect {
+    /// The metric's `kind` label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Effect::Refresh { .. } => "refresh",
+            Effect::MarkDeleteRequested { .. } => "mark-delete",
+            Effect::DeleteIdle { .. } => "delete-idle",
+            Effect::Event { .. } => "event",
+        }
+    }
+
+    pub fn pod(&self) -> &PodRef {
+        match self {
+            Effect::Refresh { pod, .. }
+            | Effect::MarkDeleteRequested { pod, .. }
+            | Effect::DeleteIdle { pod, .. }
+            | Effect::Event { pod, .. } => pod,
+        }
+    }
+}
