@@ -290,24 +290,6 @@ async fn dry_run_mode_allows_busy_deletes_with_a_warning_and_audits_what_it_woul
 }
 
 #[tokio::test]
-async fn deletes_never_carry_a_patch_whichever_path_they_reach() {
-    let server = TestServer::start().await;
-    let mut review = fixture("pod-delete-by-user.json");
-    assert_eq!(server.review("/mutate", &review).await, json!({"uid": review["request"]["uid"], "allowed": true}));
-    set_busy_label(&mut review, "true");
-    let response = server.review("/mutate", &review).await;
-    assert_eq!(response["allowed"], false);
-    assert!(response.get("patch").is_none());
-}
-
-#[tokio::test]
-async fn the_validating_path_never_patches_pod_writes() {
-    let server = TestServer::start().await;
-    let review = fixture("pod-update-label-busy-by-user.json");
-    assert_eq!(server.review("/validate", &review).await, json!({"uid": review["request"]["uid"], "allowed": true}));
-}
-
-#[tokio::test]
 async fn requests_busyguard_does_not_judge_are_allowed_and_counted() {
     let server = TestServer::start().await;
     let mut scale_up = fixture("replicaset-scale-subresource-down-by-kubectl.json");

@@ -63,3 +63,14 @@ pub const POD_GC_USER: &str = "system:serviceaccount:kube-system:pod-garbage-col
 pub const GARBAGE_COLLECTOR_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 /// The administrator of clusters set up by hand or by local tools: a person despite the prefix.
 pub const LOCAL_ADMIN_USER: &str = "system:admin";
+
+/// Enforce mode, both autoscaler annotations, no exemptions, `max_busy` for every pod.
+#[cfg(test)]
+pub(crate) fn test_config(max_busy: jiff::SignedDuration) -> PolicyConfig {
+    PolicyConfig {
+        mode: Mode::Enforce,
+        max_busy: MaxBusy::new(max_busy),
+        exemptions: Exemptions::default(),
+        mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
+    }
+}

@@ -100,22 +100,15 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Mode;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, MaxBusy};
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::cost::{DELETION_COST, busy_cost};
-    use crate::policy::disruption::Exemptions;
     use crate::policy::outcome::{DELETE_REQUESTED, DeleteRequest};
     use crate::policy::pod::Pod;
-    use crate::policy::update::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT, MutationSettings};
+    use crate::policy::update::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT};
     use serde_json::json;
 
     fn config() -> PolicyConfig {
-        PolicyConfig {
-            mode: Mode::Enforce,
-            max_busy: MaxBusy::new(jiff::SignedDuration::from_hours(24)),
-            exemptions: Exemptions::default(),
-            mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
-        }
+        crate::policy::test_config(jiff::SignedDuration::from_hours(24))
     }
 
     fn now() -> Timestamp {

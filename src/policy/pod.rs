@@ -174,6 +174,37 @@ pub trait PodFacts {
     }
 }
 
+/// A pod borrowed answers as the pod.
+impl<P: PodFacts> PodFacts for &P {
+    fn uid(&self) -> &str {
+        (*self).uid()
+    }
+    fn resource_version(&self) -> &str {
+        (*self).resource_version()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        (*self).label(key)
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        (*self).annotation(key)
+    }
+    fn phase(&self) -> Phase {
+        (*self).phase()
+    }
+    fn is_terminating(&self) -> bool {
+        (*self).is_terminating()
+    }
+    fn last_restart(&self) -> Option<Timestamp> {
+        (*self).last_restart()
+    }
+    fn readiness(&self) -> Option<Readiness> {
+        (*self).readiness()
+    }
+    fn status_reason(&self) -> Option<&str> {
+        (*self).status_reason()
+    }
+}
+
 impl PodFacts for Pod {
     fn uid(&self) -> &str {
         &self.metadata.uid
@@ -279,6 +310,100 @@ mod tests {
         for (phase, terminal) in [("Succeeded", true), ("Failed", true), ("Running", false), ("Pending", false)] {
             let pod: Pod = serde_json::from_value(serde_json::json!({"status": {"phase": phase}})).unwrap();
             assert_eq!(pod.is_terminal(), terminal, "{phase}");
+        }
+    }
+
+    /// A pod that notes every annotation a decision asks it for.
+    struct Recording<'a> {
+        pod: &'a Pod,
+        asked: std::cell::RefCell<std::collections::BTreeSet<String>>,
+    }
+
+    impl PodFacts for Recording<'_> {
+        fn uid(&self) -> &str {
+            self.pod.uid()
+        }
+        fn resource_version(&self) -> &str {
+            self.pod.resource_version()
+        }
+        fn label(&self, key: &str) -> Option<&str> {
+            self.pod.label(key)
+        }
+        fn annotation(&self, key: &str) -> Option<&str> {
+            self.asked.borrow_mut().insert(key.to_string());
+            self.pod.annotation(key)
+        }
+        fn phase(&self) -> Phase {
+            self.pod.phase()
+        }
+        fn is_terminating(&self) -> bool {
+            self.pod.is_terminating()
+        }
+        fn last_restart(&self) -> Option<Timestamp> {
+            self.pod.last_restart()
+        }
+        fn readiness(&self) -> Option<Readiness> {
+            self.pod.readiness()
+        }
+        fn status_reason(&self) -> Option<&str> {
+            self.pod.status_reason()
+        }
+    }
+
+    /// The view keeps only DECIDING_ANNOTATIONS: a decision reading any other would see it
+    /// missing on evictions, scale-downs and the watch, and present on pod writes.
+    #[test]
+    fn every_annotation_a_decision_reads_is_kept() {
+        use crate::policy::busy::BUSY_LABEL;
+        use crate::policy::disruption;
+        use crate::policy::outcome::{Action, Ask, PodRef};
+        use crate::policy::update::plan_annotations;
+        use crate::policy::{Requester, observed, scale};
+        use serde_json::json;
+
+        let config = crate::policy::test_config(jiff::SignedDuration::from_hours(1));
+        let now: Timestamp = "2026-11-21T21:00:00Z".parse().unwrap();
+        let every_kept: serde_json::Map<String, serde_json::Value> =
+            DECIDING_ANNOTATIONS.iter().map(|key| (key.to_string(), json!("x"))).collect();
+        let pods: Vec<Pod> = [
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T20:30:00Z"}}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_WHEN_UNREADY: "true"}},
+                   "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": every_kept}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": every_kept}}),
+        ]
+        .into_iter()
+        .map(|value| serde_json::from_value(value).unwrap())
+        .collect();
+        let requester = Requester { username: "alice", groups: &[] };
+        let ask = Ask {
+            uid: "u",
+            operation: "DELETE",
+            resource: "pods",
+            subresource: "",
+            namespace: "ns",
+            name: "w",
+            requester,
+            dry_run: false,
+        };
+        let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
+        for pod in &pods {
+            let recording = Recording { pod, asked: Default::default() };
+            disruption::decide(&ask, Action::Evict, &recording, &config, now);
+            disruption::decide(&ask, Action::Delete, &recording, &config, now);
+            plan_annotations(&recording, config.mutation, config.max_busy, now);
+            observed::due(&target, &recording, &config, now);
+            observed::decide(&target, Some(&recording), None, &config, now);
+            let select = |_: &_| Ok(vec![("w".to_string(), &recording)]);
+            let request = scale::ScaleRequest { from: Some(2), to: Some(1), selector: Some("app=w".parse()) };
+            scale::decide(&ask, "deployments ns/w", request, select, &config, now);
+            let asked = recording.asked.into_inner();
+            let unkept: Vec<&String> =
+                asked.iter().filter(|key| !DECIDING_ANNOTATIONS.contains(&key.as_str())).collect();
+            assert!(unkept.is_empty(), "read by a decision but dropped by the view: {unkept:?}");
         }
     }
 }

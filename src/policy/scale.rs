@@ -130,6 +130,114 @@ pub fn plan_scale_down(from: i32, to: i32, states: &[BusyState], refreshed: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Requester;
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::pod::Pod;
+    use serde_json::json;
+
+    fn config() -> PolicyConfig {
+        crate::policy::test_config(jiff::SignedDuration::from_hours(24))
+    }
+
+    fn ask(dry_run: bool) -> Ask<'static> {
+        Ask {
+            uid: "u",
+            operation: "UPDATE",
+            resource: "deployments",
+            subresource: "scale",
+            namespace: "capture",
+            name: "worker",
+            requester: Requester { username: "alice", groups: &[] },
+            dry_run,
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-21T21:00:00Z".parse().unwrap()
+    }
+
+    /// `busy` up to date, `missed` labelled busy without busyguard's annotations, `idle`.
+    fn pods() -> Vec<(String, Pod)> {
+        let pod = |label: &str, annotations: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"uid": "u", "resourceVersion": "3",
+                "labels": {"app": "worker", BUSY_LABEL: label}, "annotations": annotations}}))
+            .unwrap()
+        };
+        let busy = json!({BUSY_SINCE: "2026-11-21T20:00:00Z",
+            "controller.kubernetes.io/pod-deletion-cost": crate::policy::cost::busy_cost("2026-11-21T20:00:00Z".parse().unwrap()).to_string(),
+            "karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"});
+        vec![
+            ("busy".into(), pod("true", busy)),
+            ("missed".into(), pod("true", json!({}))),
+            ("idle".into(), pod("false", json!({}))),
+        ]
+    }
+
+    fn request(from: i32, to: i32, selector: &str) -> ScaleRequest {
+        ScaleRequest { from: Some(from), to: Some(to), selector: Some(selector.parse()) }
+    }
+
+    fn reason(outcome: &Outcome) -> Option<Reason> {
+        outcome.audit.as_ref().map(|a| a.reason)
+    }
+
+    #[test]
+    fn a_scale_down_refreshes_stale_pods_waits_for_them_and_audits_the_plan() {
+        let outcome = decide(
+            &ask(false),
+            "deployments/scale capture/worker",
+            request(3, 1, "app=worker"),
+            |_| Ok(pods()),
+            &config(),
+            now(),
+        );
+        assert!(outcome.is_allowed() && outcome.await_effects);
+        let refreshed: Vec<&str> = outcome.effects.iter().map(|e| e.pod().name.as_str()).collect();
+        assert_eq!(refreshed, ["missed"], "only the pod whose annotations are stale");
+        let audit = outcome.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason), (Decision::ScaleDown, Reason::Plan));
+        let plan = audit.plan.unwrap();
+        assert_eq!((plan.idle_taken, plan.busy_waited, plan.busy_spared, plan.refreshed), (1, 1, 1, 1));
+        assert_eq!(
+            audit.detail,
+            "deployments/scale capture/worker 3→1: takes 1 idle pod(s) now, waits for 1 busy pod(s), spares 1 busy \
+             pod(s); 1 pod(s) had stale busyguard annotations"
+        );
+    }
+
+    #[test]
+    fn a_dry_run_scale_down_plans_without_refreshing() {
+        let outcome = decide(&ask(true), "d", request(3, 1, "app=worker"), |_| Ok(pods()), &config(), now());
+        assert!(outcome.effects.is_empty());
+        assert_eq!(reason(&outcome), Some(Reason::Plan));
+    }
+
+    #[test]
+    fn a_scale_up_or_a_scale_down_selecting_nothing_is_allowed_quietly() {
+        let up = decide(&ask(false), "d", request(1, 3, "app=worker"), |_| Ok(pods()), &config(), now());
+        let empty =
+            decide(&ask(false), "d", request(3, 1, "app=other"), |_| Ok(Vec::<(String, Pod)>::new()), &config(), now());
+        for outcome in [up, empty] {
+            assert_eq!(outcome.decision, Decision::Allowed);
+            assert!(outcome.audit.is_none() && outcome.effects.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_scale_down_that_cannot_be_prepared_is_allowed_and_audited_with_why() {
+        let cases = [
+            (ScaleRequest { from: Some(3), to: Some(1), selector: None }, Ok(pods()), Reason::NoSelector),
+            (request(3, 1, ""), Ok(pods()), Reason::NoSelector),
+            (request(3, 1, "app in (x"), Ok(pods()), Reason::InvalidSelector),
+            (request(3, 1, "app=worker"), Err("the view is stale".to_string()), Reason::ViewUnavailable),
+        ];
+        for (scale, view, expected) in cases {
+            let outcome = decide(&ask(false), "d", scale, |_| view, &config(), now());
+            assert!(outcome.is_allowed());
+            assert_eq!((outcome.decision, reason(&outcome)), (Decision::ScaleDown, Some(expected)));
+            assert!(outcome.effects.is_empty());
+        }
+    }
 
     const BUSY: BusyState = BusyState::Busy { since: None, until: None };
 

@@ -386,6 +386,37 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    fn config() -> PolicyConfig {
+        PolicyConfig {
+            mode: crate::policy::Mode::Enforce,
+            max_busy: DAY,
+            exemptions: Default::default(),
+            mutation: ALL,
+        }
+    }
+
+    #[test]
+    fn a_write_with_nothing_to_change_is_allowed_with_its_warnings() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "maybe"}}}));
+        let outcome = decide(&p, &config(), ts("2026-11-21T20:48:44Z"));
+        assert_eq!(outcome.decision, Decision::Allowed);
+        let Answer::Allow { warnings } = outcome.answer else { panic!() };
+        assert_eq!(warnings.len(), 1);
+        assert!(outcome.audit.is_none() && outcome.effects.is_empty(), "pod writes are neither audited nor acted on");
+    }
+
+    #[test]
+    fn a_flip_to_busy_is_answered_with_its_patch() {
+        let p = pod(worker(json!({})));
+        let mut busy = worker(json!({}));
+        set_label(&mut busy, "true");
+        assert_eq!(decide(&p, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed, "idle: nothing");
+        let outcome = decide(&pod(busy), &config(), ts("2026-11-21T20:48:44Z"));
+        assert_eq!(outcome.decision, Decision::Patched);
+        let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
+        assert_eq!(patch.0.len(), 4, "busy-since, cost, and the two autoscaler annotations: {patch:?}");
+    }
+
     #[test]
     fn a_busy_label_neither_true_nor_false_is_warned_about() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));

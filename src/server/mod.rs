@@ -73,6 +73,23 @@ pub struct App {
 }
 
 impl App {
+    /// Not serving until `start_serving` is called.
+    pub fn new(
+        policy: PolicyConfig,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+        limits: Limits,
+        cluster: Cluster,
+    ) -> App {
+        let in_flight = Semaphore::new(limits.max_in_flight);
+        App { policy, audit, metrics, limits, cluster, in_flight, serving: AtomicBool::new(false) }
+    }
+
+    /// Takes reviews from now on (and reports ready, when the rest is).
+    pub fn start_serving(&self) {
+        self.serving.store(true, Ordering::Relaxed);
+    }
+
     /// False from the start of a shutdown.
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Relaxed)
@@ -123,15 +140,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let admin_addr = admin_listener.local_addr()?;
 
     let cluster = Cluster::start(config.cluster, &config.policy, audit.clone(), metrics.clone()).await?;
-    let app = Arc::new(App {
-        policy: config.policy,
-        audit,
-        metrics,
-        limits: config.limits,
-        cluster,
-        in_flight: Semaphore::new(config.limits.max_in_flight),
-        serving: AtomicBool::new(false),
-    });
+    let app = Arc::new(App::new(config.policy, audit, metrics, config.limits, cluster));
     let (stop_webhook, webhook_stopped) = watch::channel(false);
     let (stop_admin, mut admin_stopped) = watch::channel(false);
     let webhook_task = tokio::spawn(serve_tls(
@@ -149,7 +158,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
             warn!(error = %e, "admin port stopped");
         }
     });
-    app.serving.store(true, Ordering::Relaxed);
+    app.start_serving();
     info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
     Ok(Running {
         webhook_addr,

@@ -1,0 +1,113 @@
+//! Every fixture a real kube-apiserver sent, through busyguard's own router in-process (no TLS,
+//! no sockets): the answer each request needs, on the wire as the API server reads it.
+//! tests/admission_fixtures.rs has the same bodies over real TLS.
+
+mod common;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use base64::Engine;
+use busyguard::audit::AuditLog;
+use busyguard::cluster::Cluster;
+use busyguard::metrics::Metrics;
+use busyguard::server::{App, webhook};
+use common::invariants::{policy, view_of};
+use common::{fixture, set_busy_label, test_config};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// The router over a listed view holding the pods the delete fixtures carry, so an eviction of
+/// one of them is judged.
+fn router() -> axum::Router {
+    let deleted: Vec<Value> = ["pod-delete-by-replicaset-controller.json", "pod-delete-by-user.json"]
+        .map(|name| fixture(name)["request"]["oldObject"].clone())
+        .into();
+    let mut evicted = deleted[0].clone();
+    evicted["metadata"]["name"] = fixture("pod-eviction-by-user.json")["request"]["name"].clone();
+    let view = view_of(&[&deleted[0], &deleted[1], &evicted]);
+    let metrics = Arc::new(Metrics::default());
+    let audit = Arc::new(AuditLog::to(Box::new(std::io::sink()), metrics.audit.clone()));
+    let limits = test_config(std::path::Path::new("/nonexistent")).limits;
+    let cluster = Cluster { view: Arc::new(view), outbox: None };
+    let app = App::new(policy(), audit, metrics, limits, cluster);
+    app.start_serving();
+    webhook::router(Arc::new(app))
+}
+
+async fn post(router: &axum::Router, path: &str, review: &Value) -> (u16, Value) {
+    let request = http::Request::post(format!("{path}?timeout=5s"))
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(review).unwrap()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test]
+async fn every_fixture_gets_the_answer_its_request_needs() {
+    let router = router();
+    // (fixture, path, allowed, patched). The delete by the ReplicaSet controller and the eviction
+    // name pods already labelled busy; the rest are idle or not busyguard's to judge.
+    let cases = [
+        ("deployment-scale-subresource-down-by-kubectl.json", "/validate", true, false),
+        ("deployment-update-replicas-down-by-user.json", "/validate", true, false),
+        ("pod-create-by-replicaset-controller.json", "/mutate", true, false),
+        ("pod-create-by-user.json", "/mutate", true, false),
+        ("pod-delete-by-replicaset-controller.json", "/validate", false, false),
+        ("pod-delete-by-user.json", "/validate", true, false),
+        ("pod-delete-final-by-kubelet.json", "/validate", true, false),
+        ("pod-eviction-by-user.json", "/validate", false, false),
+        ("pod-eviction-server-dry-run-by-user.json", "/validate", false, false),
+        ("pod-update-annotation-by-user.json", "/mutate", true, true),
+        ("pod-update-label-busy-by-user.json", "/mutate", true, true),
+        ("replicaset-scale-subresource-down-by-kubectl.json", "/validate", true, false),
+        ("replicaset-update-scale-down-by-deployment-controller.json", "/validate", true, false),
+    ];
+    assert_eq!(cases.len(), std::fs::read_dir("tests/fixtures").unwrap().count(), "every fixture has a case");
+    for (name, path, allowed, patched) in cases {
+        let review = fixture(name);
+        let (status, answer) = post(&router, path, &review).await;
+        assert_eq!(status, 200, "{name}: {answer}");
+        assert_eq!(
+            (answer["apiVersion"].as_str(), answer["kind"].as_str()),
+            (Some("admission.k8s.io/v1"), Some("AdmissionReview"))
+        );
+        let response = &answer["response"];
+        assert_eq!(response["uid"], review["request"]["uid"], "{name}");
+        assert_eq!(response["allowed"], allowed, "{name}: {response}");
+        assert_eq!(response["patch"].is_string(), patched, "{name}: {response}");
+        if patched {
+            let patch = base64::engine::general_purpose::STANDARD.decode(response["patch"].as_str().unwrap()).unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+            let mut pod = review["request"]["object"].clone();
+            json_patch::patch(&mut pod, &patch).unwrap_or_else(|e| panic!("{name}: the patch does not apply: {e}"));
+        }
+        if !allowed {
+            assert_eq!(response["status"]["code"], 429, "{name}");
+            assert_eq!(response["status"]["details"]["causes"][0]["reason"], "BusyguardPodBusy", "{name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn deletes_never_carry_a_patch_and_the_validating_path_never_patches_pod_writes() {
+    let router = router();
+    let mut busy_delete = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut busy_delete, "true");
+    let cases = [
+        (fixture("pod-update-label-busy-by-user.json"), "/validate", true),
+        (fixture("pod-delete-by-user.json"), "/mutate", true),
+        // Judged on whichever registration it reaches, and still without a patch.
+        (busy_delete, "/mutate", false),
+    ];
+    for (review, path, allowed) in cases {
+        let (status, answer) = post(&router, path, &review).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer["response"]["allowed"], allowed, "{path}: {answer}");
+        assert!(answer["response"]["patch"].is_null(), "{path}: {answer}");
+    }
+}
