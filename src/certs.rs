@@ -19,7 +19,7 @@ use rustls::client::danger::ServerCertVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::server::tls::{certified_key, provider};
+use crate::crypto::{certified_key, provider};
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod crypto;
 pub mod duration;
 pub mod metrics;
 pub mod policy;

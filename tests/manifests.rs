@@ -10,8 +10,9 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use busyguard::config::{Cli, Command as BusyguardCommand};
-use busyguard::policy::selector::{LabelSelector, Selector};
+use busyguard::policy::selector::Selector;
 use clap::Parser;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");

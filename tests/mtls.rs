@@ -42,7 +42,7 @@ async fn post_as(
 ) -> Result<u16, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(server.ca()).unwrap();
-    let builder = rustls::ClientConfig::builder_with_provider(busyguard::server::tls::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(busyguard::crypto::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);

@@ -118,7 +118,7 @@ async fn tls_1_2_is_accepted_and_older_versions_are_refused() {
     let server = TestServer::start().await;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(server.ca()).unwrap();
-    let tls12_only = rustls::ClientConfig::builder_with_provider(busyguard::server::tls::provider())
+    let tls12_only = rustls::ClientConfig::builder_with_provider(busyguard::crypto::provider())
         .with_protocol_versions(&[&rustls::version::TLS12])
         .unwrap()
         .with_root_certificates(roots)

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::review::InvalidReview;
 use crate::policy::pod::Pod;
-use crate::policy::selector::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // two per request, decoded in place rather than boxed

@@ -1,49 +1,29 @@
 //! Label selectors as scale-downs carry them: structured in a ReplicaSet's or Deployment's
 //! `spec.selector`, and as a string in a Scale's `status.selector` (`app=web,tier in (a,b)`).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
-use serde::Deserialize;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Expression, Selector as KubeSelector};
 
+/// A selector's requirements, all of which a pod's labels must meet. The structured form is
+/// kube-core's; the string form has no parser there, so it is parsed here into the same
+/// expressions.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selector(Vec<Requirement>);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Requirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-/// `metav1.LabelSelector`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LabelSelector {
-    #[serde(default)]
-    pub match_labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub match_expressions: Option<Vec<LabelSelectorRequirement>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct LabelSelectorRequirement {
-    pub key: String,
-    pub operator: String,
-    #[serde(default)]
-    pub values: Option<Vec<String>>,
-}
+pub struct Selector(Vec<Expression>);
 
 impl Selector {
     /// Whether a pod with these labels is selected. An empty selector selects nothing here:
     /// busyguard never acts on "every pod in the namespace".
     pub fn matches<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         !self.0.is_empty()
-            && self.0.iter().all(|requirement| match requirement {
-                Requirement::In(key, values) => label(key).is_some_and(|v| values.iter().any(|x| x == v)),
-                Requirement::NotIn(key, values) => label(key).is_none_or(|v| values.iter().all(|x| x != v)),
-                Requirement::Exists(key) => label(key).is_some(),
-                Requirement::DoesNotExist(key) => label(key).is_none(),
+            && self.0.iter().all(|expression| match expression {
+                Expression::In(key, values) => label(key).is_some_and(|v| values.contains(v)),
+                Expression::NotIn(key, values) => label(key).is_none_or(|v| !values.contains(v)),
+                Expression::Equal(key, value) => label(key) == Some(value.as_str()),
+                Expression::NotEqual(key, value) => label(key) != Some(value.as_str()),
+                Expression::Exists(key) => label(key).is_some(),
+                Expression::DoesNotExist(key) => label(key).is_none(),
             })
     }
 
@@ -52,25 +32,8 @@ impl Selector {
     }
 
     pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, String> {
-        let mut requirements: Vec<Requirement> = (selector.match_labels.iter().flatten())
-            .map(|(key, value)| Requirement::In(key.clone(), vec![value.clone()]))
-            .collect();
-        for expression in selector.match_expressions.iter().flatten() {
-            let key = expression.key.clone();
-            let values = expression.values.clone().unwrap_or_default();
-            let needs_values = matches!(expression.operator.as_str(), "In" | "NotIn");
-            if needs_values == values.is_empty() {
-                return Err(format!("operator {} on {key:?} with {} values", expression.operator, values.len()));
-            }
-            requirements.push(match expression.operator.as_str() {
-                "In" => Requirement::In(key, values),
-                "NotIn" => Requirement::NotIn(key, values),
-                "Exists" => Requirement::Exists(key),
-                "DoesNotExist" => Requirement::DoesNotExist(key),
-                other => return Err(format!("unknown operator {other:?} on {key:?}")),
-            });
-        }
-        Ok(Selector(requirements))
+        let selector = KubeSelector::try_from(selector.clone()).map_err(|e| e.to_string())?;
+        Ok(Selector(selector.into_iter().collect()))
     }
 }
 
@@ -107,32 +70,32 @@ fn split_top_level(text: &str) -> Vec<&str> {
     parts
 }
 
-fn parse_requirement(part: &str) -> Option<Requirement> {
+fn parse_requirement(part: &str) -> Option<Expression> {
     let valid_key = |key: &str| !key.is_empty() && !key.contains(|c: char| c.is_whitespace() || "=!(),".contains(c));
     if let Some(key) = part.strip_prefix('!') {
-        return valid_key(key.trim()).then(|| Requirement::DoesNotExist(key.trim().to_string()));
+        return valid_key(key.trim()).then(|| Expression::DoesNotExist(key.trim().to_string()));
     }
     if let Some((key, value)) = part.split_once("!=") {
-        return valid_key(key.trim()).then(|| Requirement::NotIn(key.trim().to_string(), vec![value.trim().into()]));
+        return valid_key(key.trim()).then(|| Expression::NotEqual(key.trim().to_string(), value.trim().into()));
     }
     if let Some((key, value)) = part.split_once('=') {
         let value = value.strip_prefix('=').unwrap_or(value).trim();
         return (valid_key(key.trim()) && !value.contains(['=', '(', ')', ' ']))
-            .then(|| Requirement::In(key.trim().to_string(), vec![value.to_string()]));
+            .then(|| Expression::Equal(key.trim().to_string(), value.to_string()));
     }
     let mut words = part.splitn(2, char::is_whitespace);
     let key = words.next()?.trim();
     let Some(rest) = words.next().map(str::trim) else {
-        return valid_key(key).then(|| Requirement::Exists(key.to_string()));
+        return valid_key(key).then(|| Expression::Exists(key.to_string()));
     };
     let (operator, list) = rest.split_once('(')?;
-    let values: Vec<String> = list.strip_suffix(')')?.split(',').map(|v| v.trim().to_string()).collect();
+    let values: BTreeSet<String> = list.strip_suffix(')')?.split(',').map(|v| v.trim().to_string()).collect();
     if !valid_key(key) || values.iter().any(String::is_empty) {
         return None;
     }
     match operator.trim() {
-        "in" => Some(Requirement::In(key.to_string(), values)),
-        "notin" => Some(Requirement::NotIn(key.to_string(), values)),
+        "in" => Some(Expression::In(key.to_string(), values)),
+        "notin" => Some(Expression::NotIn(key.to_string(), values)),
         _ => None,
     }
 }
@@ -140,6 +103,7 @@ fn parse_requirement(part: &str) -> Option<Requirement> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<&'static str> {
         let map: BTreeMap<&str, &str> = pairs.iter().copied().collect();
@@ -187,9 +151,19 @@ mod tests {
                                  {"key": "canary", "operator": "DoesNotExist"}]}))
         .unwrap();
         let selector = Selector::from_label_selector(&structured).unwrap();
-        assert_eq!(selector, "app=worker,tier in (a,b),!canary".parse().unwrap());
+        let pods = [
+            (labels(&[("app", "worker"), ("tier", "a")]), true),
+            (labels(&[("app", "worker"), ("tier", "c")]), false),
+            (labels(&[("app", "worker"), ("tier", "b"), ("canary", "1")]), false),
+            (labels(&[("tier", "a")]), false),
+        ];
+        let string: Selector = "app=worker,tier in (a,b),!canary".parse().unwrap();
+        for (pod, selected) in pods {
+            assert_eq!(selector.matches(&pod), selected);
+            assert_eq!(string.matches(&pod), selected, "the string form selects the same");
+        }
         let bad: LabelSelector = serde_json::from_value(serde_json::json!({
-            "matchExpressions": [{"key": "tier", "operator": "In"}]}))
+            "matchExpressions": [{"key": "tier", "operator": "Between", "values": ["a"]}]}))
         .unwrap();
         assert!(Selector::from_label_selector(&bad).is_err());
     }

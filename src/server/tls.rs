@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rustls::RootCertStore;
-use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ServerConfig, version};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{info, warn};
 
+use crate::crypto::{certified_key, provider};
 use crate::metrics::{Metrics, ResultLabels};
 
 fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
@@ -32,22 +32,6 @@ fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
         anyhow::bail!("no PEM certificate in it");
     }
     Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?)
-}
-
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A certificate chain (PEM, leaf first) and its private key (PEM), checked to belong together.
-pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("certificate file: {e}"))?;
-    if chain.is_empty() {
-        return Err("certificate file holds no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| format!("certificate and key: {e}"))
 }
 
 #[derive(Debug, Clone)]

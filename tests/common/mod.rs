@@ -179,7 +179,7 @@ pub fn client_config(cas: &[CertificateDer<'static>], alpn: &[&[u8]]) -> Arc<Cli
     for ca in cas {
         roots.add(ca.clone()).unwrap();
     }
-    let mut config = ClientConfig::builder_with_provider(busyguard::server::tls::provider())
+    let mut config = ClientConfig::builder_with_provider(busyguard::crypto::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
