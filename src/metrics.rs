@@ -56,6 +56,8 @@ pub struct Metrics {
     pub side_effects: Family<SideEffectLabels, Counter>,
     pub busy_pods_lost: Family<CauseLabels, Counter>,
     pub view_pods: Gauge,
+    pub view_unavailable: Gauge,
+    pub audit_failing: Gauge,
     pub watch_errors: Counter,
 }
 
@@ -127,6 +129,19 @@ impl Default for Metrics {
         );
         let view_pods = Gauge::default();
         registry.register("view_pods", "Opted-in pods in the cluster view", view_pods.clone());
+        let view_unavailable = Gauge::default();
+        registry.register(
+            "view_unavailable",
+            "1 while the cluster view cannot be trusted (not listed yet, or no sign of life from the API server for \
+             longer than --view-stale-after): evictions get 503 and scale-downs go unprepared",
+            view_unavailable.clone(),
+        );
+        let audit_failing = Gauge::default();
+        registry.register(
+            "audit_failing",
+            "1 while audit lines cannot be written (they are held in memory)",
+            audit_failing.clone(),
+        );
         let watch_errors = Counter::default();
         registry.register("watch_errors", "Failed attempts to list or watch opted-in pods", watch_errors.clone());
         Metrics {
@@ -141,6 +156,8 @@ impl Default for Metrics {
             side_effects,
             busy_pods_lost,
             view_pods,
+            view_unavailable,
+            audit_failing,
             watch_errors,
         }
     }

@@ -157,6 +157,8 @@ async fn busy_pod_created_busy_gets_the_busy_annotations() {
 
 #[tokio::test]
 async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_and_an_audit_line() {
+    // No cluster here: nothing confirms the pod busy, so the delete is refused but not deferred
+    // (tests/cluster.rs has the deferred delete).
     let server = TestServer::start().await;
     let mut review = fixture("pod-delete-by-user.json");
     set_busy_label(&mut review, "true");
@@ -167,8 +169,7 @@ async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_a
     let message = format!(
         "pod capture/worker-6b8958b477-df84j is busy since {since} (protection lapses at {until} at the latest); \
          it will be spared until it is idle; to force: \
-         kubectl label pod worker-6b8958b477-df84j -n capture busyguard.io/busy=false --overwrite; \
-         the delete is recorded (busyguard.io/delete-requested) and busyguard carries it out once the pod is idle"
+         kubectl label pod worker-6b8958b477-df84j -n capture busyguard.io/busy=false --overwrite"
     );
     assert_eq!(
         response,
@@ -180,7 +181,7 @@ async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_a
     assert_eq!(audit.len(), 1);
     let line = &audit[0];
     assert_eq!(line["decision"], "denied");
-    assert_eq!(line["reason"], "busy-delete-deferred");
+    assert_eq!(line["reason"], "busy");
     assert_eq!(line["uid"], "72c74df2-1c4e-45f7-b24d-4717cf675c16");
     assert_eq!(line["operation"], "DELETE");
     assert_eq!(line["resource"], "pods");

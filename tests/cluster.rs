@@ -151,7 +151,13 @@ async fn busy_when_unready_pod_is_protected_while_not_ready() {
     api.put_pod(pod);
     let server = TestServer::with_cluster(&api).await;
     let response = server.review("/validate", &eviction_of("worker-compat")).await;
-    assert_eq!(response["status"]["message"], denial("worker-compat", unready_since));
+    let until = unready_since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    let message = format!(
+        "pod capture/worker-compat is busy (not Ready) since {unready_since} (protection lapses at {until} at the \
+         latest); it will be spared until it is idle; to force: kubectl annotate pod worker-compat -n capture \
+         busyguard.io/busy-when-unready-"
+    );
+    assert_eq!(response["status"]["message"], message);
     api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
     wait_until_eviction_allowed_is(&server, "worker-compat", true).await;
 }
@@ -403,7 +409,7 @@ async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exact
 }
 
 #[tokio::test]
-async fn an_api_server_restart_is_ridden_out_and_readyz_follows_a_long_one() {
+async fn an_api_server_restart_is_ridden_out_and_status_follows_a_long_one_while_readyz_stays_up() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     let server = TestServer::with_cluster(&api).await;
@@ -414,7 +420,7 @@ async fn an_api_server_restart_is_ridden_out_and_readyz_follows_a_long_one() {
         async move { api.restart(Duration::from_millis(800)).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(server.admin_get("/readyz").await.status, 200);
+    assert_eq!(server.admin_get("/status").await.status, 200);
     let started = Instant::now();
     assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
     assert!(started.elapsed() < Duration::from_secs(1), "answered from the view, not waiting for the API server");
@@ -423,17 +429,15 @@ async fn an_api_server_restart_is_ridden_out_and_readyz_follows_a_long_one() {
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
     wait_until_eviction_allowed_is(&server, "worker-a", true).await;
 
-    // Down for longer: unready (evictions get 503) until it is back, then ready by itself.
+    // Down for longer: the view is stale (evictions get 503) until it is back, then fresh by
+    // itself; the replica stays ready all along, for the deletes it can still judge.
     let restart = tokio::spawn({
         let api = api.clone();
         async move { api.restart(Duration::from_secs(4)).await }
     });
-    let unready = eventually("/readyz 503", async || {
-        let ready = server.admin_get("/readyz").await;
-        (ready.status == 503).then(|| ready.text())
-    })
-    .await;
-    assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
+    let stale = view_stale(&server).await;
+    assert!(stale.starts_with("busyguard's watch of the opted-in pods has been failing for"), "{stale}");
+    assert_eq!(server.admin_get("/readyz").await.status, 200);
     restart.await.unwrap();
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
     server.wait_ready().await;
@@ -476,7 +480,7 @@ async fn watch_restart_and_relist_keep_answers_correct() {
 }
 
 #[tokio::test]
-async fn until_the_first_list_evictions_get_503_and_readyz_says_why() {
+async fn until_the_first_list_evictions_get_503_and_status_says_why() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     api.fail_lists(true);
@@ -489,16 +493,27 @@ async fn until_the_first_list_evictions_get_503_and_readyz_says_why() {
         answer.json()["error"],
         "cannot judge the eviction: busyguard has not finished listing the opted-in pods yet"
     );
-    let ready = server.admin_get("/readyz").await;
+    let status = server.admin_get("/status").await;
     assert_eq!(
-        (ready.status, ready.text()),
-        (503, "not ready: busyguard has not finished listing the opted-in pods yet\n".into())
+        (status.status, status.text()),
+        (503, "busyguard has not finished listing the opted-in pods yet\n".into())
     );
+    assert_eq!(server.metric("busyguard_view_unavailable").await, Some(1.0));
+    assert_eq!(server.admin_get("/readyz").await.status, 200, "deletes are judged without the view");
 
     recovers_and_refuses_the_busy_eviction_again(&api, &server).await;
 }
 
-/// Lists succeed again: the server turns ready and judges the busy worker-a again.
+/// The first line of `/status` once it reports a problem.
+async fn view_stale(server: &TestServer) -> String {
+    eventually("/status 503", async || {
+        let status = server.admin_get("/status").await;
+        (status.status == 503).then(|| status.text())
+    })
+    .await
+}
+
+/// Lists succeed again: the view is fresh and judges the busy worker-a again.
 async fn recovers_and_refuses_the_busy_eviction_again(api: &ApiServer, server: &TestServer) {
     api.fail_lists(false);
     server.wait_ready().await;
@@ -506,19 +521,15 @@ async fn recovers_and_refuses_the_busy_eviction_again(api: &ApiServer, server: &
 }
 
 #[tokio::test]
-async fn a_watch_failing_longer_than_allowed_turns_unready_and_recovers() {
+async fn a_watch_failing_longer_than_allowed_makes_the_view_stale_until_it_recovers() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     let server = TestServer::with_cluster(&api).await;
     api.fail_lists(true);
     api.compact();
     api.drop_watches();
-    let unready = eventually("/readyz 503", async || {
-        let ready = server.admin_get("/readyz").await;
-        (ready.status == 503).then(|| ready.text())
-    })
-    .await;
-    assert!(unready.starts_with("not ready: busyguard's watch of the opted-in pods has been failing for"), "{unready}");
+    let stale = view_stale(&server).await;
+    assert!(stale.starts_with("busyguard's watch of the opted-in pods has been failing for"), "{stale}");
     let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
     assert_eq!(answer.status, 503);
     recovers_and_refuses_the_busy_eviction_again(&api, &server).await;

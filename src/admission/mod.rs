@@ -132,11 +132,21 @@ pub fn admit(
     match Route::of(resource, request.operation) {
         // Only the mutating registration may patch; the judging paths answer on either.
         Route::PodWrite if webhook == Webhook::Mutating => {
-            Ok(update::decide(expect_pod(request.object()?, "object")?, policy, now))
+            let pod = expect_pod(request.object()?, "object")?;
+            let before = match request.old_object.as_ref() {
+                Some(old) => Some(expect_pod(old, "oldObject")?),
+                None => None,
+            };
+            Ok(update::decide(&ask(request, request.is_dry_run()), pod, before, policy, now))
         }
         Route::PodDelete => {
             let pod = expect_pod(request.old_object()?, "oldObject")?;
-            Ok(disruption::decide(&ask(request, request.is_dry_run()), Action::Delete, pod, policy, now))
+            let ask = ask(request, request.is_dry_run());
+            // Judged on the pod the request carries; the view only confirms it for side effects.
+            let decided = inputs.view.with_pod(&request.namespace, &request.name, |seen| {
+                disruption::decide(&ask, Action::Delete, pod, Some(seen), policy, now)
+            });
+            Ok(decided.unwrap_or_else(|| disruption::decide(&ask, Action::Delete, pod, None::<&Pod>, policy, now)))
         }
         Route::PodEviction => {
             let eviction = match request.object()? {
@@ -147,7 +157,7 @@ pub fn admit(
             (inputs.view.check(inputs.arrived))
                 .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
             let decided = inputs.view.with_pod(&request.namespace, &request.name, |pod| {
-                disruption::decide(&ask, Action::Evict, pod, policy, now)
+                disruption::decide(&ask, Action::Evict, pod, Some(pod), policy, now)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))

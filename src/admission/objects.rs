@@ -21,8 +21,7 @@ pub enum Object {
     Workload(Workload),
     /// `autoscaling/v1` Scale, the `scale` subresource of either.
     Scale(Scale),
-    /// A kind no decision reads, or a pod's old version on a create or update (only deletes
-    /// read it); skipped unparsed.
+    /// A kind no decision reads; skipped unparsed.
     Unread,
 }
 
@@ -105,15 +104,13 @@ impl Object {
 pub struct ObjectSeed<'a> {
     pub kind: &'a str,
     pub field: &'static str,
-    /// Skip it unparsed whatever its kind.
-    pub unread: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for ObjectSeed<'_> {
     type Value = Option<Object>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        let decoded = match if self.unread { "" } else { self.kind } {
+        let decoded = match self.kind {
             "Pod" => Option::<Pod>::deserialize(deserializer).map(|o| o.map(Object::Pod)),
             "Eviction" => Option::<Eviction>::deserialize(deserializer).map(|o| o.map(Object::Eviction)),
             "Deployment" | "ReplicaSet" => {

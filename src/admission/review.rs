@@ -150,11 +150,9 @@ impl<'de> Visitor<'de> for RequestVisitor {
                 Field::Operation => set(&mut operation, map.next_value()?, "operation")?,
                 Field::UserInfo => set(&mut user_info, map.next_value()?, "userInfo")?,
                 Field::DryRun => set(&mut dry_run, map.next_value()?, "dryRun")?,
-                Field::Object => {
-                    set(&mut object, next_object(&mut map, kind.as_ref(), operation, "object")?, "object")?
-                }
+                Field::Object => set(&mut object, next_object(&mut map, kind.as_ref(), "object")?, "object")?,
                 Field::OldObject => {
-                    let old = next_object(&mut map, kind.as_ref(), operation, "oldObject")?;
+                    let old = next_object(&mut map, kind.as_ref(), "oldObject")?;
                     set(&mut old_object, old, "oldObject")?
                 }
                 Field::Other => {
@@ -164,7 +162,7 @@ impl<'de> Visitor<'de> for RequestVisitor {
         }
         let kind = kind.ok_or_else(|| A::Error::missing_field("kind"))?;
         let resolve = |pending: Option<Pending>, field| {
-            let seed = object_seed(&kind, operation, field);
+            let seed = object_seed(&kind, field);
             pending.map_or(Ok(None), |p| p.resolve(seed)).map_err(A::Error::custom)
         };
         Ok(AdmissionRequest {
@@ -194,19 +192,16 @@ fn set<T, E: Error>(slot: &mut Option<T>, value: T, field: &'static str) -> Resu
 fn next_object<'de, A: MapAccess<'de>>(
     map: &mut A,
     kind: Option<&GroupVersionKind>,
-    operation: Option<Operation>,
     field: &'static str,
 ) -> Result<Pending, A::Error> {
     match kind {
-        Some(kind) => Ok(Pending::Decoded(map.next_value_seed(object_seed(kind, operation, field))?)),
+        Some(kind) => Ok(Pending::Decoded(map.next_value_seed(object_seed(kind, field))?)),
         None => Ok(Pending::Raw(map.next_value()?)),
     }
 }
 
-fn object_seed<'a>(kind: &'a GroupVersionKind, operation: Option<Operation>, field: &'static str) -> ObjectSeed<'a> {
-    // Of a pod, only a delete reads the old version; an update's (as large) is skipped.
-    let unread = kind.kind == "Pod" && field == "oldObject" && operation.is_some_and(|o| o != Operation::Delete);
-    ObjectSeed { kind: &kind.kind, field, unread }
+fn object_seed<'a>(kind: &'a GroupVersionKind, field: &'static str) -> ObjectSeed<'a> {
+    ObjectSeed { kind: &kind.kind, field }
 }
 
 /// Why a body is not a request busyguard can judge. Always the client's fault (HTTP 400).
@@ -413,9 +408,9 @@ mod tests {
     }
 
     #[test]
-    fn the_old_pod_of_an_update_is_skipped_and_of_a_delete_read() {
-        // In the API server's order: the operation comes before the objects.
-        for (operation, read) in [("UPDATE", false), ("DELETE", true)] {
+    fn the_old_pod_of_an_update_and_of_a_delete_is_read() {
+        // An update's old version says whether this write turns the pod busy.
+        for (operation, read) in [("UPDATE", true), ("DELETE", true)] {
             let body = format!(
                 r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","request":{{"uid":"u","kind":{{"kind":"Pod"}},
                    "resource":{{"resource":"pods"}},"operation":"{operation}","oldObject":{{"metadata":{{"name":"w"}}}}}}}}"#

@@ -17,7 +17,7 @@ use tracing::{debug, error, info, warn};
 use super::view::WatchedPod;
 use crate::audit::AuditLog;
 use crate::metrics::{Metrics, SideEffectLabels};
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect};
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER};
 use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +77,7 @@ pub struct Outbox {
     metrics: Arc<Metrics>,
     /// Pods with a deferred delete in flight or carried out: never deleted twice.
     deletes: Arc<Mutex<HashSet<String>>>,
-    last_event: Arc<Mutex<HashMap<String, Instant>>>,
+    events: Arc<Mutex<EventLimits>>,
     event_interval: Duration,
 }
 
@@ -88,7 +88,7 @@ impl Outbox {
             jobs,
             metrics: metrics.clone(),
             deletes: Arc::default(),
-            last_event: Arc::default(),
+            events: Arc::new(Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 })),
             event_interval: settings.event_interval,
         };
         let reporter = Reporter {
@@ -144,23 +144,40 @@ impl Outbox {
     /// The pod is gone from the cluster: nothing about it needs remembering.
     pub fn forget(&self, uid: &str) {
         self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
-        self.last_event.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).last.remove(uid);
     }
 
+    /// One Event per pod per interval, and at most `EVENTS_PER_SECOND` in all: Events go to
+    /// etcd, and no burst of refusals should flood it.
     fn event_rate_limited(&self, uid: &str) -> bool {
         let now = Instant::now();
-        let mut last = self.last_event.lock().unwrap_or_else(|p| p.into_inner());
-        if last.len() > 10_000 {
-            last.retain(|_, at| now.duration_since(*at) < self.event_interval);
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if events.last.len() > 10_000 {
+            events.last.retain(|_, at| now.duration_since(*at) < self.event_interval);
         }
-        match last.get(uid) {
-            Some(at) if now.duration_since(*at) < self.event_interval => true,
-            _ => {
-                last.insert(uid.to_string(), now);
-                false
-            }
+        if events.last.get(uid).is_some_and(|at| now.duration_since(*at) < self.event_interval) {
+            return true;
         }
+        if now.duration_since(events.window) >= Duration::from_secs(1) {
+            (events.window, events.in_window) = (now, 0);
+        }
+        if events.in_window >= EVENTS_PER_SECOND {
+            return true;
+        }
+        events.in_window += 1;
+        events.last.insert(uid.to_string(), now);
+        false
     }
+}
+
+/// Events across all pods, at most, in any second.
+const EVENTS_PER_SECOND: u32 = 20;
+
+struct EventLimits {
+    /// When each pod (by uid) last had an Event.
+    last: HashMap<String, Instant>,
+    window: Instant,
+    in_window: u32,
 }
 
 fn count(metrics: &Metrics, kind: &'static str, result: EffectResult) {
@@ -240,12 +257,13 @@ impl Worker {
 
     async fn attempt(&self, effect: &Effect) -> Attempt {
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         match effect {
             Effect::Refresh { pod, resource_version, changes } => {
                 let mut patch = merge_patch(changes);
                 patch["metadata"]["resourceVersion"] = resource_version.clone().into();
                 patch["metadata"]["uid"] = pod.uid.clone().into();
-                match api.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     // The pod changed since the view saw it: its watch event decides again.
                     Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
@@ -255,7 +273,7 @@ impl Worker {
             Effect::MarkDeleteRequested { pod, request } => {
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
                     "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
-                match api.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }

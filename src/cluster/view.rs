@@ -9,6 +9,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
+use crate::policy::busy::TASK_CONTAINER;
+use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER};
 use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
 
 /// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
@@ -30,6 +32,8 @@ pub struct PodRecord {
     pub status_reason: Option<Box<str>>,
     pub readiness: Option<Readiness>,
     pub terminating: bool,
+    pub created: Option<Timestamp>,
+    /// Of the task container (see `PodFacts::last_restart`).
     pub last_restart: Option<Timestamp>,
     pub labels: Pairs,
     pub annotations: Pairs,
@@ -58,6 +62,10 @@ impl PodFacts for PodRecord {
 
     fn is_terminating(&self) -> bool {
         self.terminating
+    }
+
+    fn created(&self) -> Option<Timestamp> {
+        self.created
     }
 
     fn last_restart(&self) -> Option<Timestamp> {
@@ -179,8 +187,11 @@ impl WatchedPod {
     pub fn record(&self) -> PodRecord {
         let meta = &self.metadata;
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
-        let annotations = (meta.annotations.iter().flatten())
+        let annotations: Pairs = (meta.annotations.iter().flatten())
             .filter(|(k, _)| DECIDING_ANNOTATIONS.contains(&k.as_str()))
+            // A deferred delete busyguard carries out with its own rights: only a mark it wrote
+            // itself counts, not one any pod patcher (or a copied pod template) put there.
+            .filter(|(k, _)| k.as_str() != DELETE_REQUESTED || written_by(meta, FIELD_MANAGER, DELETE_REQUESTED))
             .map(|(k, v)| (boxed(k), boxed(v)))
             .collect();
         let owner = (meta.owner_references.iter().flatten())
@@ -195,11 +206,21 @@ impl WatchedPod {
             status_reason: self.status.reason.as_deref().map(boxed),
             readiness: self.status.readiness(),
             terminating: meta.deletion_timestamp.is_some(),
-            last_restart: self.status.last_restart(),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            last_restart: self.status.last_restart(get(&annotations, TASK_CONTAINER)),
             labels,
             annotations,
         }
     }
+}
+
+/// Whether `manager` owns the annotation `key`, as the API server's managedFields record it.
+fn written_by(meta: &ObjectMeta, manager: &str, key: &str) -> bool {
+    let field = format!("f:{key}");
+    (meta.managed_fields.iter().flatten()).filter(|entry| entry.manager.as_deref() == Some(manager)).any(|entry| {
+        let fields = entry.fields_v1.as_ref().map(|f| &f.0);
+        fields.and_then(|f| f.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some()
+    })
 }
 
 /// Pods by namespace, then name.

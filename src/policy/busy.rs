@@ -13,13 +13,17 @@ pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
 pub const MAX_BUSY: &str = "busyguard.io/max-busy";
 /// Compatibility mode: `"true"` makes a Running pod that is not Ready count as busy.
 pub const BUSY_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
+/// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
+/// not). Without it, any container's restart does.
+pub const TASK_CONTAINER: &str = "busyguard.io/task-container";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyState {
     /// No busy label: busyguard leaves the pod alone.
     NotOptedIn,
     Idle,
-    /// Protected. `since` is unknown only when busyguard missed the flip to busy (it was down).
+    /// Protected. `since` is unknown only when busyguard missed the flip to busy (it was down)
+    /// or the recorded time is in the future; max-busy then counts from the pod's creation.
     Busy {
         since: Option<Timestamp>,
         until: Option<Timestamp>,
@@ -79,32 +83,44 @@ pub fn busy_state(pod: &impl PodFacts, max_busy: MaxBusy, now: Timestamp) -> Bus
     if pod.is_terminal() {
         return BusyState::Terminal;
     }
-    let limit = max_busy.of(pod);
-    if label != "true" {
-        return match unready_since(pod) {
-            Some(since) => protection(since, limit, now),
-            None => BusyState::Idle,
-        };
-    }
-    let Some(since) = busy_since(pod) else {
-        return BusyState::Busy { since: None, until: None };
+    let since = if label == "true" {
+        busy_since(pod)
+    } else {
+        match unready_since(pod) {
+            Some(since) => since,
+            None => return BusyState::Idle,
+        }
     };
-    if let Some(at) = pod.last_restart().filter(|at| *at > since) {
-        return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
-    }
-    protection(Some(since), limit, now)
+    // A time to come is no time at all: it would hold the pod past any max-busy.
+    busy_from(pod, since.filter(|since| *since <= now), max_busy, now)
 }
 
-/// Busy since `since`: protected until max-busy runs out.
-fn protection(since: Option<Timestamp>, limit: SignedDuration, now: Timestamp) -> BusyState {
-    let Some(since) = since else {
+/// A pod busy since `since` (`None`: unknown), protected or lapsed.
+pub fn busy_from(pod: &impl PodFacts, since: Option<Timestamp>, max_busy: MaxBusy, now: Timestamp) -> BusyState {
+    if let Some(since) = since
+        && let Some(at) = pod.last_restart().filter(|at| *at > since)
+    {
+        return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
+    }
+    protection(since, pod.created(), max_busy.of(pod), now)
+}
+
+/// Busy since `since`: protected until max-busy runs out. Without a known `since`, max-busy
+/// counts from the pod's creation, the earliest it can have turned busy.
+fn protection(
+    since: Option<Timestamp>,
+    created: Option<Timestamp>,
+    limit: SignedDuration,
+    now: Timestamp,
+) -> BusyState {
+    let Some(start) = since.or(created) else {
         return BusyState::Busy { since: None, until: None };
     };
-    let until = since.checked_add(limit).ok();
+    let until = start.checked_add(limit).ok();
     if until.is_some_and(|until| now >= until) {
-        return BusyState::Lapsed { since, lapse: Lapse::MaxBusy { limit } };
+        return BusyState::Lapsed { since: start, lapse: Lapse::MaxBusy { limit } };
     }
-    BusyState::Busy { since: Some(since), until }
+    BusyState::Busy { since, until }
 }
 
 /// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready.
@@ -118,7 +134,7 @@ fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
     }
 }
 
-pub fn busy_since(pod: &impl PodFacts) -> Option<Timestamp> {
+pub fn busy_since(pod: &(impl PodFacts + ?Sized)) -> Option<Timestamp> {
     pod.annotation(BUSY_SINCE)?.parse().ok()
 }
 
@@ -264,9 +280,30 @@ mod tests {
     }
 
     #[test]
-    fn busy_without_busy_since_is_protected_with_no_known_end() {
-        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}}}));
-        assert_eq!(busy_state(&p, HOUR, ts("2030-01-01T00:00:00Z")), BusyState::Busy { since: None, until: None });
+    fn busy_without_busy_since_is_protected_for_max_busy_from_the_pods_creation() {
+        let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "creationTimestamp": "2026-01-01T00:00:00Z"}}));
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T00:30:00Z")),
+            BusyState::Busy { since: None, until: Some(ts("2026-01-01T01:00:00Z")) }
+        );
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")),
+            BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR.default } }
+        );
+    }
+
+    #[test]
+    fn a_busy_since_in_the_future_does_not_stretch_protection() {
+        for future in ["2099-01-01T00:00:00Z", "9999-12-31T00:00:00Z"] {
+            let p =
+                pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {BUSY_SINCE: future}}}));
+            assert!(busy_state(&p, HOUR, ts("2026-01-01T00:30:00Z")).is_protected(), "{future}");
+            assert!(
+                matches!(busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")), BusyState::Lapsed { .. }),
+                "{future}: max-busy counts from the pod's creation"
+            );
+        }
     }
 
     fn compat_pod(ready: &str, phase: &str) -> Pod {
@@ -285,6 +322,22 @@ mod tests {
         assert_eq!(
             busy_state(&compat_pod("False", "Running"), HOUR, ts("2026-01-01T01:00:00Z")),
             BusyState::Lapsed { since: ts("2026-01-01T00:00:00Z"), lapse: Lapse::MaxBusy { limit: HOUR.default } }
+        );
+    }
+
+    #[test]
+    fn busy_when_unready_lapses_when_a_container_restarts_after_it_turned_unready() {
+        // CrashLoopBackOff: unready since the first crash, restarted since. Not a task at work.
+        let mut crashing = compat_pod("False", "Running");
+        crashing.status.container_statuses = serde_json::from_value(json!([{"name": "app", "restartCount": 4,
+            "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]))
+        .unwrap();
+        assert_eq!(
+            busy_state(&crashing, HOUR, ts("2026-01-01T00:06:00Z")),
+            BusyState::Lapsed {
+                since: ts("2026-01-01T00:00:00Z"),
+                lapse: Lapse::Restarted { at: ts("2026-01-01T00:05:00Z") }
+            }
         );
     }
 

@@ -4,13 +4,16 @@
 
 use jiff::Timestamp;
 
-use super::busy::{BusyState, Lapse, busy_state};
+use super::busy::{BUSY_LABEL, BusyState, Lapse, busy_state};
 use super::messages;
 use super::outcome::{
     Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, PodRef, Reason,
 };
 use super::pod::PodFacts;
-use super::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, PolicyConfig, Requester};
+use super::{
+    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig, Requester,
+    TAINT_MANAGER_USERS,
+};
 use crate::duration::whole_second;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,16 +35,27 @@ pub enum Verdict {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Override {
-    Lapsed { since: Timestamp, lapse: Lapse },
+    Lapsed {
+        since: Timestamp,
+        lapse: Lapse,
+    },
     ExemptUser(String),
     ExemptGroup(String),
+    /// Recovery is never blocked: the taint manager clears a dead node (the work there is lost
+    /// either way; refusing only keeps the ReplicaSet from replacing the pod), and the namespace
+    /// controller empties a namespace being deleted (as a PodDisruptionBudget lets both through).
+    NodeTaintEviction,
+    NamespaceDeleted,
 }
 
 impl Override {
     pub fn decision(&self) -> Decision {
         match self {
             Override::Lapsed { .. } => Decision::Lapsed,
-            Override::ExemptUser(_) | Override::ExemptGroup(_) => Decision::Exempted,
+            Override::ExemptUser(_)
+            | Override::ExemptGroup(_)
+            | Override::NodeTaintEviction
+            | Override::NamespaceDeleted => Decision::Exempted,
         }
     }
 
@@ -51,6 +65,8 @@ impl Override {
             Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => Reason::StaleAfterRestart,
             Override::ExemptUser(_) => Reason::ExemptUser,
             Override::ExemptGroup(_) => Reason::ExemptGroup,
+            Override::NodeTaintEviction => Reason::NodeTaintEviction,
+            Override::NamespaceDeleted => Reason::NamespaceDeleted,
         }
     }
 }
@@ -60,6 +76,12 @@ pub fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions
         BusyState::NotOptedIn | BusyState::Idle | BusyState::Terminating | BusyState::Terminal => Verdict::Allow,
         BusyState::Lapsed { since, lapse } => Verdict::AllowBusy(Override::Lapsed { since, lapse }),
         BusyState::Busy { since, until } => {
+            if TAINT_MANAGER_USERS.contains(&requester.username) {
+                return Verdict::AllowBusy(Override::NodeTaintEviction);
+            }
+            if requester.username == NAMESPACE_CONTROLLER_USER {
+                return Verdict::AllowBusy(Override::NamespaceDeleted);
+            }
             if exemptions.users.iter().any(|u| u == requester.username) {
                 return Verdict::AllowBusy(Override::ExemptUser(requester.username.to_string()));
             }
@@ -79,8 +101,18 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
-/// The answer to `ask`, a delete or an eviction of `pod`.
-pub fn decide(ask: &Ask<'_>, action: Action, pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Outcome {
+/// The answer to `ask`, a delete or an eviction of `pod`. `seen` is the pod as busyguard's own
+/// view holds it: side effects (the Event, the delete-requested mark) follow only when the view
+/// confirms the same pod busy, so a forged review cannot make busyguard act on a pod. The
+/// answer itself goes to whoever asked, and stands on the request alone.
+pub fn decide(
+    ask: &Ask<'_>,
+    action: Action,
+    pod: &impl PodFacts,
+    seen: Option<&impl PodFacts>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
     let state = busy_state(pod, config.max_busy, now);
     let busy_since = match state {
         BusyState::Busy { since, .. } => since,
@@ -101,7 +133,8 @@ pub fn decide(ask: &Ask<'_>, action: Action, pod: &impl PodFacts, config: &Polic
             ))
         }
         Verdict::Deny { since, until } => {
-            let mut message = messages::busy_denial(namespace, name, since, until);
+            let by_readiness = pod.label(BUSY_LABEL) != Some("true");
+            let mut message = messages::busy_denial(namespace, name, since, until, by_readiness);
             if config.mode == Mode::DryRun {
                 let warnings = vec![messages::would_deny(&message)];
                 return Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
@@ -110,14 +143,17 @@ pub fn decide(ask: &Ask<'_>, action: Action, pod: &impl PodFacts, config: &Polic
                     message,
                 ));
             }
-            let deferred = action == Action::Delete && !ask.dry_run && defers_delete(ask.requester);
+            let confirmed = seen
+                .is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
+            let acts = confirmed && !ask.dry_run;
+            let deferred = acts && action == Action::Delete && defers_delete(ask.requester);
             if deferred {
                 message.push_str(&messages::delete_deferred());
             }
             let target =
                 PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
             let mut effects = Vec::new();
-            if !ask.dry_run {
+            if acts {
                 effects.push(Effect::Event { pod: target.clone(), action, note: message.clone() });
             }
             if deferred && pod.delete_request().is_none() {
@@ -139,7 +175,7 @@ pub fn decide(ask: &Ask<'_>, action: Action, pod: &impl PodFacts, config: &Polic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE, MaxBusy};
+    use crate::policy::busy::{BUSY_SINCE, MaxBusy};
     use crate::policy::outcome::DELETE_REQUESTED;
     use crate::policy::pod::Pod;
     use crate::policy::update::MutationSettings;
@@ -196,7 +232,7 @@ mod tests {
         }
     }
 
-    fn reason(outcome: &Outcome) -> Option<Reason> {
+    fn reason_of(outcome: &Outcome) -> Option<Reason> {
         outcome.audit.as_ref().map(|a| a.reason)
     }
 
@@ -230,6 +266,26 @@ mod tests {
     }
 
     #[test]
+    fn the_taint_manager_and_the_namespace_controller_are_never_blocked_and_audited() {
+        for (username, reason) in [
+            ("system:serviceaccount:kube-system:node-controller", Reason::NodeTaintEviction),
+            ("system:serviceaccount:kube-system:taint-eviction-controller", Reason::NodeTaintEviction),
+            ("system:serviceaccount:kube-system:namespace-controller", Reason::NamespaceDeleted),
+        ] {
+            let outcome = decide(
+                &ask(username, false),
+                Action::Delete,
+                &busy_worker(),
+                Some(&busy_worker()),
+                &config(Mode::Enforce),
+                now(),
+            );
+            assert!(outcome.is_allowed(), "{username}");
+            assert_eq!((outcome.decision, reason_of(&outcome)), (Decision::Exempted, Some(reason)), "{username}");
+        }
+    }
+
+    #[test]
     fn people_and_the_garbage_collector_get_deferred_deletes_controllers_do_not() {
         let who = |username| defers_delete(Requester { username, groups: &[] });
         assert!(who("alice"));
@@ -245,11 +301,18 @@ mod tests {
 
     #[test]
     fn a_persons_delete_of_a_busy_pod_is_refused_429_marked_and_an_event_raised() {
-        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        let outcome = decide(
+            &ask("alice", false),
+            Action::Delete,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            now(),
+        );
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert_eq!((denial.code(), denial.cause()), (429, "BusyguardPodBusy"));
         assert!(message.ends_with("busyguard carries it out once the pod is idle"), "{message}");
-        assert_eq!(reason(&outcome), Some(Reason::BusyDeleteDeferred));
+        assert_eq!(reason_of(&outcome), Some(Reason::BusyDeleteDeferred));
         let pod = PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() };
         assert_eq!(
             outcome.effects,
@@ -266,23 +329,60 @@ mod tests {
     #[test]
     fn a_controllers_delete_of_a_busy_pod_is_refused_without_a_mark() {
         let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
-        let outcome = decide(&ask(replicaset, false), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        let outcome = decide(
+            &ask(replicaset, false),
+            Action::Delete,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!outcome.is_allowed());
-        assert_eq!(reason(&outcome), Some(Reason::Busy));
+        assert_eq!(reason_of(&outcome), Some(Reason::Busy));
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Delete, .. }]));
     }
 
     #[test]
     fn an_eviction_of_a_busy_pod_is_refused_and_never_deferred() {
-        let outcome = decide(&ask("alice", false), Action::Evict, &busy_worker(), &config(Mode::Enforce), now());
+        let outcome = decide(
+            &ask("alice", false),
+            Action::Evict,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!outcome.is_allowed());
-        assert_eq!(reason(&outcome), Some(Reason::Busy));
+        assert_eq!(reason_of(&outcome), Some(Reason::Busy));
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Evict, .. }]));
     }
 
     #[test]
+    fn a_review_the_view_does_not_confirm_is_answered_but_acted_on_never() {
+        // A forged review (or one ahead of the watch): the pod busyguard sees is idle, or another.
+        let idle = worker("false", json!({}), json!({"phase": "Running"}));
+        let mut other = busy_worker();
+        other.metadata.uid = "u-other".into();
+        for seen in [None, Some(&idle), Some(&other)] {
+            let outcome =
+                decide(&ask("alice", false), Action::Delete, &busy_worker(), seen, &config(Mode::Enforce), now());
+            assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
+            assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);
+            let Answer::Deny { message, .. } = &outcome.answer else { panic!() };
+            assert!(!message.contains("recorded"), "no deferred delete promised: {message}");
+        }
+    }
+
+    #[test]
     fn a_dry_run_request_is_judged_the_same_and_changes_nothing() {
-        let outcome = decide(&ask("alice", true), Action::Delete, &busy_worker(), &config(Mode::Enforce), now());
+        let outcome = decide(
+            &ask("alice", true),
+            Action::Delete,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!outcome.is_allowed());
         assert!(outcome.effects.is_empty());
         assert!(outcome.audit.unwrap().dry_run);
@@ -295,13 +395,21 @@ mod tests {
             json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DELETE_REQUESTED: r#"{"by":"bob","at":"2026-11-21T20:30:00Z"}"#}),
             json!({"phase": "Running"}),
         );
-        let outcome = decide(&ask("alice", false), Action::Delete, &marked, &config(Mode::Enforce), now());
+        let outcome =
+            decide(&ask("alice", false), Action::Delete, &marked, Some(&marked), &config(Mode::Enforce), now());
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
     }
 
     #[test]
     fn dry_run_mode_allows_with_a_warning_and_promises_no_deferred_delete() {
-        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::DryRun), now());
+        let outcome = decide(
+            &ask("alice", false),
+            Action::Delete,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::DryRun),
+            now(),
+        );
         let Answer::Allow { warnings } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(warnings[0].starts_with("busyguard dry-run, would deny: pod capture/w is busy"), "{warnings:?}");
         assert!(!warnings[0].contains("delete is recorded"), "nothing is recorded in dry-run mode");
@@ -316,7 +424,7 @@ mod tests {
         let mut going = busy_worker();
         going.metadata.deletion_timestamp = Some(now());
         for pod in [idle, done, going] {
-            let outcome = decide(&ask("alice", false), Action::Delete, &pod, &config(Mode::Enforce), now());
+            let outcome = decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), &config(Mode::Enforce), now());
             assert_eq!(outcome.decision, Decision::Allowed);
             assert!(outcome.audit.is_none() && outcome.effects.is_empty());
         }
@@ -324,7 +432,14 @@ mod tests {
 
     #[test]
     fn an_exempt_requester_takes_a_busy_pod_and_the_exemption_is_audited() {
-        let outcome = decide(&ask("ops", false), Action::Evict, &busy_worker(), &config(Mode::Enforce), now());
+        let outcome = decide(
+            &ask("ops", false),
+            Action::Evict,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            now(),
+        );
         assert_eq!(outcome.decision, Decision::Exempted);
         let audit = outcome.audit.unwrap();
         assert_eq!(
@@ -337,8 +452,15 @@ mod tests {
     #[test]
     fn a_busy_pod_past_max_busy_goes_and_the_lapse_is_audited() {
         let late = ts("2026-11-22T20:00:01Z");
-        let outcome = decide(&ask("alice", false), Action::Delete, &busy_worker(), &config(Mode::Enforce), late);
+        let outcome = decide(
+            &ask("alice", false),
+            Action::Delete,
+            &busy_worker(),
+            Some(&busy_worker()),
+            &config(Mode::Enforce),
+            late,
+        );
         assert_eq!(outcome.decision, Decision::Lapsed);
-        assert_eq!(reason(&outcome), Some(Reason::MaxBusyExceeded));
+        assert_eq!(reason_of(&outcome), Some(Reason::MaxBusyExceeded));
     }
 }

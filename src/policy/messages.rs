@@ -3,19 +3,37 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY};
+use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY};
 use super::disruption::Override;
 use super::observed::LossCause;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest, PodRef};
 use super::scale::ScalePlan;
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
-pub fn busy_denial(namespace: &str, name: &str, since: Option<Timestamp>, until: Option<Timestamp>) -> String {
+/// `by_readiness`: busy because it is not Ready (compatibility mode), where the label says idle.
+pub fn busy_denial(
+    namespace: &str,
+    name: &str,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+    by_readiness: bool,
+) -> String {
     let since = since.map_or_else(|| " (since unknown)".to_string(), |t| format!(" since {t}"));
     let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    let force = if by_readiness {
+        format!("kubectl annotate pod {name} -n {namespace} {BUSY_WHEN_UNREADY}-")
+    } else {
+        format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite")
+    };
+    let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
+    format!("pod {namespace}/{name} is {busy}{since}{until}; it will be spared until it is idle; to force: {force}")
+}
+
+/// A flip to busy refused on a pod being deleted: the app must not start the task.
+pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) -> String {
     format!(
-        "pod {namespace}/{name} is busy{since}{until}; it will be spared until it is idle; \
-         to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite"
+        "pod {namespace}/{name} is being deleted (since {deleting}) and cannot turn busy: do not start the task; \
+         it would be killed with the pod"
     )
 }
 
@@ -41,6 +59,11 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         }
         Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
         Override::ExemptGroup(group) => format!("{pod} is busy; group {group} is exempt"),
+        Override::NodeTaintEviction => format!(
+            "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
+             the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
+        ),
+        Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
     }
 }
 
@@ -108,14 +131,19 @@ mod tests {
 
     #[test]
     fn busy_denial_names_the_pod_the_time_and_the_override() {
-        let message =
-            busy_denial("capture", "worker-1", Some(ts("2026-11-21T20:00:00Z")), Some(ts("2026-11-22T20:00:00Z")));
+        let (since, until) = (Some(ts("2026-11-21T20:00:00Z")), Some(ts("2026-11-22T20:00:00Z")));
+        let message = busy_denial("capture", "worker-1", since, until, false);
         assert_eq!(
             message,
             "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
              2026-11-22T20:00:00Z at the latest); it will be spared until it is idle; to force: \
              kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
         );
-        assert!(busy_denial("ns", "p", None, None).contains("busy (since unknown);"));
+        assert!(busy_denial("ns", "p", None, None, false).contains("busy (since unknown);"));
+        assert_eq!(
+            busy_denial("ns", "p", since, None, true),
+            "pod ns/p is busy (not Ready) since 2026-11-21T20:00:00Z; it will be spared until it is idle; to force: \
+             kubectl annotate pod p -n ns busyguard.io/busy-when-unready-"
+        );
     }
 }

@@ -63,6 +63,14 @@ pub const POD_GC_USER: &str = "system:serviceaccount:kube-system:pod-garbage-col
 pub const GARBAGE_COLLECTOR_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 /// The administrator of clusters set up by hand or by local tools: a person despite the prefix.
 pub const LOCAL_ADMIN_USER: &str = "system:admin";
+/// The taint manager deletes the pods of a node that is NotReady or unreachable (or tainted
+/// NoExecute): as `node-controller` before Kubernetes 1.29, `taint-eviction-controller` since.
+pub const TAINT_MANAGER_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:node-controller",
+    "system:serviceaccount:kube-system:taint-eviction-controller",
+];
+/// The namespace controller deletes every pod of a namespace being deleted.
+pub const NAMESPACE_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:namespace-controller";
 
 /// Enforce mode, both autoscaler annotations, no exemptions, `max_busy` for every pod.
 #[cfg(test)]

@@ -90,7 +90,7 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
         let resource_version = now_seen.resource_version().to_string();
         return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];
     }
-    let changes = plan_annotations(now_seen, config.mutation, config.max_busy, now);
+    let changes = plan_annotations(now_seen, None, config.mutation, config.max_busy, now);
     if changes.is_empty() {
         return Vec::new();
     }

@@ -63,28 +63,34 @@ pub enum Answer {
 pub enum Denial {
     /// The pod is busy: retry later, as a PodDisruptionBudget answers (429).
     PodBusy,
+    /// The pod is being deleted: it cannot turn busy (409).
+    PodTerminating,
 }
 
 /// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
 /// PodDisruptionBudget names `DisruptionBudget`: how busyguard knows its own answer.
 pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
+pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
 
 impl Denial {
     pub fn code(self) -> u16 {
         match self {
             Denial::PodBusy => 429,
+            Denial::PodTerminating => 409,
         }
     }
 
     pub fn reason(self) -> &'static str {
         match self {
             Denial::PodBusy => "TooManyRequests",
+            Denial::PodTerminating => "Conflict",
         }
     }
 
     pub fn cause(self) -> &'static str {
         match self {
             Denial::PodBusy => BUSY_CAUSE,
+            Denial::PodTerminating => TERMINATING_CAUSE,
         }
     }
 }
@@ -134,9 +140,13 @@ impl Decision {
 #[serde(rename_all = "kebab-case")]
 pub enum Reason {
     Busy,
+    /// A flip to busy refused: the pod is being deleted.
+    Terminating,
     BusyDeleteDeferred,
     ExemptUser,
     ExemptGroup,
+    NodeTaintEviction,
+    NamespaceDeleted,
     MaxBusyExceeded,
     StaleAfterRestart,
     Plan,
@@ -152,9 +162,12 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Busy => "busy",
+            Reason::Terminating => "terminating",
             Reason::BusyDeleteDeferred => "busy-delete-deferred",
             Reason::ExemptUser => "exempt-user",
             Reason::ExemptGroup => "exempt-group",
+            Reason::NodeTaintEviction => "node-taint-eviction",
+            Reason::NamespaceDeleted => "namespace-deleted",
             Reason::MaxBusyExceeded => "max-busy-exceeded",
             Reason::StaleAfterRestart => "stale-after-restart",
             Reason::Plan => "plan",
@@ -275,6 +288,9 @@ impl fmt::Display for PodRef {
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
+
+/// The field manager busyguard writes as: the API server records it in `managedFields`.
+pub const FIELD_MANAGER: &str = "busyguard";
 
 /// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
 /// The value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY};
+use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY, TASK_CONTAINER};
 use super::cost::DELETION_COST;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest};
 use super::update::{
@@ -19,10 +19,11 @@ use super::update::{
 
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 10] = [
+pub const DECIDING_ANNOTATIONS: [&str; 11] = [
     BUSY_SINCE,
     MAX_BUSY,
     BUSY_WHEN_UNREADY,
+    TASK_CONTAINER,
     DELETE_REQUESTED,
     DELETION_COST,
     IDLE_COST,
@@ -59,6 +60,8 @@ pub struct Metadata {
     #[serde(default)]
     pub annotations: Option<Labels>,
     #[serde(default)]
+    pub creation_timestamp: Option<Timestamp>,
+    #[serde(default)]
     pub deletion_timestamp: Option<Timestamp>,
 }
 
@@ -90,6 +93,8 @@ pub struct Condition {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatus {
+    #[serde(default)]
+    pub name: String,
     #[serde(default)]
     pub restart_count: i32,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -156,7 +161,10 @@ pub trait PodFacts {
     fn annotation(&self, key: &str) -> Option<&str>;
     fn phase(&self) -> Phase;
     fn is_terminating(&self) -> bool;
-    /// When a container of this pod last came back from a restart, if one ever did.
+    /// When the pod was created: the earliest it can have turned busy.
+    fn created(&self) -> Option<Timestamp>;
+    /// When the pod's task container (`busyguard.io/task-container`; without it, any
+    /// container) last came back from a restart, if it ever did.
     fn last_restart(&self) -> Option<Timestamp>;
     /// `None` when the pod has no `Ready` condition yet.
     fn readiness(&self) -> Option<Readiness>;
@@ -194,6 +202,9 @@ impl<P: PodFacts> PodFacts for &P {
     fn is_terminating(&self) -> bool {
         (*self).is_terminating()
     }
+    fn created(&self) -> Option<Timestamp> {
+        (*self).created()
+    }
     fn last_restart(&self) -> Option<Timestamp> {
         (*self).last_restart()
     }
@@ -230,8 +241,12 @@ impl PodFacts for Pod {
         self.metadata.deletion_timestamp.is_some()
     }
 
+    fn created(&self) -> Option<Timestamp> {
+        self.metadata.creation_timestamp
+    }
+
     fn last_restart(&self) -> Option<Timestamp> {
-        self.status.last_restart()
+        self.status.last_restart(self.annotation(TASK_CONTAINER))
     }
 
     fn readiness(&self) -> Option<Readiness> {
@@ -244,10 +259,12 @@ impl PodFacts for Pod {
 }
 
 impl PodStatus {
-    pub fn last_restart(&self) -> Option<Timestamp> {
+    /// When `task_container` (any container, without one) last came back from a restart. A
+    /// sidecar's restart says nothing about the task.
+    pub fn last_restart(&self, task_container: Option<&str>) -> Option<Timestamp> {
         self.container_statuses
             .iter()
-            .filter(|c| c.restart_count > 0)
+            .filter(|c| c.restart_count > 0 && task_container.is_none_or(|name| c.name == name))
             .flat_map(|c| {
                 let started = c.state.running.as_ref().and_then(|r| r.started_at);
                 let last_exit = c.last_state.terminated.as_ref().and_then(|t| t.finished_at);
@@ -296,6 +313,23 @@ mod tests {
     }
 
     #[test]
+    fn only_the_task_containers_restarts_count_when_the_pod_names_it() {
+        let pod: Pod = serde_json::from_str(
+            r#"{"metadata":{"annotations":{"busyguard.io/task-container":"worker"}},
+                "status":{"containerStatuses":[
+                  {"name":"worker","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}},
+                  {"name":"log-shipper","restartCount":3,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(pod.last_restart(), None, "the sidecar's restart does not count");
+        assert_eq!(
+            pod.status.last_restart(None),
+            Some("2026-11-21T10:00:00Z".parse().unwrap()),
+            "without the annotation, any"
+        );
+    }
+
+    #[test]
     fn a_container_that_never_restarted_has_no_last_restart() {
         let pod: Pod = serde_json::from_str(
             r#"{"status":{"containerStatuses":[{"restartCount":0,
@@ -338,6 +372,9 @@ mod tests {
         }
         fn is_terminating(&self) -> bool {
             self.pod.is_terminating()
+        }
+        fn created(&self) -> Option<Timestamp> {
+            self.pod.created()
         }
         fn last_restart(&self) -> Option<Timestamp> {
             self.pod.last_restart()
@@ -392,9 +429,9 @@ mod tests {
         let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
         for pod in &pods {
             let recording = Recording { pod, asked: Default::default() };
-            disruption::decide(&ask, Action::Evict, &recording, &config, now);
-            disruption::decide(&ask, Action::Delete, &recording, &config, now);
-            plan_annotations(&recording, config.mutation, config.max_busy, now);
+            disruption::decide(&ask, Action::Evict, &recording, Some(&recording), &config, now);
+            disruption::decide(&ask, Action::Delete, pod, Some(&recording), &config, now);
+            plan_annotations(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::decide(&target, Some(&recording), None, &config, now);
             let select = |_: &_| Ok(vec![("w".to_string(), &recording)]);

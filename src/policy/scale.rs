@@ -62,7 +62,7 @@ pub fn decide<P: PodFacts>(
     } else {
         pods.iter()
             .filter_map(|(name, pod)| {
-                let changes = plan_annotations(pod, config.mutation, config.max_busy, now);
+                let changes = plan_annotations(pod, None, config.mutation, config.max_busy, now);
                 (!changes.is_empty()).then(|| Effect::Refresh {
                     pod: PodRef {
                         namespace: ask.namespace.to_string(),

@@ -12,10 +12,10 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::PolicyConfig;
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_state};
-use super::cost::{DELETION_COST, busy_cost};
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_from, busy_since};
+use super::cost::{BUSY_COST_FLOOR, DELETION_COST, busy_cost};
 use super::messages;
-use super::outcome::{Answer, Decision, Outcome};
+use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::{parse_positive_duration, whole_second};
 
@@ -46,6 +46,16 @@ struct Guarded {
     busy_value: String,
 }
 
+impl Guarded {
+    /// A value busyguard writes while busy: for the cost, any in the busy band.
+    fn is_ours(&self, value: &str) -> bool {
+        match self.key {
+            DELETION_COST => value.parse::<i32>().is_ok_and(|cost| cost >= BUSY_COST_FLOOR),
+            _ => value == self.busy_value,
+        }
+    }
+}
+
 fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
     [
         Guarded { key: DELETION_COST, saved_as: IDLE_COST, enabled: true, busy_value: busy_cost(since).to_string() },
@@ -64,11 +74,21 @@ fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
     ]
 }
 
-/// The answer to a pod's create or update: the annotation changes as a JSONPatch, and what the
-/// writer should know about how the pod uses the contract.
-pub fn decide(pod: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
+/// The answer to a pod's create or update (`before`: the version it replaces): the annotation
+/// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
+/// A flip to busy on a pod already being deleted is refused: the task would be killed with it.
+pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let turning_busy =
+        pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
+    if let (true, Some(deleting)) = (turning_busy, pod.metadata.deletion_timestamp) {
+        let message = messages::busy_while_terminating(ask.namespace, ask.name, deleting);
+        let audit = ask.audit(Decision::Denied, Reason::Terminating, message.clone(), config.mode, now);
+        return Outcome::answer(Answer::Deny { denial: Denial::PodTerminating, message }, Decision::Denied)
+            .audited(audit);
+    }
     let warnings = contract_warnings(pod, config.max_busy);
-    let patch = json_patch(pod, &plan_annotations(pod, config.mutation, config.max_busy, now));
+    let before = before.map(|old| old as &dyn PodFacts);
+    let patch = json_patch(pod, &plan_annotations(pod, before, config.mutation, config.max_busy, now));
     if patch.0.is_empty() {
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
@@ -91,72 +111,99 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
     warnings
 }
 
-pub fn plan_annotations(pod: &impl PodFacts, settings: MutationSettings, max_busy: MaxBusy, now: Timestamp) -> Changes {
+/// The annotation changes for `pod` as it is about to be stored. `before` is the version it
+/// replaces, when the request carries it (an update); without it (a create, the watch, a
+/// scale-down) the pod's own busy-since stands if it is a time already past.
+pub fn plan_annotations(
+    pod: &impl PodFacts,
+    before: Option<&dyn PodFacts>,
+    settings: MutationSettings,
+    max_busy: MaxBusy,
+    now: Timestamp,
+) -> Changes {
     let mut changes = Changes::new();
-    let Some(label) = pod.label(BUSY_LABEL) else {
-        return changes;
-    };
     if pod.is_terminal() || pod.is_terminating() {
         return changes;
     }
     let get = |key: &str| pod.annotation(key).map(str::to_string);
-    let wants_busy = label == "true";
-    let recorded_since = pod.annotation(BUSY_SINCE).map(|text| text.parse::<Timestamp>());
-
-    match (wants_busy, recorded_since) {
-        (true, None) => {
-            let since = whole_second(now);
-            changes.insert(BUSY_SINCE, Some(since.to_string()));
-            for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
-                changes.insert(g.saved_as, get(g.key));
-                changes.insert(g.key, Some(g.busy_value));
-            }
+    let wants_busy = pod.label(BUSY_LABEL) == Some("true");
+    // Opted out (the label removed, also while busy): what busyguard set goes as on a flip to idle.
+    let ours_left = pod.annotation(BUSY_SINCE).is_some()
+        || guarded(settings, now).iter().any(|g| pod.annotation(g.saved_as).is_some());
+    if !wants_busy {
+        if ours_left {
+            restore(pod, settings, now, &mut changes);
         }
-        (true, Some(_)) if matches!(busy_state(pod, max_busy, now), BusyState::Lapsed { .. }) => {
+        changes.retain(|key, value| pod.annotation(key) != value.as_deref());
+        return changes;
+    }
+    let (since, turning_busy) = match busy_since_to_keep(pod, before, now) {
+        Some(kept) => (kept, false),
+        None => (whole_second(now), true),
+    };
+    changes.insert(BUSY_SINCE, Some(since.to_string()));
+    // Edited by this very write (only known when the request carries the old version).
+    let edited = |key: &str| before.is_some_and(|old| old.annotation(key) != pod.annotation(key));
+    let lapsed = matches!(busy_from(pod, Some(since), max_busy, now), BusyState::Lapsed { .. });
+    for g in guarded(settings, since) {
+        let (current, saved) = (get(g.key), get(g.saved_as));
+        let ours = current.as_deref().is_some_and(|value| g.is_ours(value));
+        if lapsed {
             // Protection ran out while the flag stayed up: the user's values rank the pod again,
-            // and stay saved (with busy-since) so the flip to idle restores the same values.
-            for g in guarded(settings, now) {
-                let saved = get(g.saved_as);
-                if g.enabled || saved.is_some() {
-                    changes.insert(g.key, saved);
-                }
+            // and stay saved (with busy-since) so the flip to idle restores the same values. A
+            // value the user writes meanwhile becomes the one to restore.
+            if !(g.enabled || saved.is_some()) {
+                continue;
             }
-        }
-        (true, Some(recorded)) => {
-            // Already busy. Someone may have changed a guarded annotation since: keep theirs as
-            // the value to restore, and put ours back.
-            let since = recorded.unwrap_or_else(|_| {
-                let since = whole_second(now);
-                changes.insert(BUSY_SINCE, Some(since.to_string()));
-                since
-            });
-            for g in guarded(settings, since).into_iter().filter(|g| g.enabled) {
-                if pod.annotation(g.key) != Some(g.busy_value.as_str()) {
-                    changes.insert(g.saved_as, get(g.key));
-                    changes.insert(g.key, Some(g.busy_value));
-                }
+            if ours && !edited(g.key) {
+                changes.insert(g.key, saved);
+            } else if current != saved {
+                changes.insert(g.saved_as, current);
             }
-        }
-        (false, Some(_)) => {
-            changes.insert(BUSY_SINCE, None);
-            for g in guarded(settings, now) {
-                match get(g.saved_as) {
-                    Some(saved) => {
-                        changes.insert(g.key, Some(saved));
-                        changes.insert(g.saved_as, None);
-                    }
-                    // Only what busyguard set may be taken away; a disabled one it never set.
-                    None if g.enabled => {
-                        changes.insert(g.key, None);
-                    }
-                    None => {}
-                }
+        } else if g.enabled && (turning_busy || current.as_deref() != Some(g.busy_value.as_str())) {
+            // Turning busy, or someone changed a guarded annotation while busy: theirs is the
+            // value to restore, and ours goes back. A busy value of ours left over (busy-since
+            // lost, a flip to idle missed) is never saved as the user's: only a write seen
+            // whole (with its old version) tells a user's "true" from ours.
+            let left_over = ours && !edited(g.key) && (saved.is_some() || before.is_none());
+            if !left_over {
+                changes.insert(g.saved_as, current);
             }
+            changes.insert(g.key, Some(g.busy_value));
         }
-        (false, None) => {}
     }
     changes.retain(|key, value| pod.annotation(key) != value.as_deref());
     changes
+}
+
+/// While busy, the busy-since stamped on the flip stays, whatever the write says (moving or
+/// removing it would renew protection for ever). Turning busy, the write's own is kept if it
+/// is a time already past (it can only shorten protection; and a reinvocation brings the one
+/// stamped a moment ago). `None`: to be stamped now.
+fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: Timestamp) -> Option<Timestamp> {
+    let past = |pod: &dyn PodFacts| busy_since(pod).filter(|since| *since <= now);
+    match before {
+        Some(old) if old.label(BUSY_LABEL) == Some("true") => past(old),
+        _ => past(pod),
+    }
+}
+
+/// Back to the user's own values; busyguard's markers go.
+fn restore(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp, changes: &mut Changes) {
+    changes.insert(BUSY_SINCE, None);
+    for g in guarded(settings, now) {
+        match pod.annotation(g.saved_as) {
+            Some(saved) => {
+                changes.insert(g.key, Some(saved.to_string()));
+                changes.insert(g.saved_as, None);
+            }
+            // Only what busyguard set may be taken away; a disabled one it never set.
+            None if g.enabled => {
+                changes.insert(g.key, None);
+            }
+            None => {}
+        }
+    }
 }
 
 /// The changes as a JSONPatch against the pod they were planned for.
@@ -212,7 +259,7 @@ mod tests {
     /// Plans, applies the JSONPatch to the pod's JSON and returns the pod as stored.
     fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Changes {
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, settings, DAY, ts(now));
+        let changes = plan_annotations(&pod, None, settings, DAY, ts(now));
         json_patch::patch(doc, &json_patch(&pod, &changes)).expect("patch applies to its pod");
         changes
     }
@@ -249,7 +296,7 @@ mod tests {
     fn flip_to_busy_creates_the_annotations_map_when_there_is_none() {
         let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, ALL, DAY, ts("2026-01-01T00:00:00Z"));
+        let changes = plan_annotations(&pod, None, ALL, DAY, ts("2026-01-01T00:00:00Z"));
         let patch = json_patch(&pod, &changes);
         assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
         json_patch::patch(&mut doc, &patch).unwrap();
@@ -279,13 +326,15 @@ mod tests {
             json!({}),
             json!({"unrelated": "x", AUTOSCALER_SAFE_TO_EVICT: "false"}),
         ] {
-            let mut doc = worker(original.clone());
-            set_label(&mut doc, "true");
-            admit(&mut doc, ALL, "2026-11-21T20:48:44Z");
-            assert_ne!(doc["metadata"]["annotations"], original);
-            set_label(&mut doc, "false");
-            admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
-            assert_eq!(doc["metadata"]["annotations"], original);
+            let idle = worker(original.clone());
+            let mut flip = idle.clone();
+            set_label(&mut flip, "true");
+            let (_, busy) = update(&idle, &flip, "2026-11-21T20:48:44Z");
+            assert_ne!(busy["metadata"]["annotations"], original);
+            let mut done = busy.clone();
+            set_label(&mut done, "false");
+            let (_, stored) = update(&busy, &done, "2026-11-21T21:00:00Z");
+            assert_eq!(stored["metadata"]["annotations"], original);
         }
     }
 
@@ -395,10 +444,140 @@ mod tests {
         }
     }
 
+    fn ask() -> Ask<'static> {
+        Ask {
+            uid: "u",
+            operation: "UPDATE",
+            resource: "pods",
+            subresource: "",
+            namespace: "ns",
+            name: "w",
+            requester: crate::policy::Requester { username: "system:serviceaccount:ns:worker", groups: &[] },
+            dry_run: false,
+        }
+    }
+
+    /// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
+    fn update(old: &Value, new: &Value, now: &str) -> (Outcome, Value) {
+        let outcome = decide(&ask(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
+        let mut stored = new.clone();
+        if let Answer::Patch { patch, .. } = &outcome.answer {
+            json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");
+        }
+        (outcome, stored)
+    }
+
+    #[test]
+    fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_but_other_updates_go_through() {
+        let mut old = worker(json!({}));
+        old["metadata"]["deletionTimestamp"] = json!("2026-11-21T20:48:00Z");
+        let mut flip = old.clone();
+        set_label(&mut flip, "true");
+        let (outcome, _) = update(&old, &flip, "2026-11-21T20:48:44Z");
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert_eq!((denial.code(), denial.reason(), denial.cause()), (409, "Conflict", "BusyguardPodTerminating"));
+        assert_eq!(
+            message,
+            "pod ns/w is being deleted (since 2026-11-21T20:48:00Z) and cannot turn busy: do not start the task; \
+             it would be killed with the pod"
+        );
+        assert_eq!(outcome.audit.unwrap().reason, Reason::Terminating);
+        // A controller removing a finalizer from a terminating pod that was already busy.
+        let mut busy_going = flip.clone();
+        busy_going["metadata"]["finalizers"] = json!(["example.com/x"]);
+        let (outcome, _) = update(&busy_going, &flip, "2026-11-21T20:48:44Z");
+        assert_eq!(outcome.decision, Decision::Allowed);
+    }
+
+    #[test]
+    fn busy_since_cannot_be_moved_or_removed_while_busy() {
+        let idle = worker(json!({DELETION_COST: "1"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        for tampered in [json!(null), json!("2026-11-21T23:00:00Z"), json!("2099-01-01T00:00:00Z")] {
+            let mut write = busy.clone();
+            write["metadata"]["annotations"][BUSY_SINCE] = tampered.clone();
+            if tampered.is_null() {
+                write["metadata"]["annotations"].as_object_mut().unwrap().remove(BUSY_SINCE);
+            }
+            let (_, stored) = update(&busy, &write, "2026-11-21T22:00:00Z");
+            assert_eq!(stored["metadata"]["annotations"], busy["metadata"]["annotations"], "{tampered}");
+        }
+    }
+
+    #[test]
+    fn a_flip_to_busy_with_a_busy_since_to_come_is_stamped_now() {
+        let idle = worker(json!({}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        flip["metadata"]["annotations"][BUSY_SINCE] = json!("2099-01-01T00:00:00Z");
+        let (_, stored) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        assert_eq!(stored["metadata"]["annotations"][BUSY_SINCE], "2026-11-21T20:00:00Z");
+    }
+
+    #[test]
+    fn a_reinvocation_of_the_flip_changes_nothing() {
+        let idle = worker(json!({DELETION_COST: "1", KARPENTER_DO_NOT_DISRUPT: "true"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, patched) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        // The API server calls again with the patched object and the same old one.
+        let (outcome, again) = update(&idle, &patched, "2026-11-21T20:00:01Z");
+        assert_eq!(outcome.decision, Decision::Allowed, "{:?}", outcome.answer);
+        assert_eq!(again, patched);
+    }
+
+    #[test]
+    fn removing_the_label_while_busy_restores_the_pod_like_a_flip_to_idle() {
+        let original = json!({DELETION_COST: "1", KARPENTER_DO_NOT_DISRUPT: "false"});
+        let idle = worker(original.clone());
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let mut opted_out = busy.clone();
+        opted_out["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
+        let (_, stored) = update(&busy, &opted_out, "2026-11-21T20:30:00Z");
+        assert_eq!(stored["metadata"]["annotations"], original);
+    }
+
+    #[test]
+    fn a_lost_busy_since_never_saves_busyguards_busy_values_as_the_users() {
+        // Seen without the old version (the watch, a scale-down): busy-since gone, ours still on.
+        let mut doc = worker(json!({DELETION_COST: "1"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, ALL, "2026-11-21T20:00:00Z");
+        doc["metadata"]["annotations"].as_object_mut().unwrap().remove(BUSY_SINCE);
+        admit(&mut doc, ALL, "2026-11-21T20:30:00Z");
+        assert_eq!(doc["metadata"]["annotations"][IDLE_COST], "1", "the user's cost is still the one to restore");
+        assert_eq!(doc["metadata"]["annotations"][IDLE_DO_NOT_DISRUPT], Value::Null);
+        set_label(&mut doc, "false");
+        admit(&mut doc, ALL, "2026-11-21T21:00:00Z");
+        assert_eq!(doc["metadata"]["annotations"], json!({DELETION_COST: "1"}));
+    }
+
+    #[test]
+    fn a_users_edit_while_protection_has_lapsed_is_kept_and_restored_on_idle() {
+        let idle = worker(json!({}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = update(&idle, &flip, "2026-11-20T00:00:00Z");
+        let (_, lapsed) = update(&busy, &busy, "2026-11-21T00:00:01Z");
+        assert_eq!(lapsed["metadata"]["annotations"].get(KARPENTER_DO_NOT_DISRUPT), None, "lapsed: the user's (none)");
+        let mut pinned = lapsed.clone();
+        pinned["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT] = json!("true");
+        let (_, stored) = update(&lapsed, &pinned, "2026-11-21T00:05:00Z");
+        assert_eq!(stored["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true", "the operator's pin stays");
+        let mut done = stored.clone();
+        set_label(&mut done, "false");
+        let (_, stored) = update(&stored, &done, "2026-11-21T00:10:00Z");
+        assert_eq!(stored["metadata"]["annotations"], json!({KARPENTER_DO_NOT_DISRUPT: "true"}));
+    }
+
     #[test]
     fn a_write_with_nothing_to_change_is_allowed_with_its_warnings() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "maybe"}}}));
-        let outcome = decide(&p, &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome = decide(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Allowed);
         let Answer::Allow { warnings } = outcome.answer else { panic!() };
         assert_eq!(warnings.len(), 1);
@@ -410,8 +589,8 @@ mod tests {
         let p = pod(worker(json!({})));
         let mut busy = worker(json!({}));
         set_label(&mut busy, "true");
-        assert_eq!(decide(&p, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed, "idle: nothing");
-        let outcome = decide(&pod(busy), &config(), ts("2026-11-21T20:48:44Z"));
+        assert_eq!(decide(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed);
+        let outcome = decide(&ask(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
         assert_eq!(patch.0.len(), 4, "busy-since, cost, and the two autoscaler annotations: {patch:?}");

@@ -1,5 +1,6 @@
 //! The admin port: `/healthz` (the process answers), `/readyz` (it takes AdmissionReviews; off
-//! while draining, and until the cluster view is listed), `/metrics` (Prometheus text).
+//! while draining), `/status` (what it depends on: the cluster view and the audit log; for
+//! people and alerts, not for probes), `/metrics` (Prometheus text).
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/status", get(status))
         .route("/metrics", get(metrics))
         .with_state(app)
 }
@@ -26,7 +28,15 @@ async fn readyz(State(app): State<Arc<App>>) -> impl IntoResponse {
     }
 }
 
+async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
+    match app.status() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(problems) => (StatusCode::SERVICE_UNAVAILABLE, problems.iter().map(|p| format!("{p}\n")).collect()),
+    }
+}
+
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     app.metrics.view_pods.set(app.cluster.view.len() as i64);
+    let _ = app.status();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.encode())
 }

@@ -95,18 +95,37 @@ impl App {
         self.serving.load(Ordering::Relaxed)
     }
 
-    /// Serving and not draining, every audit line written, and the cluster view (if any) listed
-    /// and fresh.
+    /// Ready means able to answer reviews: serving and not draining. A stale view or a failing
+    /// audit sink does not take a replica out of the Service: the delete path needs neither, and
+    /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
+    /// webhook fails closed). They are reported by `status` and the metrics instead.
     pub fn readiness(&self) -> Result<(), String> {
+        // Probes come every few seconds: a chance to write held audit lines and set the gauges.
+        let _ = self.status();
         if !self.is_serving() {
             return Err("shutting down".into());
         }
-        self.audit.health()?;
-        match self.cluster.view.check(Instant::now()) {
+        Ok(())
+    }
+
+    /// Everything busyguard depends on besides serving: the audit log written, and the cluster
+    /// view (if any) listed and fresh. Sets the matching gauges.
+    pub fn status(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        let audit = self.audit.health();
+        self.metrics.audit_failing.set(i64::from(audit.is_err()));
+        problems.extend(audit.err());
+        let view = match self.cluster.view.check(Instant::now()) {
             // Without a cluster there is nothing to wait for: evictions get 503, the rest works.
             Ok(()) | Err(Unavailable::NoCluster) => Ok(()),
             Err(why) => Err(why.to_string()),
+        };
+        self.metrics.view_unavailable.set(i64::from(view.is_err()));
+        problems.extend(view.err());
+        if !self.is_serving() {
+            problems.push("shutting down".into());
         }
+        if problems.is_empty() { Ok(()) } else { Err(problems) }
     }
 }
 

@@ -334,7 +334,7 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
-        (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, body),
+        (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
         (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
@@ -386,7 +386,7 @@ fn ok_stream(replay: Vec<String>, live: Option<broadcast::Receiver<Arc<Feed>>>) 
     ([("content-type", "application/json")], body).into_response()
 }
 
-fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, body: Value) -> Response {
+fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, query: &str, body: Value) -> Response {
     let mut store = api.store();
     let key = (namespace.to_string(), name.to_string());
     let Some(current) = store.pods.get(&key).cloned() else {
@@ -413,6 +413,25 @@ fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, body:
             let mut patch = body;
             patch["metadata"].as_object_mut().map(|m| m.remove("resourceVersion"));
             json_patch::merge(&mut patched, &patch);
+            // As the API server tracks it: the field manager named in the query owns the
+            // annotations it set.
+            if let Some(manager) = query.split('&').find_map(|p| p.strip_prefix("fieldManager=")) {
+                let annotations = patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+                let fields: serde_json::Map<String, Value> = annotations
+                    .iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, _)| (format!("f:{k}"), json!({})))
+                    .collect();
+                if !fields.is_empty() {
+                    let entry = json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:annotations": fields}}});
+                    let managed = &mut patched["metadata"]["managedFields"];
+                    if !managed.is_array() {
+                        *managed = json!([]);
+                    }
+                    managed.as_array_mut().unwrap().push(entry);
+                }
+            }
             let patched = store.save(patched);
             api.emit(&mut store, "MODIFIED", patched.clone());
             ok(patched)

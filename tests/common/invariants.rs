@@ -111,8 +111,13 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
         assert!(outcome.response.allowed, "a pod not marked busy is never refused");
     }
     if !outcome.response.allowed {
+        // Without a busy-since, max-busy counts from the pod's creation (the API server always
+        // sends one; a generated pod may lack it).
         let since = outcome.audit.as_ref().and_then(|audit| audit.busy_since);
-        assert!(since.is_none_or(|since| since.checked_add(CEILING).unwrap() > now()), "held past the ceiling");
+        let created = pod["metadata"]["creationTimestamp"].as_str().and_then(|t| t.parse::<Timestamp>().ok());
+        let start = since.or(created);
+        assert!(start.is_none_or(|start| start.checked_add(CEILING).unwrap() > now()), "held past the ceiling");
+        assert!(since.is_none_or(|since| since <= now()), "a busy-since to come counts as none");
     }
     // An eviction is judged from the view, which skips a pod the watch cannot read; a delete
     // carries its pod and is judged whatever the watch makes of it.

@@ -104,8 +104,9 @@ impl TestServer {
         .await
     }
 
+    /// Until the view is listed and every audit line written (`/status` 200).
     pub async fn wait_ready(&self) {
-        eventually("/readyz 200", async || (self.admin_get("/readyz").await.status == 200).then_some(())).await
+        eventually("/status 200", async || (self.admin_get("/status").await.status == 200).then_some(())).await
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
@@ -258,9 +259,19 @@ pub async fn review_allowed(sender: &mut Sender, body: Bytes) -> Result<Answer, 
 }
 
 /// A fixture from `tests/fixtures/` (AdmissionReview bodies a real kube-apiserver sent).
+/// A recorded review, its objects created an hour ago rather than when it was recorded: a pod
+/// marked busy without a busy-since is protected for max-busy from its creation.
 pub fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+    let mut review: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let an_hour_ago = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - 3600).unwrap();
+    for field in ["object", "oldObject"] {
+        let created = &mut review["request"][field]["metadata"]["creationTimestamp"];
+        if created.is_string() {
+            *created = Value::String(an_hour_ago.to_string());
+        }
+    }
+    review
 }
 
 /// The pod a review carries: `object`, or `oldObject` for a DELETE.
