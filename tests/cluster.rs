@@ -624,3 +624,99 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let granted = common::apiserver::GRANTED.clone();
     assert_eq!(api.permissions_used(), granted, "and every grant is used");
 }
+
+/// A server watching `api` whose sweep comes every 200 ms.
+async fn sweeping(api: &ApiServer) -> TestServer {
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.sweep_interval = Duration::from_millis(200);
+    })
+    .await;
+    server.wait_ready().await;
+    server
+}
+
+#[tokio::test]
+async fn a_forged_delete_review_of_an_idle_pod_is_answered_but_busyguard_neither_marks_nor_deletes_it() {
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("idle", false));
+    let server = TestServer::with_cluster(&api).await;
+    // Any client that reaches the port can claim the pod is busy, with its real uid.
+    let mut claimed = api.pod("capture", "idle").unwrap();
+    claimed["metadata"]["labels"]["busyguard.io/busy"] = json!("true");
+    claimed["metadata"]["annotations"]["busyguard.io/busy-since"] = json!(since_minutes_ago(5).to_string());
+    let forged = delete_of(&claimed, "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &forged).await["status"]["code"], 429, "the forger gets its answer");
+    settle().await;
+    assert_eq!(api.writes(), vec![], "no mark, no Event, no delete: the view holds the pod idle");
+}
+
+#[tokio::test]
+async fn a_delete_requested_mark_busyguard_did_not_write_is_ignored() {
+    let api = ApiServer::start().await;
+    // Written by a pod patcher (or copied from a template): no busyguard entry in managedFields.
+    let mut pod = worker_pod("neighbour", false);
+    pod["metadata"]["annotations"]["busyguard.io/delete-requested"] =
+        json!(r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#);
+    api.put_pod(pod);
+    let _server = sweeping(&api).await;
+    api.update_pod("capture", "neighbour", |pod| pod["metadata"]["labels"]["team"] = json!("a"));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(api.writes().iter().all(|c| c.method != "DELETE"), "{:#?}", api.writes());
+}
+
+#[tokio::test]
+async fn a_deferred_delete_answered_409_with_no_change_after_is_carried_out_by_the_sweep() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = sweeping(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    api.fault("DELETE", &format!("{POD_PATH}/worker-a"), [Fault::Status(409)]);
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    api.wait_for(2, pod_call("DELETE", "worker-a")).await;
+    settle().await;
+    assert!(api.pod("capture", "worker-a").unwrap()["metadata"]["deletionTimestamp"].is_string(), "terminating");
+    let carried_out = server.audit_lines().into_iter().filter(|l| l["decision"] == "deleted-when-idle").count();
+    assert_eq!(carried_out, 1, "exactly once");
+}
+
+#[tokio::test]
+async fn a_marked_pod_whose_protection_runs_out_is_deleted_without_any_change() {
+    let api = ApiServer::start().await;
+    // Busy for 11 minutes less 2 seconds, with 11 minutes of max-busy.
+    let since = Timestamp::from_second(Timestamp::now().as_second() - 11 * 60 + 2).unwrap();
+    let mut pod = busy_pod("hung", since);
+    pod["metadata"]["annotations"]["busyguard.io/max-busy"] = json!("11m");
+    api.put_pod(pod);
+    let server = sweeping(&api).await;
+    let review = delete_of(&api.pod("capture", "hung").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, pod_call("PATCH", "hung")).await;
+    // Nothing changes on the pod; two seconds later its max-busy is over and the sweep acts.
+    let deletes = api.wait_for(1, pod_call("DELETE", "hung")).await;
+    assert_eq!(deletes.len(), 1);
+}
+
+#[tokio::test]
+async fn a_flip_to_idle_made_while_busyguard_was_down_is_restored_from_the_watch() {
+    let api = ApiServer::start().await;
+    // Idle, with busyguard's busy annotations still on: Karpenter and cluster-autoscaler would
+    // leave its node alone for ever.
+    let mut missed = busy_pod("missed", since_minutes_ago(30));
+    missed["metadata"]["labels"]["busyguard.io/busy"] = json!("false");
+    api.put_pod(missed);
+    let _server = TestServer::with_cluster(&api).await;
+    let patches = api.wait_for(1, pod_call("PATCH", "missed")).await;
+    assert_eq!(
+        patches[0].body["metadata"]["annotations"],
+        json!({"busyguard.io/busy-since": null, "controller.kubernetes.io/pod-deletion-cost": "1",
+               "busyguard.io/idle-cost": null, "karpenter.sh/do-not-disrupt": null,
+               "cluster-autoscaler.kubernetes.io/safe-to-evict": null})
+    );
+    assert_eq!(
+        api.pod("capture", "missed").unwrap()["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"],
+        "1"
+    );
+}

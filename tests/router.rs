@@ -111,3 +111,23 @@ async fn deletes_never_carry_a_patch_and_the_validating_path_never_patches_pod_w
         assert!(answer["response"]["patch"].is_null(), "{path}: {answer}");
     }
 }
+
+#[tokio::test]
+async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does_not_start() {
+    let router = router();
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    for field in ["object", "oldObject"] {
+        review["request"][field]["metadata"]["deletionTimestamp"] = serde_json::json!("2026-11-21T20:49:00Z");
+    }
+    let (status, answer) = post(&router, "/mutate", &review).await;
+    assert_eq!(status, 200);
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 409);
+    assert_eq!(response["status"]["reason"], "Conflict");
+    assert_eq!(response["status"]["details"]["causes"][0]["reason"], "BusyguardPodTerminating");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("is being deleted (since 2026-11-21T20:49:00Z) and cannot turn busy: do not start the task")
+    );
+}
