@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// waiting, so the API server applies failurePolicy well before its timeout.
     #[arg(long, env = "BUSYGUARD_MAX_IN_FLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
+    /// MiB of request bodies held in memory at once; a request beyond is answered 503 at once.
+    /// Keep it well under the container's memory limit (a body is at most 7 MiB).
+    #[arg(long, env = "BUSYGUARD_MAX_BODY_MEMORY_MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..=4095))]
+    pub max_body_memory_mib: u32,
     /// On SIGTERM, how long to go on serving while unready before refusing new connections: time
     /// for a load balancer that follows /readyz to stop sending new ones.
     #[arg(long, env = "BUSYGUARD_SHUTDOWN_DELAY", default_value = "0s", value_parser = zero_or_std_duration)]
@@ -220,6 +224,7 @@ impl ServeArgs {
                 body_read_timeout: self.body_read_timeout,
                 max_connections: self.max_connections as usize,
                 max_in_flight: self.max_in_flight as usize,
+                max_body_memory: self.max_body_memory_mib as usize * 1024 * 1024,
             },
             shutdown_delay: self.shutdown_delay,
             shutdown_timeout: self.shutdown_timeout,

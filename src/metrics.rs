@@ -51,6 +51,7 @@ pub struct Metrics {
     pub http_errors: Family<StatusLabels, Counter>,
     pub reviews_shed: Counter,
     pub connections_refused: Counter,
+    pub admin_connections_refused: Counter,
     pub audit: AuditMetrics,
     pub tls_reloads: Family<ResultLabels, Counter>,
     pub side_effects: Family<SideEffectLabels, Counter>,
@@ -96,6 +97,12 @@ impl Default for Metrics {
             "connections_refused",
             "Webhook connections closed on accept because max-connections were open",
             connections_refused.clone(),
+        );
+        let admin_connections_refused = Counter::default();
+        registry.register(
+            "admin_connections_refused",
+            "Admin port connections closed on accept because 64 were open",
+            admin_connections_refused.clone(),
         );
         let audit = AuditMetrics::default();
         registry.register(
@@ -151,6 +158,7 @@ impl Default for Metrics {
             http_errors,
             reviews_shed,
             connections_refused,
+            admin_connections_refused,
             audit,
             tls_reloads,
             side_effects,

@@ -720,3 +720,39 @@ async fn a_flip_to_idle_made_while_busyguard_was_down_is_restored_from_the_watch
         "1"
     );
 }
+
+#[tokio::test]
+async fn a_review_beyond_max_in_flight_is_shed_at_once_and_the_next_one_answered() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.limits.max_in_flight = 1;
+    })
+    .await;
+    server.wait_ready().await;
+    api.wait_for(2, |c| c.method == "PATCH").await;
+    // A scale-down holds its slot while it waits for a slow API server to take its patches.
+    api.fault("PATCH", &format!("{POD_PATH}/idle-stale"), [Fault::Delay(Duration::from_secs(2))]);
+    let holding = tokio::spawn({
+        let body = serde_json::to_vec(&scale_down_5_to_2()).unwrap();
+        let server_post = server.connect().await;
+        async move {
+            let mut sender = common::http1(server_post).await;
+            common::send(&mut sender, common::post_request("/validate?timeout=4s", body)).await
+        }
+    });
+    api.wait_for(1, pod_call("PATCH", "idle-stale")).await;
+
+    let review = serde_json::to_vec(&eviction_of("busy")).unwrap();
+    let started = Instant::now();
+    let shed = server.post("/validate", review.clone()).await;
+    assert!(started.elapsed() < Duration::from_secs(1), "shed at once, took {:?}", started.elapsed());
+    assert_eq!(shed.status, 503, "{}", shed.text());
+    assert_eq!(shed.headers["retry-after"], "1");
+    assert!(shed.text().contains("reviews already: shed, retry"), "{}", shed.text());
+    assert_eq!(server.metric("busyguard_admission_reviews_shed_total").await, Some(1.0));
+
+    assert_eq!(holding.await.unwrap().status, 200);
+    assert_eq!(server.post("/validate", review).await.status, 200, "answered again once the slot is free");
+}

@@ -155,3 +155,71 @@ async fn trickled_headers_and_bodies_are_cut_off_at_their_deadlines_while_answer
     }
     heartbeat.assert_steady().await;
 }
+
+/// Reads until the server closes the TLS connection (EOF or error) or `within` passes.
+async fn tls_closed_within(stream: &mut tokio_rustls::client::TlsStream<TcpStream>, within: Duration) -> bool {
+    let mut buffer = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn connections_that_send_nothing_or_half_a_preface_after_the_handshake_are_closed_whatever_the_protocol() {
+    let server = server().await;
+    let heartbeat = Heartbeat::start(&server).await;
+    let mut silent = Vec::new();
+    for i in 0..60 {
+        let alpn: &[u8] = if i % 2 == 0 { b"h2" } else { b"http/1.1" };
+        let mut stream = common::connect(server.webhook, &[server.ca()], &[alpn]).await.unwrap();
+        if i % 3 == 0 {
+            // The first bytes of the HTTP/2 preface, and then nothing: the version is never known.
+            stream.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+            stream.flush().await.unwrap();
+        }
+        silent.push(stream);
+    }
+    let started = Instant::now();
+    let closed =
+        futures::future::join_all(silent.iter_mut().map(|s| tls_closed_within(s, TIMEOUT + Duration::from_secs(2))))
+            .await;
+    assert!(closed.iter().all(|c| *c), "every silent connection closed");
+    assert!(started.elapsed() > TIMEOUT / 2, "not before the header timeout: {:?}", started.elapsed());
+    heartbeat.assert_steady().await;
+}
+
+#[tokio::test]
+async fn an_http2_connection_left_idle_after_its_request_is_closed() {
+    let server = server().await;
+    let h2 = common::connect(server.webhook, &[server.ca()], &[b"h2"]).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(h2))
+            .await
+            .unwrap();
+    let ended = tokio::spawn(connection);
+    let body = Bytes::from(serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap());
+    let answer = sender.send_request(common::post_request("/validate", body)).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let started = Instant::now();
+    // The client keeps the connection; the server ends it once it has been idle for the timeout.
+    tokio::time::timeout(TIMEOUT + Duration::from_secs(2), ended).await.expect("closed by the server").unwrap().ok();
+    assert!(started.elapsed() > TIMEOUT / 2, "not before the idle timeout: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_admin_port_caps_its_connections_and_closes_idle_ones_while_probes_get_answers() {
+    let server = server().await;
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(TcpStream::connect(server.admin).await.unwrap());
+    }
+    let closed = futures::future::join_all(idle.iter_mut().map(|s| closed_within(s, TIMEOUT + Duration::from_secs(2))));
+    assert!(closed.await.iter().all(|c| *c), "every idle admin connection closed");
+    let refused = server.metric("busyguard_admin_connections_refused_total").await.unwrap();
+    assert!(refused >= 100.0 - 64.0, "{refused} closed on accept");
+    assert_eq!(server.admin_get("/readyz").await.status, 200);
+}

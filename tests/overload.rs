@@ -15,8 +15,9 @@ const STALLED_REVIEW: &[u8] = b"POST /validate?timeout=10s HTTP/1.1\r\nhost: loc
     content-type: application/json\r\ncontent-length: 5000\r\n\r\n{\"apiVersion\":";
 
 #[tokio::test]
-async fn a_review_beyond_max_in_flight_is_shed_at_once_and_the_next_one_answered() {
-    let server = TestServer::start_with(|config| config.limits.max_in_flight = 1).await;
+async fn a_review_beyond_the_body_memory_budget_is_shed_at_once_and_the_next_one_answered() {
+    // Room for one announced 5000-byte body, not for a second body of the fixture's size.
+    let server = TestServer::start_with(|config| config.limits.max_body_memory = 9_000).await;
     let mut holding = server.connect().await;
     holding.write_all(STALLED_REVIEW).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -32,10 +33,26 @@ async fn a_review_beyond_max_in_flight_is_shed_at_once_and_the_next_one_answered
     assert_eq!(server.metric("busyguard_admission_reviews_shed_total").await, Some(1.0));
 
     drop(holding);
-    common::eventually("answered again once the slot is free", async || {
+    common::eventually("answered again once the memory is free", async || {
         (server.post("/validate", review.clone()).await.status == 200).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn bodies_still_arriving_do_not_hold_the_review_slots() {
+    // One review slot, held by nobody: a client trickling its body has not been given one.
+    let server = TestServer::start_with(|config| config.limits.max_in_flight = 1).await;
+    let mut trickling = Vec::new();
+    for _ in 0..3 {
+        let mut holding = server.connect().await;
+        holding.write_all(STALLED_REVIEW).await.unwrap();
+        trickling.push(holding);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let review = serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap();
+    assert_eq!(server.post("/validate", review).await.status, 200);
+    assert_eq!(server.metric("busyguard_admission_reviews_shed_total").await, Some(0.0));
 }
 
 #[tokio::test]

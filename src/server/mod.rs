@@ -49,15 +49,21 @@ pub struct ServeConfig {
     pub cluster: ClusterSettings,
 }
 
+/// Open connections to the admin port at most: probes and scrapers need a few.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
 /// How long a client may take at each step before the connection is dropped.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub handshake_timeout: Duration,
-    /// Also bounds how long an idle keep-alive connection stays open.
+    /// Also bounds how long a connection may wait for its first request, and stay open idle
+    /// (HTTP/1.1 and HTTP/2 alike).
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
     pub max_in_flight: usize,
+    /// Bytes of request bodies held in memory at once, at most.
+    pub max_body_memory: usize,
 }
 
 /// What the request handlers share.
@@ -69,6 +75,8 @@ pub struct App {
     pub cluster: Cluster,
     /// One permit per review being handled (`Limits::max_in_flight`).
     pub in_flight: Semaphore,
+    /// One permit per byte of request bodies in memory (`Limits::max_body_memory`).
+    pub body_memory: Semaphore,
     serving: AtomicBool,
 }
 
@@ -82,7 +90,8 @@ impl App {
         cluster: Cluster,
     ) -> App {
         let in_flight = Semaphore::new(limits.max_in_flight);
-        App { policy, audit, metrics, limits, cluster, in_flight, serving: AtomicBool::new(false) }
+        let body_memory = Semaphore::new(limits.max_body_memory);
+        App { policy, audit, metrics, limits, cluster, in_flight, body_memory, serving: AtomicBool::new(false) }
     }
 
     /// Takes reviews from now on (and reports ready, when the rest is).
@@ -161,22 +170,25 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     let cluster = Cluster::start(config.cluster, &config.policy, audit.clone(), metrics.clone()).await?;
     let app = Arc::new(App::new(config.policy, audit, metrics, config.limits, cluster));
     let (stop_webhook, webhook_stopped) = watch::channel(false);
-    let (stop_admin, mut admin_stopped) = watch::channel(false);
-    let webhook_task = tokio::spawn(serve_tls(
+    let (stop_admin, admin_stopped) = watch::channel(false);
+    let webhook_task = tokio::spawn(serve(
         listener,
-        acceptor,
+        Handshake::Tls(acceptor),
         webhook::router(app.clone()),
         config.limits,
-        app.metrics.clone(),
+        app.metrics.connections_refused.clone(),
         webhook_stopped,
     ));
-    let admin = axum::serve(admin_listener, admin::router(app.clone()))
-        .with_graceful_shutdown(async move { until_stopped(&mut admin_stopped).await });
-    let admin_task = tokio::spawn(async move {
-        if let Err(e) = admin.await {
-            warn!(error = %e, "admin port stopped");
-        }
-    });
+    // Probes and scrapers: a few connections, the same timeouts.
+    let admin_limits = Limits { max_connections: ADMIN_MAX_CONNECTIONS, ..config.limits };
+    let admin_task = tokio::spawn(serve(
+        admin_listener,
+        Handshake::Plain,
+        admin::router(app.clone()),
+        admin_limits,
+        app.metrics.admin_connections_refused.clone(),
+        admin_stopped,
+    ));
     app.start_serving();
     info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
     Ok(Running {
@@ -217,19 +229,35 @@ impl Running {
     }
 }
 
-async fn serve_tls(
+/// How a port turns an accepted TCP connection into the stream HTTP is spoken on.
+#[derive(Clone)]
+enum Handshake {
+    Tls(TlsAcceptor),
+    /// The admin port: plain HTTP/1.1.
+    Plain,
+}
+
+/// Accepts connections until stopped, each served with `router` within `limits`: at most
+/// `max_connections` open (one beyond is closed at once), the handshake within its timeout, a
+/// first request within the header timeout, and no connection left open idle longer than that,
+/// whatever the HTTP version. Then waits for the open connections to finish.
+async fn serve(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    handshake: Handshake,
     router: Router,
     limits: Limits,
-    metrics: Arc<Metrics>,
+    refused: prometheus_client::metrics::counter::Counter,
     mut stopped: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let mut http = auto::Builder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-    http.http2().timer(TokioTimer::new());
+    // The API server opens few streams per connection; a client opening many only holds memory.
+    http.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    if matches!(handshake, Handshake::Plain) {
+        http = http.http1_only();
+    }
     loop {
         let (tcp, peer) = tokio::select! {
             () = until_stopped(&mut stopped) => break,
@@ -245,24 +273,39 @@ async fn serve_tls(
         };
         let Ok(open) = connections.clone().try_acquire_owned() else {
             // Closed at once: cheaper than a handshake, and the client learns now, not at its timeout.
-            metrics.connections_refused.inc();
+            refused.inc();
             debug!(%peer, max = limits.max_connections, "connection limit reached: closed");
             continue;
         };
-        let (acceptor, http, router, watcher) = (acceptor.clone(), http.clone(), router.clone(), graceful.watcher());
+        let (handshake, http, router, watcher) = (handshake.clone(), http.clone(), router.clone(), graceful.watcher());
         // Answers are small and go out whole: do not hold them back waiting for an ACK.
         if let Err(e) = tcp.set_nodelay(true) {
             debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return debug!(%peer, "TLS handshake timed out"),
+            let activity = Arc::new(Activity::new());
+            let service = TowerToHyperService::new(activity.clone().around(router));
+            let result = match handshake {
+                Handshake::Plain => {
+                    let connection = http.serve_connection(TokioIo::new(tcp), service);
+                    activity.bound(watcher.watch(connection), limits.header_read_timeout).await
+                }
+                Handshake::Tls(acceptor) => {
+                    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            activity.touch();
+                            let connection = http.serve_connection(TokioIo::new(stream), service);
+                            activity.bound(watcher.watch(connection), limits.header_read_timeout).await
+                        }
+                        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => return debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
             };
-            let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
-            if let Err(e) = watcher.watch(connection).await {
-                debug!(%peer, error = %e, "connection closed with an error");
+            match result {
+                Some(Err(e)) => debug!(%peer, error = %e, "connection closed with an error"),
+                None => debug!(%peer, "connection idle too long, or no request in time: closed"),
+                Some(Ok(())) => {}
             }
             // The connection's slot: moved in here so it is held until the connection ends.
             drop(open);
@@ -270,6 +313,69 @@ async fn serve_tls(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Streams one HTTP/2 connection may carry at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 32;
+
+/// What a connection is doing: requests being answered, and when it last did anything.
+struct Activity {
+    in_flight: std::sync::atomic::AtomicUsize,
+    since: std::sync::Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity { in_flight: 0.into(), since: std::sync::Mutex::new(Instant::now()) }
+    }
+
+    fn touch(&self) {
+        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// `router`, counting the requests it answers on this connection.
+    fn around(
+        self: Arc<Self>,
+        router: Router,
+    ) -> impl tower::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+    > + Clone {
+        tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            let (activity, router) = (self.clone(), router.clone());
+            async move {
+                activity.in_flight.fetch_add(1, Ordering::Relaxed);
+                let response = tower::ServiceExt::oneshot(router, request).await;
+                activity.touch();
+                activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+                response
+            }
+        })
+    }
+
+    /// Runs the connection until it ends (`Some`), or until it has had nothing in flight for
+    /// `idle` (`None`: dropped, which closes it). Covers the wait for a first request too.
+    async fn bound<F: Future>(&self, connection: F, idle: Duration) -> Option<F::Output> {
+        tokio::pin!(connection);
+        loop {
+            let last = *self.since.lock().unwrap_or_else(|p| p.into_inner());
+            tokio::select! {
+                result = &mut connection => return Some(result),
+                () = tokio::time::sleep_until((last + idle).into()) => {
+                    let quiet = self.since.lock().unwrap_or_else(|p| p.into_inner()).elapsed() >= idle;
+                    if quiet && self.in_flight.load(Ordering::Relaxed) == 0 {
+                        return None;
+                    }
+                    if self.in_flight.load(Ordering::Relaxed) > 0 {
+                        // Busy: a request is bounded by its own deadlines; look again later.
+                        self.touch();
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Returns once `true` was sent, or the sender is gone.

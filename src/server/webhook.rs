@@ -54,7 +54,25 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
-    // Held until the answer is written; none left means shed now rather than answer late.
+    let arrived = Instant::now();
+    check_headers(request.headers())?;
+    let http1 = request.version() < Version::HTTP_2;
+    let timeout = api_server_timeout(request.uri().query());
+    // Memory for the body, reserved before reading it: its announced length, or the most a body
+    // may have. None left means shed now, so many large bodies at once cannot exhaust memory.
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let reserve = u32::try_from(declared.unwrap_or(MAX_BODY_BYTES).clamp(1, MAX_BODY_BYTES)).unwrap_or(u32::MAX);
+    let Ok(_body_memory) = app.body_memory.try_acquire_many(reserve) else {
+        app.metrics.reviews_shed.inc();
+        return Err(HttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busyguard is reading as many request bodies as its memory allows: shed, retry",
+        ));
+    };
+    // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
+    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
+    // Taken once the body is in, so clients trickling bodies cannot hold every permit. Held
+    // until the answer is written; none left means shed now rather than answer late.
     let Ok(_in_flight) = app.in_flight.try_acquire() else {
         app.metrics.reviews_shed.inc();
         return Err(HttpError::new(
@@ -62,12 +80,8 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
             format!("busyguard is handling {} reviews already: shed, retry", app.limits.max_in_flight),
         ));
     };
-    check_headers(request.headers())?;
-    let http1 = request.version() < Version::HTTP_2;
-    let timeout = api_server_timeout(request.uri().query());
-    let effects_budget = effects_budget(timeout);
-    // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
-    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
+    // Side effects may use what is left of the API server's timeout, counted from arrival.
+    let effects_budget = effects_budget(timeout).saturating_sub(arrived.elapsed());
     let started = Instant::now();
     let request = review::decode(&body)?;
     // Debug level: at info, a review costs no tracing work; its audit line is the record.
