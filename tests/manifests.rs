@@ -100,7 +100,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 5);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -161,6 +161,24 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(deletes), (json!([""]), json!(["DELETE"]), json!(["pods"])));
     assert_eq!(deletes["failurePolicy"], "Fail");
     assert_eq!(deletes["objectSelector"], pods["objectSelector"]);
+    // While busyguard is down, recovery goes on: the scheduler preempts (Ignore), and the
+    // kubelet's final delete of a terminating pod is never sent.
+    let preemptions = webhook(&objects, "pod-preemptions.busyguard.io");
+    assert_eq!(rule(preemptions), rule(deletes));
+    assert_eq!(preemptions["failurePolicy"], "Ignore");
+    assert_eq!(preemptions["objectSelector"], pods["objectSelector"]);
+    let conditions = |webhook: &Value| -> Vec<String> {
+        let list = webhook["matchConditions"].as_array().unwrap();
+        list.iter().map(|c| c["expression"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(
+        conditions(deletes),
+        ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username != 'system:kube-scheduler'"]
+    );
+    assert_eq!(
+        conditions(preemptions),
+        ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username == 'system:kube-scheduler'"]
+    );
 
     let evictions = webhook(&objects, "pod-evictions.busyguard.io");
     assert_eq!(rule(evictions), (json!([""]), json!(["CREATE"]), json!(["pods/eviction"])));
@@ -172,7 +190,7 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
     assert!(scale_downs.get("objectSelector").is_none());
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
-    for validating in [deletes, evictions, scale_downs] {
+    for validating in [deletes, preemptions, evictions, scale_downs] {
         assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
     }
 }
