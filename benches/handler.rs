@@ -31,7 +31,7 @@ fn view_with_busy_pod() -> View {
     let scope = None;
     let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60));
     view.insert(watched.namespace(), watched.name(), watched.record());
-    view.connected();
+    view.alive(Instant::now());
     view.listed(&scope);
     view
 }

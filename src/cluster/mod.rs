@@ -68,6 +68,10 @@ impl Cluster {
         // busyguard retries its own calls; the client's default retry would also retry the 429
         // busyguard itself answers for a pod that turned busy again.
         config.default_retry = false;
+        // A watch that stops bringing bytes (a connection dead without a word) is given up and
+        // opened again; healthy watches end well before, every `watch_timeout`.
+        let watch_timeout = watch_timeout(settings.stale_after);
+        config.read_timeout = Some(2 * watch_timeout);
         info!(server = %config.cluster_url, "watching opted-in pods");
         let scopes: Vec<view::Scope> = if settings.namespaces.is_empty() {
             vec![None]
@@ -87,10 +91,17 @@ impl Cluster {
             metrics,
             policy: policy.clone(),
             sweep_interval: settings.sweep_interval,
+            watch_timeout,
         };
         tokio::spawn(watch.run(client, scopes));
         Ok(Cluster { view, outbox: Some(outbox) })
     }
+}
+
+/// How long the API server keeps each watch open (`timeoutSeconds`): half the time the view may
+/// go without a sign of life, so a quiet but healthy watch renews well within it.
+fn watch_timeout(stale_after: Duration) -> Duration {
+    (stale_after / 2).max(Duration::from_secs(1))
 }
 
 async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
@@ -156,7 +167,7 @@ where
         Box::pin(async move {
             let response = answer.await?;
             if reads_pods && response.status().is_success() {
-                view.connected();
+                view.alive(std::time::Instant::now());
             }
             Ok(response)
         })

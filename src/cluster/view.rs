@@ -229,8 +229,9 @@ type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
 
-/// The view is trusted once every watch delivered its first full list, and as long as no
-/// watch has been failing for longer than `stale_after`.
+/// The view is trusted once every watch delivered its first full list, and as long as the API
+/// server gave a sign of life (an event, or a successful list or watch request) within
+/// `stale_after`. Errors alone would not tell: a connection that died silently reports none.
 pub struct View {
     pods: RwLock<Pods>,
     health: Mutex<Health>,
@@ -240,7 +241,7 @@ pub struct View {
 struct Health {
     /// `None`: no cluster configured; the view is never trusted but never blocks readiness.
     unlisted: Option<HashSet<Scope>>,
-    failing_since: Option<Instant>,
+    last_sign_of_life: Instant,
 }
 
 /// Why the view cannot answer right now.
@@ -257,7 +258,7 @@ impl std::fmt::Display for Unavailable {
             Unavailable::NoCluster => f.write_str("busyguard runs without a cluster connection (no kubeconfig)"),
             Unavailable::NotListed => f.write_str("busyguard has not finished listing the opted-in pods yet"),
             Unavailable::Stale { for_secs } => {
-                write!(f, "busyguard's watch of the opted-in pods has been failing for {for_secs}s")
+                write!(f, "busyguard's watch of the opted-in pods has shown no sign of life for {for_secs}s")
             }
         }
     }
@@ -267,14 +268,15 @@ impl View {
     /// A view fed by watches over `scopes`.
     pub fn watching(scopes: &[Scope], stale_after: Duration) -> View {
         let unlisted = Some(scopes.iter().cloned().collect());
-        View { pods: RwLock::default(), health: Mutex::new(Health { unlisted, failing_since: None }), stale_after }
+        let health = Health { unlisted, last_sign_of_life: Instant::now() };
+        View { pods: RwLock::default(), health: Mutex::new(health), stale_after }
     }
 
     /// A view with no cluster behind it: evictions cannot be judged, everything else works.
     pub fn without_cluster() -> View {
         View {
             pods: RwLock::default(),
-            health: Mutex::new(Health { unlisted: None, failing_since: None }),
+            health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now() }),
             stale_after: Duration::ZERO,
         }
     }
@@ -285,22 +287,17 @@ impl View {
         match &health.unlisted {
             None => Err(Unavailable::NoCluster),
             Some(unlisted) if !unlisted.is_empty() => Err(Unavailable::NotListed),
-            Some(_) => match health.failing_since {
-                Some(since) if now.duration_since(since) > self.stale_after => {
-                    Err(Unavailable::Stale { for_secs: now.duration_since(since).as_secs() })
-                }
+            Some(_) => match now.duration_since(health.last_sign_of_life) {
+                quiet if quiet > self.stale_after => Err(Unavailable::Stale { for_secs: quiet.as_secs() }),
                 _ => Ok(()),
             },
         }
     }
 
-    /// The API server answered a read: the watches are connected.
-    pub fn connected(&self) {
-        self.health.lock().unwrap_or_else(|p| p.into_inner()).failing_since = None;
-    }
-
-    pub fn failing(&self, now: Instant) {
-        self.health.lock().unwrap_or_else(|p| p.into_inner()).failing_since.get_or_insert(now);
+    /// The API server answered a read of pods, or a watch brought an event.
+    pub fn alive(&self, now: Instant) {
+        let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        health.last_sign_of_life = health.last_sign_of_life.max(now);
     }
 
     pub fn listed(&self, scope: &Scope) {
@@ -427,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn view_is_trusted_after_every_list_and_until_failing_too_long() {
+    fn view_is_trusted_after_every_list_and_until_silent_too_long() {
         let scopes = [Some("a".to_string()), Some("b".to_string())];
         let view = View::watching(&scopes, Duration::from_secs(30));
         let t0 = Instant::now();
@@ -436,10 +433,10 @@ mod tests {
         assert_eq!(view.check(t0), Err(Unavailable::NotListed));
         view.listed(&scopes[1]);
         assert_eq!(view.check(t0), Ok(()));
-        view.failing(t0);
-        assert_eq!(view.check(t0 + Duration::from_secs(30)), Ok(()), "a short break is tolerated");
+        view.alive(t0);
+        assert_eq!(view.check(t0 + Duration::from_secs(30)), Ok(()), "a short silence is tolerated");
         assert_eq!(view.check(t0 + Duration::from_secs(31)), Err(Unavailable::Stale { for_secs: 31 }));
-        view.connected();
+        view.alive(t0 + Duration::from_secs(31));
         assert_eq!(view.check(t0 + Duration::from_secs(31)), Ok(()));
     }
 

@@ -30,6 +30,8 @@ pub struct Watch {
     pub policy: PolicyConfig,
     /// How often every pod in the view is looked at again.
     pub sweep_interval: Duration,
+    /// How long the API server keeps each watch request open.
+    pub watch_timeout: Duration,
 }
 
 impl Watch {
@@ -40,7 +42,8 @@ impl Watch {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
                 None => Api::all(client.clone()),
             };
-            let config = watcher::Config::default().labels(BUSY_LABEL);
+            let seconds = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+            let config = watcher::Config::default().labels(BUSY_LABEL).timeout(seconds);
             watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
         });
         let mut events = futures::stream::select_all(streams);
@@ -60,6 +63,10 @@ impl Watch {
                     continue;
                 }
             };
+            // What the API server sent (Init is the watcher's own, before it asks).
+            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
+                self.view.alive(Instant::now());
+            }
             match event {
                 Ok(watcher::Event::Init) => {
                     listing.insert(scope, HashSet::new());
@@ -85,7 +92,6 @@ impl Watch {
                     self.changed(namespace, name, gone, None);
                 }
                 Err(e) => {
-                    self.view.failing(Instant::now());
                     self.metrics.watch_errors.inc();
                     warn!(error = %e, "watch of opted-in pods failed; retrying with backoff");
                 }

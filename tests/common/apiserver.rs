@@ -56,6 +56,8 @@ struct Store {
     calls: Vec<Call>,
     faults: HashMap<(String, String), VecDeque<Fault>>,
     lists_fail: bool,
+    /// The network between busyguard and the API server dropped everything without a word.
+    silent: bool,
     /// Restarting: every call gets 503.
     down: bool,
     permissions_used: BTreeSet<Permission>,
@@ -232,6 +234,12 @@ impl ApiServer {
         self.store().faults.entry((method.into(), path.into())).or_default().extend(faults);
     }
 
+    /// As a connection that died without a reset: open watches bring nothing more, and new
+    /// requests get no answer at all.
+    pub fn go_silent(&self) {
+        self.store().silent = true;
+    }
+
     pub fn fail_lists(&self, fail: bool) {
         self.store().lists_fail = fail;
     }
@@ -260,7 +268,9 @@ impl ApiServer {
     fn emit(&self, store: &mut Store, kind: &str, pod: Value) {
         let line = json!({"type": kind, "object": pod}).to_string();
         store.history.push((store.resource_version, line.clone()));
-        let _ = self.feed.send(Arc::new(Feed::Event(line)));
+        if !store.silent {
+            let _ = self.feed.send(Arc::new(Feed::Event(line)));
+        }
     }
 }
 
@@ -306,6 +316,9 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     let bytes = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if api.store().silent {
+        return std::future::pending().await;
+    }
     let fault = {
         let mut store = api.store();
         if store.down {
@@ -359,14 +372,16 @@ fn list_or_watch(api: &ApiServer, query: &str) -> Response {
     if since < store.oldest {
         let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
             "message": "too old resource version", "reason": "Expired", "code": 410}});
-        return ok_stream(vec![gone.to_string()], None);
+        return ok_stream(vec![gone.to_string()], None, None);
     }
     let replay = store.history.iter().filter(|(rv, _)| *rv > since).map(|(_, line)| line.clone()).collect();
-    ok_stream(replay, Some(api.feed.subscribe()))
+    // As the API server does: the watch ends after `timeoutSeconds`, and the client opens another.
+    let timeout = param("timeoutSeconds").and_then(|s| s.parse().ok()).map(Duration::from_secs);
+    ok_stream(replay, Some(api.feed.subscribe()), timeout)
 }
 
 /// A watch response: the replayed events, then live ones until the feed closes.
-fn ok_stream(replay: Vec<String>, live: Option<broadcast::Receiver<Arc<Feed>>>) -> Response {
+fn ok_stream(replay: Vec<String>, live: Option<broadcast::Receiver<Arc<Feed>>>, ends: Option<Duration>) -> Response {
     let replay =
         futures::stream::iter(replay.into_iter().map(|line| Ok::<_, std::io::Error>(Bytes::from(line + "\n"))));
     let live = futures::stream::unfold(live, |live| async move {
@@ -382,7 +397,8 @@ fn ok_stream(replay: Vec<String>, live: Option<broadcast::Receiver<Arc<Feed>>>) 
             }
         }
     });
-    let body = Body::from_stream(futures::StreamExt::chain(replay, live));
+    let ends = tokio::time::sleep(ends.unwrap_or(Duration::MAX / 4));
+    let body = Body::from_stream(futures::StreamExt::take_until(futures::StreamExt::chain(replay, live), ends));
     ([("content-type", "application/json")], body).into_response()
 }
 
