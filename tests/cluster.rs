@@ -550,11 +550,12 @@ async fn busy_pods_lost_outside_admission_are_audited_and_counted() {
     api.remove_pod("capture", "idle");
     eventually("two audit lines", async || (server.audit_lines().len() >= 2).then_some(())).await;
     settle().await;
-    let lost: Vec<(Value, Value, Value)> = server
+    let mut lost: Vec<(Value, Value, Value)> = server
         .audit_lines()
         .into_iter()
         .map(|l| (l["decision"].clone(), l["reason"].clone(), l["name"].clone()))
         .collect();
+    lost.sort_by_key(|(_, _, name)| name.to_string());
     assert_eq!(
         lost,
         vec![
@@ -562,7 +563,13 @@ async fn busy_pods_lost_outside_admission_are_audited_and_counted() {
             (json!("lost"), json!("vanished"), json!("node-lost"))
         ]
     );
-    assert!(server.audit_lines()[0]["detail"].as_str().unwrap().contains("(Evicted)"));
+    let failed = server.audit_lines().into_iter().find(|l| l["reason"] == "failed").unwrap();
+    assert!(failed["detail"].as_str().unwrap().contains("(Evicted)"));
+    // Reported as a Warning Event too, named for the pod so that one replica reports it.
+    let events: Vec<Value> = api.writes().into_iter().filter(is_event).map(|c| c.body).collect();
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert!(events.iter().all(|e| e["reason"] == "BusyPodLost"));
+    assert!(events.iter().any(|e| e["metadata"]["name"] == "busyguard-lost-uid-node-lost"));
     assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="failed"}"#).await, Some(1.0));
     assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="vanished"}"#).await, Some(1.0));
 }
@@ -595,7 +602,8 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
 }
 
 /// Every call busyguard can make, in one run: list and watch, refreshes, the mark and the
-/// delete of a deferred delete, and an Event and its series.
+/// delete of a deferred delete, an Event and its series, and the read of a pod that left the
+/// watch.
 #[tokio::test]
 async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let api = ApiServer::start().await;
@@ -619,6 +627,11 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     api.wait_for(1, pod_call("PATCH", "worker-a")).await;
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
     api.wait_for(1, pod_call("DELETE", "worker-a")).await;
+    // A busy pod leaving the watch: gone, or only its label removed?
+    api.update_pod("capture", "busy", |pod| {
+        pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
+    });
+    api.wait_for(1, pod_call("GET", "busy")).await;
 
     assert_eq!(api.forbidden_calls(), Vec::<String>::new(), "every call is granted");
     let granted = common::apiserver::GRANTED.clone();
@@ -770,4 +783,61 @@ async fn a_watch_that_goes_silent_without_any_error_makes_the_view_stale_instead
     assert!(stale.starts_with("busyguard's watch of the opted-in pods has shown no sign of life for"), "{stale}");
     let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
     assert_eq!(answer.status, 503, "not judged on a view that may have missed the flip: {}", answer.text());
+}
+
+#[tokio::test]
+async fn two_replicas_report_a_lost_busy_pod_once() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("node-lost", since_minutes_ago(10)));
+    let (one, two) = (TestServer::with_cluster(&api).await, TestServer::with_cluster(&api).await);
+    api.remove_pod("capture", "node-lost");
+    api.wait_for(2, is_event).await;
+    settle().await;
+    let lines = |server: &TestServer| server.audit_lines().into_iter().filter(|l| l["decision"] == "lost").count();
+    assert_eq!(lines(&one) + lines(&two), 1, "one audit line in all");
+    let counted = |value: Option<f64>| value.unwrap_or(0.0);
+    let series = r#"busyguard_busy_pods_lost_total{cause="vanished"}"#;
+    assert_eq!(counted(one.metric(series).await) + counted(two.metric(series).await), 1.0, "counted once");
+}
+
+#[tokio::test]
+async fn removing_the_busy_label_of_a_busy_pod_is_no_loss_restores_it_and_carries_out_its_deferred_delete() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("opting-out", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "opting-out").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, pod_call("PATCH", "opting-out")).await;
+    // The owner takes the pod out of busyguard's hands while it is busy (the mutating webhook
+    // would restore its annotations; none runs here, so busyguard must).
+    api.update_pod("capture", "opting-out", |pod| {
+        pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
+    });
+    api.wait_for(1, pod_call("GET", "opting-out")).await;
+    api.wait_for(1, pod_call("DELETE", "opting-out")).await;
+    settle().await;
+    let decisions: Vec<Value> = server.audit_lines().into_iter().map(|l| l["decision"].clone()).collect();
+    assert_eq!(decisions, [json!("denied"), json!("deleted-when-idle")], "no false loss");
+    assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="vanished"}"#).await, None);
+}
+
+#[tokio::test]
+async fn a_busy_pod_evicted_while_busyguard_was_not_guarding_is_reported_lost() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("drained", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    // The eviction went through without busyguard (down, or the view stale): the API server set
+    // the pod's DisruptionTarget condition and started its deletion.
+    api.update_pod("capture", "drained", |pod| {
+        pod["metadata"]["deletionTimestamp"] = json!(Timestamp::now().to_string());
+        pod["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}));
+    });
+    api.wait_for(1, is_event).await;
+    eventually("a lost line", async || server.audit_lines().into_iter().find(|l| l["decision"] == "lost")).await;
+    let line = server.audit_lines().into_iter().find(|l| l["decision"] == "lost").unwrap();
+    assert_eq!(line["reason"], "disrupted");
+    assert!(line["detail"].as_str().unwrap().contains("(EvictionByEvictionAPI)"), "{}", line["detail"]);
 }

@@ -85,15 +85,15 @@ impl Cluster {
             .build();
         let outbox = Outbox::start(client.clone(), audit.clone(), metrics.clone(), settings.outbox);
         let watch = Watch {
+            client: client.clone(),
             view: view.clone(),
             outbox: outbox.clone(),
-            audit,
             metrics,
             policy: policy.clone(),
             sweep_interval: settings.sweep_interval,
             watch_timeout,
         };
-        tokio::spawn(watch.run(client, scopes));
+        tokio::spawn(watch.run(scopes));
         Ok(Cluster { view, outbox: Some(outbox) })
     }
 }

@@ -16,8 +16,8 @@ use tracing::{debug, error, info, warn};
 
 use super::view::WatchedPod;
 use crate::audit::AuditLog;
-use crate::metrics::{Metrics, SideEffectLabels};
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER};
+use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER, PodRef};
 use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +74,7 @@ struct Job {
 #[derive(Clone)]
 pub struct Outbox {
     jobs: mpsc::Sender<Job>,
+    reports: LossReports,
     metrics: Arc<Metrics>,
     /// Pods with a deferred delete in flight or carried out: never deleted twice.
     deletes: Arc<Mutex<HashSet<String>>>,
@@ -86,18 +87,19 @@ impl Outbox {
         let (jobs, queue) = mpsc::channel(settings.queue);
         let outbox = Outbox {
             jobs,
+            reports: LossReports { audit: audit.clone(), metrics: metrics.clone() },
             metrics: metrics.clone(),
             deletes: Arc::default(),
             events: Arc::new(Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 })),
             event_interval: settings.event_interval,
         };
-        let reporter = Reporter {
-            controller: "busyguard".into(),
-            instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),
-        };
+        let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
+        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: instance.clone() };
         let worker = Arc::new(Worker {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            instance: instance.unwrap_or_else(|| FIELD_MANAGER.into()),
+            reports: outbox.reports.clone(),
             audit,
             metrics,
             settings,
@@ -130,6 +132,10 @@ impl Outbox {
                 mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
             };
             error!(kind, pod = %job.effect.pod(), "side-effect queue is full: dropped");
+            if let Effect::ReportLoss { cause, audit, .. } = &job.effect {
+                // A loss is never left unreported: here, at worst, by more than one replica.
+                self.reports.report(cause, audit);
+            }
             if let Effect::DeleteIdle { pod, .. } = &job.effect {
                 self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
             }
@@ -187,8 +193,11 @@ fn count(metrics: &Metrics, kind: &'static str, result: EffectResult) {
 struct Worker {
     client: Client,
     recorder: Recorder,
+    /// Names this replica in the Events it creates.
+    instance: String,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
+    reports: LossReports,
     settings: OutboxSettings,
     deletes: Arc<Mutex<HashSet<String>>>,
 }
@@ -210,11 +219,16 @@ impl Worker {
             tokio::spawn(async move {
                 let kind = job.effect.kind();
                 let result = worker.carry_out(&job.effect).await;
-                if let Effect::DeleteIdle { pod, .. } = &job.effect
-                    && result != EffectResult::Ok
-                {
-                    // Not carried out: the next change of the pod may try again.
-                    worker.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
+                match &job.effect {
+                    Effect::DeleteIdle { pod, .. } if result != EffectResult::Ok => {
+                        // Not carried out: the next change of the pod may try again.
+                        worker.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
+                    }
+                    // The API server could not take the Event: report the loss here all the same.
+                    Effect::ReportLoss { cause, audit, .. } if result == EffectResult::Failed => {
+                        worker.reports.report(cause, audit);
+                    }
+                    _ => {}
                 }
                 count(&worker.metrics, kind, result);
                 if let Some(done) = job.done {
@@ -320,7 +334,63 @@ impl Worker {
                     Err(e) => classify(e),
                 }
             }
+            Effect::ReportLoss { pod, cause, audit } => {
+                let events: Api<k8s_openapi::api::events::v1::Event> =
+                    Api::namespaced(self.client.clone(), &pod.namespace);
+                match events.create(&Default::default(), &self.loss_event(pod, &audit.detail)).await {
+                    Ok(_) => {
+                        self.reports.report(cause, audit);
+                        Attempt::Done(EffectResult::Ok)
+                    }
+                    // Another replica reported this loss first.
+                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
+                    Err(e) => classify(e),
+                }
+            }
         }
+    }
+
+    /// The Event that marks a loss reported: named for the pod's uid, so only one is created.
+    fn loss_event(&self, pod: &PodRef, note: &str) -> k8s_openapi::api::events::v1::Event {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        k8s_openapi::api::events::v1::Event {
+            metadata: ObjectMeta {
+                name: Some(format!("busyguard-lost-{}", pod.uid)),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(Timestamp::now())),
+            action: Some("Observe".into()),
+            reason: Some("BusyPodLost".into()),
+            type_: Some("Warning".into()),
+            note: Some(note.chars().take(1024).collect()),
+            reporting_controller: Some(FIELD_MANAGER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a busy pod's loss is written: the audit log and the metric, once it is reported.
+#[derive(Clone)]
+struct LossReports {
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+}
+
+impl LossReports {
+    fn report(&self, cause: &'static str, audit: &AuditRecord) {
+        self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause }).inc();
+        warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause, "{}", audit.detail);
+        self.audit.record(audit);
     }
 }
 

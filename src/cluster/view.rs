@@ -30,6 +30,8 @@ pub struct PodRecord {
     pub node: Option<Box<str>>,
     pub phase: Phase,
     pub status_reason: Option<Box<str>>,
+    /// The reason of a true `DisruptionTarget` condition.
+    pub disruption: Option<Box<str>>,
     pub readiness: Option<Readiness>,
     pub terminating: bool,
     pub created: Option<Timestamp>,
@@ -78,6 +80,10 @@ impl PodFacts for PodRecord {
 
     fn status_reason(&self) -> Option<&str> {
         self.status_reason.as_deref()
+    }
+
+    fn disruption(&self) -> Option<&str> {
+        self.disruption.as_deref()
     }
 }
 
@@ -204,6 +210,7 @@ impl WatchedPod {
             node: self.node_name.as_deref().map(boxed),
             phase: Phase::parse(self.status.phase.as_deref()),
             status_reason: self.status.reason.as_deref().map(boxed),
+            disruption: self.status.disruption().map(boxed),
             readiness: self.status.readiness(),
             terminating: meta.deletion_timestamp.is_some(),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),

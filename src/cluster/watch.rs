@@ -15,17 +15,16 @@ use tracing::{info, warn};
 
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View, WatchedPod};
-use crate::audit::AuditLog;
-use crate::metrics::{CauseLabels, Metrics};
+use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
 use crate::policy::busy::BUSY_LABEL;
-use crate::policy::observed;
+use crate::policy::observed::{self, LossCause};
 use crate::policy::outcome::PodRef;
 
 pub struct Watch {
+    pub client: Client,
     pub view: Arc<View>,
     pub outbox: Outbox,
-    pub audit: Arc<AuditLog>,
     pub metrics: Arc<Metrics>,
     pub policy: PolicyConfig,
     /// How often every pod in the view is looked at again.
@@ -36,7 +35,8 @@ pub struct Watch {
 
 impl Watch {
     /// Runs until the process stops; the watches reconnect with backoff on their own.
-    pub async fn run(self, client: Client, scopes: Vec<Scope>) {
+    pub async fn run(self, scopes: Vec<Scope>) {
+        let client = self.client.clone();
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<WatchedPod> = match &scope {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
@@ -75,21 +75,21 @@ impl Watch {
                     if let Some(listed) = listing.get_mut(&scope) {
                         listed.insert((pod.namespace().to_string(), pod.name().to_string()));
                     }
-                    self.apply(pod, &mut malformed_seen);
+                    self.apply(pod, &mut malformed_seen).await;
                 }
                 Ok(watcher::Event::InitDone) => {
                     let listed = listing.remove(&scope).unwrap_or_default();
                     for (namespace, name, gone) in self.view.keep_only(&scope, &listed) {
-                        self.changed(&namespace, &name, Some(gone), None);
+                        self.changed(&namespace, &name, Some(gone), None).await;
                     }
                     self.view.listed(&scope);
                     info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = self.view.len(), "pods listed");
                 }
-                Ok(watcher::Event::Apply(pod)) => self.apply(pod, &mut malformed_seen),
+                Ok(watcher::Event::Apply(pod)) => self.apply(pod, &mut malformed_seen).await,
                 Ok(watcher::Event::Delete(pod)) => {
                     let (namespace, name) = (pod.namespace(), pod.name());
                     let gone = self.view.remove(namespace, name);
-                    self.changed(namespace, name, gone, None);
+                    self.changed(namespace, name, gone, None).await;
                 }
                 Err(e) => {
                     self.metrics.watch_errors.inc();
@@ -99,7 +99,7 @@ impl Watch {
         }
     }
 
-    fn apply(&self, pod: WatchedPod, malformed_seen: &mut HashSet<String>) {
+    async fn apply(&self, pod: WatchedPod, malformed_seen: &mut HashSet<String>) {
         let (namespace, name) = (pod.namespace(), pod.name());
         if let Some(error) = &pod.malformed {
             // Skipped, and said once: the same object comes back on every relist.
@@ -110,23 +110,44 @@ impl Watch {
         }
         let after = pod.record();
         let before = self.view.insert(namespace, name, after.clone());
-        self.changed(namespace, name, before, Some(after));
+        self.changed(namespace, name, before, Some(after)).await;
     }
 
-    fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
-        if let (Some(gone), None) = (&before, &after) {
-            self.outbox.forget(&gone.uid);
-        }
+    async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
-        let observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
-        for effect in observed.effects {
+        let mut observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        if let Some(loss) = &observed.loss
+            && loss.cause == LossCause::Vanished
+            && let Some(still_there) = self.left_the_watch(&pod).await
+        {
+            // Not gone: its busy label was removed. Whatever is due for it now, and no loss.
+            observed = observed::decide(&pod, before.as_ref(), Some(&still_there), &self.policy, Timestamp::now());
+        }
+        if after.is_none() && observed.effects.is_empty() {
+            self.outbox.forget(&pod.uid);
+        }
+        let loss = observed.loss.map(|loss| loss.report(&pod));
+        for effect in observed.effects.into_iter().chain(loss) {
             drop(self.outbox.send(effect));
         }
-        if let Some((cause, record)) = observed.lost {
-            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
-            warn!(%pod, cause = cause.label(), "{}", record.detail);
-            self.audit.record(&record);
+    }
+
+    /// The pod, if it still exists (same uid) though the watch of opted-in pods let it go: the
+    /// watch says "deleted" as well when a pod merely stops matching the label selector.
+    async fn left_the_watch(&self, pod: &PodRef) -> Option<PodRecord> {
+        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        match tokio::time::timeout(Duration::from_secs(5), api.get_opt(&pod.name)).await {
+            Ok(Ok(Some(found))) if found.metadata.uid.as_deref() == Some(&pod.uid) && found.malformed.is_none() => {
+                Some(found.record())
+            }
+            Ok(Ok(_)) => None,
+            // Cannot tell: report it; a loss wrongly reported beats one never reported.
+            Ok(Err(e)) => {
+                warn!(%pod, error = %e, "cannot check whether a busy pod is gone; reporting it lost");
+                None
+            }
+            Err(_) => None,
         }
     }
 

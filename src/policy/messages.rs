@@ -99,6 +99,10 @@ pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
         LossCause::Vanished => {
             format!("busy pod {pod} disappeared without a graceful delete: node lost or deleted with --force")
         }
+        LossCause::Disrupted { reason } => format!(
+            "busy pod {pod} is being taken away ({reason}) by a disruption busyguard did not refuse: it was down, \
+             overloaded or its view stale, or the requester was exempt"
+        ),
     }
 }
 

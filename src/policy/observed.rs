@@ -17,6 +17,10 @@ pub enum LossCause {
     Failed { reason: Option<String> },
     /// Gone from the API without a graceful delete (node loss, forced delete).
     Vanished,
+    /// Taken into termination by a disruption busyguard did not refuse (the pod's
+    /// `DisruptionTarget` condition says which): an eviction or a preemption while busyguard was
+    /// down, overloaded or its view stale, or an exempt requester.
+    Disrupted { reason: String },
 }
 
 impl LossCause {
@@ -24,6 +28,7 @@ impl LossCause {
         match self {
             LossCause::Failed { .. } => "failed",
             LossCause::Vanished => "vanished",
+            LossCause::Disrupted { .. } => "disrupted",
         }
     }
 
@@ -31,7 +36,22 @@ impl LossCause {
         match self {
             LossCause::Failed { .. } => Reason::Failed,
             LossCause::Vanished => Reason::Vanished,
+            LossCause::Disrupted { .. } => Reason::Disrupted,
         }
+    }
+}
+
+/// A busy pod lost, to be reported once: its cause, and the audit line to write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loss {
+    pub cause: LossCause,
+    pub audit: AuditRecord,
+}
+
+impl Loss {
+    /// Reported through the API server, so that of several replicas only one reports it.
+    pub fn report(self, pod: &PodRef) -> Effect {
+        Effect::ReportLoss { pod: pod.clone(), cause: self.cause.label(), audit: Box::new(self.audit) }
     }
 }
 
@@ -39,8 +59,9 @@ impl LossCause {
 #[derive(Debug, Default, PartialEq)]
 pub struct Observed {
     pub effects: Vec<Effect>,
-    /// A busy pod lost: its audit line and its cause, for the metric.
-    pub lost: Option<(LossCause, AuditRecord)>,
+    /// A busy pod lost. A vanishing is only a loss if the pod is really gone: a pod whose busy
+    /// label was removed leaves the watch the same way, so the caller checks first.
+    pub loss: Option<Loss>,
 }
 
 /// `before` and `after` are the same pod as last seen and as seen now (`None`: deleted).
@@ -55,31 +76,39 @@ pub fn decide<P: PodFacts>(
         BusyState::Busy { since, .. } => Some(since),
         _ => None,
     });
+    let was_terminating = before.is_some_and(|p| p.is_terminating());
     let cause = match (was_busy, after) {
         (Some(_), None) => Some(LossCause::Vanished),
         (Some(_), Some(now_)) if now_.phase() == Phase::Failed && !now_.is_terminating() => {
             Some(LossCause::Failed { reason: now_.status_reason().map(str::to_string) })
         }
+        (Some(_), Some(now_)) if now_.is_terminating() && !was_terminating => {
+            now_.disruption().map(|reason| LossCause::Disrupted { reason: reason.to_string() })
+        }
         _ => None,
     };
     if let Some(cause) = cause {
         let detail = messages::lost(pod, &cause);
-        let record = AuditRecord {
+        let audit = AuditRecord {
             busy_since: was_busy.flatten(),
             ..AuditRecord::of_pod(pod, Decision::Lost, cause.reason(), detail, config.mode, now)
         };
-        return Observed { effects: Vec::new(), lost: Some((cause, record)) };
+        return Observed { effects: Vec::new(), loss: Some(Loss { cause, audit }) };
     }
     let effects = after.map(|p| due(pod, p, config, now)).unwrap_or_default();
-    Observed { effects, lost: None }
+    Observed { effects, loss: None }
 }
 
 /// What is due for the pod as it is now, whatever changed: its deferred delete once it is no
 /// longer protected, else busyguard's annotations brought up to date. Also asked on a timer, so
 /// that a protection running out is acted on without waiting for a change.
 pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<Effect> {
+    // Opted out (the label removed) counts as idle: nothing protects the pod any more.
     if let Some(request) = now_seen.delete_request()
-        && matches!(busy_state(now_seen, config.max_busy, now), BusyState::Idle | BusyState::Lapsed { .. })
+        && matches!(
+            busy_state(now_seen, config.max_busy, now),
+            BusyState::Idle | BusyState::Lapsed { .. } | BusyState::NotOptedIn
+        )
     {
         let detail = messages::deleted_when_idle(pod, &request);
         let audit = AuditRecord {
@@ -203,16 +232,43 @@ mod tests {
         let busy = pod("true", json!({}), running());
         let evicted = pod("true", json!({}), json!({"phase": "Failed", "reason": "Evicted"}));
         let observed = decide(&target(), Some(&busy), Some(&evicted), &config(), now());
-        let (cause, audit) = observed.lost.unwrap();
+        let Loss { cause, audit } = observed.loss.unwrap();
         assert_eq!(cause, LossCause::Failed { reason: Some("Evicted".into()) });
         assert_eq!((audit.decision, audit.reason, audit.busy_since), (Decision::Lost, Reason::Failed, Some(since())));
+    }
+
+    #[test]
+    fn a_busy_pod_taken_into_termination_by_an_eviction_busyguard_did_not_refuse_is_a_loss() {
+        let busy = pod("true", json!({}), running());
+        let mut evicted = pod(
+            "true",
+            json!({}),
+            json!({"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}),
+        );
+        evicted.metadata.deletion_timestamp = Some(now());
+        let observed = decide(&target(), Some(&busy), Some(&evicted), &config(), now());
+        let Loss { cause, audit } = observed.loss.unwrap();
+        assert_eq!(cause, LossCause::Disrupted { reason: "EvictionByEvictionAPI".into() });
+        assert_eq!((audit.decision, audit.reason), (Decision::Lost, Reason::Disrupted));
+        // Terminating for another reason (a delete busyguard allowed, the kubelet's): not this.
+        let mut deleted = pod("true", json!({}), running());
+        deleted.metadata.deletion_timestamp = Some(now());
+        assert_eq!(decide(&target(), Some(&busy), Some(&deleted), &config(), now()).loss, None);
+    }
+
+    #[test]
+    fn a_marked_pod_whose_label_was_removed_is_deleted_as_asked() {
+        let mut opted_out = pod("false", requested(), running());
+        opted_out.metadata.labels.clear();
+        assert!(matches!(due(&target(), &opted_out, &config(), now()).as_slice(), [Effect::DeleteIdle { .. }]));
     }
 
     #[test]
     fn busy_pod_vanishing_is_a_loss_but_an_idle_one_is_not() {
         let busy = pod("true", json!({}), running());
         let observed = decide(&target(), Some(&busy), None, &config(), now());
-        assert!(matches!(observed.lost, Some((LossCause::Vanished, _))));
+        assert!(matches!(observed.loss, Some(Loss { cause: LossCause::Vanished, .. })));
         let idle = pod("false", json!({}), running());
         assert_eq!(decide(&target(), Some(&idle), None, &config(), now()), Observed::default());
     }

@@ -156,6 +156,7 @@ pub enum Reason {
     DeleteRequested,
     Failed,
     Vanished,
+    Disrupted,
 }
 
 impl Reason {
@@ -177,6 +178,7 @@ impl Reason {
             Reason::DeleteRequested => "delete-requested",
             Reason::Failed => "failed",
             Reason::Vanished => "vanished",
+            Reason::Disrupted => "disrupted",
         }
     }
 }
@@ -336,6 +338,9 @@ pub enum Effect {
     DeleteIdle { pod: PodRef, resource_version: String, request: DeleteRequest, audit: Box<AuditRecord> },
     /// A Warning Event on the pod for a refused disruption.
     Event { pod: PodRef, action: Action, note: String },
+    /// A busy pod lost: a Warning Event named for the pod's uid (so of several replicas the
+    /// first reports it, the others find it there), then `audit` and the metric for `cause`.
+    ReportLoss { pod: PodRef, cause: &'static str, audit: Box<AuditRecord> },
 }
 
 impl Effect {
@@ -346,6 +351,7 @@ impl Effect {
             Effect::MarkDeleteRequested { .. } => "mark-delete",
             Effect::DeleteIdle { .. } => "delete-idle",
             Effect::Event { .. } => "event",
+            Effect::ReportLoss { .. } => "report-loss",
         }
     }
 
@@ -354,7 +360,8 @@ impl Effect {
             Effect::Refresh { pod, .. }
             | Effect::MarkDeleteRequested { pod, .. }
             | Effect::DeleteIdle { pod, .. }
-            | Effect::Event { pod, .. } => pod,
+            | Effect::Event { pod, .. }
+            | Effect::ReportLoss { pod, .. } => pod,
         }
     }
 }

@@ -87,6 +87,8 @@ pub struct Condition {
     #[serde(default)]
     pub status: String,
     #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
     pub last_transition_time: Option<Timestamp>,
 }
 
@@ -170,6 +172,9 @@ pub trait PodFacts {
     fn readiness(&self) -> Option<Readiness>;
     /// Why the pod is in its phase, e.g. `Evicted` for a Failed pod.
     fn status_reason(&self) -> Option<&str>;
+    /// The reason of the pod's `DisruptionTarget` condition, when it is true: who set out to
+    /// take it away (`EvictionByEvictionAPI`, `PreemptionByScheduler`, ...).
+    fn disruption(&self) -> Option<&str>;
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
@@ -214,6 +219,9 @@ impl<P: PodFacts> PodFacts for &P {
     fn status_reason(&self) -> Option<&str> {
         (*self).status_reason()
     }
+    fn disruption(&self) -> Option<&str> {
+        (*self).disruption()
+    }
 }
 
 impl PodFacts for Pod {
@@ -256,6 +264,10 @@ impl PodFacts for Pod {
     fn status_reason(&self) -> Option<&str> {
         self.status.reason.as_deref()
     }
+
+    fn disruption(&self) -> Option<&str> {
+        self.status.disruption()
+    }
 }
 
 impl PodStatus {
@@ -272,6 +284,11 @@ impl PodStatus {
             })
             .flatten()
             .max()
+    }
+
+    pub fn disruption(&self) -> Option<&str> {
+        let condition = self.conditions.iter().find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+        Some(condition.reason.as_deref().unwrap_or("unknown"))
     }
 
     pub fn readiness(&self) -> Option<Readiness> {
@@ -384,6 +401,9 @@ mod tests {
         }
         fn status_reason(&self) -> Option<&str> {
             self.pod.status_reason()
+        }
+        fn disruption(&self) -> Option<&str> {
+            self.pod.disruption()
         }
     }
 

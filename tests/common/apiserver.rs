@@ -58,6 +58,7 @@ struct Store {
     lists_fail: bool,
     /// The network between busyguard and the API server dropped everything without a word.
     silent: bool,
+    event_names: std::collections::HashSet<String>,
     /// Restarting: every call gets 503.
     down: bool,
     permissions_used: BTreeSet<Permission>,
@@ -180,9 +181,20 @@ impl ApiServer {
     /// stored (with its new resourceVersion).
     pub fn put_pod(&self, pod: Value) -> Value {
         let mut store = self.store();
-        let kind = if store.pods.contains_key(&key_of(&pod)) { "MODIFIED" } else { "ADDED" };
+        let before = store.pods.get(&key_of(&pod)).cloned();
         let pod = store.save(pod);
-        self.emit(&mut store, kind, pod.clone());
+        // As a watch with busyguard's label selector sees it: a pod that stops matching is
+        // DELETED (with its last matching version), one that starts is ADDED.
+        let watched = |pod: &Value| pod["metadata"]["labels"].get("busyguard.io/busy").is_some();
+        match (before.filter(watched), watched(&pod)) {
+            (Some(_), true) => self.emit(&mut store, "MODIFIED", pod.clone()),
+            (None, true) => self.emit(&mut store, "ADDED", pod.clone()),
+            (Some(mut last), false) => {
+                last["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"].clone();
+                self.emit(&mut store, "DELETED", last);
+            }
+            (None, false) => {}
+        }
         pod
     }
 
@@ -349,6 +361,12 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
         (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
+            // Names are unique, as in the API server: a second create of a name is a conflict.
+            if let Some(name) = body["metadata"]["name"].as_str()
+                && !api.store().event_names.insert(name.to_string())
+            {
+                return status(409, "AlreadyExists", &format!("events.events.k8s.io \"{name}\" already exists"));
+            }
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
         (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => ok(body),
