@@ -357,9 +357,12 @@ async fn busy_delete_by_a_person_is_deferred_and_carried_out_once_when_the_pod_i
         .await;
     assert_eq!(response["status"]["code"], 429);
     assert!(response["status"]["message"].as_str().unwrap().ends_with(
-        "the delete is recorded (busyguard.io/delete-requested) and busyguard carries it out once the pod is idle"
+        "busyguard records the delete on the pod (busyguard.io/delete-requested) and carries it out once the pod \
+         is idle (if the annotation does not appear, delete again later)"
     ));
-    let marks = api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    // The answer waited for the mark.
+    let marks: Vec<Call> = api.writes().into_iter().filter(pod_call("PATCH", "worker-a")).collect();
+    assert_eq!(marks.len(), 1);
     let requested: Value = serde_json::from_str(
         marks[0].body["metadata"]["annotations"]["busyguard.io/delete-requested"].as_str().unwrap(),
     )
@@ -840,4 +843,18 @@ async fn a_busy_pod_evicted_while_busyguard_was_not_guarding_is_reported_lost() 
     let line = server.audit_lines().into_iter().find(|l| l["decision"] == "lost").unwrap();
     assert_eq!(line["reason"], "disrupted");
     assert!(line["detail"].as_str().unwrap().contains("(EvictionByEvictionAPI)"), "{}", line["detail"]);
+}
+
+#[tokio::test]
+async fn a_pod_that_stops_decoding_is_no_longer_judged_on_its_last_readable_version() {
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("worker-a", false));
+    let server = TestServer::with_cluster(&api).await;
+    api.update_pod("capture", "worker-a", |pod| {
+        pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true");
+        pod["status"]["containerStatuses"] = json!("not a list");
+    });
+    // The idle version it had is gone from the view: the pod is not judged, as at list time.
+    eventually("the record dropped", async || (server.metric("busyguard_view_pods").await == Some(0.0)).then_some(()))
+        .await;
 }

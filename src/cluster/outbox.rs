@@ -74,6 +74,8 @@ struct Job {
 #[derive(Clone)]
 pub struct Outbox {
     jobs: mpsc::Sender<Job>,
+    /// Jobs queued or being carried out.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
     reports: LossReports,
     metrics: Arc<Metrics>,
     /// Pods with a deferred delete in flight or carried out: never deleted twice.
@@ -87,6 +89,7 @@ impl Outbox {
         let (jobs, queue) = mpsc::channel(settings.queue);
         let outbox = Outbox {
             jobs,
+            pending: Arc::default(),
             reports: LossReports { audit: audit.clone(), metrics: metrics.clone() },
             metrics: metrics.clone(),
             deletes: Arc::default(),
@@ -104,6 +107,7 @@ impl Outbox {
             metrics,
             settings,
             deletes: outbox.deletes.clone(),
+            pending: outbox.pending.clone(),
         });
         tokio::spawn(worker.run(queue));
         outbox
@@ -127,7 +131,9 @@ impl Outbox {
             let _ = done.send(result);
             return receiver;
         }
+        self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = self.jobs.try_send(Job { effect, done: Some(done) }) {
+            self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             let job = match e {
                 mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
             };
@@ -145,6 +151,19 @@ impl Outbox {
             }
         }
         receiver
+    }
+
+    /// Waits (at most `within`) until every queued side effect is carried out or given up:
+    /// on shutdown, a mark promised to a person, or a loss to report, is not dropped.
+    pub async fn drained(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while self.pending.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
     }
 
     /// The pod is gone from the cluster: nothing about it needs remembering.
@@ -200,6 +219,7 @@ struct Worker {
     reports: LossReports,
     settings: OutboxSettings,
     deletes: Arc<Mutex<HashSet<String>>>,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One attempt's verdict.
@@ -234,6 +254,7 @@ impl Worker {
                 if let Some(done) = job.done {
                     let _ = done.send(result);
                 }
+                worker.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 drop(slot);
             });
         }

@@ -102,7 +102,12 @@ impl Watch {
     async fn apply(&self, pod: WatchedPod, malformed_seen: &mut HashSet<String>) {
         let (namespace, name) = (pod.namespace(), pod.name());
         if let Some(error) = &pod.malformed {
+            // An older version that did decode no longer says anything about this pod.
+            self.view.remove(namespace, name);
             // Skipped, and said once: the same object comes back on every relist.
+            if malformed_seen.len() > 10_000 {
+                malformed_seen.clear();
+            }
             if malformed_seen.insert(format!("{namespace}/{name}")) {
                 warn!(pod = %format!("{namespace}/{name}"), %error, "pod does not decode; skipped");
             }

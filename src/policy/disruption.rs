@@ -166,7 +166,8 @@ pub fn decide(
                 decision: Decision::Denied,
                 audit: Some(audit(Decision::Denied, reason, message)),
                 effects,
-                await_effects: false,
+                // The answer speaks of the mark: give it its chance to land first.
+                await_effects: deferred,
             }
         }
     }
@@ -311,7 +312,8 @@ mod tests {
         );
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert_eq!((denial.code(), denial.cause()), (429, "BusyguardPodBusy"));
-        assert!(message.ends_with("busyguard carries it out once the pod is idle"), "{message}");
+        assert!(message.contains("busyguard records the delete on the pod"), "{message}");
+        assert!(outcome.await_effects, "the answer waits for the mark, within its budget");
         assert_eq!(reason_of(&outcome), Some(Reason::BusyDeleteDeferred));
         let pod = PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() };
         assert_eq!(

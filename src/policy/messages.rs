@@ -39,7 +39,10 @@ pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) 
 
 /// Added to a refusal of a delete busyguard will carry out itself.
 pub fn delete_deferred() -> String {
-    format!("; the delete is recorded ({DELETE_REQUESTED}) and busyguard carries it out once the pod is idle")
+    format!(
+        "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
+         (if the annotation does not appear, delete again later)"
+    )
 }
 
 /// The warning of `--mode dry-run` in place of a refusal.

@@ -49,6 +49,9 @@ pub struct ServeConfig {
     pub cluster: ClusterSettings,
 }
 
+/// How long a shutdown waits for queued side effects after the last answer.
+const OUTBOX_DRAIN: Duration = Duration::from_secs(4);
+
 /// Open connections to the admin port at most: probes and scrapers need a few.
 const ADMIN_MAX_CONNECTIONS: usize = 64;
 
@@ -222,6 +225,11 @@ impl Running {
                 warn!(timeout = ?self.shutdown_timeout, "requests still in flight at the shutdown timeout; closing them");
                 self.webhook_task.abort();
             }
+        }
+        if let Some(outbox) = &self.app.cluster.outbox
+            && !outbox.drained(OUTBOX_DRAIN).await
+        {
+            warn!(within = ?OUTBOX_DRAIN, "side effects still queued at shutdown; they are dropped");
         }
         let _ = self.stop_admin.send(true);
         let _ = self.admin_task.await;

@@ -211,7 +211,8 @@ impl HttpError {
     }
 
     fn into_counted_response(self, app: &App) -> Response {
-        warn!(status = self.status.as_u16(), error = %self.message, "request refused");
+        // Debug-escaped: the message may quote the client's own bytes (a log line is one line).
+        warn!(status = self.status.as_u16(), error = ?self.message, "request refused");
         app.metrics.http_errors.get_or_create(&StatusLabels { status: self.status.as_u16() }).inc();
         let body = serde_json::json!({"error": self.message, "code": self.status.as_u16()}).to_string();
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
