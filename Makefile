@@ -27,6 +27,7 @@ run: certs
 		--tls-cert $(CERTS_DIR)/tls.crt --tls-key $(CERTS_DIR)/tls.key
 
 test:
+	$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
 	$(CARGO) nextest run --locked --no-fail-fast
 
 # Release build; prints result tables (see BENCHMARKS.md).

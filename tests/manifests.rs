@@ -420,3 +420,25 @@ fn make_e2e_without_a_reachable_cluster_says_so_and_fails() {
     assert!(said.contains("no cluster reachable"), "{said}");
     assert!(said.contains("nothing was tested"), "{said}");
 }
+
+#[test]
+fn the_network_policy_lets_only_the_api_server_send_reviews_and_scrapers_reach_the_admin_port() {
+    let objects = render(&manifests("examples/with-network-policy"));
+    let policy = find(&objects, "NetworkPolicy", "busyguard");
+    let deployment = find(&objects, "Deployment", "busyguard");
+    assert!(selects(&selector(&policy["spec"]["podSelector"]), &deployment["spec"]["template"]["metadata"]["labels"]));
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 2);
+    let port = |rule: &Value| rule["ports"][0]["port"].as_u64().unwrap();
+    let ports = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"];
+    let named =
+        |name: &str| ports.as_array().unwrap().iter().find(|p| p["name"] == name).unwrap()["containerPort"].clone();
+    assert_eq!(json!(port(&rules[0])), named("https"));
+    assert_eq!(rules[0]["from"], json!([{"ipBlock": {"cidr": "10.0.0.0/24"}}]), "the overlay's API server address");
+    assert_eq!(json!(port(&rules[1])), named("admin"));
+    assert!(rules.iter().all(|r| r["from"].as_array().is_some_and(|f| !f.is_empty())), "no rule open to all");
+    // Without the overlay's address, the component lets no real API server in.
+    let placeholder = std::fs::read_to_string(manifests("network-policy/networkpolicy.yaml")).unwrap();
+    assert!(placeholder.contains("cidr: 192.0.2.0/24"));
+}
