@@ -442,3 +442,21 @@ fn the_network_policy_lets_only_the_api_server_send_reviews_and_scrapers_reach_t
     let placeholder = std::fs::read_to_string(manifests("network-policy/networkpolicy.yaml")).unwrap();
     assert!(placeholder.contains("cidr: 192.0.2.0/24"));
 }
+
+#[test]
+fn the_namespaced_example_grants_the_same_rules_in_its_namespace_only_and_watches_only_there() {
+    let base = render(&manifests(""));
+    let objects = render(&manifests("examples/namespaced"));
+    assert!(
+        objects.iter().all(|o| o["kind"] != "ClusterRoleBinding" && o["kind"] != "ClusterRole"),
+        "no cluster-wide rights"
+    );
+    let role = find(&objects, "Role", "busyguard");
+    assert_eq!(role["rules"], find(&base, "ClusterRole", "busyguard")["rules"], "the same calls, in one namespace");
+    let binding = find(&objects, "RoleBinding", "busyguard");
+    assert_eq!(binding["metadata"]["namespace"], role["metadata"]["namespace"]);
+    assert_eq!(binding["subjects"][0]["name"], find(&objects, "ServiceAccount", "busyguard")["metadata"]["name"]);
+    let env = &find(&objects, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["env"];
+    let namespaces = env.as_array().unwrap().iter().find(|e| e["name"] == "BUSYGUARD_NAMESPACES").unwrap();
+    assert_eq!(namespaces["value"], role["metadata"]["namespace"], "busyguard watches where it may");
+}
