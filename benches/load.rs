@@ -68,8 +68,20 @@ fn scenarios() -> Vec<Scenario> {
         ("scale subresource down", "/validate", "deployment-scale-subresource-down-by-kubectl.json"),
     ]
     .into_iter()
-    .map(|(name, path, file)| Scenario { name, path, body: Bytes::from(serde_json::to_vec(&fixture(file)).unwrap()) })
+    .map(|(name, path, file)| {
+        let mut review = fixture(file);
+        // The deleted pod turned busy now (busyguard stamped it): protected, so refused.
+        let old = &mut review["request"]["oldObject"]["metadata"];
+        if old["labels"]["busyguard.io/busy"] == "true" {
+            old["annotations"]["busyguard.io/busy-since"] = json!(whole_second_now().to_string());
+        }
+        Scenario { name, path, body: Bytes::from(serde_json::to_vec(&review).unwrap()) }
+    })
     .collect()
+}
+
+fn whole_second_now() -> jiff::Timestamp {
+    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap()
 }
 
 /// The busy pod the eviction names, as busyguard's watch lists it after the mutating webhook
@@ -79,7 +91,7 @@ fn busy_pod() -> Value {
     let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();
     pod["metadata"]["namespace"] = eviction["request"]["namespace"].clone();
-    let since = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap();
+    let since = whole_second_now();
     pod["metadata"]["annotations"] = json!({
         "busyguard.io/busy-since": since.to_string(),
         "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
@@ -89,7 +101,8 @@ fn busy_pod() -> Value {
     pod
 }
 
-/// A stand-in API server: one list with the busy pod, a watch that stays open, 201 to Events.
+/// A stand-in API server: one list with the busy pod, a watch that brings nothing and ends at its
+/// `timeoutSeconds` (busyguard then watches again: a sign of life), 201 to Events.
 async fn api_server() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -98,10 +111,16 @@ async fn api_server() -> SocketAddr {
     let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
         let list = list.clone();
         async move {
-            let watch = request.uri().query().unwrap_or_default().contains("watch=true");
+            let query = request.uri().query().unwrap_or_default();
+            let watch = query.contains("watch=true");
+            let ends: u64 = (query.split('&').find_map(|p| p.strip_prefix("timeoutSeconds=")))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(290);
             match (request.uri().path(), watch) {
                 ("/api/v1/pods", true) => {
-                    Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>())
+                    let nothing = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+                    let ends = tokio::time::sleep(std::time::Duration::from_secs(ends));
+                    Body::from_stream(futures::StreamExt::take_until(nothing, ends))
                 }
                 ("/api/v1/pods", false) => Body::from(list.to_string()),
                 _ => Body::from("{}"),

@@ -52,6 +52,35 @@ pub enum Command {
     DevWebhooks(DevWebhooksArgs),
     /// Wait, then exit: the Deployment's preStop hook, in an image without a shell.
     Sleep(SleepArgs),
+    /// What the opted-in pods of the cluster are doing: per workload, busy pods since when, the
+    /// deletes that wait for them, and the nodes a drain would wait on. Uses your kubeconfig.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Kubeconfig to read the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespaces to look at (comma-separated); all without it.
+    #[arg(long = "namespace", short = 'n', value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// The cluster's `--max-busy`, to tell protected pods from lapsed ones.
+    #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
+    pub max_busy: SignedDuration,
+    /// The cluster's `--max-busy-ceiling`, if it sets one.
+    #[arg(long, env = "BUSYGUARD_MAX_BUSY_CEILING", value_parser = parse_positive_duration)]
+    pub max_busy_ceiling: Option<SignedDuration>,
+}
+
+impl StatusArgs {
+    pub fn source(&self) -> ClusterSource {
+        self.kubeconfig.clone().map_or(ClusterSource::Infer, ClusterSource::Kubeconfig)
+    }
+
+    pub fn max_busy(&self) -> MaxBusy {
+        MaxBusy { default: self.max_busy, ceiling: self.max_busy_ceiling }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod policy;
 pub mod registration;
 pub mod server;
+pub mod status;

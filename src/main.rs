@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 use busyguard::certs::{self, CertsOutcome, CertsRequest};
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
-use busyguard::{registration, server};
+use busyguard::{registration, server, status};
 
 /// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
 #[global_allocator]
@@ -29,6 +29,11 @@ fn main() -> ExitCode {
             std::thread::sleep(args.duration);
             Ok(())
         }
+        Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
+            let report = runtime.block_on(status::run(&args.source(), &args.namespaces, args.max_busy()))?;
+            print!("{report}");
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

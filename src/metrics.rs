@@ -44,6 +44,20 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
+/// One workload's pods in one state; workloads are bounded (see `policy::signals`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub namespace: String,
+    pub workload: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadOnlyLabels {
+    pub namespace: String,
+    pub workload: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub reviews: Family<ReviewLabels, Counter>,
@@ -60,6 +74,8 @@ pub struct Metrics {
     pub view_unavailable: Gauge,
     pub audit_failing: Gauge,
     pub watch_errors: Counter,
+    pub workload_pods: Family<WorkloadLabels, Gauge>,
+    pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -151,6 +167,19 @@ impl Default for Metrics {
         );
         let watch_errors = Counter::default();
         registry.register("watch_errors", "Failed attempts to list or watch opted-in pods", watch_errors.clone());
+        let workload_pods = Family::<WorkloadLabels, Gauge>::default();
+        registry.register(
+            "workload_pods",
+            "Opted-in pods per workload (a Deployment, or a pod's controlling owner) by state: busy, idle, or lapsed \
+             (marked busy, no longer protected); at most 500 workloads, the rest summed as (other)",
+            workload_pods.clone(),
+        );
+        let workload_deferred_deletes = Family::<WorkloadOnlyLabels, Gauge>::default();
+        registry.register(
+            "workload_deferred_deletes",
+            "Pods per workload with a delete waiting for them to turn idle",
+            workload_deferred_deletes.clone(),
+        );
         Metrics {
             registry,
             reviews,
@@ -167,6 +196,8 @@ impl Default for Metrics {
             view_unavailable,
             audit_failing,
             watch_errors,
+            workload_pods,
+            workload_deferred_deletes,
         }
     }
 }

@@ -858,3 +858,48 @@ async fn a_pod_that_stops_decoding_is_no_longer_judged_on_its_last_readable_vers
     eventually("the record dropped", async || (server.metric("busyguard_view_pods").await == Some(0.0)).then_some(()))
         .await;
 }
+
+#[tokio::test]
+async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
+    let api = ApiServer::start().await;
+    let since = since_minutes_ago(30);
+    let mut busy = busy_pod("worker-a", since);
+    busy["spec"]["nodeName"] = json!("node-1");
+    api.put_pod(busy);
+    api.put_pod(worker_pod("worker-b", false));
+    let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
+    let report = busyguard::status::run(&source, &[], max_busy).await.unwrap();
+    assert!(report.starts_with("2 opted-in pods in 1 workloads, 1 busy"), "{report}");
+    assert!(report.contains("capture/Deployment/worker                            1     1       0"), "{report}");
+    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    assert!(
+        report.contains(&format!("capture/worker-a on node-1: busy since {since} (30m ago), protected until {until}")),
+        "{report}"
+    );
+    assert!(report.contains(&format!("node-1: capture/worker-a until {until}")), "{report}");
+    let lists: Vec<Call> = api.calls().into_iter().filter(Call::reads_pod_list).collect();
+    assert_eq!(lists.len(), 1, "one list of the opted-in pods, nothing written");
+    assert!(lists[0].query.contains("labelSelector=busyguard.io%2Fbusy"));
+    assert_eq!(api.writes(), vec![]);
+}
+
+#[tokio::test]
+async fn per_workload_gauges_count_busy_idle_and_lapsed_pods_and_waiting_deletes() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("busy", since_minutes_ago(10)));
+    api.put_pod(busy_pod("hung", since_minutes_ago(25 * 60)));
+    api.put_pod(worker_pod("idle-1", false));
+    api.put_pod(worker_pod("idle-2", false));
+    let server = TestServer::with_cluster(&api).await;
+    let series = |state: &str| {
+        format!(r#"busyguard_workload_pods{{namespace="capture",workload="Deployment/worker",state="{state}"}}"#)
+    };
+    assert_eq!(server.metric(&series("busy")).await, Some(1.0));
+    assert_eq!(server.metric(&series("idle")).await, Some(2.0));
+    assert_eq!(server.metric(&series("lapsed")).await, Some(1.0), "busy for longer than max-busy");
+    let review = delete_of(&api.pod("capture", "busy").unwrap(), "pod-delete-by-user.json");
+    server.review("/validate", &review).await;
+    let waiting = r#"busyguard_workload_deferred_deletes{namespace="capture",workload="Deployment/worker"}"#;
+    eventually("the mark counted", async || (server.metric(waiting).await == Some(1.0)).then_some(())).await;
+}

@@ -104,7 +104,7 @@ fn watch_timeout(stale_after: Duration) -> Duration {
     (stale_after / 2).max(Duration::from_secs(1))
 }
 
-async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
+pub async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
     match source {
         ClusterSource::None => Ok(None),
         ClusterSource::Config(config) => Ok(Some(*config.clone())),

@@ -22,6 +22,7 @@ pub mod outcome;
 pub mod pod;
 pub mod scale;
 pub mod selector;
+pub mod signals;
 pub mod update;
 
 use busy::MaxBusy;

@@ -49,6 +49,9 @@ pub struct ServeConfig {
     pub cluster: ClusterSettings,
 }
 
+/// Workloads with gauges of their own at most; the rest are summed as `(other)`.
+const MAX_WORKLOADS: usize = 500;
+
 /// How long a shutdown waits for queued side effects after the last answer.
 const OUTBOX_DRAIN: Duration = Duration::from_secs(4);
 
@@ -118,6 +121,29 @@ impl App {
             return Err("shutting down".into());
         }
         Ok(())
+    }
+
+    /// Sets the per-workload gauges from the view, as of now.
+    pub fn count_workloads(&self) {
+        use crate::metrics::{WorkloadLabels, WorkloadOnlyLabels};
+        use crate::policy::pod::PodFacts;
+        use crate::policy::signals::{count, of_pod, workload};
+        let now = jiff::Timestamp::now();
+        let pods = self.cluster.view.flat_map(|namespace, name, pod| {
+            let Some(counts) = of_pod(pod, self.policy.max_busy, now) else { return Vec::new() };
+            vec![(namespace.to_string(), workload(pod.owner.as_deref(), pod.label("pod-template-hash"), name), counts)]
+        });
+        let counts = count(pods, MAX_WORKLOADS);
+        let (pods, deletes) = (&self.metrics.workload_pods, &self.metrics.workload_deferred_deletes);
+        pods.clear();
+        deletes.clear();
+        for ((namespace, workload), counts) in counts {
+            for (state, n) in [("busy", counts.busy), ("idle", counts.idle), ("lapsed", counts.lapsed)] {
+                let labels = WorkloadLabels { namespace: namespace.clone(), workload: workload.clone(), state };
+                pods.get_or_create(&labels).set(n as i64);
+            }
+            deletes.get_or_create(&WorkloadOnlyLabels { namespace, workload }).set(counts.delete_requested as i64);
+        }
     }
 
     /// Everything busyguard depends on besides serving: the audit log written, and the cluster

@@ -1,0 +1,162 @@
+//! `busyguard status`: what the opted-in pods of a cluster are doing, read with the user's own
+//! credentials: per workload how many are busy, idle or past their protection; which pods are
+//! busy since when and until when; which deletes wait for which pod; and which nodes a drain
+//! would wait on.
+
+use std::fmt::Write;
+
+use anyhow::Context;
+use jiff::Timestamp;
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::cluster::view::{PodRecord, WatchedPod};
+use crate::cluster::{ClusterSource, client_config};
+use crate::duration::whole_second;
+use crate::policy::busy::{BUSY_LABEL, BusyState, MaxBusy, busy_state};
+use crate::policy::pod::PodFacts;
+use crate::policy::signals::{count, of_pod, workload};
+
+/// One opted-in pod as listed.
+pub struct Listed {
+    pub namespace: String,
+    pub name: String,
+    pub pod: PodRecord,
+}
+
+/// Lists the opted-in pods (all namespaces, or those given) and renders the report.
+pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBusy) -> anyhow::Result<String> {
+    let config = client_config(source).await?.context("no cluster: no in-cluster config and no kubeconfig found")?;
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let apis: Vec<Api<WatchedPod>> = if namespaces.is_empty() {
+        vec![Api::all(client)]
+    } else {
+        namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+    };
+    let mut listed = Vec::new();
+    for api in apis {
+        let pods = api.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
+        for pod in pods.items.into_iter().filter(|p| p.malformed.is_none()) {
+            listed.push(Listed { namespace: pod.namespace().into(), name: pod.name().into(), pod: pod.record() });
+        }
+    }
+    Ok(render(&listed, max_busy, whole_second(Timestamp::now())))
+}
+
+/// The report, as a person reads it in a terminal.
+pub fn render(pods: &[Listed], max_busy: MaxBusy, now: Timestamp) -> String {
+    let mut out = String::new();
+    let workload_of = |p: &Listed| workload(p.pod.owner.as_deref(), p.pod.label("pod-template-hash"), &p.name);
+    let counted =
+        pods.iter().filter_map(|p| Some((p.namespace.clone(), workload_of(p), of_pod(&p.pod, max_busy, now)?)));
+    let workloads = count(counted, usize::MAX);
+    let busy: Vec<(&Listed, Option<Timestamp>, Option<Timestamp>)> = pods
+        .iter()
+        .filter_map(|p| match busy_state(&p.pod, max_busy, now) {
+            BusyState::Busy { since, until } => Some((p, since, until)),
+            _ => None,
+        })
+        .collect();
+    let _ =
+        writeln!(out, "{} opted-in pods in {} workloads, {} busy, at {now}", pods.len(), workloads.len(), busy.len());
+
+    let _ = writeln!(out, "\n{:<48} {:>5} {:>5} {:>7} {:>16}", "WORKLOAD", "BUSY", "IDLE", "LAPSED", "DELETES WAITING");
+    for ((namespace, workload), c) in &workloads {
+        let name = format!("{namespace}/{workload}");
+        let _ = writeln!(out, "{name:<48} {:>5} {:>5} {:>7} {:>16}", c.busy, c.idle, c.lapsed, c.delete_requested);
+    }
+
+    let _ = writeln!(out, "\nBUSY PODS");
+    if busy.is_empty() {
+        let _ = writeln!(out, "none");
+    }
+    for (listed, since, until) in &busy {
+        let since = since.map_or("an unknown time".to_string(), |t| format!("{t} ({})", ago(now, t)));
+        let until = until.map_or("no known end".to_string(), |t| t.to_string());
+        let node = listed.pod.node.as_deref().unwrap_or("(not scheduled)");
+        let _ =
+            write!(out, "{}/{} on {node}: busy since {since}, protected until {until}", listed.namespace, listed.name);
+        if let Some(request) = listed.pod.delete_request() {
+            let _ = write!(out, "; {} asked to delete it at {}: done once it is idle", request.by, request.at);
+        }
+        let _ = writeln!(out);
+    }
+
+    let _ = writeln!(out, "\nNODES A DRAIN WOULD WAIT FOR (their busy pods refuse eviction)");
+    let mut nodes: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+    for (listed, _, until) in &busy {
+        let until = until.map_or(String::new(), |t| format!(" until {t}"));
+        let node = listed.pod.node.as_deref().unwrap_or("(not scheduled)");
+        nodes.entry(node).or_default().push(format!("{}/{}{until}", listed.namespace, listed.name));
+    }
+    if nodes.is_empty() {
+        let _ = writeln!(out, "none");
+    }
+    for (node, pods) in nodes {
+        let _ = writeln!(out, "{node}: {}", pods.join(", "));
+    }
+    out
+}
+
+/// `2h5m`, to the minute.
+fn ago(now: Timestamp, then: Timestamp) -> String {
+    let minutes = (now.as_second() - then.as_second()).max(0) / 60;
+    match (minutes / 60, minutes % 60) {
+        (0, m) => format!("{m}m ago"),
+        (h, m) => format!("{h}h{m}m ago"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn listed(name: &str, node: &str, label: &str, annotations: serde_json::Value) -> Listed {
+        let pod: WatchedPod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "capture", "uid": format!("uid-{name}"),
+                "creationTimestamp": "2026-11-23T08:00:00Z",
+                // busyguard wrote the mark, as the API server records it.
+                "managedFields": [{"manager": "busyguard", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:annotations": {"f:busyguard.io/delete-requested": {}}}}}],
+                "labels": {BUSY_LABEL: label, "pod-template-hash": "6b8958b477"},
+                "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "worker-6b8958b477",
+                    "uid": "rs", "controller": true}]},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running"}}))
+        .unwrap();
+        Listed { namespace: "capture".into(), name: name.into(), pod: pod.record() }
+    }
+
+    #[test]
+    fn the_report_says_who_is_busy_since_when_what_waits_and_which_drains_would_wait() {
+        let pods = [
+            listed(
+                "worker-a",
+                "node-1",
+                "true",
+                json!({"busyguard.io/busy-since": "2026-11-23T09:00:00Z",
+                "busyguard.io/delete-requested": r#"{"by":"alice","at":"2026-11-23T09:30:00Z"}"#}),
+            ),
+            listed("worker-b", "node-1", "false", json!({})),
+            listed("worker-c", "node-2", "false", json!({})),
+        ];
+        let report =
+            render(&pods, MaxBusy::new(jiff::SignedDuration::from_hours(24)), "2026-11-23T10:05:00Z".parse().unwrap());
+        assert_eq!(
+            report,
+            "3 opted-in pods in 1 workloads, 1 busy, at 2026-11-23T10:05:00Z\n\
+             \n\
+             WORKLOAD                                          BUSY  IDLE  LAPSED  DELETES WAITING\n\
+             capture/Deployment/worker                            1     2       0                1\n\
+             \n\
+             BUSY PODS\n\
+             capture/worker-a on node-1: busy since 2026-11-23T09:00:00Z (1h5m ago), protected until \
+             2026-11-24T09:00:00Z; alice asked to delete it at 2026-11-23T09:30:00Z: done once it is idle\n\
+             \n\
+             NODES A DRAIN WOULD WAIT FOR (their busy pods refuse eviction)\n\
+             node-1: capture/worker-a until 2026-11-24T09:00:00Z\n"
+        );
+    }
+}
