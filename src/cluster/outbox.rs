@@ -342,15 +342,7 @@ impl Worker {
                     action: action.as_str().into(),
                     secondary: None,
                 };
-                let reference = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod.name.clone()),
-                    namespace: Some(pod.namespace.clone()),
-                    uid: Some(pod.uid.clone()),
-                    ..ObjectReference::default()
-                };
-                match self.recorder.publish(&event, &reference).await {
+                match self.recorder.publish(&event, &reference_to(pod)).await {
                     Ok(()) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }
@@ -387,16 +379,21 @@ impl Worker {
             note: Some(note.chars().take(1024).collect()),
             reporting_controller: Some(FIELD_MANAGER.into()),
             reporting_instance: Some(self.instance.clone()),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name.clone()),
-                namespace: Some(pod.namespace.clone()),
-                uid: Some(pod.uid.clone()),
-                ..ObjectReference::default()
-            }),
+            regarding: Some(reference_to(pod)),
             ..Default::default()
         }
+    }
+}
+
+/// What an Event is about: the pod.
+fn reference_to(pod: &PodRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: Some(pod.uid.clone()),
+        ..ObjectReference::default()
     }
 }
 

@@ -233,6 +233,11 @@ mod tests {
         }
     }
 
+    /// `ask` of the busy worker, as the view holds it too.
+    fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
+        decide(&ask, action, &busy_worker(), Some(&busy_worker()), &config(mode), now)
+    }
+
     fn reason_of(outcome: &Outcome) -> Option<Reason> {
         outcome.audit.as_ref().map(|a| a.reason)
     }
@@ -273,14 +278,7 @@ mod tests {
             ("system:serviceaccount:kube-system:taint-eviction-controller", Reason::NodeTaintEviction),
             ("system:serviceaccount:kube-system:namespace-controller", Reason::NamespaceDeleted),
         ] {
-            let outcome = decide(
-                &ask(username, false),
-                Action::Delete,
-                &busy_worker(),
-                Some(&busy_worker()),
-                &config(Mode::Enforce),
-                now(),
-            );
+            let outcome = busy_decided(ask(username, false), Action::Delete, Mode::Enforce, now());
             assert!(outcome.is_allowed(), "{username}");
             assert_eq!((outcome.decision, reason_of(&outcome)), (Decision::Exempted, Some(reason)), "{username}");
         }
@@ -302,14 +300,7 @@ mod tests {
 
     #[test]
     fn a_persons_delete_of_a_busy_pod_is_refused_429_marked_and_an_event_raised() {
-        let outcome = decide(
-            &ask("alice", false),
-            Action::Delete,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::Enforce, now());
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert_eq!((denial.code(), denial.cause()), (429, "BusyguardPodBusy"));
         assert!(message.contains("busyguard records the delete on the pod"), "{message}");
@@ -331,14 +322,7 @@ mod tests {
     #[test]
     fn a_controllers_delete_of_a_busy_pod_is_refused_without_a_mark() {
         let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
-        let outcome = decide(
-            &ask(replicaset, false),
-            Action::Delete,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = busy_decided(ask(replicaset, false), Action::Delete, Mode::Enforce, now());
         assert!(!outcome.is_allowed());
         assert_eq!(reason_of(&outcome), Some(Reason::Busy));
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Delete, .. }]));
@@ -346,14 +330,7 @@ mod tests {
 
     #[test]
     fn an_eviction_of_a_busy_pod_is_refused_and_never_deferred() {
-        let outcome = decide(
-            &ask("alice", false),
-            Action::Evict,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = busy_decided(ask("alice", false), Action::Evict, Mode::Enforce, now());
         assert!(!outcome.is_allowed());
         assert_eq!(reason_of(&outcome), Some(Reason::Busy));
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Evict, .. }]));
@@ -377,14 +354,7 @@ mod tests {
 
     #[test]
     fn a_dry_run_request_is_judged_the_same_and_changes_nothing() {
-        let outcome = decide(
-            &ask("alice", true),
-            Action::Delete,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = busy_decided(ask("alice", true), Action::Delete, Mode::Enforce, now());
         assert!(!outcome.is_allowed());
         assert!(outcome.effects.is_empty());
         assert!(outcome.audit.unwrap().dry_run);
@@ -404,14 +374,7 @@ mod tests {
 
     #[test]
     fn dry_run_mode_allows_with_a_warning_and_promises_no_deferred_delete() {
-        let outcome = decide(
-            &ask("alice", false),
-            Action::Delete,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::DryRun),
-            now(),
-        );
+        let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::DryRun, now());
         let Answer::Allow { warnings } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(warnings[0].starts_with("busyguard dry-run, would deny: pod capture/w is busy"), "{warnings:?}");
         assert!(!warnings[0].contains("delete is recorded"), "nothing is recorded in dry-run mode");
@@ -434,14 +397,7 @@ mod tests {
 
     #[test]
     fn an_exempt_requester_takes_a_busy_pod_and_the_exemption_is_audited() {
-        let outcome = decide(
-            &ask("ops", false),
-            Action::Evict,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = busy_decided(ask("ops", false), Action::Evict, Mode::Enforce, now());
         assert_eq!(outcome.decision, Decision::Exempted);
         let audit = outcome.audit.unwrap();
         assert_eq!(
@@ -454,14 +410,7 @@ mod tests {
     #[test]
     fn a_busy_pod_past_max_busy_goes_and_the_lapse_is_audited() {
         let late = ts("2026-11-22T20:00:01Z");
-        let outcome = decide(
-            &ask("alice", false),
-            Action::Delete,
-            &busy_worker(),
-            Some(&busy_worker()),
-            &config(Mode::Enforce),
-            late,
-        );
+        let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::Enforce, late);
         assert_eq!(outcome.decision, Decision::Lapsed);
         assert_eq!(reason_of(&outcome), Some(Reason::MaxBusyExceeded));
     }
