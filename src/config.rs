@@ -148,6 +148,16 @@ pub struct ServeArgs {
     /// Groups whose members may delete busy pods (comma-separated in the environment).
     #[arg(long = "exempt-group", env = "BUSYGUARD_EXEMPT_GROUPS", value_delimiter = ',')]
     pub exempt_groups: Vec<String>,
+    /// Karpenter's users (comma-separated in the environment): a *delete* of a busy pod by one
+    /// of them goes through, audited, since Karpenter deletes pods only when its node's
+    /// terminationGracePeriod runs out; its evictions are refused like anyone's.
+    #[arg(
+        long = "karpenter-user",
+        env = "BUSYGUARD_KARPENTER_USERS",
+        value_delimiter = ',',
+        default_value = "system:serviceaccount:kube-system:karpenter,system:serviceaccount:karpenter:karpenter"
+    )]
+    pub karpenter_users: Vec<String>,
     /// Set `karpenter.sh/do-not-disrupt: "true"` on busy pods.
     #[arg(long, env = "BUSYGUARD_KARPENTER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub karpenter_annotation: bool,
@@ -263,6 +273,7 @@ impl ServeArgs {
                 exemptions: Exemptions {
                     users: self.exempt_users.into_iter().filter(|u| !u.is_empty()).collect(),
                     groups: self.exempt_groups.into_iter().filter(|g| !g.is_empty()).collect(),
+                    karpenter: self.karpenter_users.into_iter().filter(|u| !u.is_empty()).collect(),
                 },
                 mutation: MutationSettings {
                     karpenter: self.karpenter_annotation,

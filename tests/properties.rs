@@ -6,7 +6,7 @@
 mod common;
 
 use common::fixture;
-use common::invariants::{self, Disruption, EXEMPT_GROUP, EXEMPT_USER};
+use common::invariants::{self, Disruption, EXEMPT_GROUP, EXEMPT_USER, KARPENTER_USER};
 use jiff::SignedDuration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -137,6 +137,9 @@ fn disruption() -> impl Strategy<Value = (Value, Value, bool)> {
         &[
             "admin",
             EXEMPT_USER,
+            KARPENTER_USER,
+            "system:serviceaccount:kube-system:taint-eviction-controller",
+            "system:serviceaccount:kube-system:namespace-controller",
             "system:serviceaccount:kube-system:generic-garbage-collector",
             "system:node:node-a",
             "system:serviceaccount:kube-system:replicaset-controller",

@@ -20,6 +20,8 @@ use crate::duration::whole_second;
 pub struct Exemptions {
     pub users: Vec<String>,
     pub groups: Vec<String>,
+    /// Karpenter's users: their *deletes* of busy pods go through (see `Override::KarpenterDeadline`).
+    pub karpenter: Vec<String>,
 }
 
 /// The busy rule's answer for one pod and one requester.
@@ -46,6 +48,10 @@ pub enum Override {
     /// controller empties a namespace being deleted (as a PodDisruptionBudget lets both through).
     NodeTaintEviction,
     NamespaceDeleted,
+    /// Karpenter deletes a pod (rather than evicting it) only when its node's
+    /// terminationGracePeriod is running out: the instance goes at the deadline anyway, and a
+    /// refusal would only turn the pod's graceful shutdown into a hard kill.
+    KarpenterDeadline,
 }
 
 impl Override {
@@ -55,7 +61,8 @@ impl Override {
             Override::ExemptUser(_)
             | Override::ExemptGroup(_)
             | Override::NodeTaintEviction
-            | Override::NamespaceDeleted => Decision::Exempted,
+            | Override::NamespaceDeleted
+            | Override::KarpenterDeadline => Decision::Exempted,
         }
     }
 
@@ -67,6 +74,7 @@ impl Override {
             Override::ExemptGroup(_) => Reason::ExemptGroup,
             Override::NodeTaintEviction => Reason::NodeTaintEviction,
             Override::NamespaceDeleted => Reason::NamespaceDeleted,
+            Override::KarpenterDeadline => Reason::KarpenterDeadline,
         }
     }
 }
@@ -122,7 +130,14 @@ pub fn decide(
     let audit =
         |decision, reason, detail| AuditRecord { busy_since, ..ask.audit(decision, reason, detail, config.mode, now) };
     let (namespace, name) = (ask.namespace, ask.name);
-    match judge(state, ask.requester, &config.exemptions) {
+    let karpenter = config.exemptions.karpenter.iter().any(|user| user == ask.requester.username);
+    let verdict = match judge(state, ask.requester, &config.exemptions) {
+        Verdict::Deny { .. } if karpenter && action == Action::Delete => {
+            Verdict::AllowBusy(Override::KarpenterDeadline)
+        }
+        verdict => verdict,
+    };
+    match verdict {
         Verdict::Allow => Outcome::allow(Decision::Allowed),
         Verdict::AllowBusy(over) => {
             let decision = over.decision();
@@ -201,7 +216,11 @@ mod tests {
         PolicyConfig {
             mode,
             max_busy: MaxBusy::new(SignedDuration::from_hours(24)),
-            exemptions: Exemptions { users: vec!["ops".into()], groups: vec!["ops:breakglass".into()] },
+            exemptions: Exemptions {
+                users: vec!["ops".into()],
+                groups: vec!["ops:breakglass".into()],
+                karpenter: vec!["system:serviceaccount:kube-system:karpenter".into()],
+            },
             mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
         }
     }
@@ -259,7 +278,8 @@ mod tests {
 
     #[test]
     fn exempt_user_and_exempt_group_may_delete_busy_pods() {
-        let exemptions = Exemptions { users: vec!["gc".into()], groups: vec!["ops:breakglass".into()] };
+        let exemptions =
+            Exemptions { users: vec!["gc".into()], groups: vec!["ops:breakglass".into()], ..Exemptions::default() };
         let gc = Requester { username: "gc", groups: NO_GROUPS };
         assert_eq!(judge(busy(), gc, &exemptions), Verdict::AllowBusy(Override::ExemptUser("gc".into())));
         let groups = vec!["system:authenticated".to_string(), "ops:breakglass".to_string()];
@@ -282,6 +302,18 @@ mod tests {
             assert!(outcome.is_allowed(), "{username}");
             assert_eq!((outcome.decision, reason_of(&outcome)), (Decision::Exempted, Some(reason)), "{username}");
         }
+    }
+
+    #[test]
+    fn karpenters_delete_at_its_node_deadline_goes_through_but_its_evictions_are_refused() {
+        let karpenter = "system:serviceaccount:kube-system:karpenter";
+        let deleted = busy_decided(ask(karpenter, false), Action::Delete, Mode::Enforce, now());
+        assert!(deleted.is_allowed());
+        let audit = deleted.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason), (Decision::Exempted, Reason::KarpenterDeadline));
+        assert!(audit.detail.contains("terminationGracePeriod"), "{}", audit.detail);
+        let evicted = busy_decided(ask(karpenter, false), Action::Evict, Mode::Enforce, now());
+        assert!(!evicted.is_allowed(), "a drain or consolidation waits, as for anyone");
     }
 
     #[test]

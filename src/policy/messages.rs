@@ -67,6 +67,10 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
              the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
         ),
         Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
+        Override::KarpenterDeadline => format!(
+            "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
+             the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
+        ),
     }
 }
 

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 pub const EXEMPT_USER: &str = "ops-oncall";
 pub const EXEMPT_GROUP: &str = "ops-team";
+pub const KARPENTER_USER: &str = "system:serviceaccount:kube-system:karpenter";
 
 pub fn now() -> Timestamp {
     "2026-11-21T20:00:00Z".parse().unwrap()
@@ -35,6 +36,7 @@ pub fn policy() -> PolicyConfig {
         exemptions: Exemptions {
             users: vec![POD_GC_USER.into(), EXEMPT_USER.into()],
             groups: vec![EXEMPT_GROUP.into()],
+            karpenter: vec![KARPENTER_USER.into()],
         },
         mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
     }
@@ -150,6 +152,19 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
             let at = audit.detail.split("restarted at ").nth(1).and_then(|rest| rest.split(": the flag").next());
             let at: Timestamp = at.unwrap().parse().unwrap();
             assert!(at > since.unwrap(), "{}", audit.detail);
+        }
+        // Recovery and Karpenter's node deadline: only their own users, and Karpenter's deletes only.
+        ("exempted", "node-taint-eviction" | "namespace-deleted") => {
+            let user = request["userInfo"]["username"].as_str().unwrap_or_default();
+            assert!(
+                busyguard::policy::TAINT_MANAGER_USERS.contains(&user)
+                    || user == busyguard::policy::NAMESPACE_CONTROLLER_USER,
+                "{user}"
+            );
+        }
+        ("exempted", "karpenter-deadline") => {
+            assert!(policy().exemptions.karpenter.iter().any(|u| *u == request["userInfo"]["username"]));
+            assert_ne!(request["subResource"], "eviction", "Karpenter's evictions are judged like anyone's");
         }
         other => panic!("a busy pod let go without an exemption: {other:?} {}", audit.detail),
     }
