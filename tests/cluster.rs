@@ -903,3 +903,44 @@ async fn per_workload_gauges_count_busy_idle_and_lapsed_pods_and_waiting_deletes
     let waiting = r#"busyguard_workload_deferred_deletes{namespace="capture",workload="Deployment/worker"}"#;
     eventually("the mark counted", async || (server.metric(waiting).await == Some(1.0)).then_some(())).await;
 }
+
+/// A Node DELETE by the fixture's user, as the API server sends it for `kubectl delete node`.
+fn node_delete(node: &str) -> Value {
+    let mut review = fixture("pod-delete-by-user.json");
+    let request = &mut review["request"];
+    request["kind"] = json!({"group": "", "version": "v1", "kind": "Node"});
+    request["resource"] = json!({"group": "", "version": "v1", "resource": "nodes"});
+    request["requestKind"] = request["kind"].clone();
+    request["requestResource"] = request["resource"].clone();
+    request["name"] = json!(node);
+    request.as_object_mut().unwrap().remove("namespace");
+    request["oldObject"] = json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": node}});
+    review
+}
+
+#[tokio::test]
+async fn a_node_running_busy_pods_is_not_deleted_and_one_without_is() {
+    let api = ApiServer::start().await;
+    let mut busy = busy_pod("worker-a", since_minutes_ago(10));
+    busy["spec"]["nodeName"] = json!("node-1");
+    api.put_pod(busy);
+    let mut idle = worker_pod("worker-b", false);
+    idle["spec"]["nodeName"] = json!("node-2");
+    api.put_pod(idle);
+    let server = TestServer::with_cluster(&api).await;
+
+    let refused = server.review("/validate", &node_delete("node-1")).await;
+    assert_eq!(refused["allowed"], false);
+    assert_eq!(refused["status"]["code"], 429);
+    let message = refused["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("node node-1 runs 1 busy pod(s): capture/worker-a (protected until"), "{message}");
+    assert_eq!(server.review("/validate", &node_delete("node-2")).await["allowed"], true, "only idle pods there");
+    let audit = server.audit_lines();
+    assert_eq!((audit[0]["decision"].as_str(), audit[0]["resource"].as_str()), (Some("denied"), Some("nodes")));
+    // Once the pod is idle, the node goes.
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    eventually("node-1 deletable", async || {
+        (server.review("/validate", &node_delete("node-1")).await["allowed"] == true).then_some(())
+    })
+    .await;
+}

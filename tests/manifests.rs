@@ -100,7 +100,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 5);
+    assert_eq!(all.len(), 6);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -122,7 +122,9 @@ fn webhooks_never_see_kube_system_nor_busyguards_namespace_and_a_namespace_can_o
     let own = find(&objects, "Namespace", "busyguard");
     let mut own_labels = own["metadata"]["labels"].clone();
     own_labels["kubernetes.io/metadata.name"] = json!("busyguard"); // set by the API server
-    for webhook in webhooks(&objects) {
+    // Nodes have no namespace: a namespaceSelector would have no effect on their webhook.
+    let namespaced = webhooks(&objects).into_iter().filter(|w| w["rules"][0]["scope"] != "Cluster");
+    for webhook in namespaced {
         let namespaces = selector(&webhook["namespaceSelector"]);
         let name = &webhook["name"];
         assert!(selects(&namespaces, &json!({"kubernetes.io/metadata.name": "workers"})), "{name}");
@@ -190,7 +192,11 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
     assert!(scale_downs.get("objectSelector").is_none());
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
-    for validating in [deletes, preemptions, evictions, scale_downs] {
+    let nodes = webhook(&objects, "node-deletes.busyguard.io");
+    assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
+    assert_eq!(nodes["rules"][0]["scope"], "Cluster");
+    assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
+    for validating in [deletes, preemptions, evictions, scale_downs, nodes] {
         assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
     }
 }

@@ -14,7 +14,7 @@ use crate::policy::outcome::{Action, Ask, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{PolicyConfig, Requester, disruption, scale, update};
+use crate::policy::{PolicyConfig, Requester, disruption, node, scale, update};
 use objects::Object;
 use review::{AdmissionRequest, InvalidReview, Operation};
 
@@ -38,6 +38,7 @@ impl Webhook {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resource {
     Pods,
+    Nodes,
     PodEviction,
     ReplicaSets,
     Deployments,
@@ -50,6 +51,7 @@ impl Resource {
     pub fn of(request: &AdmissionRequest) -> Resource {
         match (request.resource.group.as_str(), request.resource.resource.as_str(), request.sub_resource()) {
             ("", "pods", "") => Resource::Pods,
+            ("", "nodes", "") => Resource::Nodes,
             ("", "pods", "eviction") => Resource::PodEviction,
             ("apps", "replicasets", "") => Resource::ReplicaSets,
             ("apps", "deployments", "") => Resource::Deployments,
@@ -63,6 +65,7 @@ impl Resource {
     pub fn label(self) -> &'static str {
         match self {
             Resource::Pods => "pods",
+            Resource::Nodes => "nodes",
             Resource::PodEviction => "pods/eviction",
             Resource::ReplicaSets => "replicasets",
             Resource::Deployments => "deployments",
@@ -82,6 +85,7 @@ pub enum Route {
     PodEviction,
     /// A ReplicaSet, a Deployment or the scale of either, updated: maybe a scale-down.
     ScaleDown,
+    NodeDelete,
     /// Not a request busyguard judges.
     Other,
 }
@@ -94,6 +98,7 @@ impl Route {
             (Pods, Operation::Delete) => Route::PodDelete,
             (PodEviction, Operation::Create) => Route::PodEviction,
             (ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
+            (Nodes, Operation::Delete) => Route::NodeDelete,
             _ => Route::Other,
         }
     }
@@ -170,6 +175,12 @@ pub fn admit(
             };
             let scale = scale_request(request)?;
             Ok(scale::decide(&ask(request, request.is_dry_run()), &object, scale, select, policy, now))
+        }
+        Route::NodeDelete => {
+            (inputs.view.check(inputs.arrived))
+                .map_err(|why| Refusal::Unavailable(format!("cannot judge the node delete: {why}")))?;
+            let ask = ask(request, request.is_dry_run());
+            Ok(inputs.view.on_node(&request.name, |pods| node::decide(&ask, pods, policy, now)))
         }
         Route::PodWrite | Route::Other => Ok(Outcome::allow(Decision::Unhandled)),
     }

@@ -336,6 +336,18 @@ impl View {
         records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
     }
 
+    /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.
+    pub fn on_node<T>(&self, node: &str, read: impl FnOnce(Vec<(String, &PodRecord)>) -> T) -> T {
+        let pods = self.read();
+        let on_node = (pods.iter())
+            .flat_map(|(namespace, in_namespace)| {
+                in_namespace.iter().map(move |(name, pod)| (format!("{namespace}/{name}"), pod))
+            })
+            .filter(|(_, pod)| pod.node.as_deref() == Some(node))
+            .collect();
+        read(on_node)
+    }
+
     /// Stores the pod, returning what was stored before.
     pub fn insert(&self, namespace: &str, name: &str, pod: PodRecord) -> Option<PodRecord> {
         self.write().entry(boxed(namespace)).or_default().insert(boxed(name), pod)

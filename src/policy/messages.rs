@@ -5,6 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY};
 use super::disruption::Override;
+use super::node::BusyOnNode;
 use super::observed::LossCause;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest, PodRef};
 use super::scale::ScalePlan;
@@ -72,6 +73,37 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
              the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
         ),
     }
+}
+
+/// A node delete refused: which busy pods run there, and until when at the latest.
+pub fn node_busy(node: &str, busy: &[BusyOnNode]) -> String {
+    format!(
+        "node {node} runs {} busy pod(s): {}; it will be deleted once they are idle; to force: label them \
+         {BUSY_LABEL}=false, or delete as an exempt user",
+        busy.len(),
+        busy_list(busy)
+    )
+}
+
+/// A node deleted with busy pods on it, and by whom.
+pub fn node_deleted_anyway(node: &str, busy: &[BusyOnNode], by: &str) -> String {
+    format!("node {node} deleted by {by} with {} busy pod(s) on it: {}", busy.len(), busy_list(busy))
+}
+
+/// At most 5 named, the rest counted.
+fn busy_list(busy: &[BusyOnNode]) -> String {
+    let mut named: Vec<String> = busy
+        .iter()
+        .take(5)
+        .map(|b| match b.until {
+            Some(until) => format!("{} (protected until {until})", b.pod),
+            None => b.pod.clone(),
+        })
+        .collect();
+    if busy.len() > 5 {
+        named.push(format!("and {} more", busy.len() - 5));
+    }
+    named.join(", ")
 }
 
 /// A scale-down allowed without preparing its pods, and why.

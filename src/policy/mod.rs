@@ -4,6 +4,7 @@
 //! - [`update`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy flips);
 //! - [`disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse, defer);
 //! - [`scale`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
+//! - [`node`]: Node DELETE (refused while busy pods run there);
 //! - [`observed`]: a change the watch saw (deferred deletes due, stale annotations, losses).
 //!
 //! The rest are the atoms they share: [`busy`] (is a pod protected), [`cost`], [`selector`],
@@ -17,6 +18,7 @@ pub mod busy;
 pub mod cost;
 pub mod disruption;
 pub mod messages;
+pub mod node;
 pub mod observed;
 pub mod outcome;
 pub mod pod;

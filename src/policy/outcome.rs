@@ -148,6 +148,8 @@ pub enum Reason {
     NodeTaintEviction,
     NamespaceDeleted,
     KarpenterDeadline,
+    /// A node deleted by the cloud node lifecycle controller: its machine is gone.
+    NodeGone,
     MaxBusyExceeded,
     StaleAfterRestart,
     Plan,
@@ -171,6 +173,7 @@ impl Reason {
             Reason::NodeTaintEviction => "node-taint-eviction",
             Reason::NamespaceDeleted => "namespace-deleted",
             Reason::KarpenterDeadline => "karpenter-deadline",
+            Reason::NodeGone => "node-gone",
             Reason::MaxBusyExceeded => "max-busy-exceeded",
             Reason::StaleAfterRestart => "stale-after-restart",
             Reason::Plan => "plan",

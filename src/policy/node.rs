@@ -1,0 +1,137 @@
+//! Node DELETE, decided whole: a node is not deleted from under busy pods (after a
+//! `kubectl drain --ignore-daemonsets`, by a person, a provider or an autoscaler), with the same
+//! exemptions as pod deletes. A node whose machine is already gone (the cloud node lifecycle
+//! controller) goes: there is nothing left to protect.
+
+use jiff::Timestamp;
+
+use super::busy::{BusyState, busy_state};
+use super::messages;
+use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
+use super::pod::PodFacts;
+use super::{Mode, PolicyConfig};
+
+/// Deletes a node whose machine is gone; refusing would leave a Node object for nothing.
+pub const CLOUD_NODE_LIFECYCLE_USER: &str = "system:serviceaccount:kube-system:cloud-node-lifecycle-controller";
+
+/// A busy pod on the node, by name, and when its protection ends at the latest.
+pub struct BusyOnNode {
+    pub pod: String,
+    pub until: Option<Timestamp>,
+}
+
+/// The answer to `ask`, a delete of a node on which `pods` (namespace/name, pod) run.
+pub fn decide<'a, P: PodFacts + 'a>(
+    ask: &Ask<'_>,
+    pods: impl IntoIterator<Item = (String, &'a P)>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let busy: Vec<BusyOnNode> = pods
+        .into_iter()
+        .filter_map(|(pod, facts)| match busy_state(facts, config.max_busy, now) {
+            BusyState::Busy { until, .. } => Some(BusyOnNode { pod, until }),
+            _ => None,
+        })
+        .collect();
+    if busy.is_empty() {
+        return Outcome::allow(Decision::Allowed);
+    }
+    let requester = ask.requester;
+    let exempt = if requester.username == CLOUD_NODE_LIFECYCLE_USER {
+        Some(Reason::NodeGone)
+    } else if config.exemptions.users.iter().any(|u| u == requester.username) {
+        Some(Reason::ExemptUser)
+    } else if requester.groups.iter().any(|g| config.exemptions.groups.contains(g)) {
+        Some(Reason::ExemptGroup)
+    } else {
+        None
+    };
+    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
+    if let Some(reason) = exempt {
+        let detail = messages::node_deleted_anyway(ask.name, &busy, requester.username);
+        return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
+    }
+    let message = messages::node_busy(ask.name, &busy);
+    if config.mode == Mode::DryRun {
+        let warnings = vec![messages::would_deny(&message)];
+        return Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
+            Decision::WouldDeny,
+            Reason::Busy,
+            message,
+        ));
+    }
+    Outcome::answer(Answer::Deny { denial: Denial::PodBusy, message: message.clone() }, Decision::Denied)
+        .audited(audit(Decision::Denied, Reason::Busy, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Requester;
+    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::pod::Pod;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2026-11-21T21:00:00Z".parse().unwrap()
+    }
+
+    fn pod(label: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"labels": {BUSY_LABEL: label},
+            "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z"}}, "status": {"phase": "Running"}}))
+        .unwrap()
+    }
+
+    fn ask(username: &'static str) -> Ask<'static> {
+        Ask {
+            uid: "u",
+            operation: "DELETE",
+            resource: "nodes",
+            subresource: "",
+            namespace: "",
+            name: "node-1",
+            requester: Requester { username, groups: &[] },
+            dry_run: false,
+        }
+    }
+
+    fn config() -> PolicyConfig {
+        let mut config = crate::policy::test_config(jiff::SignedDuration::from_hours(24));
+        config.exemptions.users = vec!["ops".into()];
+        config
+    }
+
+    #[test]
+    fn a_node_with_busy_pods_is_not_deleted_and_the_message_names_them() {
+        let (busy, idle) = (pod("true"), pod("false"));
+        let pods = [("jobs/worker-a".to_string(), &busy), ("jobs/worker-b".to_string(), &idle)];
+        let outcome = decide(&ask("kubernetes-admin"), pods, &config(), now());
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert_eq!(denial.code(), 429);
+        assert_eq!(
+            message,
+            "node node-1 runs 1 busy pod(s): jobs/worker-a (protected until 2026-11-22T20:00:00Z); it will be \
+             deleted once they are idle; to force: label them busyguard.io/busy=false, or delete as an exempt user"
+        );
+        assert_eq!(outcome.audit.unwrap().reason, Reason::Busy);
+    }
+
+    #[test]
+    fn a_node_without_busy_pods_goes_quietly() {
+        let idle = pod("false");
+        let outcome = decide(&ask("kubernetes-admin"), [("jobs/w".to_string(), &idle)], &config(), now());
+        assert_eq!(outcome.decision, Decision::Allowed);
+        assert!(outcome.audit.is_none());
+    }
+
+    #[test]
+    fn an_exempt_user_or_the_cloud_node_lifecycle_controller_deletes_it_audited() {
+        let busy = pod("true");
+        for (user, reason) in [("ops", Reason::ExemptUser), (CLOUD_NODE_LIFECYCLE_USER, Reason::NodeGone)] {
+            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config(), now());
+            assert!(outcome.is_allowed(), "{user}");
+            assert_eq!(outcome.audit.unwrap().reason, reason);
+        }
+    }
+}
