@@ -944,3 +944,27 @@ async fn a_node_running_busy_pods_is_not_deleted_and_one_without_is() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
+    let api = ApiServer::start().await;
+    for name in ["ds-a", "ds-b", "ds-c"] {
+        let mut pod = worker_pod(name, false);
+        pod["metadata"]["annotations"]["busyguard.io/max-unavailable"] = json!("1");
+        api.put_pod(pod);
+    }
+    let server = TestServer::with_cluster(&api).await;
+    let delete = |name: &str| delete_of(&api.pod("capture", name).unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &delete("ds-a")).await["allowed"], true, "none unavailable yet");
+    // ds-a is on its way out: the budget of one is used up until it is back (or replaced).
+    api.update_pod("capture", "ds-a", |pod| pod["metadata"]["deletionTimestamp"] = json!(Timestamp::now().to_string()));
+    let refused = eventually("the budget used up", async || {
+        let answer = server.review("/validate", &eviction_of("ds-b")).await;
+        (answer["allowed"] == false).then_some(answer)
+    })
+    .await;
+    assert_eq!(refused["status"]["details"]["causes"][0]["reason"], "BusyguardDisruptionBudget");
+    assert_eq!(server.review("/validate", &delete("ds-c")).await["status"]["code"], 429);
+    api.remove_pod("capture", "ds-a");
+    wait_until_eviction_allowed_is(&server, "ds-b", true).await;
+}

@@ -9,7 +9,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
-use crate::policy::busy::TASK_CONTAINER;
+use crate::policy::busy::{MAX_UNAVAILABLE, TASK_CONTAINER};
+use crate::policy::disruption::is_available;
 use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER};
 use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
 
@@ -334,6 +335,23 @@ impl View {
             .iter()
             .flat_map(|(namespace, in_namespace)| in_namespace.iter().map(move |(name, pod)| (namespace, name, pod)));
         records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
+    }
+
+    /// How many other pods of this pod's workload (its controlling owner) are unavailable: not
+    /// Running and Ready, or going away. `None` when the view does not hold the pod, it has no
+    /// owner, or no budget (`busyguard.io/max-unavailable`) to count for: the namespace is
+    /// scanned only then.
+    pub fn unavailable_siblings(&self, namespace: &str, name: &str) -> Option<u32> {
+        let pods = self.read();
+        let in_namespace = pods.get(namespace)?;
+        let record = in_namespace.get(name)?;
+        record.annotation(MAX_UNAVAILABLE)?;
+        let owner = record.owner.as_deref()?;
+        let unavailable = (in_namespace.iter())
+            .filter(|(other, pod)| &***other != name && pod.owner.as_deref() == Some(owner))
+            .filter(|(_, pod)| pod.terminating || !is_available(*pod))
+            .count();
+        Some(u32::try_from(unavailable).unwrap_or(u32::MAX))
     }
 
     /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.

@@ -13,6 +13,10 @@ pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
 pub const MAX_BUSY: &str = "busyguard.io/max-busy";
 /// Compatibility mode: `"true"` makes a Running pod that is not Ready count as busy.
 pub const BUSY_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
+/// Per workload (set in the pod template): at most this many of its pods unavailable (not
+/// Ready, or going) at once; a delete or eviction beyond is refused. For workloads a
+/// PodDisruptionBudget cannot cover: DaemonSets, and direct deletes.
+pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
 /// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
 /// not). Without it, any container's restart does.
 pub const TASK_CONTAINER: &str = "busyguard.io/task-container";

@@ -4,12 +4,12 @@
 
 use jiff::Timestamp;
 
-use super::busy::{BUSY_LABEL, BusyState, Lapse, busy_state};
+use super::busy::{BUSY_LABEL, BusyState, Lapse, MAX_UNAVAILABLE, busy_state};
 use super::messages;
 use super::outcome::{
     Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, PodRef, Reason,
 };
-use super::pod::PodFacts;
+use super::pod::{Phase, PodFacts};
 use super::{
     GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig, Requester,
     TAINT_MANAGER_USERS,
@@ -109,6 +109,36 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
+/// A refusal when taking `pod` away would leave more pods of its workload unavailable than its
+/// `busyguard.io/max-unavailable` allows: a budget for workloads a PodDisruptionBudget cannot
+/// cover (DaemonSets, direct deletes). `unavailable_siblings` counts the workload's other pods
+/// that are not Ready or already going, as the view holds them (`None`: unknown, no budget).
+/// Exempt requesters and recovery are not held; a pod itself unavailable may always go.
+fn over_budget(
+    ask: &Ask<'_>,
+    pod: &impl PodFacts,
+    unavailable_siblings: Option<u32>,
+    config: &PolicyConfig,
+) -> Option<String> {
+    let allowed: u32 = pod.annotation(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
+    let unavailable = unavailable_siblings?;
+    let requester = ask.requester;
+    let exempt = config.exemptions.users.iter().any(|u| u == requester.username)
+        || requester.groups.iter().any(|g| config.exemptions.groups.contains(g))
+        || TAINT_MANAGER_USERS.contains(&requester.username)
+        || requester.username == NAMESPACE_CONTROLLER_USER;
+    let itself_unavailable = pod.is_terminating() || !is_available(pod);
+    if exempt || itself_unavailable || unavailable < allowed {
+        return None;
+    }
+    Some(messages::over_budget(ask.namespace, ask.name, allowed, unavailable))
+}
+
+/// Running and Ready: what counts as available for a budget.
+pub fn is_available(pod: &impl PodFacts) -> bool {
+    pod.phase() == Phase::Running && pod.readiness().is_some_and(|r| r.ready)
+}
+
 /// The answer to `ask`, a delete or an eviction of `pod`. `seen` is the pod as busyguard's own
 /// view holds it: side effects (the Event, the delete-requested mark) follow only when the view
 /// confirms the same pod busy, so a forged review cannot make busyguard act on a pod. The
@@ -118,6 +148,7 @@ pub fn decide(
     action: Action,
     pod: &impl PodFacts,
     seen: Option<&impl PodFacts>,
+    unavailable_siblings: Option<u32>,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
@@ -138,7 +169,21 @@ pub fn decide(
         verdict => verdict,
     };
     match verdict {
-        Verdict::Allow => Outcome::allow(Decision::Allowed),
+        Verdict::Allow => match over_budget(ask, pod, unavailable_siblings, config) {
+            None => Outcome::allow(Decision::Allowed),
+            Some(message) if config.mode == Mode::DryRun => {
+                let warnings = vec![messages::would_deny(&message)];
+                Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
+                    Decision::WouldDeny,
+                    Reason::Budget,
+                    message,
+                ))
+            }
+            Some(message) => {
+                let answer = Answer::Deny { denial: Denial::Budget, message: message.clone() };
+                Outcome::answer(answer, Decision::Denied).audited(audit(Decision::Denied, Reason::Budget, message))
+            }
+        },
         Verdict::AllowBusy(over) => {
             let decision = over.decision();
             Outcome::allow(decision).audited(audit(
@@ -254,7 +299,7 @@ mod tests {
 
     /// `ask` of the busy worker, as the view holds it too.
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
-        decide(&ask, action, &busy_worker(), Some(&busy_worker()), &config(mode), now)
+        decide(&ask, action, &busy_worker(), Some(&busy_worker()), None, &config(mode), now)
     }
 
     fn reason_of(outcome: &Outcome) -> Option<Reason> {
@@ -314,6 +359,47 @@ mod tests {
         assert!(audit.detail.contains("terminationGracePeriod"), "{}", audit.detail);
         let evicted = busy_decided(ask(karpenter, false), Action::Evict, Mode::Enforce, now());
         assert!(!evicted.is_allowed(), "a drain or consolidation waits, as for anyone");
+    }
+
+    fn with_budget(budget: &str) -> Pod {
+        let mut pod = worker(
+            "false",
+            json!({"busyguard.io/max-unavailable": budget}),
+            json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}),
+        );
+        pod.metadata.uid = "u-w".into();
+        pod
+    }
+
+    #[test]
+    fn a_workload_budget_refuses_taking_one_more_pod_away_than_it_allows() {
+        let pod = with_budget("1");
+        let decide_with = |siblings, user: &'static str| {
+            decide(&ask(user, false), Action::Evict, &pod, Some(&pod), siblings, &config(Mode::Enforce), now())
+        };
+        let refused = decide_with(Some(1), "alice");
+        let Answer::Deny { denial, message } = &refused.answer else { panic!("{:?}", refused.answer) };
+        assert_eq!((denial.code(), denial.cause()), (429, "BusyguardDisruptionBudget"));
+        assert_eq!(
+            message,
+            "pod capture/w may not go now: its workload allows 1 unavailable pod(s) at once \
+             (busyguard.io/max-unavailable) and 1 already are; retry once they are back"
+        );
+        assert_eq!(refused.audit.unwrap().reason, Reason::Budget);
+        assert!(decide_with(Some(0), "alice").is_allowed(), "within the budget");
+        assert!(decide_with(None, "alice").is_allowed(), "the view cannot tell: no budget");
+        assert!(decide_with(Some(1), "ops").is_allowed(), "exempt");
+        assert!(decide_with(Some(1), "system:serviceaccount:kube-system:namespace-controller").is_allowed());
+    }
+
+    #[test]
+    fn a_pod_already_unavailable_may_always_go() {
+        let mut pod = with_budget("1");
+        pod.status.conditions[0].status = "False".into();
+        let outcome =
+            decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), Some(3), &config(Mode::Enforce), now());
+        assert!(outcome.is_allowed());
     }
 
     #[test]
@@ -376,7 +462,7 @@ mod tests {
         other.metadata.uid = "u-other".into();
         for seen in [None, Some(&idle), Some(&other)] {
             let outcome =
-                decide(&ask("alice", false), Action::Delete, &busy_worker(), seen, &config(Mode::Enforce), now());
+                decide(&ask("alice", false), Action::Delete, &busy_worker(), seen, None, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);
             let Answer::Deny { message, .. } = &outcome.answer else { panic!() };
@@ -400,7 +486,7 @@ mod tests {
             json!({"phase": "Running"}),
         );
         let outcome =
-            decide(&ask("alice", false), Action::Delete, &marked, Some(&marked), &config(Mode::Enforce), now());
+            decide(&ask("alice", false), Action::Delete, &marked, Some(&marked), None, &config(Mode::Enforce), now());
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
     }
 
@@ -421,7 +507,8 @@ mod tests {
         let mut going = busy_worker();
         going.metadata.deletion_timestamp = Some(now());
         for pod in [idle, done, going] {
-            let outcome = decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), &config(Mode::Enforce), now());
+            let outcome =
+                decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
             assert_eq!(outcome.decision, Decision::Allowed);
             assert!(outcome.audit.is_none() && outcome.effects.is_empty());
         }

@@ -3,7 +3,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY};
+use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY, MAX_UNAVAILABLE};
 use super::disruption::Override;
 use super::node::BusyOnNode;
 use super::observed::LossCause;
@@ -35,6 +35,14 @@ pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) 
     format!(
         "pod {namespace}/{name} is being deleted (since {deleting}) and cannot turn busy: do not start the task; \
          it would be killed with the pod"
+    )
+}
+
+/// A disruption refused by the workload's own budget.
+pub fn over_budget(namespace: &str, name: &str, allowed: u32, unavailable: u32) -> String {
+    format!(
+        "pod {namespace}/{name} may not go now: its workload allows {allowed} unavailable pod(s) at once \
+         ({MAX_UNAVAILABLE}) and {unavailable} already are; retry once they are back"
     )
 }
 

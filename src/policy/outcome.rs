@@ -65,18 +65,22 @@ pub enum Denial {
     PodBusy,
     /// The pod is being deleted: it cannot turn busy (409).
     PodTerminating,
+    /// Its workload's `busyguard.io/max-unavailable` is used up: retry later (429).
+    Budget,
 }
 
 /// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
 /// PodDisruptionBudget names `DisruptionBudget`: how busyguard knows its own answer.
 pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
 pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
+pub const BUDGET_CAUSE: &str = "BusyguardDisruptionBudget";
 
 impl Denial {
     pub fn code(self) -> u16 {
         match self {
             Denial::PodBusy => 429,
             Denial::PodTerminating => 409,
+            Denial::Budget => 429,
         }
     }
 
@@ -84,6 +88,7 @@ impl Denial {
         match self {
             Denial::PodBusy => "TooManyRequests",
             Denial::PodTerminating => "Conflict",
+            Denial::Budget => "TooManyRequests",
         }
     }
 
@@ -91,6 +96,7 @@ impl Denial {
         match self {
             Denial::PodBusy => BUSY_CAUSE,
             Denial::PodTerminating => TERMINATING_CAUSE,
+            Denial::Budget => BUDGET_CAUSE,
         }
     }
 }
@@ -142,6 +148,8 @@ pub enum Reason {
     Busy,
     /// A flip to busy refused: the pod is being deleted.
     Terminating,
+    /// Refused: the workload's `busyguard.io/max-unavailable` is used up.
+    Budget,
     BusyDeleteDeferred,
     ExemptUser,
     ExemptGroup,
@@ -167,6 +175,7 @@ impl Reason {
         match self {
             Reason::Busy => "busy",
             Reason::Terminating => "terminating",
+            Reason::Budget => "budget",
             Reason::BusyDeleteDeferred => "busy-delete-deferred",
             Reason::ExemptUser => "exempt-user",
             Reason::ExemptGroup => "exempt-group",

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY, TASK_CONTAINER};
+use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY, MAX_UNAVAILABLE, TASK_CONTAINER};
 use super::cost::DELETION_COST;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest};
 use super::update::{
@@ -19,9 +19,10 @@ use super::update::{
 
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 11] = [
+pub const DECIDING_ANNOTATIONS: [&str; 12] = [
     BUSY_SINCE,
     MAX_BUSY,
+    MAX_UNAVAILABLE,
     BUSY_WHEN_UNREADY,
     TASK_CONTAINER,
     DELETE_REQUESTED,
@@ -430,7 +431,8 @@ mod tests {
             json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_WHEN_UNREADY: "true"}},
                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": every_kept}}),
-            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": every_kept}}),
+            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": every_kept},
+                   "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
         ]
         .into_iter()
         .map(|value| serde_json::from_value(value).unwrap())
@@ -449,8 +451,8 @@ mod tests {
         let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
         for pod in &pods {
             let recording = Recording { pod, asked: Default::default() };
-            disruption::decide(&ask, Action::Evict, &recording, Some(&recording), &config, now);
-            disruption::decide(&ask, Action::Delete, pod, Some(&recording), &config, now);
+            disruption::decide(&ask, Action::Evict, &recording, Some(&recording), Some(1), &config, now);
+            disruption::decide(&ask, Action::Delete, pod, Some(&recording), Some(1), &config, now);
             plan_annotations(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::decide(&target, Some(&recording), None, &config, now);
