@@ -121,39 +121,26 @@ impl Watch {
     async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
-        let mut observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
-        if let Some(loss) = &observed.loss
-            && loss.cause == LossCause::Vanished
-            && let Some(still_there) = self.left_the_watch(&pod).await
-        {
-            // Not gone: its busy label was removed. Whatever is due for it now, and no loss.
-            observed = observed::decide(&pod, before.as_ref(), Some(&still_there), &self.policy, Timestamp::now());
+        let observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        if observed.loss.as_ref().is_some_and(|loss| loss.cause == LossCause::Vanished) {
+            // Gone, or only its busy label removed? Asked aside, so the watch goes on meanwhile.
+            let (client, outbox, policy) = (self.client.clone(), self.outbox.clone(), self.policy.clone());
+            tokio::spawn(async move {
+                let observed = match left_the_watch(client, &pod).await {
+                    // Not gone: whatever is due for it now, and no loss.
+                    Some(still_there) => {
+                        observed::decide(&pod, before.as_ref(), Some(&still_there), &policy, Timestamp::now())
+                    }
+                    None => observed,
+                };
+                send(&outbox, &pod, observed);
+            });
+            return;
         }
         if after.is_none() && observed.effects.is_empty() {
             self.outbox.forget(&pod.uid);
         }
-        let loss = observed.loss.map(|loss| loss.report(&pod));
-        for effect in observed.effects.into_iter().chain(loss) {
-            drop(self.outbox.send(effect));
-        }
-    }
-
-    /// The pod, if it still exists (same uid) though the watch of opted-in pods let it go: the
-    /// watch says "deleted" as well when a pod merely stops matching the label selector.
-    async fn left_the_watch(&self, pod: &PodRef) -> Option<PodRecord> {
-        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        match tokio::time::timeout(Duration::from_secs(5), api.get_opt(&pod.name)).await {
-            Ok(Ok(Some(found))) if found.metadata.uid.as_deref() == Some(&pod.uid) && found.malformed.is_none() => {
-                Some(found.record())
-            }
-            Ok(Ok(_)) => None,
-            // Cannot tell: report it; a loss wrongly reported beats one never reported.
-            Ok(Err(e)) => {
-                warn!(%pod, error = %e, "cannot check whether a busy pod is gone; reporting it lost");
-                None
-            }
-            Err(_) => None,
-        }
+        send(&self.outbox, &pod, observed);
     }
 
     /// What is due for every pod, whether it changed or not.
@@ -166,5 +153,31 @@ impl Watch {
         for effect in effects {
             drop(self.outbox.send(effect));
         }
+    }
+}
+
+/// The effects, and the loss report if any, to the outbox.
+fn send(outbox: &Outbox, pod: &PodRef, observed: observed::Observed) {
+    let loss = observed.loss.map(|loss| loss.report(pod));
+    for effect in observed.effects.into_iter().chain(loss) {
+        drop(outbox.send(effect));
+    }
+}
+
+/// The pod, if it still exists (same uid) though the watch of opted-in pods let it go: the
+/// watch says "deleted" as well when a pod merely stops matching the label selector.
+async fn left_the_watch(client: Client, pod: &PodRef) -> Option<PodRecord> {
+    let api: Api<WatchedPod> = Api::namespaced(client, &pod.namespace);
+    match tokio::time::timeout(Duration::from_secs(5), api.get_opt(&pod.name)).await {
+        Ok(Ok(Some(found))) if found.metadata.uid.as_deref() == Some(&pod.uid) && found.malformed.is_none() => {
+            Some(found.record())
+        }
+        Ok(Ok(_)) => None,
+        // Cannot tell: report it; a loss wrongly reported beats one never reported.
+        Ok(Err(e)) => {
+            warn!(%pod, error = %e, "cannot check whether a busy pod is gone; reporting it lost");
+            None
+        }
+        Err(_) => None,
     }
 }
