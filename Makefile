@@ -29,6 +29,7 @@ run: certs
 test:
 	$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
 	$(CARGO) nextest run --locked --no-fail-fast
+	python3 -m unittest discover -s helpers/python
 
 # Release build; prints result tables (see BENCHMARKS.md).
 bench:

@@ -1,0 +1,113 @@
+"""Flip this pod's busyguard.io/busy label from inside the pod, with the standard library only.
+
+    import busyguard_flag
+
+    busyguard_flag.idle()            # at start: a flag left from before a restart does not protect
+    with busyguard_flag.busy():      # busy while the block runs, idle after, even if it raises
+        run_the_task()
+
+If the flip to busy is refused, busy() raises and the block does not run: PodTerminating when
+the pod is already being deleted (a scale-down or a drain chose it a moment before: do not start
+the task), FlagError for anything else (no permission, API server unreachable). Either way the
+task must not start: the pod is not protected.
+
+The pod needs POD_NAME and POD_NAMESPACE (from the downward API; the namespace may also come from
+the service account's files) and a service account allowed to patch pods in its namespace.
+BUSYGUARD_API_URL overrides the API server's address (tests, or a proxy).
+"""
+
+import contextlib
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+
+LABEL = "busyguard.io/busy"
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TERMINATING_CAUSE = "BusyguardPodTerminating"
+
+
+class FlagError(Exception):
+    """The flag could not be set: the pod is not protected."""
+
+
+class PodTerminating(FlagError):
+    """The pod is being deleted: do not start the task."""
+
+
+def busy(timeout=10):
+    """Marks this pod busy; a context manager that marks it idle again on exit."""
+    _flip("true", timeout)
+    return _idle_on_exit(timeout)
+
+
+def idle(timeout=10):
+    """Marks this pod idle."""
+    _flip("false", timeout)
+
+
+@contextlib.contextmanager
+def _idle_on_exit(timeout):
+    try:
+        yield
+    finally:
+        idle(timeout)
+
+
+def _flip(value, timeout):
+    name = os.environ.get("POD_NAME")
+    namespace = os.environ.get("POD_NAMESPACE") or _read(os.path.join(SERVICE_ACCOUNT, "namespace"))
+    if not name or not namespace:
+        raise FlagError("POD_NAME and POD_NAMESPACE must be set (downward API)")
+    base = os.environ.get("BUSYGUARD_API_URL") or _in_cluster_url()
+    url = f"{base}/api/v1/namespaces/{namespace}/pods/{name}"
+    body = json.dumps({"metadata": {"labels": {LABEL: value}}}).encode()
+    request = urllib.request.Request(url, data=body, method="PATCH")
+    request.add_header("Content-Type", "application/merge-patch+json")
+    token = _read(os.path.join(SERVICE_ACCOUNT, "token"))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=_tls_context(base)) as response:
+            response.read()
+    except urllib.error.HTTPError as refused:
+        status = _status(refused)
+        message = status.get("message") or refused.reason
+        causes = [c.get("reason") for c in (status.get("details") or {}).get("causes") or []]
+        if refused.code == 409 and TERMINATING_CAUSE in causes:
+            raise PodTerminating(message) from None
+        raise FlagError(f"{LABEL}={value} refused ({refused.code}): {message}") from None
+    except (urllib.error.URLError, OSError) as unreachable:
+        raise FlagError(f"{LABEL}={value} not set: {unreachable}") from None
+
+
+def _in_cluster_url():
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        raise FlagError("not in a cluster (no KUBERNETES_SERVICE_HOST) and no BUSYGUARD_API_URL")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}"
+
+
+def _tls_context(base):
+    if not base.startswith("https://"):
+        return None
+    ca = os.path.join(SERVICE_ACCOUNT, "ca.crt")
+    return ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
+
+
+def _status(error):
+    try:
+        return json.loads(error.read() or b"{}")
+    except ValueError:
+        return {}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError:
+        return None
