@@ -100,11 +100,11 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 6);
+    assert_eq!(all.len(), 7);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
-        assert_eq!(webhook["sideEffects"], "NoneOnDryRun", "{name}");
+        assert!(["NoneOnDryRun", "None"].contains(&webhook["sideEffects"].as_str().unwrap()), "{name}");
         assert_eq!(webhook["matchPolicy"], "Equivalent", "{name}");
         let timeout = webhook["timeoutSeconds"].as_u64().unwrap();
         assert!((1..=5).contains(&timeout), "{name}: timeoutSeconds {timeout}");
@@ -192,11 +192,17 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
     assert!(scale_downs.get("objectSelector").is_none());
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
+    let flags = webhook(&objects, "pod-flags.busyguard.io");
+    assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods"])));
+    assert_eq!(flags["objectSelector"], pods["objectSelector"]);
+    assert_eq!(flags["sideEffects"], "None", "it only answers");
+    let condition = flags["matchConditions"][0]["expression"].as_str().unwrap();
+    assert!(condition.contains("'authentication.kubernetes.io/pod-name' in request.userInfo.extra"), "{condition}");
     let nodes = webhook(&objects, "node-deletes.busyguard.io");
     assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
-    for validating in [deletes, preemptions, evictions, scale_downs, nodes] {
+    for validating in [deletes, preemptions, flags, evictions, scale_downs, nodes] {
         assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
     }
 }

@@ -131,3 +131,20 @@ async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does
         message.contains("is being deleted (since 2026-11-21T20:49:00Z) and cannot turn busy: do not start the task")
     );
 }
+
+#[tokio::test]
+async fn a_pods_own_service_account_may_flip_its_own_flag_but_not_a_neighbours() {
+    let router = router();
+    let review = |pod_name: &str| {
+        let mut review = fixture("pod-update-label-busy-by-user.json");
+        review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:capture:worker",
+            "extra": {"authentication.kubernetes.io/pod-name": [pod_name]}});
+        review
+    };
+    let (status, answer) = post(&router, "/validate", &review("worker-6b8958b477-6pv87")).await;
+    assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(true)), "{answer}");
+    let (_, answer) = post(&router, "/validate", &review("worker-6b8958b477-other")).await;
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(answer["response"]["status"]["code"], 403);
+    assert_eq!(answer["response"]["status"]["details"]["causes"][0]["reason"], "BusyguardNotOwnFlag");
+}

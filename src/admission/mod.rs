@@ -14,7 +14,7 @@ use crate::policy::outcome::{Action, Ask, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{PolicyConfig, Requester, disruption, node, scale, update};
+use crate::policy::{POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, scale, update};
 use objects::Object;
 use review::{AdmissionRequest, InvalidReview, Operation};
 
@@ -136,13 +136,18 @@ pub fn admit(
     let resource = Resource::of(request);
     match Route::of(resource, request.operation) {
         // Only the mutating registration may patch; the judging paths answer on either.
-        Route::PodWrite if webhook == Webhook::Mutating => {
+        Route::PodWrite => {
             let pod = expect_pod(request.object()?, "object")?;
             let before = match request.old_object.as_ref() {
                 Some(old) => Some(expect_pod(old, "oldObject")?),
                 None => None,
             };
-            Ok(update::decide(&ask(request, request.is_dry_run()), pod, before, policy, now))
+            let ask = ask(request, request.is_dry_run());
+            Ok(match webhook {
+                Webhook::Mutating => update::decide(&ask, pod, before, policy, now),
+                // The validating registration sees the writes of pods' own service accounts.
+                Webhook::Validating => update::own_flag_only(&ask, pod, before, policy, now),
+            })
         }
         Route::PodDelete => {
             let pod = expect_pod(request.old_object()?, "oldObject")?;
@@ -187,7 +192,7 @@ pub fn admit(
             let ask = ask(request, request.is_dry_run());
             Ok(inputs.view.on_node(&request.name, |pods| node::decide(&ask, pods, policy, now)))
         }
-        Route::PodWrite | Route::Other => Ok(Outcome::allow(Decision::Unhandled)),
+        Route::Other => Ok(Outcome::allow(Decision::Unhandled)),
     }
 }
 
@@ -200,7 +205,11 @@ fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
         subresource: request.sub_resource(),
         namespace: &request.namespace,
         name: &request.name,
-        requester: Requester { username: &request.user_info.username, groups: &request.user_info.groups },
+        requester: Requester {
+            username: &request.user_info.username,
+            groups: &request.user_info.groups,
+            pod: (request.user_info.extra.get(POD_NAME_CLAIM)).and_then(|names| names.first()).map(String::as_str),
+        },
         dry_run,
     }
 }

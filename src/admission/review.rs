@@ -79,6 +79,9 @@ pub struct UserInfo {
     pub username: String,
     #[serde(default)]
     pub groups: Vec<String>,
+    /// E.g. the pod a service-account token is bound to.
+    #[serde(default)]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl AdmissionRequest {

@@ -250,7 +250,7 @@ mod tests {
     const NO_GROUPS: &[String] = &[];
 
     fn admin() -> Requester<'static> {
-        Requester { username: "admin", groups: NO_GROUPS }
+        Requester { username: "admin", groups: NO_GROUPS, pod: None }
     }
 
     fn busy() -> BusyState {
@@ -292,7 +292,7 @@ mod tests {
             subresource: "",
             namespace: "capture",
             name: "w",
-            requester: Requester { username, groups: NO_GROUPS },
+            requester: Requester { username, groups: NO_GROUPS, pod: None },
             dry_run,
         }
     }
@@ -325,10 +325,10 @@ mod tests {
     fn exempt_user_and_exempt_group_may_delete_busy_pods() {
         let exemptions =
             Exemptions { users: vec!["gc".into()], groups: vec!["ops:breakglass".into()], ..Exemptions::default() };
-        let gc = Requester { username: "gc", groups: NO_GROUPS };
+        let gc = Requester { username: "gc", groups: NO_GROUPS, pod: None };
         assert_eq!(judge(busy(), gc, &exemptions), Verdict::AllowBusy(Override::ExemptUser("gc".into())));
         let groups = vec!["system:authenticated".to_string(), "ops:breakglass".to_string()];
-        let person = Requester { username: "alice", groups: &groups };
+        let person = Requester { username: "alice", groups: &groups, pod: None };
         assert_eq!(
             judge(busy(), person, &exemptions),
             Verdict::AllowBusy(Override::ExemptGroup("ops:breakglass".into()))
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn people_and_the_garbage_collector_get_deferred_deletes_controllers_do_not() {
-        let who = |username| defers_delete(Requester { username, groups: &[] });
+        let who = |username| defers_delete(Requester { username, groups: &[], pod: None });
         assert!(who("alice"));
         assert!(who("kubernetes-admin"));
         assert!(who("system:admin"));

@@ -38,6 +38,19 @@ pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) 
     )
 }
 
+/// A pod's service account writing another pod.
+pub fn not_own_pod(namespace: &str, name: &str, own: &str) -> String {
+    format!(
+        "pod {namespace}/{name} is not the requester's own pod ({own}): a pod's service account may flip only its \
+         own busy label"
+    )
+}
+
+/// A pod's service account changing more of its own pod than the flag.
+pub fn more_than_the_flag(namespace: &str, name: &str) -> String {
+    format!("pod {namespace}/{name}: its own service account may change only its {BUSY_LABEL} label")
+}
+
 /// A disruption refused by the workload's own budget.
 pub fn over_budget(namespace: &str, name: &str, allowed: u32, unavailable: u32) -> String {
     format!(

@@ -55,7 +55,13 @@ pub struct PolicyConfig {
 pub struct Requester<'a> {
     pub username: &'a str,
     pub groups: &'a [String],
+    /// The pod whose bound service-account token made the request, if one did
+    /// (`authentication.kubernetes.io/pod-name` in the user's extra info).
+    pub pod: Option<&'a str>,
 }
+
+/// Where the API server names the pod a bound service-account token belongs to.
+pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
 
 // Who sends what, as a real API server names the requesters (kube-controller-manager with
 // `--use-service-account-credentials`).

@@ -91,7 +91,7 @@ mod tests {
             subresource: "",
             namespace: "",
             name: "node-1",
-            requester: Requester { username, groups: &[] },
+            requester: Requester { username, groups: &[], pod: None },
             dry_run: false,
         }
     }

@@ -67,6 +67,8 @@ pub enum Denial {
     PodTerminating,
     /// Its workload's `busyguard.io/max-unavailable` is used up: retry later (429).
     Budget,
+    /// A pod's service account changing more than its own pod's busy label (403).
+    NotOwnFlag,
 }
 
 /// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
@@ -74,6 +76,7 @@ pub enum Denial {
 pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
 pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
 pub const BUDGET_CAUSE: &str = "BusyguardDisruptionBudget";
+pub const NOT_OWN_FLAG_CAUSE: &str = "BusyguardNotOwnFlag";
 
 impl Denial {
     pub fn code(self) -> u16 {
@@ -81,6 +84,7 @@ impl Denial {
             Denial::PodBusy => 429,
             Denial::PodTerminating => 409,
             Denial::Budget => 429,
+            Denial::NotOwnFlag => 403,
         }
     }
 
@@ -89,6 +93,7 @@ impl Denial {
             Denial::PodBusy => "TooManyRequests",
             Denial::PodTerminating => "Conflict",
             Denial::Budget => "TooManyRequests",
+            Denial::NotOwnFlag => "Forbidden",
         }
     }
 
@@ -97,6 +102,7 @@ impl Denial {
             Denial::PodBusy => BUSY_CAUSE,
             Denial::PodTerminating => TERMINATING_CAUSE,
             Denial::Budget => BUDGET_CAUSE,
+            Denial::NotOwnFlag => NOT_OWN_FLAG_CAUSE,
         }
     }
 }
@@ -150,6 +156,8 @@ pub enum Reason {
     Terminating,
     /// Refused: the workload's `busyguard.io/max-unavailable` is used up.
     Budget,
+    /// Refused: a pod's service account changing more than its own busy flag.
+    NotOwnFlag,
     BusyDeleteDeferred,
     ExemptUser,
     ExemptGroup,
@@ -176,6 +184,7 @@ impl Reason {
             Reason::Busy => "busy",
             Reason::Terminating => "terminating",
             Reason::Budget => "budget",
+            Reason::NotOwnFlag => "not-own-flag",
             Reason::BusyDeleteDeferred => "busy-delete-deferred",
             Reason::ExemptUser => "exempt-user",
             Reason::ExemptGroup => "exempt-group",

@@ -437,7 +437,7 @@ mod tests {
         .into_iter()
         .map(|value| serde_json::from_value(value).unwrap())
         .collect();
-        let requester = Requester { username: "alice", groups: &[] };
+        let requester = Requester { username: "alice", groups: &[], pod: None };
         let ask = Ask {
             uid: "u",
             operation: "DELETE",

@@ -147,7 +147,7 @@ mod tests {
             subresource: "scale",
             namespace: "capture",
             name: "worker",
-            requester: Requester { username: "alice", groups: &[] },
+            requester: Requester { username: "alice", groups: &[], pod: None },
             dry_run,
         }
     }

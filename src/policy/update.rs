@@ -95,6 +95,47 @@ pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyCon
     Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
 }
 
+/// A pod's own service account (a token bound to a pod) may change opted-in pods only so far
+/// as to flip its own pod's busy label: not another pod, and no other label or annotation of
+/// its own (busyguard's annotations aside: the mutating webhook wrote them in this very write).
+/// With it, the worker's Role can grant `patch` on pods and still not let one worker hold or
+/// release its neighbours. Other requesters are not this rule's business.
+pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let Some(own) = ask.requester.pod else { return Outcome::allow(Decision::Unhandled) };
+    let Some(before) = before else { return Outcome::allow(Decision::Allowed) };
+    let others = |labels: &super::pod::Labels| {
+        labels.iter().filter(|(k, _)| k.as_str() != BUSY_LABEL).map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+    };
+    let theirs = |pod: &Pod| -> Vec<(String, String)> {
+        let annotations = pod.metadata.annotations.iter().flatten();
+        annotations
+            .filter(|(k, _)| !BUSYGUARD_WRITES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let refusal = if own != ask.name {
+        Some(messages::not_own_pod(ask.namespace, ask.name, own))
+    } else if others(&pod.metadata.labels) != others(&before.metadata.labels) || theirs(pod) != theirs(before) {
+        Some(messages::more_than_the_flag(ask.namespace, ask.name))
+    } else {
+        None
+    };
+    let Some(message) = refusal else { return Outcome::allow(Decision::Allowed) };
+    let audit = ask.audit(Decision::Denied, Reason::NotOwnFlag, message.clone(), config.mode, now);
+    Outcome::answer(Answer::Deny { denial: Denial::NotOwnFlag, message }, Decision::Denied).audited(audit)
+}
+
+/// What the mutating webhook writes on a busy flip.
+const BUSYGUARD_WRITES: [&str; 7] = [
+    BUSY_SINCE,
+    DELETION_COST,
+    IDLE_COST,
+    KARPENTER_DO_NOT_DISRUPT,
+    IDLE_DO_NOT_DISRUPT,
+    AUTOSCALER_SAFE_TO_EVICT,
+    IDLE_SAFE_TO_EVICT,
+];
+
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
 pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
@@ -452,7 +493,7 @@ mod tests {
             subresource: "",
             namespace: "ns",
             name: "w",
-            requester: crate::policy::Requester { username: "system:serviceaccount:ns:worker", groups: &[] },
+            requester: crate::policy::Requester { username: "system:serviceaccount:ns:worker", groups: &[], pod: None },
             dry_run: false,
         }
     }
@@ -465,6 +506,63 @@ mod tests {
             json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");
         }
         (outcome, stored)
+    }
+
+    fn from_pod(pod: &'static str) -> Ask<'static> {
+        let mut ask = ask();
+        ask.requester.pod = Some(pod);
+        ask
+    }
+
+    #[test]
+    fn a_pods_own_service_account_may_flip_its_own_busy_label_and_nothing_else() {
+        let idle = worker(json!({"team": "a"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        // As the validating webhook sees it: busyguard's annotations are already on.
+        flip["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:00:00Z");
+        let own = own_flag_only(
+            &from_pod("w"),
+            &pod(flip.clone()),
+            Some(&pod(idle.clone())),
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
+        assert!(own.is_allowed());
+
+        let neighbour = own_flag_only(
+            &from_pod("w-2"),
+            &pod(flip.clone()),
+            Some(&pod(idle.clone())),
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
+        let Answer::Deny { denial, message } = &neighbour.answer else { panic!("{:?}", neighbour.answer) };
+        assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotOwnFlag"));
+        assert_eq!(
+            message,
+            "pod ns/w is not the requester's own pod (w-2): a pod's service account may flip only its own busy label"
+        );
+
+        let mut more = flip.clone();
+        more["metadata"]["labels"]["app"] = json!("other");
+        let relabel =
+            own_flag_only(&from_pod("w"), &pod(more), Some(&pod(idle.clone())), &config(), ts("2026-11-21T20:00:00Z"));
+        assert!(!relabel.is_allowed());
+        let mut annotated = flip.clone();
+        annotated["metadata"]["annotations"]["team"] = json!("b");
+        let reannotate =
+            own_flag_only(&from_pod("w"), &pod(annotated), Some(&pod(idle)), &config(), ts("2026-11-21T20:00:00Z"));
+        assert!(!reannotate.is_allowed());
+        assert_eq!(reannotate.audit.unwrap().reason, Reason::NotOwnFlag);
+    }
+
+    #[test]
+    fn requesters_that_are_not_a_pods_service_account_are_not_this_rules_business() {
+        let idle = worker(json!({}));
+        let outcome =
+            own_flag_only(&ask(), &pod(idle.clone()), Some(&pod(idle)), &config(), ts("2026-11-21T20:00:00Z"));
+        assert_eq!(outcome.decision, Decision::Unhandled);
     }
 
     #[test]
