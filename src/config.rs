@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// tried again.
     #[arg(long, env = "BUSYGUARD_SWEEP_INTERVAL", default_value = "30s", value_parser = std_duration)]
     pub sweep_interval: Duration,
+    /// Keep a PodDisruptionBudget of busy pods (`busyguard-busy`, no disruption allowed) in each
+    /// namespace with opted-in pods, so the API server refuses their evictions even while
+    /// busyguard is down; skipped where a PDB of yours selects the same pods.
+    #[arg(long, env = "BUSYGUARD_BUSY_PDB", default_value_t = false, action = ArgAction::Set)]
+    pub busy_pdb: bool,
     /// At most one DisruptionBlocked Event per pod in this interval.
     #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
     pub event_interval: Duration,
@@ -290,6 +295,7 @@ impl ServeArgs {
                 namespaces: self.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
                 stale_after: self.view_stale_after,
                 sweep_interval: self.sweep_interval,
+                busy_pdb: self.busy_pdb,
                 outbox: OutboxSettings { event_interval: self.event_interval, ..OutboxSettings::default() },
             },
         }

@@ -74,6 +74,7 @@ pub struct Metrics {
     pub view_unavailable: Gauge,
     pub audit_failing: Gauge,
     pub watch_errors: Counter,
+    pub busy_pdb_conflicts: Gauge,
     pub workload_pods: Family<WorkloadLabels, Gauge>,
     pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
 }
@@ -167,6 +168,12 @@ impl Default for Metrics {
         );
         let watch_errors = Counter::default();
         registry.register("watch_errors", "Failed attempts to list or watch opted-in pods", watch_errors.clone());
+        let busy_pdb_conflicts = Gauge::default();
+        registry.register(
+            "busy_pdb_conflicts",
+            "Namespaces kept without the busy-pod PDB because a PDB of the user's selects opted-in pods too",
+            busy_pdb_conflicts.clone(),
+        );
         let workload_pods = Family::<WorkloadLabels, Gauge>::default();
         registry.register(
             "workload_pods",
@@ -196,6 +203,7 @@ impl Default for Metrics {
             view_unavailable,
             audit_failing,
             watch_errors,
+            busy_pdb_conflicts,
             workload_pods,
             workload_deferred_deletes,
         }

@@ -2,6 +2,7 @@
 //! whose requests do not carry the pod, and the outbox through which side effects leave.
 
 pub mod outbox;
+pub mod pdb;
 pub mod view;
 pub mod watch;
 
@@ -45,6 +46,8 @@ pub struct ClusterSettings {
     pub stale_after: Duration,
     /// How often every watched pod is looked at again (lapsed protection, effects that failed).
     pub sweep_interval: Duration,
+    /// Keep a busy-pod PodDisruptionBudget in each namespace with opted-in pods.
+    pub busy_pdb: bool,
     pub outbox: OutboxSettings,
 }
 
@@ -84,6 +87,7 @@ impl Cluster {
             .with_layer(&WatchHealthLayer(view.clone()))
             .build();
         let outbox = Outbox::start(client.clone(), audit.clone(), metrics.clone(), settings.outbox);
+        let metrics_for_pdbs = metrics.clone();
         let watch = Watch {
             client: client.clone(),
             view: view.clone(),
@@ -92,6 +96,11 @@ impl Cluster {
             policy: policy.clone(),
             sweep_interval: settings.sweep_interval,
             watch_timeout,
+            pdbs: settings.busy_pdb.then(|| pdb::BusyPdbs {
+                client: client.clone(),
+                scopes: scopes.clone(),
+                metrics: metrics_for_pdbs.clone(),
+            }),
         };
         tokio::spawn(watch.run(scopes));
         Ok(Cluster { view, outbox: Some(outbox) })

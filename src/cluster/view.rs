@@ -42,6 +42,12 @@ pub struct PodRecord {
     pub annotations: Pairs,
 }
 
+impl PodRecord {
+    pub fn labels_map(&self) -> std::collections::BTreeMap<String, String> {
+        self.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+}
+
 impl PodFacts for PodRecord {
     fn uid(&self) -> &str {
         &self.uid

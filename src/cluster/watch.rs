@@ -14,6 +14,7 @@ use kube::{Api, Client};
 use tracing::{info, warn};
 
 use super::outbox::Outbox;
+use super::pdb::BusyPdbs;
 use super::view::{PodRecord, Scope, View, WatchedPod};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
@@ -31,6 +32,8 @@ pub struct Watch {
     pub sweep_interval: Duration,
     /// How long the API server keeps each watch request open.
     pub watch_timeout: Duration,
+    /// The busy-pod PDBs to keep on each sweep, if asked to.
+    pub pdbs: Option<BusyPdbs>,
 }
 
 impl Watch {
@@ -145,6 +148,12 @@ impl Watch {
 
     /// What is due for every pod, whether it changed or not.
     fn sweep(&self) {
+        if let Some(pdbs) = self.pdbs.clone()
+            && self.view.check(Instant::now()).is_ok()
+        {
+            let view = self.view.clone();
+            tokio::spawn(async move { pdbs.keep(&view).await });
+        }
         let now = Timestamp::now();
         let effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };

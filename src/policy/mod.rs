@@ -21,6 +21,7 @@ pub mod messages;
 pub mod node;
 pub mod observed;
 pub mod outcome;
+pub mod pdb;
 pub mod pod;
 pub mod scale;
 pub mod selector;

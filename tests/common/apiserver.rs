@@ -59,6 +59,7 @@ struct Store {
     /// The network between busyguard and the API server dropped everything without a word.
     silent: bool,
     event_names: std::collections::HashSet<String>,
+    pdbs: BTreeMap<(String, String), Value>,
     /// Restarting: every call gets 503.
     down: bool,
     permissions_used: BTreeSet<Permission>,
@@ -183,19 +184,23 @@ impl ApiServer {
         let mut store = self.store();
         let before = store.pods.get(&key_of(&pod)).cloned();
         let pod = store.save(pod);
-        // As a watch with busyguard's label selector sees it: a pod that stops matching is
-        // DELETED (with its last matching version), one that starts is ADDED.
+        self.emit_change(&mut store, before, pod.clone());
+        pod
+    }
+
+    /// As a watch with busyguard's label selector sees a change: a pod that stops matching is
+    /// DELETED (with its last matching version), one that starts is ADDED.
+    fn emit_change(&self, store: &mut Store, before: Option<Value>, after: Value) {
         let watched = |pod: &Value| pod["metadata"]["labels"].get("busyguard.io/busy").is_some();
-        match (before.filter(watched), watched(&pod)) {
-            (Some(_), true) => self.emit(&mut store, "MODIFIED", pod.clone()),
-            (None, true) => self.emit(&mut store, "ADDED", pod.clone()),
+        match (before.filter(watched), watched(&after)) {
+            (Some(_), true) => self.emit(store, "MODIFIED", after),
+            (None, true) => self.emit(store, "ADDED", after),
             (Some(mut last), false) => {
-                last["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"].clone();
-                self.emit(&mut store, "DELETED", last);
+                last["metadata"]["resourceVersion"] = after["metadata"]["resourceVersion"].clone();
+                self.emit(store, "DELETED", last);
             }
             (None, false) => {}
         }
-        pod
     }
 
     pub fn update_pod(&self, namespace: &str, name: &str, change: impl FnOnce(&mut Value)) -> Value {
@@ -219,6 +224,19 @@ impl ApiServer {
 
     pub fn calls(&self) -> Vec<Call> {
         self.store().calls.clone()
+    }
+
+    /// A PodDisruptionBudget as a user would create it.
+    pub fn put_pdb(&self, pdb: Value) {
+        let key = (
+            pdb["metadata"]["namespace"].as_str().unwrap().to_string(),
+            pdb["metadata"]["name"].as_str().unwrap().to_string(),
+        );
+        self.store().pdbs.insert(key, pdb);
+    }
+
+    pub fn pdbs(&self) -> Vec<Value> {
+        self.store().pdbs.values().cloned().collect()
     }
 
     /// Forgets the calls so far: what a test asserts starts from here.
@@ -360,6 +378,25 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
+        (&Method::GET, ["apis", "policy", "v1", "poddisruptionbudgets"]) => {
+            let items: Vec<Value> = api.store().pdbs.values().cloned().collect();
+            ok(json!({"kind": "PodDisruptionBudgetList", "apiVersion": "policy/v1", "metadata": {}, "items": items}))
+        }
+        (&Method::POST, ["apis", "policy", "v1", "namespaces", namespace, "poddisruptionbudgets"]) => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let mut store = api.store();
+            if store.pdbs.contains_key(&(namespace.to_string(), name.clone())) {
+                return status(409, "AlreadyExists", &format!("poddisruptionbudgets \"{name}\" already exists"));
+            }
+            store.pdbs.insert((namespace.to_string(), name), body.clone());
+            (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
+        }
+        (&Method::DELETE, ["apis", "policy", "v1", "namespaces", namespace, "poddisruptionbudgets", name]) => {
+            match api.store().pdbs.remove(&(namespace.to_string(), name.to_string())) {
+                Some(gone) => ok(gone),
+                None => status(404, "NotFound", &format!("poddisruptionbudgets \"{name}\" not found")),
+            }
+        }
         (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             // Names are unique, as in the API server: a second create of a name is a conflict.
             if let Some(name) = body["metadata"]["name"].as_str()
@@ -466,8 +503,9 @@ fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, query
                     managed.as_array_mut().unwrap().push(entry);
                 }
             }
+            let before = store.pods.get(&key).cloned();
             let patched = store.save(patched);
-            api.emit(&mut store, "MODIFIED", patched.clone());
+            api.emit_change(&mut store, before, patched.clone());
             ok(patched)
         }
         Method::DELETE => {
@@ -478,8 +516,9 @@ fn pod_call(api: &ApiServer, method: &Method, namespace: &str, name: &str, query
             let mut deleting = current;
             deleting["metadata"]["deletionTimestamp"] = json!(jiff::Timestamp::now().to_string());
             deleting["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+            let before = store.pods.get(&key).cloned();
             let deleting = store.save(deleting);
-            api.emit(&mut store, "MODIFIED", deleting.clone());
+            api.emit_change(&mut store, before, deleting.clone());
             ok(deleting)
         }
         _ => status(405, "MethodNotAllowed", "not served here"),

@@ -1,0 +1,113 @@
+//! Keeps the busy-pod PodDisruptionBudgets (see `policy::pdb`): on each sweep, lists the PDBs,
+//! plans against the view's opted-in pods, and creates or deletes busyguard's own.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tracing::{info, warn};
+
+use super::view::{Scope, View};
+use crate::metrics::Metrics;
+use crate::policy::busy::BUSY_LABEL;
+use crate::policy::outcome::FIELD_MANAGER;
+use crate::policy::pdb::{BUSY_PDB_MIN_AVAILABLE, BUSY_PDB_NAME, ExistingPdb, MANAGED_BY, Step, plan};
+use crate::policy::selector::Selector;
+
+#[derive(Clone)]
+pub struct BusyPdbs {
+    pub client: Client,
+    pub scopes: Vec<Scope>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl BusyPdbs {
+    /// One round: what the plan says, carried out; failures are logged and tried next round.
+    pub async fn keep(&self, view: &View) {
+        let existing = match self.list().await {
+            Ok(existing) => existing,
+            Err(e) => return warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait"),
+        };
+        let pods = view.flat_map(|namespace, _, pod| vec![(namespace.to_string(), pod.labels_map())]);
+        let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
+        for (namespace, labels) in pods {
+            by_namespace.entry(namespace).or_default().push(labels);
+        }
+        let mut skipped = 0;
+        for step in plan(&by_namespace, &existing) {
+            let done = match &step {
+                Step::Create { namespace } => {
+                    let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+                    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+                    api.create(&params, &busy_pdb(namespace)).await.map(|_| ())
+                }
+                Step::Delete { namespace, name } => {
+                    let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
+                Step::Skip { namespace, conflicting } => {
+                    skipped += 1;
+                    warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
+                        and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here");
+                    Ok(())
+                }
+            };
+            match done {
+                Ok(()) if !matches!(step, Step::Skip { .. }) => info!(?step, "busy-pod PDB"),
+                Ok(()) => {}
+                Err(e) => warn!(?step, error = %e, "busy-pod PDB not changed; tried again next round"),
+            }
+        }
+        self.metrics.busy_pdb_conflicts.set(skipped);
+    }
+
+    async fn list(&self) -> Result<Vec<ExistingPdb>, kube::Error> {
+        let mut existing = Vec::new();
+        for scope in &self.scopes {
+            let api: Api<PodDisruptionBudget> = match scope {
+                Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+                None => Api::all(self.client.clone()),
+            };
+            for pdb in api.list(&ListParams::default()).await?.items {
+                let meta = &pdb.metadata;
+                let ours = meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1);
+                let selector = (pdb.spec.as_ref().and_then(|s| s.selector.as_ref()))
+                    .and_then(|s| Selector::from_label_selector(s).ok())
+                    // An empty selector selects every pod of the namespace: as good as unknown.
+                    .filter(|s| !s.is_empty());
+                existing.push(ExistingPdb {
+                    namespace: meta.namespace.clone().unwrap_or_default(),
+                    name: meta.name.clone().unwrap_or_default(),
+                    ours,
+                    selector,
+                });
+            }
+        }
+        Ok(existing)
+    }
+}
+
+/// busyguard's PDB for a namespace: every busy pod, no disruption allowed.
+fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(BUSY_PDB_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(MANAGED_BY.0.into(), MANAGED_BY.1.into())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(BUSY_PDB_MIN_AVAILABLE)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(BUSY_LABEL.into(), "true".into())])),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
+}

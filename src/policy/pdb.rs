@@ -1,0 +1,131 @@
+//! The busy-pod PodDisruptionBudget: in each namespace with opted-in pods, one PDB selecting
+//! `busyguard.io/busy=true` that allows no disruption, so the API server itself answers 429 to
+//! evictions of busy pods even while busyguard is down, and cluster-autoscaler, Karpenter and
+//! scheduler preemption plan around them. It covers DaemonSet and bare pods too: an integer
+//! `minAvailable` needs no scale lookup.
+//!
+//! A pod matched by two PDBs cannot be evicted at all (the API server answers 500), so where a
+//! PDB of the user's own would select a busy pod, busyguard keeps none in that namespace and
+//! says so; its eviction webhook still guards there.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::busy::BUSY_LABEL;
+use super::selector::Selector;
+
+pub const BUSY_PDB_NAME: &str = "busyguard-busy";
+/// More than a namespace ever holds: no disruption is ever allowed, however many busy pods the
+/// PDB controller counts, and nothing needs updating as pods turn busy and idle.
+pub const BUSY_PDB_MIN_AVAILABLE: i32 = 1_000_000;
+/// Marks the PDBs busyguard keeps, to tell them from the user's.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "busyguard");
+
+/// A PDB as it stands: whose, and what it selects.
+pub struct ExistingPdb {
+    pub namespace: String,
+    pub name: String,
+    pub ours: bool,
+    /// `None`: its selector does not parse, or selects everything.
+    pub selector: Option<Selector>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Create {
+        namespace: String,
+    },
+    Delete {
+        namespace: String,
+        name: String,
+    },
+    /// Would conflict with the user's own PDBs there (named): none kept in that namespace.
+    Skip {
+        namespace: String,
+        conflicting: Vec<String>,
+    },
+}
+
+/// What to change so that each namespace in `pods` (namespace → the labels of its opted-in
+/// pods) has the busy PDB, unless a user's PDB would select one of its pods once busy, and no
+/// other namespace keeps one.
+pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[ExistingPdb]) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let ours: BTreeSet<(&str, &str)> =
+        existing.iter().filter(|p| p.ours).map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
+    for (namespace, labels) in pods {
+        let conflicting: Vec<String> = (existing.iter())
+            .filter(|pdb| !pdb.ours && &pdb.namespace == namespace)
+            .filter(|pdb| {
+                labels.iter().any(|pod| {
+                    let mut busy = pod.clone();
+                    busy.insert(BUSY_LABEL.to_string(), "true".to_string());
+                    // A selector busyguard cannot read may select the pod: assume it does.
+                    pdb.selector.as_ref().is_none_or(|s| s.matches(|key| busy.get(key).map(String::as_str)))
+                })
+            })
+            .map(|pdb| pdb.name.clone())
+            .collect();
+        let have = ours.contains(&(namespace.as_str(), BUSY_PDB_NAME));
+        match (conflicting.is_empty(), have) {
+            (true, false) => steps.push(Step::Create { namespace: namespace.clone() }),
+            (true, true) => {}
+            (false, have) => {
+                if have {
+                    steps.push(Step::Delete { namespace: namespace.clone(), name: BUSY_PDB_NAME.into() });
+                }
+                steps.push(Step::Skip { namespace: namespace.clone(), conflicting });
+            }
+        }
+    }
+    for (namespace, name) in ours {
+        if !pods.contains_key(namespace) {
+            steps.push(Step::Delete { namespace: namespace.into(), name: name.into() });
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods(namespace: &str, labels: &[(&str, &str)]) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        BTreeMap::from([(namespace.to_string(), vec![labels])])
+    }
+
+    fn pdb(namespace: &str, name: &str, ours: bool, selector: &str) -> ExistingPdb {
+        ExistingPdb { namespace: namespace.into(), name: name.into(), ours, selector: selector.parse().ok() }
+    }
+
+    #[test]
+    fn each_namespace_with_opted_in_pods_gets_the_busy_pdb_once() {
+        let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
+        assert_eq!(plan(&jobs, &[]), [Step::Create { namespace: "jobs".into() }]);
+        assert_eq!(plan(&jobs, &[pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true")]), []);
+    }
+
+    #[test]
+    fn a_users_pdb_that_would_select_a_busy_pod_means_none_of_ours_there() {
+        let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
+        let theirs = pdb("jobs", "worker", false, "app=worker");
+        assert_eq!(
+            plan(&jobs, &[theirs, pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true")]),
+            [
+                Step::Delete { namespace: "jobs".into(), name: BUSY_PDB_NAME.into() },
+                Step::Skip { namespace: "jobs".into(), conflicting: vec!["worker".into()] }
+            ]
+        );
+        let elsewhere = pdb("jobs", "web", false, "app=web");
+        assert_eq!(plan(&jobs, &[elsewhere]), [Step::Create { namespace: "jobs".into() }], "selects other pods");
+    }
+
+    #[test]
+    fn a_namespace_left_without_opted_in_pods_loses_the_busy_pdb() {
+        let existing = [pdb("gone", BUSY_PDB_NAME, true, "busyguard.io/busy=true")];
+        assert_eq!(
+            plan(&BTreeMap::new(), &existing),
+            [Step::Delete { namespace: "gone".into(), name: BUSY_PDB_NAME.into() }]
+        );
+    }
+}
