@@ -171,18 +171,7 @@ pub fn decide(
     match verdict {
         Verdict::Allow => match over_budget(ask, pod, unavailable_siblings, config) {
             None => Outcome::allow(Decision::Allowed),
-            Some(message) if config.mode == Mode::DryRun => {
-                let warnings = vec![messages::would_deny(&message)];
-                Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
-                    Decision::WouldDeny,
-                    Reason::Budget,
-                    message,
-                ))
-            }
-            Some(message) => {
-                let answer = Answer::Deny { denial: Denial::Budget, message: message.clone() };
-                Outcome::answer(answer, Decision::Denied).audited(audit(Decision::Denied, Reason::Budget, message))
-            }
+            Some(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
         },
         Verdict::AllowBusy(over) => {
             let decision = over.decision();
@@ -196,12 +185,7 @@ pub fn decide(
             let by_readiness = pod.label(BUSY_LABEL) != Some("true");
             let mut message = messages::busy_denial(namespace, name, since, until, by_readiness);
             if config.mode == Mode::DryRun {
-                let warnings = vec![messages::would_deny(&message)];
-                return Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
-                    Decision::WouldDeny,
-                    Reason::Busy,
-                    message,
-                ));
+                return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
             }
             let confirmed = seen
                 .is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());

@@ -5,11 +5,11 @@
 
 use jiff::Timestamp;
 
+use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::messages;
-use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
+use super::outcome::{Ask, Decision, Denial, Outcome, Reason};
 use super::pod::PodFacts;
-use super::{Mode, PolicyConfig};
 
 /// Deletes a node whose machine is gone; refusing would leave a Node object for nothing.
 pub const CLOUD_NODE_LIFECYCLE_USER: &str = "system:serviceaccount:kube-system:cloud-node-lifecycle-controller";
@@ -52,17 +52,7 @@ pub fn decide<'a, P: PodFacts + 'a>(
         let detail = messages::node_deleted_anyway(ask.name, &busy, requester.username);
         return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
     }
-    let message = messages::node_busy(ask.name, &busy);
-    if config.mode == Mode::DryRun {
-        let warnings = vec![messages::would_deny(&message)];
-        return Outcome::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
-            Decision::WouldDeny,
-            Reason::Busy,
-            message,
-        ));
-    }
-    Outcome::answer(Answer::Deny { denial: Denial::PodBusy, message: message.clone() }, Decision::Denied)
-        .audited(audit(Decision::Denied, Reason::Busy, message))
+    Outcome::refused(Denial::PodBusy, Reason::Busy, messages::node_busy(ask.name, &busy), config.mode, audit)
 }
 
 #[cfg(test)]
@@ -70,6 +60,7 @@ mod tests {
     use super::*;
     use crate::policy::Requester;
     use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::outcome::Answer;
     use crate::policy::pod::Pod;
     use serde_json::json;
 

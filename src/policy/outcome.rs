@@ -33,6 +33,30 @@ impl Outcome {
         Self::answer(Answer::Allow { warnings: Vec::new() }, decision)
     }
 
+    /// A refusal, or in `--mode dry-run` the warning that stands in for it; `audit` names the
+    /// request for the audit line.
+    pub fn refused(
+        denial: Denial,
+        reason: Reason,
+        message: String,
+        mode: Mode,
+        audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
+    ) -> Self {
+        if mode == Mode::DryRun {
+            let warnings = vec![super::messages::would_deny(&message)];
+            return Self::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
+                Decision::WouldDeny,
+                reason,
+                message,
+            ));
+        }
+        Self::answer(Answer::Deny { denial, message: message.clone() }, Decision::Denied).audited(audit(
+            Decision::Denied,
+            reason,
+            message,
+        ))
+    }
+
     pub fn audited(self, record: AuditRecord) -> Self {
         Outcome { audit: Some(record), ..self }
     }

@@ -108,10 +108,7 @@ pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Po
     };
     let theirs = |pod: &Pod| -> Vec<(String, String)> {
         let annotations = pod.metadata.annotations.iter().flatten();
-        annotations
-            .filter(|(k, _)| !BUSYGUARD_WRITES.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
+        annotations.filter(|(k, _)| !written_on_a_flip(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
     };
     let refusal = if own != ask.name {
         Some(messages::not_own_pod(ask.namespace, ask.name, own))
@@ -125,15 +122,17 @@ pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Po
     Outcome::answer(Answer::Deny { denial: Denial::NotOwnFlag, message }, Decision::Denied).audited(audit)
 }
 
-/// What the mutating webhook writes on a busy flip.
-const BUSYGUARD_WRITES: [&str; 7] = [
-    BUSY_SINCE,
-    DELETION_COST,
-    IDLE_COST,
-    KARPENTER_DO_NOT_DISRUPT,
-    IDLE_DO_NOT_DISRUPT,
-    AUTOSCALER_SAFE_TO_EVICT,
-    IDLE_SAFE_TO_EVICT,
+/// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
+/// where the user's own value of it is kept.
+fn written_on_a_flip(key: &str) -> bool {
+    key == BUSY_SINCE || GUARDED.iter().any(|(guarded, saved_as)| key == *guarded || key == *saved_as)
+}
+
+/// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
+const GUARDED: [(&str, &str); 3] = [
+    (DELETION_COST, IDLE_COST),
+    (KARPENTER_DO_NOT_DISRUPT, IDLE_DO_NOT_DISRUPT),
+    (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
 ];
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
