@@ -1029,3 +1029,31 @@ async fn where_a_users_own_pdb_selects_opted_in_pods_busyguard_keeps_none_and_sa
     // The eviction webhook still guards the busy pod there.
     assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["status"]["code"], 429);
 }
+
+#[tokio::test]
+async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_released_and_deleted_once_ready() {
+    let api = ApiServer::start().await;
+    // The app of the motivating question: readiness fails while it works.
+    let mut pod = worker_pod("worker-compat", false);
+    pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] = json!("true");
+    pod["status"]["conditions"][1] =
+        json!({"type": "Ready", "status": "False", "lastTransitionTime": since_minutes_ago(3).to_string()});
+    api.put_pod(pod);
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    let refused = server.review("/validate", &review).await;
+    assert_eq!(refused["status"]["code"], 429);
+    assert!(refused["status"]["message"].as_str().unwrap().contains("so the scale-down completes without it"));
+    // Answered once the release landed: the pod no longer matches its ReplicaSet's selector.
+    let patch = api.writes().into_iter().find(pod_call("PATCH", "worker-compat")).expect("released");
+    assert_eq!(patch.body["metadata"]["labels"], json!({"pod-template-hash": null}));
+    assert_eq!(patch.body["metadata"]["annotations"]["busyguard.io/released-from"], "6b8958b477");
+    let stored = api.pod("capture", "worker-compat").unwrap();
+    assert!(stored["metadata"]["labels"].get("pod-template-hash").is_none());
+    // Ready again (the task is done): deleted, once.
+    api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
+    api.wait_for(1, pod_call("DELETE", "worker-compat")).await;
+    settle().await;
+    let decisions: Vec<Value> = server.audit_lines().into_iter().map(|l| l["reason"].clone()).collect();
+    assert_eq!(decisions, [json!("busy-released"), json!("delete-requested")]);
+}

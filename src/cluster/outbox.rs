@@ -17,7 +17,9 @@ use tracing::{debug, error, info, warn};
 use super::view::WatchedPod;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER, PodRef};
+use crate::policy::outcome::{
+    AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER, POD_TEMPLATE_HASH, PodRef, RELEASED_FROM,
+};
 use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]
@@ -308,6 +310,15 @@ impl Worker {
             Effect::MarkDeleteRequested { pod, request } => {
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
                     "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
+                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
+                    Ok(_) => Attempt::Done(EffectResult::Ok),
+                    Err(e) => classify(e),
+                }
+            }
+            Effect::Release { pod, hash, request } => {
+                let patch = serde_json::json!({"metadata": {"uid": pod.uid,
+                    "labels": {POD_TEMPLATE_HASH: null},
+                    "annotations": {RELEASED_FROM: hash, DELETE_REQUESTED: request.to_annotation()}}});
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),

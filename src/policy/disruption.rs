@@ -7,12 +7,13 @@ use jiff::Timestamp;
 use super::busy::{BUSY_LABEL, BusyState, Lapse, MAX_UNAVAILABLE, busy_state};
 use super::messages;
 use super::outcome::{
-    Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, PodRef, Reason,
+    Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, POD_TEMPLATE_HASH, PodRef,
+    Reason,
 };
 use super::pod::{Phase, PodFacts};
 use super::{
-    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig, Requester,
-    TAINT_MANAGER_USERS,
+    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
+    REPLICASET_CONTROLLER_USER, Requester, TAINT_MANAGER_USERS,
 };
 use crate::duration::whole_second;
 
@@ -191,8 +192,17 @@ pub fn decide(
                 .is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
             let acts = confirmed && !ask.dry_run;
             let deferred = acts && action == Action::Delete && defers_delete(ask.requester);
+            // Busy by readiness, the ReplicaSet controller keeps picking this pod first (it ranks
+            // NotReady pods first) and the scale-down never ends: take the pod out of its
+            // ReplicaSet instead, so the scale-down completes, and delete it once it is Ready.
+            let hash = pod.label(POD_TEMPLATE_HASH).filter(|_| {
+                acts && by_readiness && action == Action::Delete && ask.requester.username == REPLICASET_CONTROLLER_USER
+            });
             if deferred {
                 message.push_str(&messages::delete_deferred());
+            }
+            if hash.is_some() {
+                message.push_str(&messages::released());
             }
             let target =
                 PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
@@ -200,18 +210,25 @@ pub fn decide(
             if acts {
                 effects.push(Effect::Event { pod: target.clone(), action, note: message.clone() });
             }
+            let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
             if deferred && pod.delete_request().is_none() {
-                let request = DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
-                effects.push(Effect::MarkDeleteRequested { pod: target, request });
+                effects.push(Effect::MarkDeleteRequested { pod: target.clone(), request: request() });
             }
-            let reason = if deferred { Reason::BusyDeleteDeferred } else { Reason::Busy };
+            if let Some(hash) = hash {
+                effects.push(Effect::Release { pod: target, hash: hash.to_string(), request: request() });
+            }
+            let reason = match (deferred, hash.is_some()) {
+                (_, true) => Reason::BusyReleased,
+                (true, false) => Reason::BusyDeleteDeferred,
+                (false, false) => Reason::Busy,
+            };
             Outcome {
                 answer: Answer::Deny { denial: Denial::PodBusy, message: message.clone() },
                 decision: Decision::Denied,
                 audit: Some(audit(Decision::Denied, reason, message)),
                 effects,
                 // The answer speaks of the mark: give it its chance to land first.
-                await_effects: deferred,
+                await_effects: deferred || hash.is_some(),
             }
         }
     }
@@ -384,6 +401,39 @@ mod tests {
         let outcome =
             decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), Some(3), &config(Mode::Enforce), now());
         assert!(outcome.is_allowed());
+    }
+
+    #[test]
+    fn a_busy_unready_pod_the_replicaset_picks_is_released_from_it_and_deleted_once_ready() {
+        let compat = |hash: Option<&str>| -> Pod {
+            let mut labels = json!({BUSY_LABEL: "false"});
+            if let Some(hash) = hash {
+                labels["pod-template-hash"] = json!(hash);
+            }
+            serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "capture", "uid": "u-w",
+                "labels": labels, "annotations": {"busyguard.io/busy-when-unready": "true"}},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False",
+                    "lastTransitionTime": "2026-11-21T20:30:00Z"}]}}))
+            .unwrap()
+        };
+        let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
+        let pod = compat(Some("6b8958b477"));
+        let outcome =
+            decide(&ask(replicaset, false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
+        assert!(!outcome.is_allowed(), "not deleted while busy");
+        assert_eq!(outcome.audit.as_ref().unwrap().reason, Reason::BusyReleased);
+        assert!(outcome.await_effects);
+        let release = outcome.effects.iter().find(|e| matches!(e, Effect::Release { .. })).expect("released");
+        let Effect::Release { hash, request, .. } = release else { unreachable!() };
+        assert_eq!((hash.as_str(), request.by.as_str()), ("6b8958b477", replicaset));
+        // A person's delete, or a pod no Deployment's ReplicaSet selects by hash: not released.
+        let person =
+            decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
+        assert!(!person.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
+        let bare = compat(None);
+        let bare =
+            decide(&ask(replicaset, false), Action::Delete, &bare, Some(&bare), None, &config(Mode::Enforce), now());
+        assert!(!bare.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY, MAX_UNAVAILABL
 use super::disruption::Override;
 use super::node::BusyOnNode;
 use super::observed::LossCause;
-use super::outcome::{DELETE_REQUESTED, DeleteRequest, PodRef};
+use super::outcome::{DELETE_REQUESTED, DeleteRequest, POD_TEMPLATE_HASH, PodRef, RELEASED_FROM};
 use super::scale::ScalePlan;
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
@@ -64,6 +64,14 @@ pub fn delete_deferred() -> String {
     format!(
         "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
          (if the annotation does not appear, delete again later)"
+    )
+}
+
+/// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked.
+pub fn released() -> String {
+    format!(
+        "; busyguard takes it out of its ReplicaSet (label {POD_TEMPLATE_HASH} kept in {RELEASED_FROM}), so the \
+         scale-down completes without it, and deletes it once it is Ready again"
     )
 }
 

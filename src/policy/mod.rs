@@ -79,6 +79,8 @@ pub const TAINT_MANAGER_USERS: [&str; 2] = [
     "system:serviceaccount:kube-system:node-controller",
     "system:serviceaccount:kube-system:taint-eviction-controller",
 ];
+/// Deletes the pods a ReplicaSet scales down; it chooses again, and retries, by itself.
+pub const REPLICASET_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:replicaset-controller";
 /// The namespace controller deletes every pod of a namespace being deleted.
 pub const NAMESPACE_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:namespace-controller";
 

@@ -183,6 +183,8 @@ pub enum Reason {
     /// Refused: a pod's service account changing more than its own busy flag.
     NotOwnFlag,
     BusyDeleteDeferred,
+    /// A busy (not Ready) pod the ReplicaSet controller picked, released from it instead.
+    BusyReleased,
     ExemptUser,
     ExemptGroup,
     NodeTaintEviction,
@@ -210,6 +212,7 @@ impl Reason {
             Reason::Budget => "budget",
             Reason::NotOwnFlag => "not-own-flag",
             Reason::BusyDeleteDeferred => "busy-delete-deferred",
+            Reason::BusyReleased => "busy-released",
             Reason::ExemptUser => "exempt-user",
             Reason::ExemptGroup => "exempt-group",
             Reason::NodeTaintEviction => "node-taint-eviction",
@@ -338,6 +341,11 @@ impl fmt::Display for PodRef {
     }
 }
 
+/// Where a released pod's `pod-template-hash` is kept.
+pub const RELEASED_FROM: &str = "busyguard.io/released-from";
+/// The label by which a Deployment's ReplicaSet selects its pods.
+pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
 /// The field manager busyguard writes as: the API server records it in `managedFields`.
 pub const FIELD_MANAGER: &str = "busyguard";
 
@@ -380,6 +388,9 @@ pub enum Effect {
     Refresh { pod: PodRef, resource_version: String, changes: Changes },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
+    /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in
+    /// `busyguard.io/released-from`) and mark it for deletion once idle, in one patch.
+    Release { pod: PodRef, hash: String, request: DeleteRequest },
     /// Carry out a deferred delete: the pod, as of `resource_version`, is no longer protected.
     /// `audit` is written once it is done.
     DeleteIdle { pod: PodRef, resource_version: String, request: DeleteRequest, audit: Box<AuditRecord> },
@@ -396,6 +407,7 @@ impl Effect {
         match self {
             Effect::Refresh { .. } => "refresh",
             Effect::MarkDeleteRequested { .. } => "mark-delete",
+            Effect::Release { .. } => "release",
             Effect::DeleteIdle { .. } => "delete-idle",
             Effect::Event { .. } => "event",
             Effect::ReportLoss { .. } => "report-loss",
@@ -406,6 +418,7 @@ impl Effect {
         match self {
             Effect::Refresh { pod, .. }
             | Effect::MarkDeleteRequested { pod, .. }
+            | Effect::Release { pod, .. }
             | Effect::DeleteIdle { pod, .. }
             | Effect::Event { pod, .. }
             | Effect::ReportLoss { pod, .. } => pod,
