@@ -55,6 +55,58 @@ pub enum Command {
     /// What the opted-in pods of the cluster are doing: per workload, busy pods since when, the
     /// deletes that wait for them, and the nodes a drain would wait on. Uses your kubeconfig.
     Status(StatusArgs),
+    /// A sidecar that turns the app's own HTTP endpoint into its pod's busy label: busy when the
+    /// endpoint answers --busy-status (or a body containing --busy-body), idle otherwise.
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The app's endpoint, plain HTTP on the pod's own network, e.g. `http://127.0.0.1:8080/busy`.
+    #[arg(long, env = "BUSYGUARD_AGENT_URL")]
+    pub url: http::Uri,
+    /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
+    /// busy); any other means idle.
+    #[arg(
+        long,
+        env = "BUSYGUARD_AGENT_BUSY_STATUS",
+        conflicts_with = "busy_body",
+        required_unless_present = "busy_body"
+    )]
+    pub busy_status: Option<u16>,
+    /// Text whose presence in the body means busy; its absence means idle.
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
+    pub busy_body: Option<String>,
+    /// How often the endpoint is asked.
+    #[arg(long, env = "BUSYGUARD_AGENT_INTERVAL", default_value = "2s", value_parser = std_duration)]
+    pub interval: Duration,
+    /// This pod's name and namespace (the downward API's `metadata.name` and `metadata.namespace`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod: String,
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// Kubeconfig; without it, the pod's service account.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl AgentArgs {
+    pub fn into_agent(self) -> (crate::agent::Agent, ClusterSource) {
+        // clap requires one of the two.
+        let busy_when = match self.busy_status {
+            Some(code) => crate::agent::BusyWhen::Status(code),
+            None => crate::agent::BusyWhen::BodyContains(self.busy_body.unwrap_or_default()),
+        };
+        let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
+        let agent = crate::agent::Agent {
+            url: self.url,
+            busy_when,
+            interval: self.interval,
+            namespace: self.namespace,
+            pod: self.pod,
+        };
+        (agent, source)
+    }
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! disruption. See README.md for the busy contract.
 
 pub mod admission;
+pub mod agent;
 pub mod audit;
 pub mod certs;
 pub mod cluster;

@@ -29,6 +29,13 @@ fn main() -> ExitCode {
             std::thread::sleep(args.duration);
             Ok(())
         }
+        Command::Agent(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
+            runtime.block_on(async {
+                let (agent, source) = args.into_agent();
+                let config = busyguard::cluster::client_config(&source).await?.context("no cluster to reach")?;
+                agent.run(kube::Client::try_from(config)?).await
+            })
+        }),
         Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
             let report = runtime.block_on(status::run(&args.source(), &args.namespaces, args.max_busy()))?;
             print!("{report}");

@@ -1057,3 +1057,56 @@ async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_release
     let decisions: Vec<Value> = server.audit_lines().into_iter().map(|l| l["reason"].clone()).collect();
     assert_eq!(decisions, [json!("busy-released"), json!("delete-requested")]);
 }
+
+#[tokio::test]
+async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_it_when_the_app_is_silent() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("worker-a", false));
+    // The app: 503 from its readiness endpoint while it works, 200 otherwise; 0 = not answering.
+    let status = std::sync::Arc::new(AtomicU16::new(200));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    let answering = status.clone();
+    let app = axum::Router::new().route(
+        "/ready",
+        axum::routing::get(move || {
+            let status = answering.load(Ordering::SeqCst);
+            async move {
+                if status == 0 {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let agent = busyguard::agent::Agent {
+        url: format!("http://{app_addr}/ready").parse().unwrap(),
+        busy_when: busyguard::agent::BusyWhen::Status(503),
+        interval: Duration::from_millis(100),
+        namespace: "capture".into(),
+        pod: "worker-a".into(),
+    };
+    let client = kube::Client::try_from(api.kube_config()).unwrap();
+    let running = tokio::spawn(agent.run(client));
+    let label =
+        |api: &ApiServer| api.pod("capture", "worker-a").unwrap()["metadata"]["labels"]["busyguard.io/busy"].clone();
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    status.store(503, Ordering::SeqCst);
+    eventually("flagged busy", async || (label(&api) == "true").then_some(())).await;
+    // The app stops answering mid-task: the flag stays busy.
+    status.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(label(&api), "true");
+    status.store(200, Ordering::SeqCst);
+    eventually("flagged idle", async || (label(&api) == "false").then_some(())).await;
+    let flips: Vec<Value> = api
+        .writes()
+        .into_iter()
+        .filter(pod_call("PATCH", "worker-a"))
+        .map(|c| c.body["metadata"]["labels"]["busyguard.io/busy"].clone())
+        .collect();
+    assert_eq!(flips, [json!("false"), json!("true"), json!("false")], "a PATCH only when it changes");
+    running.abort();
+}

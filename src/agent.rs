@@ -1,0 +1,122 @@
+//! `busyguard agent`: a sidecar that turns the app's own HTTP endpoint into the busy label, so
+//! an app marks itself busy without code changes. It asks the endpoint every `--interval`, reads
+//! busy or idle from the status code or the body, and PATCHes its own pod only when that
+//! changes. If the app does not answer, the flag stays as it is (a busy pod is not handed over
+//! to a scale-down because its app is slow to answer) and the agent says so; max-busy still
+//! bounds it.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tracing::{info, warn};
+
+use crate::cluster::view::WatchedPod;
+use crate::policy::busy::BUSY_LABEL;
+use crate::policy::outcome::FIELD_MANAGER;
+
+/// How the app's answer says busy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusyWhen {
+    /// This status code means busy; any other means idle.
+    Status(u16),
+    /// A body containing this text means busy; any other answer means idle.
+    BodyContains(String),
+}
+
+impl BusyWhen {
+    /// Busy or idle, from one answer.
+    pub fn busy(&self, status: u16, body: &[u8]) -> bool {
+        match self {
+            BusyWhen::Status(code) => status == *code,
+            BusyWhen::BodyContains(text) => String::from_utf8_lossy(body).contains(text.as_str()),
+        }
+    }
+}
+
+pub struct Agent {
+    /// `http://127.0.0.1:8080/busy`: plain HTTP, as a pod's own containers talk.
+    pub url: http::Uri,
+    pub busy_when: BusyWhen,
+    pub interval: Duration,
+    pub namespace: String,
+    pub pod: String,
+}
+
+impl Agent {
+    /// Runs until the process stops.
+    pub async fn run(self, client: kube::Client) -> anyhow::Result<()> {
+        let pods: Api<WatchedPod> = Api::namespaced(client, &self.namespace);
+        let mut flagged: Option<bool> = None;
+        let mut failures = 0u32;
+        loop {
+            match self.ask_app().await {
+                Ok(busy) => {
+                    failures = 0;
+                    if flagged != Some(busy) {
+                        match flag(&pods, &self.pod, busy).await {
+                            Ok(()) => {
+                                info!(pod = %self.pod, busy, "busy flag set");
+                                flagged = Some(busy);
+                            }
+                            Err(e) => warn!(pod = %self.pod, busy, error = %e, "busy flag not set; trying again"),
+                        }
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    // Said once, then every minute or so: the flag stays as it is meanwhile.
+                    if failures == 1 || failures % 60 == 0 {
+                        warn!(url = %self.url, error = %e, failures, "the app does not answer; the busy flag stays as it is");
+                    }
+                }
+            }
+            tokio::time::sleep(self.interval).await;
+        }
+    }
+
+    async fn ask_app(&self) -> anyhow::Result<bool> {
+        let host = self.url.host().context("the URL has no host")?;
+        let port = self.url.port_u16().unwrap_or(80);
+        let tcp = tokio::time::timeout(self.interval, tokio::net::TcpStream::connect((host, port)))
+            .await
+            .context("no connection in time")??;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+        tokio::spawn(connection);
+        let request =
+            http::Request::get(self.url.clone()).header(http::header::HOST, host).body(Empty::<Bytes>::new())?;
+        let answer = tokio::time::timeout(self.interval, async {
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        })
+        .await
+        .context("no answer in time")??;
+        Ok(self.busy_when.busy(answer.0, &answer.1))
+    }
+}
+
+async fn flag(pods: &Api<WatchedPod>, pod: &str, busy: bool) -> Result<(), kube::Error> {
+    let value = if busy { "true" } else { "false" };
+    let patch = serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}});
+    let params = PatchParams { field_manager: Some(format!("{FIELD_MANAGER}-agent")), ..PatchParams::default() };
+    pods.patch(pod, &params, &Patch::Merge(&patch)).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_is_read_from_the_status_code_or_the_body() {
+        assert!(BusyWhen::Status(503).busy(503, b""));
+        assert!(!BusyWhen::Status(503).busy(200, b"busy"));
+        let body = BusyWhen::BodyContains("\"busy\":true".into());
+        assert!(body.busy(200, br#"{"busy":true,"task":"t-1"}"#));
+        assert!(!body.busy(200, br#"{"busy":false}"#));
+    }
+}
