@@ -69,7 +69,7 @@ impl Agent {
                 Err(e) => {
                     failures += 1;
                     // Said once, then every minute or so: the flag stays as it is meanwhile.
-                    if failures == 1 || failures % 60 == 0 {
+                    if failures == 1 || failures.is_multiple_of(60) {
                         warn!(url = %self.url, error = %e, failures, "the app does not answer; the busy flag stays as it is");
                     }
                 }
