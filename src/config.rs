@@ -213,6 +213,11 @@ pub struct ServeArgs {
     /// Set `karpenter.sh/do-not-disrupt: "true"` on busy pods.
     #[arg(long, env = "BUSYGUARD_KARPENTER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub karpenter_annotation: bool,
+    /// Write `karpenter.sh/do-not-disrupt` as the seconds left of the protection, counted from
+    /// the pod's start (Karpenter 1.1 and later read it so), so it ends when max-busy would even
+    /// if busyguard is gone; `false` writes `"true"`, for older Karpenter.
+    #[arg(long, env = "BUSYGUARD_KARPENTER_BOUNDED", default_value_t = true, action = ArgAction::Set)]
+    pub karpenter_bounded: bool,
     /// Set `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub cluster_autoscaler_annotation: bool,
@@ -334,6 +339,7 @@ impl ServeArgs {
                 },
                 mutation: MutationSettings {
                     karpenter: self.karpenter_annotation,
+                    karpenter_bounded: self.karpenter_bounded,
                     cluster_autoscaler: self.cluster_autoscaler_annotation,
                 },
             },

@@ -100,6 +100,10 @@ async fn flip_to_busy_raises_the_cost_keeps_the_users_cost_and_blocks_autoscaler
     let since: Timestamp = ops[0]["value"].as_str().unwrap().parse().unwrap();
     assert!((before..=after).contains(&since.as_second()), "busy-since is the time of the flip");
     let cost = i64::from(i32::MAX) - (since.as_second() - EPOCH_2024);
+    // Karpenter's duration form: from the pod's start to the end of its protection (max-busy 24h),
+    // so it runs out when the protection does, even if busyguard is gone.
+    let started: Timestamp = "2026-11-21T20:48:44Z".parse().unwrap();
+    let do_not_disrupt = format!("{}s", since.as_second() + 24 * 3600 - started.as_second());
     let annotation = |key: &str| format!("/metadata/annotations/{}", key.replace('/', "~1"));
     assert_eq!(
         ops,
@@ -108,7 +112,7 @@ async fn flip_to_busy_raises_the_cost_keeps_the_users_cost_and_blocks_autoscaler
             json!({"op": "add", "path": annotation("busyguard.io/idle-cost"), "value": "1"}),
             json!({"op": "add", "path": annotation("cluster-autoscaler.kubernetes.io/safe-to-evict"), "value": "false"}),
             json!({"op": "add", "path": annotation("controller.kubernetes.io/pod-deletion-cost"), "value": cost.to_string()}),
-            json!({"op": "add", "path": annotation("karpenter.sh/do-not-disrupt"), "value": "true"}),
+            json!({"op": "add", "path": annotation("karpenter.sh/do-not-disrupt"), "value": do_not_disrupt}),
         ]
     );
 }

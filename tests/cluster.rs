@@ -26,10 +26,18 @@ fn busy_pod(name: &str, since: Timestamp) -> Value {
         "busyguard.io/busy-since": since.to_string(),
         "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
         "busyguard.io/idle-cost": "1",
-        "karpenter.sh/do-not-disrupt": "true",
+        "karpenter.sh/do-not-disrupt": do_not_disrupt(&pod, since),
         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
     });
     pod
+}
+
+/// Karpenter's do-not-disrupt as busyguard writes it: the seconds from the pod's start to the
+/// end of its protection (a day of max-busy).
+fn do_not_disrupt(pod: &Value, since: Timestamp) -> String {
+    let started: Timestamp = pod["status"]["startTime"].as_str().unwrap().parse().unwrap();
+    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    format!("{}s", until.as_second() - started.as_second())
 }
 
 fn eviction_of(name: &str) -> Value {
@@ -228,7 +236,7 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
             "busyguard.io/busy-since": stamped.to_string(),
             "controller.kubernetes.io/pod-deletion-cost": busy_cost(stamped).to_string(),
             "busyguard.io/idle-cost": "1",
-            "karpenter.sh/do-not-disrupt": "true",
+            "karpenter.sh/do-not-disrupt": do_not_disrupt(&api.pod("capture", "busy-stale").unwrap(), stamped),
             "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}}})
     );
     let idle_stale = writes.iter().find(|c| c.path == format!("{POD_PATH}/idle-stale")).expect("idle-stale patched");

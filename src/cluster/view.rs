@@ -36,6 +36,7 @@ pub struct PodRecord {
     pub readiness: Option<Readiness>,
     pub terminating: bool,
     pub created: Option<Timestamp>,
+    pub started: Option<Timestamp>,
     /// Of the task container (see `PodFacts::last_restart`).
     pub last_restart: Option<Timestamp>,
     pub labels: Pairs,
@@ -75,6 +76,10 @@ impl PodFacts for PodRecord {
 
     fn created(&self) -> Option<Timestamp> {
         self.created
+    }
+
+    fn started(&self) -> Option<Timestamp> {
+        self.started
     }
 
     fn last_restart(&self) -> Option<Timestamp> {
@@ -221,6 +226,7 @@ impl WatchedPod {
             readiness: self.status.readiness(),
             terminating: meta.deletion_timestamp.is_some(),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            started: self.status.start_time,
             last_restart: self.status.last_restart(get(&annotations, TASK_CONTAINER)),
             labels,
             annotations,

@@ -267,7 +267,7 @@ mod tests {
                 groups: vec!["ops:breakglass".into()],
                 karpenter: vec!["system:serviceaccount:kube-system:karpenter".into()],
             },
-            mutation: MutationSettings { karpenter: true, cluster_autoscaler: true },
+            mutation: MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true },
         }
     }
 

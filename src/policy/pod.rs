@@ -71,6 +71,8 @@ pub struct Metadata {
 pub struct PodStatus {
     #[serde(default)]
     pub phase: Option<String>,
+    #[serde(default)]
+    pub start_time: Option<Timestamp>,
     /// Why the kubelet failed the pod (`Evicted`, `Preempting`, ...).
     #[serde(default)]
     pub reason: Option<String>,
@@ -166,6 +168,8 @@ pub trait PodFacts {
     fn is_terminating(&self) -> bool;
     /// When the pod was created: the earliest it can have turned busy.
     fn created(&self) -> Option<Timestamp>;
+    /// When the kubelet started the pod (`status.startTime`).
+    fn started(&self) -> Option<Timestamp>;
     /// When the pod's task container (`busyguard.io/task-container`; without it, any
     /// container) last came back from a restart, if it ever did.
     fn last_restart(&self) -> Option<Timestamp>;
@@ -211,6 +215,9 @@ impl<P: PodFacts> PodFacts for &P {
     fn created(&self) -> Option<Timestamp> {
         (*self).created()
     }
+    fn started(&self) -> Option<Timestamp> {
+        (*self).started()
+    }
     fn last_restart(&self) -> Option<Timestamp> {
         (*self).last_restart()
     }
@@ -252,6 +259,10 @@ impl PodFacts for Pod {
 
     fn created(&self) -> Option<Timestamp> {
         self.metadata.creation_timestamp
+    }
+
+    fn started(&self) -> Option<Timestamp> {
+        self.status.start_time
     }
 
     fn last_restart(&self) -> Option<Timestamp> {
@@ -393,6 +404,9 @@ mod tests {
         }
         fn created(&self) -> Option<Timestamp> {
             self.pod.created()
+        }
+        fn started(&self) -> Option<Timestamp> {
+            self.pod.started()
         }
         fn last_restart(&self) -> Option<Timestamp> {
             self.pod.last_restart()

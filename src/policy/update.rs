@@ -29,8 +29,12 @@ pub const AUTOSCALER_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/saf
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MutationSettings {
-    /// Write `karpenter.sh/do-not-disrupt: "true"` on busy pods.
+    /// Write `karpenter.sh/do-not-disrupt` on busy pods.
     pub karpenter: bool,
+    /// Write it as the time left of the protection, counted from the pod's start (Karpenter
+    /// reads a duration so), rather than `"true"`: if busyguard is gone, Karpenter still lets the
+    /// pod go when max-busy would have.
+    pub karpenter_bounded: bool,
     /// Write `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
     pub cluster_autoscaler: bool,
 }
@@ -51,19 +55,30 @@ impl Guarded {
     fn is_ours(&self, value: &str) -> bool {
         match self.key {
             DELETION_COST => value.parse::<i32>().is_ok_and(|cost| cost >= BUSY_COST_FLOOR),
+            KARPENTER_DO_NOT_DISRUPT => is_our_do_not_disrupt(value),
             _ => value == self.busy_value,
         }
     }
 }
 
-fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
+/// `until` is when protection ends (`None`: unknown), `started` when the pod started.
+fn guarded(
+    settings: MutationSettings,
+    since: Timestamp,
+    until: Option<Timestamp>,
+    started: Option<Timestamp>,
+) -> [Guarded; 3] {
+    let do_not_disrupt = match (settings.karpenter_bounded, until, started) {
+        (true, Some(until), Some(started)) => bounded_do_not_disrupt(until, started),
+        _ => "true".into(),
+    };
     [
         Guarded { key: DELETION_COST, saved_as: IDLE_COST, enabled: true, busy_value: busy_cost(since).to_string() },
         Guarded {
             key: KARPENTER_DO_NOT_DISRUPT,
             saved_as: IDLE_DO_NOT_DISRUPT,
             enabled: settings.karpenter,
-            busy_value: "true".into(),
+            busy_value: do_not_disrupt,
         },
         Guarded {
             key: AUTOSCALER_SAFE_TO_EVICT,
@@ -72,6 +87,16 @@ fn guarded(settings: MutationSettings, since: Timestamp) -> [Guarded; 3] {
             busy_value: "false".into(),
         },
     ]
+}
+
+/// Karpenter's duration form, in whole seconds from the pod's start to `until` (at least 1s).
+fn bounded_do_not_disrupt(until: Timestamp, started: Timestamp) -> String {
+    format!("{}s", (until.as_second() - started.as_second()).max(1))
+}
+
+/// A do-not-disrupt value busyguard wrote: `"true"`, or a number of seconds as above.
+fn is_our_do_not_disrupt(value: &str) -> bool {
+    value == "true" || value.strip_suffix('s').is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The answer to a pod's create or update (`before`: the version it replaces): the annotation
@@ -169,7 +194,7 @@ pub fn plan_annotations(
     let wants_busy = pod.label(BUSY_LABEL) == Some("true");
     // Opted out (the label removed, also while busy): what busyguard set goes as on a flip to idle.
     let ours_left = pod.annotation(BUSY_SINCE).is_some()
-        || guarded(settings, now).iter().any(|g| pod.annotation(g.saved_as).is_some());
+        || guarded(settings, now, None, None).iter().any(|g| pod.annotation(g.saved_as).is_some());
     if !wants_busy {
         if ours_left {
             restore(pod, settings, now, &mut changes);
@@ -184,8 +209,13 @@ pub fn plan_annotations(
     changes.insert(BUSY_SINCE, Some(since.to_string()));
     // Edited by this very write (only known when the request carries the old version).
     let edited = |key: &str| before.is_some_and(|old| old.annotation(key) != pod.annotation(key));
-    let lapsed = matches!(busy_from(pod, Some(since), max_busy, now), BusyState::Lapsed { .. });
-    for g in guarded(settings, since) {
+    let state = busy_from(pod, Some(since), max_busy, now);
+    let lapsed = matches!(state, BusyState::Lapsed { .. });
+    let until = match state {
+        BusyState::Busy { until, .. } => until,
+        _ => None,
+    };
+    for g in guarded(settings, since, until, pod.started()) {
         let (current, saved) = (get(g.key), get(g.saved_as));
         let ours = current.as_deref().is_some_and(|value| g.is_ours(value));
         if lapsed {
@@ -205,7 +235,7 @@ pub fn plan_annotations(
             // value to restore, and ours goes back. A busy value of ours left over (busy-since
             // lost, a flip to idle missed) is never saved as the user's: only a write seen
             // whole (with its old version) tells a user's "true" from ours.
-            let left_over = ours && !edited(g.key) && (saved.is_some() || before.is_none());
+            let left_over = ours && !edited(g.key) && (saved.is_some() || before.is_none() || !turning_busy);
             if !left_over {
                 changes.insert(g.saved_as, current);
             }
@@ -231,7 +261,7 @@ fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: T
 /// Back to the user's own values; busyguard's markers go.
 fn restore(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp, changes: &mut Changes) {
     changes.insert(BUSY_SINCE, None);
-    for g in guarded(settings, now) {
+    for g in guarded(settings, now, None, None) {
         match pod.annotation(g.saved_as) {
             Some(saved) => {
                 changes.insert(g.key, Some(saved.to_string()));
@@ -289,7 +319,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const ALL: MutationSettings = MutationSettings { karpenter: true, cluster_autoscaler: true };
+    const ALL: MutationSettings =
+        MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true };
     const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
 
     fn ts(s: &str) -> Timestamp {
@@ -428,7 +459,7 @@ mod tests {
 
     #[test]
     fn disabled_autoscaler_annotations_are_left_alone() {
-        let off = MutationSettings { karpenter: false, cluster_autoscaler: false };
+        let off = MutationSettings { karpenter: false, karpenter_bounded: true, cluster_autoscaler: false };
         let original = json!({KARPENTER_DO_NOT_DISRUPT: "false"});
         let mut doc = worker(original.clone());
         set_label(&mut doc, "true");
@@ -611,6 +642,23 @@ mod tests {
         flip["metadata"]["annotations"][BUSY_SINCE] = json!("2099-01-01T00:00:00Z");
         let (_, stored) = update(&idle, &flip, "2026-11-21T20:00:00Z");
         assert_eq!(stored["metadata"]["annotations"][BUSY_SINCE], "2026-11-21T20:00:00Z");
+    }
+
+    #[test]
+    fn karpenters_do_not_disrupt_runs_out_with_the_protection_counted_from_the_pods_start() {
+        let mut idle = worker(json!({}));
+        idle["status"]["startTime"] = json!("2026-11-21T18:00:00Z");
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        // Busy from 20:00 with a day of max-busy: until 20:00 the next day, 26h after the start.
+        assert_eq!(busy["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "93600s");
+        let (outcome, again) = update(&busy, &busy, "2026-11-21T20:30:00Z");
+        assert_eq!((outcome.decision, &again), (Decision::Allowed, &busy), "stable while busy");
+        let mut done = busy.clone();
+        set_label(&mut done, "false");
+        let (_, stored) = update(&busy, &done, "2026-11-21T21:00:00Z");
+        assert_eq!(stored["metadata"]["annotations"].get(KARPENTER_DO_NOT_DISRUPT), None, "the user had none");
     }
 
     #[test]
