@@ -113,6 +113,7 @@ async fn flip_to_busy_raises_the_cost_keeps_the_users_cost_and_blocks_autoscaler
             json!({"op": "add", "path": annotation("cluster-autoscaler.kubernetes.io/safe-to-evict"), "value": "false"}),
             json!({"op": "add", "path": annotation("controller.kubernetes.io/pod-deletion-cost"), "value": cost.to_string()}),
             json!({"op": "add", "path": annotation("karpenter.sh/do-not-disrupt"), "value": do_not_disrupt}),
+            json!({"op": "add", "path": "/metadata/labels/busyguard.io~1protected", "value": "true"}),
         ]
     );
 }

@@ -22,6 +22,7 @@ fn since_minutes_ago(minutes: i64) -> Timestamp {
 /// cost kept, autoscalers told to wait.
 fn busy_pod(name: &str, since: Timestamp) -> Value {
     let mut pod = worker_pod(name, true);
+    pod["metadata"]["labels"]["busyguard.io/protected"] = json!("true");
     pod["metadata"]["annotations"] = json!({
         "busyguard.io/busy-since": since.to_string(),
         "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
@@ -237,7 +238,8 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
             "controller.kubernetes.io/pod-deletion-cost": busy_cost(stamped).to_string(),
             "busyguard.io/idle-cost": "1",
             "karpenter.sh/do-not-disrupt": do_not_disrupt(&api.pod("capture", "busy-stale").unwrap(), stamped),
-            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}}})
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+            "labels": {"busyguard.io/protected": "true"}}})
     );
     let idle_stale = writes.iter().find(|c| c.path == format!("{POD_PATH}/idle-stale")).expect("idle-stale patched");
     assert_eq!(
@@ -247,7 +249,8 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
             "controller.kubernetes.io/pod-deletion-cost": "1",
             "busyguard.io/idle-cost": null,
             "karpenter.sh/do-not-disrupt": null,
-            "cluster-autoscaler.kubernetes.io/safe-to-evict": null}}})
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": null},
+            "labels": {"busyguard.io/protected": null}}})
     );
     let audit = server.audit_lines();
     assert_eq!((audit[0]["decision"].as_str(), audit[0]["reason"].as_str()), (Some("scale-down"), Some("plan")));
@@ -1013,7 +1016,8 @@ async fn a_namespace_with_opted_in_pods_gets_one_busy_pod_pdb_that_allows_no_evi
         json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                "metadata": {"name": "busyguard-busy", "namespace": "capture",
                             "labels": {"app.kubernetes.io/managed-by": "busyguard"}},
-               "spec": {"minAvailable": 1_000_000, "selector": {"matchLabels": {"busyguard.io/busy": "true"}}}})
+               "spec": {"minAvailable": 1_000_000, "selector": {"matchLabels": {"busyguard.io/protected": "true"},
+                   "matchExpressions": [{"key": "busyguard.io/busy", "operator": "Exists"}]}}})
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(api.calls().into_iter().filter(pdb_call("POST")).count(), 1, "created once, kept");
@@ -1053,7 +1057,10 @@ async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_release
     assert_eq!(refused["status"]["code"], 429);
     assert!(refused["status"]["message"].as_str().unwrap().contains("so the scale-down completes without it"));
     // Answered once the release landed: the pod no longer matches its ReplicaSet's selector.
-    let patch = api.writes().into_iter().find(pod_call("PATCH", "worker-compat")).expect("released");
+    let released = |c: &Call| {
+        pod_call("PATCH", "worker-compat")(c) && c.body["metadata"]["labels"].get("pod-template-hash").is_some()
+    };
+    let patch = api.writes().into_iter().find(released).expect("released");
     assert_eq!(patch.body["metadata"]["labels"], json!({"pod-template-hash": null}));
     assert_eq!(patch.body["metadata"]["annotations"]["busyguard.io/released-from"], "6b8958b477");
     let stored = api.pod("capture", "worker-compat").unwrap();

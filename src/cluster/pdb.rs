@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -17,6 +17,7 @@ use crate::policy::busy::BUSY_LABEL;
 use crate::policy::outcome::FIELD_MANAGER;
 use crate::policy::pdb::{BUSY_PDB_MIN_AVAILABLE, BUSY_PDB_NAME, ExistingPdb, MANAGED_BY, Step, plan};
 use crate::policy::selector::Selector;
+use crate::policy::update::PROTECTED_LABEL;
 
 #[derive(Clone)]
 pub struct BusyPdbs {
@@ -91,7 +92,7 @@ impl BusyPdbs {
     }
 }
 
-/// busyguard's PDB for a namespace: every busy pod, no disruption allowed.
+/// busyguard's PDB for a namespace: every protected pod, no disruption allowed.
 fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: ObjectMeta {
@@ -102,9 +103,16 @@ fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
         },
         spec: Some(PodDisruptionBudgetSpec {
             min_available: Some(IntOrString::Int(BUSY_PDB_MIN_AVAILABLE)),
+            // Opted-in pods only: on those busyguard keeps the protected label true to the facts
+            // (anyone may label any pod, but busyguard takes it off an opted-in pod it does not
+            // protect).
             selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(BUSY_LABEL.into(), "true".into())])),
-                ..LabelSelector::default()
+                match_labels: Some(BTreeMap::from([(PROTECTED_LABEL.into(), "true".into())])),
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: BUSY_LABEL.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
             }),
             ..PodDisruptionBudgetSpec::default()
         }),

@@ -9,7 +9,7 @@ use super::busy::{BusyState, busy_state};
 use super::messages;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
-use super::update::plan_annotations;
+use super::update::{plan_annotations, protected_label};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LossCause {
@@ -120,10 +120,12 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
         return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];
     }
     let changes = plan_annotations(now_seen, None, config.mutation, config.max_busy, now);
-    if changes.is_empty() {
+    let protected = protected_label(now_seen, None, config.max_busy, now);
+    if changes.is_empty() && protected.is_none() {
         return Vec::new();
     }
-    vec![Effect::Refresh { pod: pod.clone(), resource_version: now_seen.resource_version().to_string(), changes }]
+    let resource_version = now_seen.resource_version().to_string();
+    vec![Effect::Refresh { pod: pod.clone(), resource_version, changes, protected }]
 }
 
 #[cfg(test)]
@@ -161,8 +163,12 @@ mod tests {
             json!({})
         };
         annotations.as_object_mut().unwrap().extend(extra_annotations.as_object().unwrap().clone());
+        let mut labels = json!({BUSY_LABEL: label});
+        if label == "true" {
+            labels["busyguard.io/protected"] = json!("true");
+        }
         serde_json::from_value(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
-            "labels": {BUSY_LABEL: label}, "annotations": annotations}, "status": status}))
+            "labels": labels, "annotations": annotations}, "status": status}))
         .unwrap()
     }
 
@@ -219,6 +225,15 @@ mod tests {
         assert_eq!(resource_version, "7");
         assert_eq!(changes.get(DELETION_COST), Some(&Some("3".to_string())));
         assert_eq!(changes.get(KARPENTER_DO_NOT_DISRUPT), Some(&None));
+    }
+
+    #[test]
+    fn a_protection_that_runs_out_takes_the_protected_label_off_so_the_busy_pdb_lets_the_pod_go() {
+        let busy = pod("true", json!({}), running());
+        let later: Timestamp = "2026-11-22T20:00:00Z".parse().unwrap();
+        let effects = due(&target(), &busy, &config(), later);
+        let [Effect::Refresh { protected, .. }] = effects.as_slice() else { panic!("{effects:?}") };
+        assert_eq!(*protected, Some(false));
     }
 
     #[test]

@@ -385,7 +385,8 @@ impl Action {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Bring busyguard's annotations up to date; `changes` were planned on `resource_version`.
-    Refresh { pod: PodRef, resource_version: String, changes: Changes },
+    /// `protected`: set (`true`) or take off (`false`) the protected label.
+    Refresh { pod: PodRef, resource_version: String, changes: Changes, protected: Option<bool> },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in

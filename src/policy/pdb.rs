@@ -1,5 +1,6 @@
 //! The busy-pod PodDisruptionBudget: in each namespace with opted-in pods, one PDB selecting
-//! `busyguard.io/busy=true` that allows no disruption, so the API server itself answers 429 to
+//! `busyguard.io/protected=true` (the label busyguard keeps on a pod exactly while it protects
+//! it, so the PDB lets it go at max-busy too) that allows no disruption, so the API server itself answers 429 to
 //! evictions of busy pods even while busyguard is down, and cluster-autoscaler, Karpenter and
 //! scheduler preemption plan around them. It covers DaemonSet and bare pods too: an integer
 //! `minAvailable` needs no scale lookup.
@@ -12,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::busy::BUSY_LABEL;
 use super::selector::Selector;
+use super::update::PROTECTED_LABEL;
 
 pub const BUSY_PDB_NAME: &str = "busyguard-busy";
 /// More than a namespace ever holds: no disruption is ever allowed, however many busy pods the
@@ -59,6 +61,7 @@ pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[
                 labels.iter().any(|pod| {
                     let mut busy = pod.clone();
                     busy.insert(BUSY_LABEL.to_string(), "true".to_string());
+                    busy.insert(PROTECTED_LABEL.to_string(), "true".to_string());
                     // A selector busyguard cannot read may select the pod: assume it does.
                     pdb.selector.as_ref().is_none_or(|s| s.matches(|key| busy.get(key).map(String::as_str)))
                 })
@@ -102,7 +105,7 @@ mod tests {
     fn each_namespace_with_opted_in_pods_gets_the_busy_pdb_once() {
         let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
         assert_eq!(plan(&jobs, &[]), [Step::Create { namespace: "jobs".into() }]);
-        assert_eq!(plan(&jobs, &[pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true")]), []);
+        assert_eq!(plan(&jobs, &[pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]), []);
     }
 
     #[test]
@@ -110,7 +113,7 @@ mod tests {
         let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
         let theirs = pdb("jobs", "worker", false, "app=worker");
         assert_eq!(
-            plan(&jobs, &[theirs, pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true")]),
+            plan(&jobs, &[theirs, pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]),
             [
                 Step::Delete { namespace: "jobs".into(), name: BUSY_PDB_NAME.into() },
                 Step::Skip { namespace: "jobs".into(), conflicting: vec!["worker".into()] }

@@ -12,7 +12,7 @@ use super::messages;
 use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
 use super::selector::Selector;
-use super::update::plan_annotations;
+use super::update::{plan_annotations, protected_label};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).
@@ -63,7 +63,8 @@ pub fn decide<P: PodFacts>(
         pods.iter()
             .filter_map(|(name, pod)| {
                 let changes = plan_annotations(pod, None, config.mutation, config.max_busy, now);
-                (!changes.is_empty()).then(|| Effect::Refresh {
+                let protected = protected_label(pod, None, config.max_busy, now);
+                (!changes.is_empty() || protected.is_some()).then(|| Effect::Refresh {
                     pod: PodRef {
                         namespace: ask.namespace.to_string(),
                         name: name.clone(),
@@ -71,6 +72,7 @@ pub fn decide<P: PodFacts>(
                     },
                     resource_version: pod.resource_version().to_string(),
                     changes,
+                    protected,
                 })
             })
             .collect()
@@ -159,8 +161,12 @@ mod tests {
     /// `busy` up to date, `missed` labelled busy without busyguard's annotations, `idle`.
     fn pods() -> Vec<(String, Pod)> {
         let pod = |label: &str, annotations: serde_json::Value| -> Pod {
+            let mut labels = json!({"app": "worker", BUSY_LABEL: label});
+            if annotations.get(BUSY_SINCE).is_some() {
+                labels["busyguard.io/protected"] = json!("true");
+            }
             serde_json::from_value(json!({"metadata": {"uid": "u", "resourceVersion": "3",
-                "labels": {"app": "worker", BUSY_LABEL: label}, "annotations": annotations}}))
+                "labels": labels, "annotations": annotations}}))
             .unwrap()
         };
         let busy = json!({BUSY_SINCE: "2026-11-21T20:00:00Z",

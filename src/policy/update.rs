@@ -12,7 +12,7 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::PolicyConfig;
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_from, busy_since};
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, DELETION_COST, busy_cost};
 use super::messages;
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
@@ -113,7 +113,8 @@ pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyCon
     }
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
-    let patch = json_patch(pod, &plan_annotations(pod, before, config.mutation, config.max_busy, now));
+    let changes = plan_annotations(pod, before, config.mutation, config.max_busy, now);
+    let patch = json_patch(pod, &changes, protected_label(pod, before, config.max_busy, now));
     if patch.0.is_empty() {
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
@@ -129,7 +130,10 @@ pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Po
     let Some(own) = ask.requester.pod else { return Outcome::allow(Decision::Unhandled) };
     let Some(before) = before else { return Outcome::allow(Decision::Allowed) };
     let others = |labels: &super::pod::Labels| {
-        labels.iter().filter(|(k, _)| k.as_str() != BUSY_LABEL).map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+        (labels.iter())
+            .filter(|(k, _)| k.as_str() != BUSY_LABEL && k.as_str() != PROTECTED_LABEL)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
     };
     let theirs = |pod: &Pod| -> Vec<(String, String)> {
         let annotations = pod.metadata.annotations.iter().flatten();
@@ -276,8 +280,46 @@ fn restore(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp, chan
     }
 }
 
+/// Set on a pod while busyguard protects it (`"true"`), taken off when it is idle or its
+/// protection lapsed: what the busy-pod PodDisruptionBudget selects, so that it too lets a pod go
+/// at max-busy.
+pub const PROTECTED_LABEL: &str = "busyguard.io/protected";
+
+/// Whether the pod, as about to be stored, should carry [`PROTECTED_LABEL`]; `Some` when that
+/// changes its label: `Some(true)` to set it, `Some(false)` to take it off.
+pub fn protected_label(
+    pod: &impl PodFacts,
+    before: Option<&dyn PodFacts>,
+    max_busy: MaxBusy,
+    now: Timestamp,
+) -> Option<bool> {
+    let protected = !(pod.is_terminal() || pod.is_terminating())
+        && if pod.label(BUSY_LABEL) == Some("true") {
+            let since = busy_since_to_keep(pod, before, now).unwrap_or_else(|| whole_second(now));
+            busy_from(pod, Some(since), max_busy, now).is_protected()
+        } else {
+            busy_state(pod, max_busy, now).is_protected()
+        };
+    let has = pod.label(PROTECTED_LABEL) == Some("true");
+    (protected != has).then_some(protected)
+}
+
 /// The changes as a JSONPatch against the pod they were planned for.
-pub fn json_patch(pod: &Pod, changes: &Changes) -> Patch {
+pub fn json_patch(pod: &Pod, changes: &Changes, protected: Option<bool>) -> Patch {
+    let mut patch = annotations_patch(pod, changes);
+    let label = PointerBuf::from_tokens(["metadata", "labels", PROTECTED_LABEL]);
+    match protected {
+        // Opted-in pods carry labels: the map is there.
+        Some(true) => {
+            patch.0.push(PatchOperation::Add(AddOperation { path: label, value: Value::String("true".into()) }))
+        }
+        Some(false) => patch.0.push(PatchOperation::Remove(RemoveOperation { path: label })),
+        None => {}
+    }
+    patch
+}
+
+fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
     let path = |key: &str| PointerBuf::from_tokens(["metadata", "annotations", key]);
     let operations = match &pod.metadata.annotations {
         _ if changes.is_empty() => vec![],
@@ -306,12 +348,16 @@ pub fn json_patch(pod: &Pod, changes: &Changes) -> Patch {
 }
 
 /// The changes as a JSON merge patch, for pods busyguard patches through the API.
-pub fn merge_patch(changes: &Changes) -> Value {
+pub fn merge_patch(changes: &Changes, protected: Option<bool>) -> Value {
     let annotations: serde_json::Map<String, Value> = changes
         .iter()
         .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
         .collect();
-    serde_json::json!({"metadata": {"annotations": annotations}})
+    let mut patch = serde_json::json!({"metadata": {"annotations": annotations}});
+    if let Some(protected) = protected {
+        patch["metadata"]["labels"] = serde_json::json!({PROTECTED_LABEL: protected.then_some("true")});
+    }
+    patch
 }
 
 #[cfg(test)]
@@ -331,7 +377,7 @@ mod tests {
     fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Changes {
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
         let changes = plan_annotations(&pod, None, settings, DAY, ts(now));
-        json_patch::patch(doc, &json_patch(&pod, &changes)).expect("patch applies to its pod");
+        json_patch::patch(doc, &json_patch(&pod, &changes, None)).expect("patch applies to its pod");
         changes
     }
 
@@ -368,7 +414,7 @@ mod tests {
         let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
         let changes = plan_annotations(&pod, None, ALL, DAY, ts("2026-01-01T00:00:00Z"));
-        let patch = json_patch(&pod, &changes);
+        let patch = json_patch(&pod, &changes, None);
         assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
@@ -454,7 +500,14 @@ mod tests {
     #[test]
     fn merge_patch_sets_and_removes_annotations() {
         let changes = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
-        assert_eq!(merge_patch(&changes), json!({"metadata": {"annotations": {DELETION_COST: "5", IDLE_COST: null}}}));
+        assert_eq!(
+            merge_patch(&changes, None),
+            json!({"metadata": {"annotations": {DELETION_COST: "5", IDLE_COST: null}}})
+        );
+        assert_eq!(
+            merge_patch(&Changes::new(), Some(false)),
+            json!({"metadata": {"annotations": {}, "labels": {PROTECTED_LABEL: null}}})
+        );
     }
 
     #[test]
@@ -738,7 +791,11 @@ mod tests {
         let outcome = decide(&ask(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
-        assert_eq!(patch.0.len(), 4, "busy-since, cost, and the two autoscaler annotations: {patch:?}");
+        assert_eq!(
+            patch.0.len(),
+            5,
+            "busy-since, cost, the two autoscaler annotations, the protected label: {patch:?}"
+        );
     }
 
     #[test]
@@ -773,7 +830,7 @@ mod tests {
     fn annotation_keys_with_slashes_are_escaped_in_patch_paths() {
         let pod: Pod = serde_json::from_value(worker(json!({}))).unwrap();
         let changes = Changes::from([(DELETION_COST, Some("1".to_string()))]);
-        let patch = serde_json::to_value(json_patch(&pod, &changes)).unwrap();
+        let patch = serde_json::to_value(json_patch(&pod, &changes, None)).unwrap();
         assert_eq!(
             patch,
             json!([{"op": "add", "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "value": "1"}])
