@@ -28,7 +28,8 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
 use busyguard::admission::review::AdmissionResponse;
-use busyguard::policy::cost::busy_cost;
+use busyguard::config::{Cli, Command as BusyguardCommand};
+use clap::Parser;
 
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
 const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
@@ -85,19 +86,26 @@ fn whole_second_now() -> jiff::Timestamp {
 }
 
 /// The busy pod the eviction names, as busyguard's watch lists it after the mutating webhook
-/// annotated it (nothing stale, so a scale-down that selects it has nothing to patch).
+/// annotated it (nothing stale, so a scale-down that selects it has nothing to patch): the
+/// annotations and label busyguard's own plan gives it, on the defaults of `busyguard serve`.
 fn busy_pod() -> Value {
+    use busyguard::policy::pod::Pod;
+    use busyguard::policy::update::{PROTECTED_LABEL, plan_annotations, protected_label};
     let eviction = fixture("pod-eviction-by-user.json");
     let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();
     pod["metadata"]["namespace"] = eviction["request"]["namespace"].clone();
-    let since = whole_second_now();
-    pod["metadata"]["annotations"] = json!({
-        "busyguard.io/busy-since": since.to_string(),
-        "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
-        "karpenter.sh/do-not-disrupt": "true",
-        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-    });
+    pod["metadata"]["annotations"] = json!({});
+    let BusyguardCommand::Serve(args) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
+    let policy = args.into_config().policy;
+    let now = whole_second_now();
+    let decoded: Pod = serde_json::from_value(pod.clone()).unwrap();
+    for (key, value) in plan_annotations(&decoded, None, policy.mutation, policy.max_busy, now) {
+        pod["metadata"]["annotations"][key] = json!(value);
+    }
+    if protected_label(&decoded, None, policy.max_busy, now) == Some(true) {
+        pod["metadata"]["labels"][PROTECTED_LABEL] = json!("true");
+    }
     pod
 }
 
