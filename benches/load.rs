@@ -90,7 +90,7 @@ fn whole_second_now() -> jiff::Timestamp {
 /// annotations and label busyguard's own plan gives it, on the defaults of `busyguard serve`.
 fn busy_pod() -> Value {
     use busyguard::policy::pod::Pod;
-    use busyguard::policy::update::{PROTECTED_LABEL, plan_annotations, protected_label};
+    use busyguard::policy::update::{PROTECTED_LABEL, plan};
     let eviction = fixture("pod-eviction-by-user.json");
     let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();
@@ -100,10 +100,11 @@ fn busy_pod() -> Value {
     let policy = args.into_config().policy;
     let now = whole_second_now();
     let decoded: Pod = serde_json::from_value(pod.clone()).unwrap();
-    for (key, value) in plan_annotations(&decoded, None, policy.mutation, policy.max_busy, now) {
+    let plan = plan(&decoded, None, policy.mutation, policy.max_busy, now);
+    for (key, value) in plan.annotations {
         pod["metadata"]["annotations"][key] = json!(value);
     }
-    if protected_label(&decoded, None, policy.max_busy, now) == Some(true) {
+    if plan.protected == Some(true) {
         pod["metadata"]["labels"][PROTECTED_LABEL] = json!("true");
     }
     pod

@@ -15,7 +15,7 @@ use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
 use crate::policy::busy::{BUSY_LABEL, BusyState, MaxBusy, busy_state};
 use crate::policy::pod::PodFacts;
-use crate::policy::signals::{count, of_pod, workload};
+use crate::policy::signals::{count, of_pod};
 
 /// One opted-in pod as listed.
 pub struct Listed {
@@ -46,9 +46,9 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
 /// The report, as a person reads it in a terminal.
 pub fn render(pods: &[Listed], max_busy: MaxBusy, now: Timestamp) -> String {
     let mut out = String::new();
-    let workload_of = |p: &Listed| workload(p.pod.owner.as_deref(), p.pod.label("pod-template-hash"), &p.name);
-    let counted =
-        pods.iter().filter_map(|p| Some((p.namespace.clone(), workload_of(p), of_pod(&p.pod, max_busy, now)?)));
+    let counted = pods
+        .iter()
+        .filter_map(|p| Some((p.namespace.clone(), p.pod.workload(&p.name), of_pod(&p.pod, max_busy, now)?)));
     let workloads = count(counted, usize::MAX);
     let busy: Vec<(&Listed, Option<Timestamp>, Option<Timestamp>)> = pods
         .iter()

@@ -154,13 +154,13 @@ pub fn admit(
             let ask = ask(request, request.is_dry_run());
             // Judged on the pod the request carries; the view confirms it for side effects, and
             // counts its workload's unavailable pods for a budget (when it can be trusted).
-            let siblings = (inputs.view.check(inputs.arrived).ok())
-                .and_then(|()| inputs.view.unavailable_siblings(&request.namespace, &request.name));
-            let decided = inputs.view.with_pod(&request.namespace, &request.name, |seen| {
+            let trusted = inputs.view.check(inputs.arrived).is_ok();
+            let decided = inputs.view.with_pod(&request.namespace, &request.name, |seen, siblings| {
+                let siblings = siblings.filter(|_| trusted);
                 disruption::decide(&ask, Action::Delete, pod, Some(seen), siblings, policy, now)
             });
             Ok(decided
-                .unwrap_or_else(|| disruption::decide(&ask, Action::Delete, pod, None::<&Pod>, siblings, policy, now)))
+                .unwrap_or_else(|| disruption::decide(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)))
         }
         Route::PodEviction => {
             let eviction = match request.object()? {
@@ -170,8 +170,7 @@ pub fn admit(
             let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
             (inputs.view.check(inputs.arrived))
                 .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
-            let siblings = inputs.view.unavailable_siblings(&request.namespace, &request.name);
-            let decided = inputs.view.with_pod(&request.namespace, &request.name, |pod| {
+            let decided = inputs.view.with_pod(&request.namespace, &request.name, |pod, siblings| {
                 disruption::decide(&ask, Action::Evict, pod, Some(pod), siblings, policy, now)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).

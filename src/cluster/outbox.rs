@@ -296,8 +296,8 @@ impl Worker {
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         match effect {
-            Effect::Refresh { pod, resource_version, changes, protected } => {
-                let mut patch = merge_patch(changes, *protected);
+            Effect::Refresh { pod, resource_version, plan } => {
+                let mut patch = merge_patch(plan);
                 patch["metadata"]["resourceVersion"] = resource_version.clone().into();
                 patch["metadata"]["uid"] = pod.uid.clone().into();
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {

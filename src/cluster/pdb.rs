@@ -33,7 +33,7 @@ impl BusyPdbs {
             Ok(existing) => existing,
             Err(e) => return warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait"),
         };
-        let pods = view.flat_map(|namespace, _, pod| vec![(namespace.to_string(), pod.labels_map())]);
+        let pods = view.flat_map(|namespace, _, pod| [(namespace.to_string(), pod.labels_map())]);
         let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
         for (namespace, labels) in pods {
             by_namespace.entry(namespace).or_default().push(labels);

@@ -11,8 +11,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::policy::busy::{MAX_UNAVAILABLE, TASK_CONTAINER};
 use crate::policy::disruption::is_available;
-use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER};
+use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
 use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
+use crate::policy::signals::workload;
 
 /// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
 type Pairs = Box<[(Box<str>, Box<str>)]>;
@@ -46,6 +47,11 @@ pub struct PodRecord {
 impl PodRecord {
     pub fn labels_map(&self) -> std::collections::BTreeMap<String, String> {
         self.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// The workload of the pod named `name`, as people name it (see [`workload`]).
+    pub fn workload(&self, name: &str) -> String {
+        workload(self.owner.as_deref(), self.label(POD_TEMPLATE_HASH), name)
     }
 }
 
@@ -327,10 +333,19 @@ impl View {
         }
     }
 
-    /// `read` applied to the pod's record, under the view's read lock: an eviction judges the
-    /// record where it lies instead of copying its maps out.
-    pub fn with_pod<T>(&self, namespace: &str, name: &str, read: impl FnOnce(&PodRecord) -> T) -> Option<T> {
-        self.read().get(namespace)?.get(name).map(read)
+    /// `read` applied to the pod's record and its unavailable siblings (`unavailable_siblings`),
+    /// under one read lock: a delete or an eviction judges the record where it lies instead of
+    /// copying its maps out.
+    pub fn with_pod<T>(
+        &self,
+        namespace: &str,
+        name: &str,
+        read: impl FnOnce(&PodRecord, Option<u32>) -> T,
+    ) -> Option<T> {
+        let pods = self.read();
+        let in_namespace = pods.get(namespace)?;
+        let record = in_namespace.get(name)?;
+        Some(read(record, Self::unavailable_siblings(in_namespace, name, record)))
     }
 
     /// The pods of a namespace whose labels pass `keep`, with their names.
@@ -341,7 +356,7 @@ impl View {
     }
 
     /// `each` applied to every pod under the read lock, its results gathered.
-    pub fn flat_map<T>(&self, each: impl Fn(&str, &str, &PodRecord) -> Vec<T>) -> Vec<T> {
+    pub fn flat_map<I: IntoIterator>(&self, each: impl Fn(&str, &str, &PodRecord) -> I) -> Vec<I::Item> {
         let pods = self.read();
         let records = pods
             .iter()
@@ -350,13 +365,13 @@ impl View {
     }
 
     /// How many other pods of this pod's workload (its controlling owner) are unavailable: not
-    /// Running and Ready, or going away. `None` when the view does not hold the pod, it has no
-    /// owner, or no budget (`busyguard.io/max-unavailable`) to count for: the namespace is
-    /// scanned only then.
-    pub fn unavailable_siblings(&self, namespace: &str, name: &str) -> Option<u32> {
-        let pods = self.read();
-        let in_namespace = pods.get(namespace)?;
-        let record = in_namespace.get(name)?;
+    /// Running and Ready, or going away. `None` when the pod has no owner, or no budget
+    /// (`busyguard.io/max-unavailable`) to count for: the namespace is scanned only then.
+    fn unavailable_siblings(
+        in_namespace: &HashMap<Box<str>, PodRecord>,
+        name: &str,
+        record: &PodRecord,
+    ) -> Option<u32> {
         record.annotation(MAX_UNAVAILABLE)?;
         let owner = record.owner.as_deref()?;
         let unavailable = (in_namespace.iter())

@@ -25,6 +25,16 @@ pub struct Exemptions {
     pub karpenter: Vec<String>,
 }
 
+impl Exemptions {
+    /// The exemption `requester` holds as a configured user or group, if any.
+    pub fn of(&self, requester: Requester<'_>) -> Option<Override> {
+        if self.users.iter().any(|u| u == requester.username) {
+            return Some(Override::ExemptUser(requester.username.to_string()));
+        }
+        requester.groups.iter().find(|g| self.groups.contains(g)).map(|g| Override::ExemptGroup(g.clone()))
+    }
+}
+
 /// The busy rule's answer for one pod and one requester.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -84,22 +94,23 @@ pub fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions
     match state {
         BusyState::NotOptedIn | BusyState::Idle | BusyState::Terminating | BusyState::Terminal => Verdict::Allow,
         BusyState::Lapsed { since, lapse } => Verdict::AllowBusy(Override::Lapsed { since, lapse }),
-        BusyState::Busy { since, until } => {
-            if TAINT_MANAGER_USERS.contains(&requester.username) {
-                return Verdict::AllowBusy(Override::NodeTaintEviction);
-            }
-            if requester.username == NAMESPACE_CONTROLLER_USER {
-                return Verdict::AllowBusy(Override::NamespaceDeleted);
-            }
-            if exemptions.users.iter().any(|u| u == requester.username) {
-                return Verdict::AllowBusy(Override::ExemptUser(requester.username.to_string()));
-            }
-            if let Some(group) = requester.groups.iter().find(|g| exemptions.groups.contains(g)) {
-                return Verdict::AllowBusy(Override::ExemptGroup(group.clone()));
-            }
-            Verdict::Deny { since, until }
-        }
+        BusyState::Busy { since, until } => match let_through(requester, exemptions) {
+            Some(over) => Verdict::AllowBusy(over),
+            None => Verdict::Deny { since, until },
+        },
     }
+}
+
+/// Who takes a pod away whatever protects it: recovery (the taint manager, the namespace
+/// controller), then exempt users and groups.
+fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Override> {
+    if TAINT_MANAGER_USERS.contains(&requester.username) {
+        return Some(Override::NodeTaintEviction);
+    }
+    if requester.username == NAMESPACE_CONTROLLER_USER {
+        return Some(Override::NamespaceDeleted);
+    }
+    exemptions.of(requester)
 }
 
 /// A refused delete is carried out later only for people and the garbage collector: they ask
@@ -123,13 +134,8 @@ fn over_budget(
 ) -> Option<String> {
     let allowed: u32 = pod.annotation(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
     let unavailable = unavailable_siblings?;
-    let requester = ask.requester;
-    let exempt = config.exemptions.users.iter().any(|u| u == requester.username)
-        || requester.groups.iter().any(|g| config.exemptions.groups.contains(g))
-        || TAINT_MANAGER_USERS.contains(&requester.username)
-        || requester.username == NAMESPACE_CONTROLLER_USER;
     let itself_unavailable = pod.is_terminating() || !is_available(pod);
-    if exempt || itself_unavailable || unavailable < allowed {
+    if itself_unavailable || unavailable < allowed || let_through(ask.requester, &config.exemptions).is_some() {
         return None;
     }
     Some(messages::over_budget(ask.namespace, ask.name, allowed, unavailable))

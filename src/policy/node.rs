@@ -40,12 +40,8 @@ pub fn decide<'a, P: PodFacts + 'a>(
     let requester = ask.requester;
     let exempt = if requester.username == CLOUD_NODE_LIFECYCLE_USER {
         Some(Reason::NodeGone)
-    } else if config.exemptions.users.iter().any(|u| u == requester.username) {
-        Some(Reason::ExemptUser)
-    } else if requester.groups.iter().any(|g| config.exemptions.groups.contains(g)) {
-        Some(Reason::ExemptGroup)
     } else {
-        None
+        config.exemptions.of(requester).map(|exempt| exempt.reason())
     };
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
     if let Some(reason) = exempt {
@@ -124,5 +120,19 @@ mod tests {
             assert!(outcome.is_allowed(), "{user}");
             assert_eq!(outcome.audit.unwrap().reason, reason);
         }
+    }
+
+    #[test]
+    fn a_member_of_an_exempt_group_deletes_it_audited_and_others_are_refused() {
+        let busy = pod("true");
+        let mut config = config();
+        config.exemptions.groups = vec!["ops:breakglass".into()];
+        let groups = ["system:authenticated".to_string(), "ops:breakglass".to_string()];
+        let member = Ask { requester: Requester { username: "alice", groups: &groups, pod: None }, ..ask("alice") };
+        let outcome = decide(&member, [("jobs/worker-a".to_string(), &busy)], &config, now());
+        assert!(outcome.is_allowed());
+        assert_eq!(outcome.audit.unwrap().reason, Reason::ExemptGroup);
+        let outsider = decide(&ask("bob"), [("jobs/worker-a".to_string(), &busy)], &config, now());
+        assert!(!outsider.is_allowed());
     }
 }

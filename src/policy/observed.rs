@@ -9,7 +9,7 @@ use super::busy::{BusyState, busy_state};
 use super::messages;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
-use super::update::{plan_annotations, protected_label};
+use super::update::plan;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LossCause {
@@ -119,13 +119,12 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
         let resource_version = now_seen.resource_version().to_string();
         return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];
     }
-    let changes = plan_annotations(now_seen, None, config.mutation, config.max_busy, now);
-    let protected = protected_label(now_seen, None, config.max_busy, now);
-    if changes.is_empty() && protected.is_none() {
+    let plan = plan(now_seen, None, config.mutation, config.max_busy, now);
+    if plan.is_empty() {
         return Vec::new();
     }
     let resource_version = now_seen.resource_version().to_string();
-    vec![Effect::Refresh { pod: pod.clone(), resource_version, changes, protected }]
+    vec![Effect::Refresh { pod: pod.clone(), resource_version, plan }]
 }
 
 #[cfg(test)]
@@ -221,10 +220,10 @@ mod tests {
         let mut missed = pod("true", json!({IDLE_COST: "3"}), running());
         missed.metadata.labels.insert(BUSY_LABEL.into(), "false".into());
         let effects = due(&target(), &missed, &config(), now());
-        let [Effect::Refresh { changes, resource_version, .. }] = effects.as_slice() else { panic!("{effects:?}") };
+        let [Effect::Refresh { plan, resource_version, .. }] = effects.as_slice() else { panic!("{effects:?}") };
         assert_eq!(resource_version, "7");
-        assert_eq!(changes.get(DELETION_COST), Some(&Some("3".to_string())));
-        assert_eq!(changes.get(KARPENTER_DO_NOT_DISRUPT), Some(&None));
+        assert_eq!(plan.annotations.get(DELETION_COST), Some(&Some("3".to_string())));
+        assert_eq!(plan.annotations.get(KARPENTER_DO_NOT_DISRUPT), Some(&None));
     }
 
     #[test]
@@ -232,8 +231,8 @@ mod tests {
         let busy = pod("true", json!({}), running());
         let later: Timestamp = "2026-11-22T20:00:00Z".parse().unwrap();
         let effects = due(&target(), &busy, &config(), later);
-        let [Effect::Refresh { protected, .. }] = effects.as_slice() else { panic!("{effects:?}") };
-        assert_eq!(*protected, Some(false));
+        let [Effect::Refresh { plan, .. }] = effects.as_slice() else { panic!("{effects:?}") };
+        assert_eq!(plan.protected, Some(false));
     }
 
     #[test]

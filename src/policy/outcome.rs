@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::scale::ScalePlan;
-use super::update::Changes;
+use super::update::Plan;
 use super::{Mode, Requester};
 
 #[derive(Debug)]
@@ -384,9 +384,9 @@ impl Action {
 /// A change to the cluster a decision asks for; the outbox carries it out.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    /// Bring busyguard's annotations up to date; `changes` were planned on `resource_version`.
-    /// `protected`: set (`true`) or take off (`false`) the protected label.
-    Refresh { pod: PodRef, resource_version: String, changes: Changes, protected: Option<bool> },
+    /// Bring busyguard's annotations and protected label up to date; `plan` was made on
+    /// `resource_version`.
+    Refresh { pod: PodRef, resource_version: String, plan: Plan },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in

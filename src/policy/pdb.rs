@@ -59,11 +59,13 @@ pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[
             .filter(|pdb| !pdb.ours && &pdb.namespace == namespace)
             .filter(|pdb| {
                 labels.iter().any(|pod| {
-                    let mut busy = pod.clone();
-                    busy.insert(BUSY_LABEL.to_string(), "true".to_string());
-                    busy.insert(PROTECTED_LABEL.to_string(), "true".to_string());
-                    // A selector busyguard cannot read may select the pod: assume it does.
-                    pdb.selector.as_ref().is_none_or(|s| s.matches(|key| busy.get(key).map(String::as_str)))
+                    // The pod as it is while busy; a selector busyguard cannot read may select
+                    // it: assume it does.
+                    let busy = |key: &str| match key {
+                        BUSY_LABEL | PROTECTED_LABEL => Some("true"),
+                        _ => pod.get(key).map(String::as_str),
+                    };
+                    pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
                 })
             })
             .map(|pdb| pdb.name.clone())

@@ -429,7 +429,7 @@ mod tests {
         use crate::policy::busy::BUSY_LABEL;
         use crate::policy::disruption;
         use crate::policy::outcome::{Action, Ask, PodRef};
-        use crate::policy::update::plan_annotations;
+        use crate::policy::update::plan;
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
 
@@ -467,7 +467,7 @@ mod tests {
             let recording = Recording { pod, asked: Default::default() };
             disruption::decide(&ask, Action::Evict, &recording, Some(&recording), Some(1), &config, now);
             disruption::decide(&ask, Action::Delete, pod, Some(&recording), Some(1), &config, now);
-            plan_annotations(&recording, None, config.mutation, config.max_busy, now);
+            plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::decide(&target, Some(&recording), None, &config, now);
             let select = |_: &_| Ok(vec![("w".to_string(), &recording)]);

@@ -12,7 +12,7 @@ use super::messages;
 use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
 use super::selector::Selector;
-use super::update::{plan_annotations, protected_label};
+use super::update::plan;
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).
@@ -62,17 +62,15 @@ pub fn decide<P: PodFacts>(
     } else {
         pods.iter()
             .filter_map(|(name, pod)| {
-                let changes = plan_annotations(pod, None, config.mutation, config.max_busy, now);
-                let protected = protected_label(pod, None, config.max_busy, now);
-                (!changes.is_empty() || protected.is_some()).then(|| Effect::Refresh {
+                let plan = plan(pod, None, config.mutation, config.max_busy, now);
+                (!plan.is_empty()).then(|| Effect::Refresh {
                     pod: PodRef {
                         namespace: ask.namespace.to_string(),
                         name: name.clone(),
                         uid: pod.uid().to_string(),
                     },
                     resource_version: pod.resource_version().to_string(),
-                    changes,
-                    protected,
+                    plan,
                 })
             })
             .collect()

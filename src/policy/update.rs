@@ -61,7 +61,8 @@ impl Guarded {
     }
 }
 
-/// `until` is when protection ends (`None`: unknown), `started` when the pod started.
+/// Each of [`GUARDED`] with its busy value; `until` is when protection ends (`None`: unknown),
+/// `started` when the pod started.
 fn guarded(
     settings: MutationSettings,
     since: Timestamp,
@@ -72,21 +73,15 @@ fn guarded(
         (true, Some(until), Some(started)) => bounded_do_not_disrupt(until, started),
         _ => "true".into(),
     };
-    [
-        Guarded { key: DELETION_COST, saved_as: IDLE_COST, enabled: true, busy_value: busy_cost(since).to_string() },
-        Guarded {
-            key: KARPENTER_DO_NOT_DISRUPT,
-            saved_as: IDLE_DO_NOT_DISRUPT,
-            enabled: settings.karpenter,
-            busy_value: do_not_disrupt,
-        },
-        Guarded {
-            key: AUTOSCALER_SAFE_TO_EVICT,
-            saved_as: IDLE_SAFE_TO_EVICT,
-            enabled: settings.cluster_autoscaler,
-            busy_value: "false".into(),
-        },
-    ]
+    GUARDED.map(|(key, saved_as)| {
+        let (enabled, busy_value) = match key {
+            DELETION_COST => (true, busy_cost(since).to_string()),
+            KARPENTER_DO_NOT_DISRUPT => (settings.karpenter, do_not_disrupt.clone()),
+            // AUTOSCALER_SAFE_TO_EVICT
+            _ => (settings.cluster_autoscaler, "false".into()),
+        };
+        Guarded { key, saved_as, enabled, busy_value }
+    })
 }
 
 /// Karpenter's duration form, in whole seconds from the pod's start to `until` (at least 1s).
@@ -113,8 +108,7 @@ pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyCon
     }
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
-    let changes = plan_annotations(pod, before, config.mutation, config.max_busy, now);
-    let patch = json_patch(pod, &changes, protected_label(pod, before, config.max_busy, now));
+    let patch = json_patch(pod, &plan(pod, before, config.mutation, config.max_busy, now));
     if patch.0.is_empty() {
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
@@ -180,32 +174,79 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
     warnings
 }
 
-/// The annotation changes for `pod` as it is about to be stored. `before` is the version it
-/// replaces, when the request carries it (an update); without it (a create, the watch, a
-/// scale-down) the pod's own busy-since stands if it is a time already past.
-pub fn plan_annotations(
+/// What busyguard keeps on a pod: its annotation changes, and the protected label's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub annotations: Changes,
+    /// `Some(true)` to set [`PROTECTED_LABEL`], `Some(false)` to take it off; `None`: as it is.
+    pub protected: Option<bool>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.annotations.is_empty() && self.protected.is_none()
+    }
+}
+
+/// The plan for `pod` as it is about to be stored. `before` is the version it replaces, when
+/// the request carries it (an update); without it (a create, the watch, a scale-down) the pod's
+/// own busy-since stands if it is a time already past.
+pub fn plan(
     pod: &impl PodFacts,
     before: Option<&dyn PodFacts>,
     settings: MutationSettings,
     max_busy: MaxBusy,
     now: Timestamp,
-) -> Changes {
+) -> Plan {
+    let (mut annotations, protected) = if pod.is_terminal() || pod.is_terminating() {
+        (Changes::new(), false)
+    } else if pod.label(BUSY_LABEL) == Some("true") {
+        plan_busy(pod, before, settings, max_busy, now)
+    } else {
+        // Busy by readiness (compatibility mode) is protected too.
+        (plan_idle(pod, settings, now), busy_state(pod, max_busy, now).is_protected())
+    };
+    annotations.retain(|key, value| pod.annotation(key) != value.as_deref());
+    let has = pod.label(PROTECTED_LABEL) == Some("true");
+    Plan { annotations, protected: (protected != has).then_some(protected) }
+}
+
+/// Not marked busy: back to the user's own values, and busyguard's markers go. Opted out (the
+/// label removed, also while busy) counts the same as a flip to idle.
+fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) -> Changes {
     let mut changes = Changes::new();
-    if pod.is_terminal() || pod.is_terminating() {
+    let ours_left =
+        pod.annotation(BUSY_SINCE).is_some() || GUARDED.iter().any(|(_, saved_as)| pod.annotation(saved_as).is_some());
+    if !ours_left {
         return changes;
     }
-    let get = |key: &str| pod.annotation(key).map(str::to_string);
-    let wants_busy = pod.label(BUSY_LABEL) == Some("true");
-    // Opted out (the label removed, also while busy): what busyguard set goes as on a flip to idle.
-    let ours_left = pod.annotation(BUSY_SINCE).is_some()
-        || guarded(settings, now, None, None).iter().any(|g| pod.annotation(g.saved_as).is_some());
-    if !wants_busy {
-        if ours_left {
-            restore(pod, settings, now, &mut changes);
+    changes.insert(BUSY_SINCE, None);
+    for g in guarded(settings, now, None, None) {
+        match pod.annotation(g.saved_as) {
+            Some(saved) => {
+                changes.insert(g.key, Some(saved.to_string()));
+                changes.insert(g.saved_as, None);
+            }
+            // Only what busyguard set may be taken away; a disabled one it never set.
+            None if g.enabled => {
+                changes.insert(g.key, None);
+            }
+            None => {}
         }
-        changes.retain(|key, value| pod.annotation(key) != value.as_deref());
-        return changes;
     }
+    changes
+}
+
+/// Marked busy: the changes, and whether the pod is protected.
+fn plan_busy(
+    pod: &impl PodFacts,
+    before: Option<&dyn PodFacts>,
+    settings: MutationSettings,
+    max_busy: MaxBusy,
+    now: Timestamp,
+) -> (Changes, bool) {
+    let mut changes = Changes::new();
+    let get = |key: &str| pod.annotation(key).map(str::to_string);
     let (since, turning_busy) = match busy_since_to_keep(pod, before, now) {
         Some(kept) => (kept, false),
         None => (whole_second(now), true),
@@ -246,8 +287,7 @@ pub fn plan_annotations(
             changes.insert(g.key, Some(g.busy_value));
         }
     }
-    changes.retain(|key, value| pod.annotation(key) != value.as_deref());
-    changes
+    (changes, state.is_protected())
 }
 
 /// While busy, the busy-since stamped on the flip stays, whatever the write says (moving or
@@ -262,53 +302,16 @@ fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: T
     }
 }
 
-/// Back to the user's own values; busyguard's markers go.
-fn restore(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp, changes: &mut Changes) {
-    changes.insert(BUSY_SINCE, None);
-    for g in guarded(settings, now, None, None) {
-        match pod.annotation(g.saved_as) {
-            Some(saved) => {
-                changes.insert(g.key, Some(saved.to_string()));
-                changes.insert(g.saved_as, None);
-            }
-            // Only what busyguard set may be taken away; a disabled one it never set.
-            None if g.enabled => {
-                changes.insert(g.key, None);
-            }
-            None => {}
-        }
-    }
-}
-
 /// Set on a pod while busyguard protects it (`"true"`), taken off when it is idle or its
 /// protection lapsed: what the busy-pod PodDisruptionBudget selects, so that it too lets a pod go
 /// at max-busy.
 pub const PROTECTED_LABEL: &str = "busyguard.io/protected";
 
-/// Whether the pod, as about to be stored, should carry [`PROTECTED_LABEL`]; `Some` when that
-/// changes its label: `Some(true)` to set it, `Some(false)` to take it off.
-pub fn protected_label(
-    pod: &impl PodFacts,
-    before: Option<&dyn PodFacts>,
-    max_busy: MaxBusy,
-    now: Timestamp,
-) -> Option<bool> {
-    let protected = !(pod.is_terminal() || pod.is_terminating())
-        && if pod.label(BUSY_LABEL) == Some("true") {
-            let since = busy_since_to_keep(pod, before, now).unwrap_or_else(|| whole_second(now));
-            busy_from(pod, Some(since), max_busy, now).is_protected()
-        } else {
-            busy_state(pod, max_busy, now).is_protected()
-        };
-    let has = pod.label(PROTECTED_LABEL) == Some("true");
-    (protected != has).then_some(protected)
-}
-
-/// The changes as a JSONPatch against the pod they were planned for.
-pub fn json_patch(pod: &Pod, changes: &Changes, protected: Option<bool>) -> Patch {
-    let mut patch = annotations_patch(pod, changes);
+/// The plan as a JSONPatch against the pod it was made for.
+pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
+    let mut patch = annotations_patch(pod, &plan.annotations);
     let label = PointerBuf::from_tokens(["metadata", "labels", PROTECTED_LABEL]);
-    match protected {
+    match plan.protected {
         // Opted-in pods carry labels: the map is there.
         Some(true) => {
             patch.0.push(PatchOperation::Add(AddOperation { path: label, value: Value::String("true".into()) }))
@@ -347,14 +350,13 @@ fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
     Patch(operations)
 }
 
-/// The changes as a JSON merge patch, for pods busyguard patches through the API.
-pub fn merge_patch(changes: &Changes, protected: Option<bool>) -> Value {
-    let annotations: serde_json::Map<String, Value> = changes
-        .iter()
+/// The plan as a JSON merge patch, for pods busyguard patches through the API.
+pub fn merge_patch(plan: &Plan) -> Value {
+    let annotations: serde_json::Map<String, Value> = (plan.annotations.iter())
         .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
         .collect();
     let mut patch = serde_json::json!({"metadata": {"annotations": annotations}});
-    if let Some(protected) = protected {
+    if let Some(protected) = plan.protected {
         patch["metadata"]["labels"] = serde_json::json!({PROTECTED_LABEL: protected.then_some("true")});
     }
     patch
@@ -373,12 +375,12 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// Plans, applies the JSONPatch to the pod's JSON and returns the pod as stored.
-    fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Changes {
+    /// Plans, applies the JSONPatch to the pod's JSON (the pod as stored) and returns the plan.
+    fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Plan {
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, None, settings, DAY, ts(now));
-        json_patch::patch(doc, &json_patch(&pod, &changes, None)).expect("patch applies to its pod");
-        changes
+        let plan = plan(&pod, None, settings, DAY, ts(now));
+        json_patch::patch(doc, &json_patch(&pod, &plan)).expect("patch applies to its pod");
+        plan
     }
 
     fn set_label(doc: &mut Value, value: &str) {
@@ -413,8 +415,8 @@ mod tests {
     fn flip_to_busy_creates_the_annotations_map_when_there_is_none() {
         let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-        let changes = plan_annotations(&pod, None, ALL, DAY, ts("2026-01-01T00:00:00Z"));
-        let patch = json_patch(&pod, &changes, None);
+        let annotations = plan(&pod, None, ALL, DAY, ts("2026-01-01T00:00:00Z")).annotations;
+        let patch = json_patch(&pod, &Plan { annotations, protected: None });
         assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
@@ -501,11 +503,11 @@ mod tests {
     fn merge_patch_sets_and_removes_annotations() {
         let changes = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
         assert_eq!(
-            merge_patch(&changes, None),
+            merge_patch(&Plan { annotations: changes, protected: None }),
             json!({"metadata": {"annotations": {DELETION_COST: "5", IDLE_COST: null}}})
         );
         assert_eq!(
-            merge_patch(&Changes::new(), Some(false)),
+            merge_patch(&Plan { annotations: Changes::new(), protected: Some(false) }),
             json!({"metadata": {"annotations": {}, "labels": {PROTECTED_LABEL: null}}})
         );
     }
@@ -830,7 +832,7 @@ mod tests {
     fn annotation_keys_with_slashes_are_escaped_in_patch_paths() {
         let pod: Pod = serde_json::from_value(worker(json!({}))).unwrap();
         let changes = Changes::from([(DELETION_COST, Some("1".to_string()))]);
-        let patch = serde_json::to_value(json_patch(&pod, &changes, None)).unwrap();
+        let patch = serde_json::to_value(json_patch(&pod, &Plan { annotations: changes, protected: None })).unwrap();
         assert_eq!(
             patch,
             json!([{"op": "add", "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "value": "1"}])

@@ -126,12 +126,11 @@ impl App {
     /// Sets the per-workload gauges from the view, as of now.
     pub fn count_workloads(&self) {
         use crate::metrics::{WorkloadLabels, WorkloadOnlyLabels};
-        use crate::policy::pod::PodFacts;
-        use crate::policy::signals::{count, of_pod, workload};
+        use crate::policy::signals::{count, of_pod};
         let now = jiff::Timestamp::now();
         let pods = self.cluster.view.flat_map(|namespace, name, pod| {
-            let Some(counts) = of_pod(pod, self.policy.max_busy, now) else { return Vec::new() };
-            vec![(namespace.to_string(), workload(pod.owner.as_deref(), pod.label("pod-template-hash"), name), counts)]
+            let counts = of_pod(pod, self.policy.max_busy, now)?;
+            Some((namespace.to_string(), pod.workload(name), counts))
         });
         let counts = count(pods, MAX_WORKLOADS);
         let (pods, deletes) = (&self.metrics.workload_pods, &self.metrics.workload_deferred_deletes);
