@@ -1,0 +1,70 @@
+//! busyguard end to end, on a real control plane (`make e2e`): every row of the README's busy
+//! contract and every case it does not protect, asserted from what the real API server,
+//! controllers, scheduler and `kubectl` did, with busyguard installed as shipped (see `rig`).
+//!
+//! Runs only with `BUSYGUARD_E2E=1` (what `make e2e` sets): it starts a control plane. Scenarios
+//! run one after the other, each in its own namespace; an argument runs only the scenarios whose
+//! name holds it. The last line reads `e2e: N passed, N failed`.
+
+mod rig;
+mod scenarios;
+mod workers;
+
+use std::panic::AssertUnwindSafe;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rig::Rig;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Test runners list first (`--list`): this suite is listed and run by `make e2e` alone.
+    if args.iter().any(|a| a == "--list") {
+        return ExitCode::SUCCESS;
+    }
+    if std::env::var_os("BUSYGUARD_E2E").is_none() {
+        println!("e2e: not run: it starts a control plane; `make e2e` runs it (BUSYGUARD_E2E=1)");
+        return ExitCode::SUCCESS;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let chosen: Vec<_> = (scenarios::ALL.iter())
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    let started = Instant::now();
+    let rig = match Rig::up() {
+        Ok(rig) => rig,
+        Err(e) => {
+            eprintln!("e2e: the rig did not come up: {e:#}");
+            println!("e2e: 0 passed, {} failed", chosen.len());
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("e2e: control plane and busyguard up in {:.0?}", started.elapsed());
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, scenario) in chosen {
+        let began = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| scenario(&rig)));
+        let took = began.elapsed();
+        match result {
+            Ok(Ok(())) => {
+                passed += 1;
+                println!("e2e: ok     {name} ({took:.1?})");
+            }
+            Ok(Err(e)) => {
+                println!("e2e: FAILED {name} ({took:.1?}): {e:#}");
+                failed.push(*name);
+            }
+            Err(_) => {
+                println!("e2e: FAILED {name} ({took:.1?}): panicked");
+                failed.push(*name);
+            }
+        }
+    }
+    println!("e2e: all in {:.0?}; busyguard's logs: {}/replicas", started.elapsed(), rig.work.display());
+    for name in &failed {
+        println!("e2e: failed: {name}");
+    }
+    println!("e2e: {passed} passed, {} failed", failed.len());
+    drop(rig);
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

@@ -1,0 +1,656 @@
+//! The rig: a real control plane (`../shared/k8s`, or the cluster of `BUSYGUARD_E2E_KUBECONFIG`),
+//! busyguard installed on it as shipped, and the helpers the scenarios speak through.
+//!
+//! As shipped: `manifests/base` rendered by `kubectl kustomize` and applied whole, with only the
+//! webhooks' `clientConfig` switched to a URL (and its `caBundle`). The Deployment's pods are
+//! scheduled by the real scheduler; the rig is their kubelet: for each busyguard pod it runs
+//! `busyguard` on this machine with the container's args and env, the TLS Secret's files where
+//! the volume is mounted, and a token bound to that pod (what the projected token is in a real
+//! pod), so busyguard speaks to the API server with the identity it has in a cluster. It probes
+//! `/readyz` as the readinessProbe does, runs the preStop hook and sends SIGTERM when the pod is
+//! deleted. The webhook URL points at a TCP forwarder that plays the Service: it sends each
+//! connection to a ready, not terminating replica.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use base64::Engine;
+use serde_json::{Value, json};
+
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+pub const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
+/// The identity busyguard has in the cluster: its service account, in its namespace.
+pub const BUSYGUARD_USER: &str = "system:serviceaccount:busyguard:busyguard";
+
+pub struct Rig {
+    /// The admin's kubeconfig: the person at the keyboard.
+    pub admin: PathBuf,
+    pub work: PathBuf,
+    control_plane: Option<ControlPlane>,
+    kubelet: Arc<Kubelet>,
+    /// Where the webhooks point: the forwarder that plays busyguard's Service.
+    pub webhook_url: String,
+}
+
+struct ControlPlane {
+    harness: PathBuf,
+    dir: PathBuf,
+}
+
+impl Rig {
+    /// Starts (or reaches) the control plane and installs busyguard on it, two replicas ready.
+    pub fn up() -> Result<Rig> {
+        let work = PathBuf::from(std::env::var("BUSYGUARD_E2E_WORK").unwrap_or_else(|_| "/tmp/busyguard-e2e".into()));
+        let (admin, control_plane) = match std::env::var("BUSYGUARD_E2E_KUBECONFIG") {
+            Ok(kubeconfig) => (PathBuf::from(kubeconfig), None),
+            Err(_) => {
+                let plane = ControlPlane::start()?;
+                (plane.dir.join("admin.kubeconfig"), Some(plane))
+            }
+        };
+        std::fs::create_dir_all(&work)?;
+        let kubelet = Arc::new(Kubelet::new(admin.clone(), work.clone())?);
+        let forwarder = Forwarder::start(kubelet.clone())?;
+        let rig = Rig {
+            admin,
+            work,
+            control_plane,
+            kubelet,
+            webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
+        };
+        rig.clean_leftovers()?;
+        rig.install()?;
+        Ok(rig)
+    }
+
+    /// What an earlier run may have left on a control plane that was kept.
+    fn clean_leftovers(&self) -> Result<()> {
+        let _ = self.try_kubectl(&[
+            "delete",
+            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+            "busyguard",
+            "--ignore-not-found",
+        ]);
+        let namespaces = self.kubectl(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
+        let ours: Vec<&str> =
+            namespaces.split_whitespace().filter(|n| n.starts_with("e2e-") || *n == "busyguard").collect();
+        if !ours.is_empty() {
+            let mut args = vec!["delete", "ns", "--wait=true", "--timeout=60s"];
+            args.extend(ours);
+            self.kubectl(&args)?;
+        }
+        Ok(())
+    }
+
+    /// `manifests/base` as shipped, the webhooks by URL; returns once two replicas answer.
+    fn install(&self) -> Result<()> {
+        let rendered = run(Command::new("kubectl").args(["kustomize", &format!("{ROOT}/manifests/base")]))?;
+        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
+        let certs = self.work.join("certs");
+        let _ = std::fs::remove_dir_all(&certs);
+        run(Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(&certs))?;
+        let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(certs.join("ca.crt"))?);
+        for object in &mut objects {
+            if object["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")) {
+                for webhook in object["webhooks"].as_array_mut().context("webhooks")? {
+                    let path = webhook["clientConfig"]["service"]["path"].as_str().context("a service path")?;
+                    webhook["clientConfig"] = json!({"url": format!("{}{path}", self.webhook_url), "caBundle": ca});
+                }
+            }
+            if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
+                // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.
+                object["spec"]["template"]["metadata"]["annotations"] = json!({"k8s-local/ready": "false"});
+                *self.kubelet.pod_spec.lock().unwrap() = Some(object["spec"]["template"]["spec"].clone());
+            }
+        }
+        let (webhooks, rest): (Vec<Value>, Vec<Value>) = objects
+            .into_iter()
+            .partition(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")));
+        self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
+        self.kubectl(&[
+            "-n",
+            "busyguard",
+            "create",
+            "secret",
+            "tls",
+            "busyguard-tls",
+            &format!("--cert={}", certs.join("tls.crt").display()),
+            &format!("--key={}", certs.join("tls.key").display()),
+        ])?;
+        Kubelet::run(self.kubelet.clone());
+        self.wait_for_replicas(2)?;
+        self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": webhooks}))?;
+        // The API server reads webhook configurations from its informer: let it catch up.
+        std::thread::sleep(Duration::from_secs(2));
+        Ok(())
+    }
+
+    /// Waits until exactly `n` replicas answer behind the Service.
+    pub fn wait_for_replicas(&self, n: usize) -> Result<()> {
+        eventually(&format!("{n} busyguard replica(s) ready"), Duration::from_secs(90), || {
+            Ok(self.kubelet.endpoints().len() == n && self.kubelet.running() == n)
+        })
+    }
+
+    /// Scales busyguard's Deployment and waits for that many replicas (0: every process gone).
+    pub fn scale_busyguard(&self, replicas: usize) -> Result<()> {
+        self.kubectl(&["-n", "busyguard", "scale", "deployment/busyguard", &format!("--replicas={replicas}")])?;
+        self.wait_for_replicas(replicas)
+    }
+
+    /// Every line busyguard's replicas wrote to stdout (the audit log), in any order.
+    pub fn audit(&self) -> Vec<Value> {
+        let mut lines = Vec::new();
+        for entry in std::fs::read_dir(self.work.join("replicas")).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "stdout") {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                lines.extend(text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()));
+            }
+        }
+        lines
+    }
+
+    /// The audit lines of one decision about `namespace/name`.
+    pub fn audited(&self, namespace: &str, name: &str, decision: &str) -> Vec<Value> {
+        let mut lines = self.audit();
+        lines.retain(|l| l["namespace"] == namespace && l["name"] == name && l["decision"] == decision);
+        lines
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let (ok, stdout, stderr) = self.try_kubectl(args)?;
+        ensure!(ok, "kubectl {}: {stderr}", args.join(" "));
+        Ok(stdout)
+    }
+
+    /// `kubectl ARGS`: whether it succeeded, its stdout and its stderr.
+    pub fn try_kubectl(&self, args: &[&str]) -> Result<(bool, String, String)> {
+        kubectl(&self.admin, args)
+    }
+
+    /// `kubectl --as=USER ARGS` (the admin impersonates: controllers, people, Karpenter).
+    pub fn try_kubectl_as(&self, user: &str, args: &[&str]) -> Result<(bool, String, String)> {
+        let mut all = vec!["--as", user];
+        all.extend_from_slice(args);
+        self.try_kubectl(&all)
+    }
+
+    pub fn apply(&self, object: &Value) -> Result<String> {
+        kubectl_stdin(&self.admin, &["apply", "-f", "-"], &object.to_string())
+    }
+
+    pub fn get(&self, args: &[&str]) -> Result<Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(&all)?)?)
+    }
+
+    /// A pod, or None once it is gone.
+    pub fn pod(&self, ns: &str, name: &str) -> Result<Option<Value>> {
+        let (ok, out, err) = self.try_kubectl(&["-n", ns, "get", "pod", name, "-o", "json"])?;
+        if !ok {
+            ensure!(err.contains("NotFound"), "get pod {ns}/{name}: {err}");
+            return Ok(None);
+        }
+        Ok(Some(serde_json::from_str(&out)?))
+    }
+
+    /// The names of the pods of `app` in `ns` that are not being deleted, sorted.
+    pub fn live_pods(&self, ns: &str, app: &str) -> Result<Vec<String>> {
+        let list = self.get(&["-n", ns, "pods", "-l", &format!("app={app}")])?;
+        let mut names: Vec<String> = (list["items"].as_array().into_iter().flatten())
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// A fresh namespace for one scenario, deleted when the guard drops.
+    pub fn namespace(&self, name: &str) -> Result<Namespace<'_>> {
+        let name = format!("e2e-{name}");
+        self.kubectl(&["create", "namespace", &name])?;
+        eventually("the namespace's default service account", Duration::from_secs(30), || {
+            Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
+        })?;
+        Ok(Namespace { rig: self, name })
+    }
+
+    /// A token bound to `pod` of service account `sa`: what a container of that pod holds.
+    pub fn pod_token(&self, ns: &str, sa: &str, pod: &str) -> Result<String> {
+        bound_token(&self.admin, ns, sa, pod)
+    }
+
+    /// A kubeconfig for `token` on this control plane, in the rig's work folder.
+    pub fn kubeconfig_for(&self, name: &str, token: &str) -> Result<PathBuf> {
+        kubeconfig_for(&self.admin, &self.work.join(format!("{name}.kubeconfig")), name, token)
+    }
+
+    /// The node of the rig to pin pods on; a scenario that drains or deletes a node makes its own.
+    pub fn node(&self, name: &str, cpu: &str) -> Result<()> {
+        self.apply(&json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "e2e": "true"}}}))?;
+        let now = jiff::Timestamp::now().to_string();
+        let status = json!({"status": {
+            "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "20"},
+            "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "20"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+        self.kubectl(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
+        let _ = self.try_kubectl(&["taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-"]);
+        Ok(())
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.kubelet.stop_all();
+        if let Some(plane) = &self.control_plane {
+            if std::env::var_os("BUSYGUARD_E2E_KEEP").is_none() {
+                let _ = Command::new(plane.harness.join("down.sh")).arg("--wipe").env("K8S_DIR", &plane.dir).status();
+            }
+        }
+    }
+}
+
+impl ControlPlane {
+    /// `up.sh` of `K8S_HARNESS` (default `../shared/k8s`), with `K8S_BIN` passed through.
+    fn start() -> Result<ControlPlane> {
+        let harness = std::env::var("K8S_HARNESS").map(PathBuf::from).unwrap_or_else(|_| {
+            Path::new(ROOT).join("..").join("shared").join("k8s")
+        });
+        ensure!(
+            harness.join("up.sh").exists(),
+            "no control plane: {} has no up.sh; set K8S_HARNESS to the folder of shared/k8s, or \
+             BUSYGUARD_E2E_KUBECONFIG to a cluster that reaches this machine's loopback",
+            harness.display()
+        );
+        let dir = PathBuf::from(std::env::var("K8S_DIR").unwrap_or_else(|_| "/tmp/busyguard-e2e-k8s".into()));
+        if TcpStream::connect("127.0.0.1:6443").is_ok() && !dir.join("apiserver.pid").exists() {
+            bail!("port 6443 is taken by another control plane: stop it (shared/k8s/down.sh) and run again");
+        }
+        let mut up = Command::new(harness.join("up.sh"));
+        // A terminating busyguard pod stays until its process exits (the rig finishes it then),
+        // as with a real kubelet; worker pods here have a grace period of 1 s.
+        up.env("K8S_DIR", &dir).env("RIG_MAX_GRACE", "60");
+        run(&mut up).context("starting the control plane")?;
+        Ok(ControlPlane { harness, dir })
+    }
+}
+
+/// A namespace of one scenario; deleted (without waiting) when dropped.
+pub struct Namespace<'a> {
+    rig: &'a Rig,
+    pub name: String,
+}
+
+impl std::ops::Deref for Namespace<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.rig.try_kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// The rig's kubelet for busyguard's own pods: one `busyguard` process per running pod.
+struct Kubelet {
+    admin: PathBuf,
+    work: PathBuf,
+    /// The Deployment's pod template spec, as rendered.
+    pod_spec: Mutex<Option<Value>>,
+    replicas: Mutex<HashMap<String, Replica>>,
+    stopped: AtomicBool,
+}
+
+struct Replica {
+    pod: String,
+    child: Arc<Mutex<Child>>,
+    webhook: SocketAddr,
+    admin: SocketAddr,
+    ready: bool,
+    terminating: bool,
+}
+
+impl Kubelet {
+    fn new(admin: PathBuf, work: PathBuf) -> Result<Kubelet> {
+        let _ = std::fs::remove_dir_all(work.join("replicas"));
+        std::fs::create_dir_all(work.join("replicas"))?;
+        Ok(Kubelet {
+            admin,
+            work,
+            pod_spec: Mutex::new(None),
+            replicas: Mutex::new(HashMap::new()),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    fn run(kubelet: Arc<Kubelet>) {
+        std::thread::spawn(move || {
+            while !kubelet.stopped.load(Ordering::Relaxed) {
+                if let Err(e) = kubelet.sync() {
+                    eprintln!("e2e kubelet: {e:#}");
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+    }
+
+    /// The replicas the Service sends connections to.
+    fn endpoints(&self) -> Vec<SocketAddr> {
+        let replicas = self.replicas.lock().unwrap();
+        replicas.values().filter(|r| r.ready && !r.terminating).map(|r| r.webhook).collect()
+    }
+
+    /// Processes still running.
+    fn running(&self) -> usize {
+        let replicas = self.replicas.lock().unwrap();
+        replicas.values().filter(|r| r.child.lock().unwrap().try_wait().ok().flatten().is_none()).count()
+    }
+
+    fn sync(self: &Arc<Self>) -> Result<()> {
+        let (ok, out, err) = kubectl(&self.admin, &["-n", "busyguard", "get", "pods", "-o", "json"])?;
+        ensure!(ok, "{err}");
+        let pods: Value = serde_json::from_str(&out)?;
+        let pods = pods["items"].as_array().cloned().unwrap_or_default();
+        let mut seen = Vec::new();
+        for pod in &pods {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            seen.push(uid.clone());
+            let terminating = !pod["metadata"]["deletionTimestamp"].is_null();
+            let known = self.replicas.lock().unwrap().contains_key(&uid);
+            if !known && !terminating && pod["status"]["phase"] == "Running" {
+                let replica = self.start(&name)?;
+                self.replicas.lock().unwrap().insert(uid.clone(), replica);
+            }
+            let mut replicas = self.replicas.lock().unwrap();
+            let Some(replica) = replicas.get_mut(&uid) else { continue };
+            if terminating && !replica.terminating {
+                replica.terminating = true;
+                self.terminate(replica, pod);
+            }
+            let ready = !terminating && get_ok(replica.admin, "/readyz");
+            let marked = pod["metadata"]["annotations"]["k8s-local/ready"] == "true";
+            replica.ready = ready;
+            if ready != marked && !terminating {
+                let patch = json!({"metadata": {"annotations": {"k8s-local/ready": ready.to_string()}}});
+                let _ =
+                    kubectl(&self.admin, &["-n", "busyguard", "patch", "pod", &name, "-p", &patch.to_string()]);
+            }
+        }
+        // A pod gone without a termination (force-deleted): its process goes too.
+        let mut replicas = self.replicas.lock().unwrap();
+        for (uid, replica) in replicas.iter_mut() {
+            if !seen.contains(uid) && !replica.terminating {
+                replica.terminating = true;
+                let _ = replica.child.lock().unwrap().kill();
+            }
+        }
+        replicas.retain(|_, r| !(r.terminating && r.child.lock().unwrap().try_wait().ok().flatten().is_some()));
+        Ok(())
+    }
+
+    /// The pod's container, on this machine: its args and env, the TLS volume where it is
+    /// mounted, its own addresses, and a token bound to the pod.
+    fn start(&self, pod: &str) -> Result<Replica> {
+        let spec = self.pod_spec.lock().unwrap().clone().context("no pod template")?;
+        let container = &spec["containers"][0];
+        let token = bound_token(&self.admin, "busyguard", "busyguard", pod)?;
+        let path = self.work.join("replicas").join(format!("{pod}.kubeconfig"));
+        let kubeconfig = kubeconfig_for(&self.admin, &path, pod, &token)?;
+        let (webhook, admin) = (free_port()?, free_port()?);
+        let mounts: Vec<(String, PathBuf)> = (container["volumeMounts"].as_array().into_iter().flatten())
+            .filter_map(|m| m["mountPath"].as_str().map(|p| (p.to_string(), self.work.join("certs"))))
+            .collect();
+        let mut command = Command::new(BUSYGUARD);
+        for arg in container["args"].as_array().into_iter().flatten() {
+            command.arg(arg.as_str().unwrap_or_default());
+        }
+        for var in container["env"].as_array().into_iter().flatten() {
+            let value = var["value"].as_str().unwrap_or_default();
+            let value = mounts.iter().fold(value.to_string(), |v, (from, to)| v.replace(from, &to.to_string_lossy()));
+            command.env(var["name"].as_str().unwrap_or_default(), value);
+        }
+        let logs = self.work.join("replicas");
+        command
+            .env_remove("KUBECONFIG")
+            .env("HOSTNAME", pod)
+            .env("BUSYGUARD_KUBECONFIG", &kubeconfig)
+            .env("BUSYGUARD_LISTEN", webhook.to_string())
+            .env("BUSYGUARD_ADMIN_LISTEN", admin.to_string())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(logs.join(format!("{pod}.stdout")))?)
+            .stderr(std::fs::File::create(logs.join(format!("{pod}.stderr")))?);
+        die_with_parent(&mut command);
+        let child = command.spawn().context("starting busyguard")?;
+        Ok(Replica { pod: pod.to_string(), child: Arc::new(Mutex::new(child)), webhook, admin, ready: false, terminating: false })
+    }
+
+    /// What a kubelet does for a deleted pod: the preStop hook, SIGTERM, SIGKILL at the end of
+    /// the grace period, then the final delete.
+    fn terminate(&self, replica: &Replica, pod: &Value) {
+        let spec = self.pod_spec.lock().unwrap().clone().unwrap_or_default();
+        let pre_stop: Vec<String> = (spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"].as_array())
+            .into_iter()
+            .flatten()
+            .skip(1)
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let grace = pod["metadata"]["deletionGracePeriodSeconds"].as_u64().unwrap_or(30);
+        let (child, name, admin) = (replica.child.clone(), replica.pod.clone(), self.admin.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(grace);
+            if !pre_stop.is_empty() {
+                let _ = Command::new(BUSYGUARD).args(&pre_stop).status();
+            }
+            let pid = child.lock().unwrap().id();
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            while Instant::now() < deadline {
+                if child.lock().unwrap().try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.lock().unwrap().kill();
+            let _ = child.lock().unwrap().wait();
+            let _ = kubectl(&admin, &["-n", "busyguard", "delete", "pod", &name, "--grace-period=0", "--wait=false"]);
+        });
+    }
+
+    fn stop_all(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        for replica in self.replicas.lock().unwrap().values() {
+            let _ = replica.child.lock().unwrap().kill();
+        }
+    }
+}
+
+/// A token bound to `pod` of service account `sa` in `ns`.
+fn bound_token(admin: &Path, ns: &str, sa: &str, pod: &str) -> Result<String> {
+    let (ok, uid, err) = kubectl(admin, &["-n", ns, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?;
+    ensure!(ok, "{err}");
+    let name = format!("--bound-object-name={pod}");
+    let uid = format!("--bound-object-uid={uid}");
+    let args = ["-n", ns, "create", "token", sa, "--bound-object-kind=Pod", &name, &uid, "--duration=2h"];
+    let (ok, token, err) = kubectl(admin, &args)?;
+    ensure!(ok, "{err}");
+    Ok(token.trim().to_string())
+}
+
+/// Writes to `path` a kubeconfig for `token` on the admin's control plane.
+fn kubeconfig_for(admin: &Path, path: &Path, name: &str, token: &str) -> Result<PathBuf> {
+    let (ok, raw, err) = kubectl(admin, &["config", "view", "--raw", "--minify", "-o", "json"])?;
+    ensure!(ok, "{err}");
+    let raw: Value = serde_json::from_str(&raw)?;
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": raw["clusters"][0]["cluster"]}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": name}}],
+        "current-context": "local",
+    });
+    std::fs::write(path, config.to_string())?;
+    Ok(path.to_path_buf())
+}
+
+/// busyguard's Service: each connection goes to a ready replica, round robin; with none, the
+/// connection is closed (the API server then applies the webhook's failurePolicy).
+struct Forwarder {
+    port: u16,
+}
+
+impl Forwarder {
+    fn start(kubelet: Arc<Kubelet>) -> Result<Forwarder> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        std::thread::spawn(move || {
+            let mut next = 0usize;
+            for inbound in listener.incoming().flatten() {
+                let endpoints = kubelet.endpoints();
+                if endpoints.is_empty() {
+                    continue;
+                }
+                next = next.wrapping_add(1);
+                let backend = endpoints[next % endpoints.len()];
+                std::thread::spawn(move || {
+                    let Ok(outbound) = TcpStream::connect(backend) else { return };
+                    splice(inbound, outbound);
+                });
+            }
+        });
+        Ok(Forwarder { port })
+    }
+}
+
+/// Copies both ways until either side closes.
+fn splice(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else { return };
+    let one = std::thread::spawn(move || copy(a, b2));
+    copy(b, a2);
+    let _ = one.join();
+}
+
+fn copy(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// A plain HTTP GET on the admin port: 200 or not.
+fn get_ok(addr: SocketAddr, path: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The child gets SIGKILL if the rig dies, so no busyguard outlives a run.
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers; nothing is allocated after fork.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String, String)> {
+    let output = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--request-timeout=20s")
+        .args(args)
+        .output()
+        .context("kubectl is needed")?;
+    Ok((
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+pub fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<String> {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+    let output = child.wait_with_output()?;
+    ensure!(output.status.success(), "kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn run(command: &mut Command) -> Result<String> {
+    let output = command.output().with_context(|| format!("{command:?}"))?;
+    ensure!(
+        output.status.success(),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Retries `check` every 250 ms until it holds; an error names `what` and how long it waited.
+pub fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        match check() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last = Some(e),
+        }
+        if Instant::now() >= deadline {
+            let why = last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default();
+            bail!("not seen within {}s: {what}{why}", within.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Checks that `check` holds throughout `period` (sampled every 250 ms).
+pub fn throughout(what: &str, period: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + period;
+    while Instant::now() < deadline {
+        ensure!(check()?, "no longer true: {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok(())
+}

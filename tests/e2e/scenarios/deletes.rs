@@ -1,0 +1,31 @@
+//! Deletes: a person's, refused and carried out later, exactly once across replicas.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+
+use crate::rig::{Rig, eventually};
+use crate::workers::{self, annotation, flip};
+
+/// Two replicas run; a person deletes a busy pod: 429 with a message naming it, busyguard marks
+/// it (delete-requested), and deletes it once idle, audited once across both replicas.
+pub fn deferred_once(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("deferred")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    ensure!(!ok, "the delete of a busy pod went through");
+    ensure!(err.contains("429") || err.contains("TooManyRequests"), "not a 429: {err}");
+    ensure!(err.contains("task") && err.contains("busy"), "the refusal does not say why: {err}");
+    eventually("busyguard marks the deferred delete", Duration::from_secs(10), || {
+        Ok(rig.pod(&ns, "task")?.is_some_and(|p| annotation(&p, "busyguard.io/delete-requested").is_some()))
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(rig.pod(&ns, "task")?.is_some_and(|p| p["metadata"]["deletionTimestamp"].is_null()), "deleted while busy");
+    flip(rig, &ns, "task", false)?;
+    eventually("the idle pod is deleted", Duration::from_secs(20), || Ok(rig.pod(&ns, "task")?.is_none()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let carried_out = rig.audited(&ns, "task", "deleted-when-idle");
+    ensure!(carried_out.len() == 1, "the deferred delete was audited {} times, not once", carried_out.len());
+    Ok(())
+}

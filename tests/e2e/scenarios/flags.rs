@@ -1,0 +1,67 @@
+//! The busy flag and busyguard's marks: who may write what on an opted-in pod.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use serde_json::json;
+
+use crate::rig::{Rig, kubectl, throughout};
+use crate::workers::{self, annotation, label};
+
+/// A worker's token (bound to its pod) may flip its own busy label; not another pod's, not
+/// another label of its own, not busy-since. And busyguard's own writes to that pod go through.
+pub fn own_flag_only(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("own-flag")?;
+    rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
+    rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
+    rig.kubectl(&["-n", &ns, "create", "rolebinding", "flags", "--role=flags", &format!("--serviceaccount={}:worker", &*ns)])?;
+    for name in ["me", "neighbour"] {
+        let mut pod = workers::pod(&ns, name, None);
+        pod["spec"]["serviceAccountName"] = json!("worker");
+        workers::start(rig, &pod, name, 1)?;
+    }
+    let token = rig.pod_token(&ns, "worker", "me")?;
+    let me = rig.kubeconfig_for(&format!("{}-me", &*ns), &token)?;
+    let as_me = |args: &[&str]| {
+        let mut all = vec!["-n", &*ns];
+        all.extend_from_slice(args);
+        kubectl(&me, &all)
+    };
+    let (ok, _, err) = as_me(&["label", "pod", "me", "busyguard.io/busy=true", "--overwrite"])?;
+    ensure!(ok, "the worker could not flip its own label: {err}");
+    let pod = rig.pod(&ns, "me")?.unwrap();
+    ensure!(annotation(&pod, "busyguard.io/busy-since").is_some(), "its flip was not annotated");
+    for (what, args) in [
+        ("another pod's label", vec!["label", "pod", "neighbour", "busyguard.io/busy=true", "--overwrite"]),
+        ("another label of its own", vec!["label", "pod", "me", "tier=gold"]),
+        ("its busy-since", vec!["annotate", "pod", "me", "busyguard.io/busy-since=2020-01-01T00:00:00Z", "--overwrite"]),
+    ] {
+        let (ok, _, err) = as_me(&args)?;
+        ensure!(!ok, "the worker could change {what}");
+        ensure!(err.contains("403") || err.contains("forbidden"), "{what}: not a 403: {err}");
+    }
+    // busyguard's own write to the worker's pod: the mark of a person's deferred delete.
+    let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "me", "--wait=false"])?;
+    ensure!(!ok, "the delete of the busy pod went through");
+    crate::rig::eventually("busyguard's mark on the worker's pod", Duration::from_secs(10), || {
+        Ok(rig.pod(&ns, "me")?.is_some_and(|p| annotation(&p, "busyguard.io/delete-requested").is_some()))
+    })?;
+    ensure!(label(&rig.pod(&ns, "neighbour")?.unwrap(), "busyguard.io/busy").as_deref() == Some("false"));
+    Ok(())
+}
+
+/// A mark written by anyone else, even under busyguard's field-manager name, is refused, and a
+/// busy pod someone marked is not deleted when it goes idle.
+pub fn forged_mark(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("forged-mark")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    workers::flip(rig, &ns, "task", true)?;
+    let mark = r#"busyguard.io/delete-requested={"by":"alice","at":"2026-01-01T00:00:00Z"}"#;
+    let (ok, _, err) =
+        rig.try_kubectl(&["-n", &ns, "annotate", "pod", "task", mark, "--field-manager=busyguard"])?;
+    ensure!(!ok, "a forged delete-requested mark was accepted");
+    ensure!(err.contains("busyguard"), "the refusal does not say why: {err}");
+    workers::flip(rig, &ns, "task", false)?;
+    throughout("the pod is not deleted", Duration::from_secs(4), || Ok(rig.pod(&ns, "task")?.is_some()))?;
+    Ok(())
+}
