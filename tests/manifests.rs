@@ -10,7 +10,9 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use busyguard::config::{Cli, Command as BusyguardCommand};
+use busyguard::policy::node::CLOUD_NODE_LIFECYCLE_USERS;
 use busyguard::policy::selector::Selector;
+use busyguard::policy::{NAMESPACE_CONTROLLER_USER, NEVER_GUARDED_NAMESPACES, POD_GC_USER, TAINT_MANAGER_USERS};
 use clap::Parser;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -32,6 +34,11 @@ fn run(command: &mut Command) -> Output {
 fn render(dir: &Path) -> Vec<Value> {
     let output = run(Command::new("kubectl").arg("kustomize").arg(dir));
     serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+}
+
+/// The quoted strings of a CEL expression, in order.
+fn quoted(expression: &str) -> Vec<String> {
+    expression.split('\'').skip(1).step_by(2).map(String::from).collect()
 }
 
 fn manifests(dir: &str) -> PathBuf {
@@ -100,7 +107,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 7);
+    assert_eq!(all.len(), 8);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -174,9 +181,16 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         list.iter().map(|c| c["expression"].as_str().unwrap().to_string()).collect()
     };
     assert_eq!(
-        conditions(deletes),
+        conditions(deletes)[..2],
         ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username != 'system:kube-scheduler'"]
     );
+    // Nor, while busyguard is down, the requesters it always lets through: the same list.
+    let mut always: Vec<&str> = vec![NAMESPACE_CONTROLLER_USER, POD_GC_USER];
+    always.extend(TAINT_MANAGER_USERS);
+    assert_eq!(quoted(&conditions(deletes)[2]), always, "pod deletes never sent");
+    let granted_by_default = Cli::parse_from(["busyguard", "serve"]);
+    let BusyguardCommand::Serve(serve) = granted_by_default.command else { unreachable!() };
+    assert!(serve.into_config().policy.exemptions.users.contains(&POD_GC_USER.to_string()));
     assert_eq!(
         conditions(preemptions),
         ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username == 'system:kube-scheduler'"]
@@ -198,11 +212,32 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(flags["sideEffects"], "None", "it only answers");
     let condition = flags["matchConditions"][0]["expression"].as_str().unwrap();
     assert!(condition.contains("'authentication.kubernetes.io/pod-name' in request.userInfo.extra"), "{condition}");
+    assert_eq!(quoted(&conditions(flags)[1]), ["system:serviceaccount:busyguard:busyguard"], "busyguard's own writes");
+    let marks = webhook(&objects, "pod-marks.busyguard.io");
+    assert_eq!(rule(marks), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods"])));
+    assert_eq!(marks["objectSelector"], pods["objectSelector"]);
+    assert_eq!(marks["failurePolicy"], "Fail", "no mark written while busyguard cannot judge it");
+    assert_eq!(quoted(&conditions(marks)[0]), ["system:serviceaccount:busyguard:busyguard"]);
+    assert!(conditions(marks)[1].contains("'busyguard.io/delete-requested' in object.metadata.annotations"));
     let nodes = webhook(&objects, "node-deletes.busyguard.io");
     assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
-    for validating in [deletes, preemptions, flags, evictions, scale_downs, nodes] {
+    let serve = Cli::parse_from(["busyguard", "serve"]);
+    let BusyguardCommand::Serve(serve) = serve.command else { unreachable!() };
+    let mut let_through: Vec<String> = CLOUD_NODE_LIFECYCLE_USERS.map(String::from).to_vec();
+    let_through.extend(serve.into_config().policy.exemptions.karpenter);
+    assert_eq!(quoted(&conditions(nodes)[0]), let_through, "node deletes busyguard lets through are not sent");
+    for webhook in webhooks(&objects).into_iter().filter(|w| w.get("namespaceSelector").is_some()) {
+        let values = &webhook["namespaceSelector"]["matchExpressions"][0]["values"];
+        assert_eq!(
+            *values,
+            json!(NEVER_GUARDED_NAMESPACES),
+            "{}: the namespaces busyguard leaves alone",
+            webhook["name"]
+        );
+    }
+    for validating in [deletes, preemptions, flags, marks, evictions, scale_downs, nodes] {
         assert_eq!(validating["clientConfig"]["service"]["path"], "/validate");
     }
 }
@@ -459,12 +494,18 @@ fn the_network_policy_lets_only_the_api_server_send_reviews_and_scrapers_reach_t
 fn the_namespaced_example_grants_the_same_rules_in_its_namespace_only_and_watches_only_there() {
     let base = render(&manifests(""));
     let objects = render(&manifests("examples/namespaced"));
-    assert!(
-        objects.iter().all(|o| o["kind"] != "ClusterRoleBinding" && o["kind"] != "ClusterRole"),
-        "no cluster-wide rights"
+    let base_rules = find(&base, "ClusterRole", "busyguard")["rules"].as_array().unwrap().clone();
+    let (cluster_wide, namespaced): (Vec<Value>, Vec<Value>) =
+        base_rules.into_iter().partition(|rule| rule["resources"] == json!(["namespaces"]));
+    let cluster_roles: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    assert_eq!(cluster_roles.len(), 1, "one cluster-wide role");
+    assert_eq!(
+        cluster_roles[0]["rules"],
+        json!(cluster_wide),
+        "cluster-wide: which namespaces opted out, nothing more"
     );
     let role = find(&objects, "Role", "busyguard");
-    assert_eq!(role["rules"], find(&base, "ClusterRole", "busyguard")["rules"], "the same calls, in one namespace");
+    assert_eq!(role["rules"], json!(namespaced), "the same calls, in one namespace");
     let binding = find(&objects, "RoleBinding", "busyguard");
     assert_eq!(binding["metadata"]["namespace"], role["metadata"]["namespace"]);
     assert_eq!(binding["subjects"][0]["name"], find(&objects, "ServiceAccount", "busyguard")["metadata"]["name"]);

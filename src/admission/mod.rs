@@ -145,8 +145,9 @@ pub fn admit(
             let ask = ask(request, request.is_dry_run());
             Ok(match webhook {
                 Webhook::Mutating => update::decide(&ask, pod, before, policy, now),
-                // The validating registration sees the writes of pods' own service accounts.
-                Webhook::Validating => update::own_flag_only(&ask, pod, before, policy, now),
+                // The validating registrations see the writes of pods' own service accounts, and
+                // of busyguard's mark.
+                Webhook::Validating => update::judge_write(&ask, pod, before, inputs.view.own_user(), policy, now),
             })
         }
         Route::PodDelete => {

@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use http::{Method, Request, Response};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::Api;
+use kube::api::PostParams;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tower::{Layer, Service};
@@ -86,6 +89,7 @@ impl Cluster {
             .context("building the Kubernetes client")?
             .with_layer(&WatchHealthLayer(view.clone()))
             .build();
+        tokio::spawn(learn_own_user(client.clone(), view.clone()));
         let outbox = Outbox::start(client.clone(), audit.clone(), metrics.clone(), settings.outbox);
         let metrics_for_pdbs = metrics.clone();
         let watch = Watch {
@@ -104,6 +108,27 @@ impl Cluster {
         };
         tokio::spawn(watch.run(scopes));
         Ok(Cluster { view, outbox: Some(outbox) })
+    }
+}
+
+/// Asks the API server who busyguard is (a SelfSubjectReview, granted to every authenticated
+/// user), until it answers: busyguard's own writes to opted-in pods, and only they, pass its
+/// pod-write rules (`policy::update::judge_write`).
+async fn learn_own_user(client: kube::Client, view: Arc<View>) {
+    let api: Api<SelfSubjectReview> = Api::all(client);
+    loop {
+        match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
+            Ok(review) => {
+                if let Some(user) = review.status.and_then(|s| s.user_info).and_then(|u| u.username) {
+                    info!(%user, "busyguard's own requests are made as");
+                    view.set_own_user(user);
+                    return;
+                }
+                warn!("the API server did not say who busyguard is; asking again");
+            }
+            Err(e) => warn!(error = %e, "cannot learn busyguard's own user yet (its marks are refused until then)"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 

@@ -2,14 +2,15 @@
 //! read, and whether the view can be trusted right now.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
-use crate::policy::busy::{MAX_UNAVAILABLE, TASK_CONTAINER};
+use crate::policy::NEVER_GUARDED_NAMESPACES;
+use crate::policy::busy::{BUSY_LABEL, MAX_UNAVAILABLE, TASK_CONTAINER};
 use crate::policy::disruption::is_available;
 use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
 use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
@@ -47,6 +48,15 @@ pub struct PodRecord {
 impl PodRecord {
     pub fn labels_map(&self) -> std::collections::BTreeMap<String, String> {
         self.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// The pod as busyguard treats it in a namespace that opted out: not opted in, and with no
+    /// deferred delete of busyguard's to carry out.
+    pub fn left_alone(mut self) -> PodRecord {
+        let keep = |(k, _): &(Box<str>, Box<str>)| &**k != BUSY_LABEL && &**k != DELETE_REQUESTED;
+        self.labels = self.labels.into_iter().filter(keep).collect();
+        self.annotations = self.annotations.into_iter().filter(keep).collect();
+        self
     }
 
     /// The workload of the pod named `name`, as people name it (see [`workload`]).
@@ -262,6 +272,10 @@ pub struct View {
     pods: RwLock<Pods>,
     health: Mutex<Health>,
     stale_after: Duration,
+    /// The user busyguard's own requests are made as, once the API server said.
+    own_user: OnceLock<String>,
+    /// Namespaces whose pods busyguard leaves alone (besides `NEVER_GUARDED_NAMESPACES`).
+    opted_out: RwLock<HashSet<String>>,
 }
 
 struct Health {
@@ -295,7 +309,7 @@ impl View {
     pub fn watching(scopes: &[Scope], stale_after: Duration) -> View {
         let unlisted = Some(scopes.iter().cloned().collect());
         let health = Health { unlisted, last_sign_of_life: Instant::now() };
-        View { pods: RwLock::default(), health: Mutex::new(health), stale_after }
+        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, ..View::without_cluster() }
     }
 
     /// A view with no cluster behind it: evictions cannot be judged, everything else works.
@@ -304,7 +318,35 @@ impl View {
             pods: RwLock::default(),
             health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now() }),
             stale_after: Duration::ZERO,
+            own_user: OnceLock::new(),
+            opted_out: RwLock::default(),
         }
+    }
+
+    /// The user busyguard's own requests are made as, once known.
+    pub fn own_user(&self) -> Option<&str> {
+        self.own_user.get().map(String::as_str)
+    }
+
+    pub fn set_own_user(&self, user: String) {
+        let _ = self.own_user.set(user);
+    }
+
+    /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
+    pub fn is_opted_out(&self, namespace: &str) -> bool {
+        NEVER_GUARDED_NAMESPACES.contains(&namespace)
+            || self.opted_out.read().unwrap_or_else(|p| p.into_inner()).contains(namespace)
+    }
+
+    /// Records whether `namespace` opted out; true when that changed.
+    pub fn set_opted_out(&self, namespace: &str, out: bool) -> bool {
+        let mut opted_out = self.opted_out.write().unwrap_or_else(|p| p.into_inner());
+        if out { opted_out.insert(namespace.to_string()) } else { opted_out.remove(namespace) }
+    }
+
+    /// The namespaces opted out by label, as recorded.
+    pub fn opted_out(&self) -> HashSet<String> {
+        self.opted_out.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether decisions may rely on the view now.

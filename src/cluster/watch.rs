@@ -9,18 +9,20 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::outbox::Outbox;
 use super::pdb::BusyPdbs;
 use super::view::{PodRecord, Scope, View, WatchedPod};
 use crate::metrics::Metrics;
-use crate::policy::PolicyConfig;
 use crate::policy::busy::BUSY_LABEL;
 use crate::policy::observed::{self, LossCause};
 use crate::policy::outcome::PodRef;
+use crate::policy::{NAMESPACE_OPT_OUT_LABEL, PolicyConfig};
 
 pub struct Watch {
     pub client: Client,
@@ -50,6 +52,10 @@ impl Watch {
             watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
         });
         let mut events = futures::stream::select_all(streams);
+        // The namespaces opted out by label: their pods are left alone, as the webhooks do.
+        let opted_out = watcher::Config::default().labels(&format!("{NAMESPACE_OPT_OUT_LABEL}=false"));
+        let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), opted_out).default_backoff().boxed();
+        let mut namespaces_listing: Option<HashSet<String>> = None;
         // Per scope being listed: the pods the list had so far.
         let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
         let mut malformed_seen: HashSet<String> = HashSet::new();
@@ -63,6 +69,10 @@ impl Watch {
                 },
                 _ = sweep.tick() => {
                     self.sweep();
+                    continue;
+                }
+                Some(event) = namespaces.next() => {
+                    self.namespace_event(event, &mut namespaces_listing).await;
                     continue;
                 }
             };
@@ -117,8 +127,63 @@ impl Watch {
             return;
         }
         let after = pod.record();
+        let after = if self.view.is_opted_out(namespace) { after.left_alone() } else { after };
         let before = self.view.insert(namespace, name, after.clone());
         self.changed(namespace, name, before, Some(after)).await;
+    }
+
+    /// A namespace opting out (or back in) by its label.
+    async fn namespace_event(
+        &self,
+        event: Result<watcher::Event<Namespace>, watcher::Error>,
+        listing: &mut Option<HashSet<String>>,
+    ) {
+        match event {
+            Ok(watcher::Event::Init) => *listing = Some(HashSet::new()),
+            Ok(watcher::Event::InitApply(namespace)) => {
+                listing.get_or_insert_default().insert(namespace.name_any());
+            }
+            Ok(watcher::Event::InitDone) => {
+                let listed = listing.take().unwrap_or_default();
+                for gone in self.view.opted_out().difference(&listed) {
+                    self.opt_out(gone, false).await;
+                }
+                for namespace in &listed {
+                    self.opt_out(namespace, true).await;
+                }
+            }
+            Ok(watcher::Event::Apply(namespace)) => self.opt_out(&namespace.name_any(), true).await,
+            // Deleted, or its label changed: the watch selects by the label.
+            Ok(watcher::Event::Delete(namespace)) => self.opt_out(&namespace.name_any(), false).await,
+            Err(e) => warn!(error = %e, "watch of opted-out namespaces failed; retrying with backoff"),
+        }
+    }
+
+    /// Leaves the pods of `namespace` alone from now on (busyguard's annotations, protected
+    /// label and PDB are taken off as for pods no longer opted in), or takes them up again.
+    async fn opt_out(&self, namespace: &str, out: bool) {
+        if !self.view.set_opted_out(namespace, out) {
+            return;
+        }
+        info!(namespace, opted_out = out, "namespace opt-out changed");
+        if out {
+            for (name, before) in self.view.select(namespace, |_| true) {
+                let after = before.clone().left_alone();
+                self.view.insert(namespace, &name, after.clone());
+                self.changed(namespace, &name, Some(before), Some(after)).await;
+            }
+            return;
+        }
+        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), namespace);
+        match api.list(&ListParams::default().labels(BUSY_LABEL)).await {
+            Ok(pods) => {
+                let mut malformed_seen = HashSet::new();
+                for pod in pods {
+                    self.apply(pod, &mut malformed_seen).await;
+                }
+            }
+            Err(e) => warn!(namespace, error = %e, "cannot list the pods of a namespace that opted in again"),
+        }
     }
 
     async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {

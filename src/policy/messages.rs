@@ -46,6 +46,14 @@ pub fn not_own_pod(namespace: &str, name: &str, own: &str) -> String {
     )
 }
 
+/// A delete-requested mark written by someone other than busyguard.
+pub fn not_busyguards_mark(namespace: &str, name: &str) -> String {
+    format!(
+        "pod {namespace}/{name}: only busyguard writes {DELETE_REQUESTED} (it deletes the pod on its word); to have \
+         a busy pod deleted once idle, delete it and busyguard marks it"
+    )
+}
+
 /// A pod's service account changing more of its own pod than the flag.
 pub fn more_than_the_flag(namespace: &str, name: &str) -> String {
     format!("pod {namespace}/{name}: its own service account may change only its {BUSY_LABEL} label")
@@ -107,8 +115,8 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
 /// A node delete refused: which busy pods run there, and until when at the latest.
 pub fn node_busy(node: &str, busy: &[BusyOnNode]) -> String {
     format!(
-        "node {node} runs {} busy pod(s): {}; it will be deleted once they are idle; to force: label them \
-         {BUSY_LABEL}=false, or delete as an exempt user",
+        "node {node} runs {} busy pod(s): {}; delete it again once they are idle (drain it to wait for them); \
+         to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
         busy.len(),
         busy_list(busy)
     )

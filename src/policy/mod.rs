@@ -61,6 +61,12 @@ pub struct Requester<'a> {
     pub pod: Option<&'a str>,
 }
 
+/// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
+/// its own. Any other opts out with the label `busyguard.io/enabled=false`.
+pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
+/// The namespace label that opts a namespace out (`"false"`).
+pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
+
 /// Where the API server names the pod a bound service-account token belongs to.
 pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
 

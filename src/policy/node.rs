@@ -1,7 +1,9 @@
 //! Node DELETE, decided whole: a node is not deleted from under busy pods (after a
-//! `kubectl drain --ignore-daemonsets`, by a person, a provider or an autoscaler), with the same
-//! exemptions as pod deletes. A node whose machine is already gone (the cloud node lifecycle
-//! controller) goes: there is nothing left to protect.
+//! `kubectl drain --ignore-daemonsets`, or by a person), with the same exemptions as pod
+//! deletes. Two requesters go through: the cloud node lifecycle controller deletes a node whose
+//! machine is already gone (nothing is left to protect), and Karpenter's DELETE of a node only
+//! starts its termination (a finalizer holds the node while Karpenter drains it through
+//! evictions, which busyguard and the busy-pod PDB refuse one by one).
 
 use jiff::Timestamp;
 
@@ -11,8 +13,14 @@ use super::messages;
 use super::outcome::{Ask, Decision, Denial, Outcome, Reason};
 use super::pod::PodFacts;
 
-/// Deletes a node whose machine is gone; refusing would leave a Node object for nothing.
-pub const CLOUD_NODE_LIFECYCLE_USER: &str = "system:serviceaccount:kube-system:cloud-node-lifecycle-controller";
+/// The cloud node lifecycle controller deletes a node whose machine is gone; refusing would leave
+/// a Node object for nothing. Upstream cloud-provider runs it with the client name
+/// `node-controller` (k8s.io/cloud-provider, `ClientName: "node-controller"`); some providers'
+/// managers use their own service account by the controller's name.
+pub const CLOUD_NODE_LIFECYCLE_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:node-controller",
+    "system:serviceaccount:kube-system:cloud-node-lifecycle-controller",
+];
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
 pub struct BusyOnNode {
@@ -38,8 +46,10 @@ pub fn decide<'a, P: PodFacts + 'a>(
         return Outcome::allow(Decision::Allowed);
     }
     let requester = ask.requester;
-    let exempt = if requester.username == CLOUD_NODE_LIFECYCLE_USER {
+    let exempt = if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
         Some(Reason::NodeGone)
+    } else if config.exemptions.karpenter.iter().any(|user| user == requester.username) {
+        Some(Reason::KarpenterTermination)
     } else {
         config.exemptions.of(requester).map(|exempt| exempt.reason())
     };
@@ -98,8 +108,9 @@ mod tests {
         assert_eq!(denial.code(), 429);
         assert_eq!(
             message,
-            "node node-1 runs 1 busy pod(s): jobs/worker-a (protected until 2026-11-22T20:00:00Z); it will be \
-             deleted once they are idle; to force: label them busyguard.io/busy=false, or delete as an exempt user"
+            "node node-1 runs 1 busy pod(s): jobs/worker-a (protected until 2026-11-22T20:00:00Z); delete it again \
+             once they are idle (drain it to wait for them); to force: label them busyguard.io/busy=false, or \
+             delete as an exempt user"
         );
         assert_eq!(outcome.audit.unwrap().reason, Reason::Busy);
     }
@@ -113,12 +124,29 @@ mod tests {
     }
 
     #[test]
-    fn an_exempt_user_or_the_cloud_node_lifecycle_controller_deletes_it_audited() {
+    fn an_exempt_user_the_cloud_node_lifecycle_controller_or_karpenter_deletes_it_audited() {
         let busy = pod("true");
-        for (user, reason) in [("ops", Reason::ExemptUser), (CLOUD_NODE_LIFECYCLE_USER, Reason::NodeGone)] {
-            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config(), now());
+        let mut config = config();
+        config.exemptions.karpenter = vec!["system:serviceaccount:karpenter:karpenter".into()];
+        for (user, reason) in [
+            ("ops", Reason::ExemptUser),
+            // As upstream cloud-provider names the cloud node lifecycle controller.
+            ("system:serviceaccount:kube-system:node-controller", Reason::NodeGone),
+            ("system:serviceaccount:karpenter:karpenter", Reason::KarpenterTermination),
+        ] {
+            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config, now());
             assert!(outcome.is_allowed(), "{user}");
             assert_eq!(outcome.audit.unwrap().reason, reason);
+        }
+    }
+
+    #[test]
+    fn every_name_of_the_cloud_node_lifecycle_controller_goes_through() {
+        let busy = pod("true");
+        for user in CLOUD_NODE_LIFECYCLE_USERS {
+            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config(), now());
+            assert!(outcome.is_allowed(), "{user}");
+            assert_eq!(outcome.audit.unwrap().reason, Reason::NodeGone);
         }
     }
 

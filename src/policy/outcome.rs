@@ -93,6 +93,8 @@ pub enum Denial {
     Budget,
     /// A pod's service account changing more than its own pod's busy label (403).
     NotOwnFlag,
+    /// A delete-requested mark written by anyone but busyguard (403).
+    NotBusyguardsMark,
 }
 
 /// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
@@ -101,6 +103,7 @@ pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
 pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
 pub const BUDGET_CAUSE: &str = "BusyguardDisruptionBudget";
 pub const NOT_OWN_FLAG_CAUSE: &str = "BusyguardNotOwnFlag";
+pub const NOT_BUSYGUARDS_MARK_CAUSE: &str = "BusyguardNotBusyguardsMark";
 
 impl Denial {
     pub fn code(self) -> u16 {
@@ -108,7 +111,7 @@ impl Denial {
             Denial::PodBusy => 429,
             Denial::PodTerminating => 409,
             Denial::Budget => 429,
-            Denial::NotOwnFlag => 403,
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark => 403,
         }
     }
 
@@ -117,7 +120,7 @@ impl Denial {
             Denial::PodBusy => "TooManyRequests",
             Denial::PodTerminating => "Conflict",
             Denial::Budget => "TooManyRequests",
-            Denial::NotOwnFlag => "Forbidden",
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark => "Forbidden",
         }
     }
 
@@ -127,6 +130,7 @@ impl Denial {
             Denial::PodTerminating => TERMINATING_CAUSE,
             Denial::Budget => BUDGET_CAUSE,
             Denial::NotOwnFlag => NOT_OWN_FLAG_CAUSE,
+            Denial::NotBusyguardsMark => NOT_BUSYGUARDS_MARK_CAUSE,
         }
     }
 }
@@ -182,6 +186,8 @@ pub enum Reason {
     Budget,
     /// Refused: a pod's service account changing more than its own busy flag.
     NotOwnFlag,
+    /// Refused: a delete-requested mark written by anyone but busyguard.
+    ForgedMark,
     BusyDeleteDeferred,
     /// A busy (not Ready) pod the ReplicaSet controller picked, released from it instead.
     BusyReleased,
@@ -192,6 +198,8 @@ pub enum Reason {
     KarpenterDeadline,
     /// A node deleted by the cloud node lifecycle controller: its machine is gone.
     NodeGone,
+    /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.
+    KarpenterTermination,
     MaxBusyExceeded,
     StaleAfterRestart,
     Plan,
@@ -211,6 +219,7 @@ impl Reason {
             Reason::Terminating => "terminating",
             Reason::Budget => "budget",
             Reason::NotOwnFlag => "not-own-flag",
+            Reason::ForgedMark => "forged-mark",
             Reason::BusyDeleteDeferred => "busy-delete-deferred",
             Reason::BusyReleased => "busy-released",
             Reason::ExemptUser => "exempt-user",
@@ -218,6 +227,7 @@ impl Reason {
             Reason::NodeTaintEviction => "node-taint-eviction",
             Reason::NamespaceDeleted => "namespace-deleted",
             Reason::KarpenterDeadline => "karpenter-deadline",
+            Reason::KarpenterTermination => "karpenter-termination",
             Reason::NodeGone => "node-gone",
             Reason::MaxBusyExceeded => "max-busy-exceeded",
             Reason::StaleAfterRestart => "stale-after-restart",

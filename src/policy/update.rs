@@ -15,7 +15,7 @@ use super::PolicyConfig;
 use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, DELETION_COST, busy_cost};
 use super::messages;
-use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
+use super::outcome::{Answer, Ask, DELETE_REQUESTED, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::{parse_positive_duration, whole_second};
 
@@ -115,14 +115,49 @@ pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyCon
     Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
 }
 
-/// A pod's own service account (a token bound to a pod) may change opted-in pods only so far
-/// as to flip its own pod's busy label: not another pod, and no other label or annotation of
-/// its own (busyguard's annotations aside: the mutating webhook wrote them in this very write).
-/// With it, the worker's Role can grant `patch` on pods and still not let one worker hold or
-/// release its neighbours. Other requesters are not this rule's business.
-pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
-    let Some(own) = ask.requester.pod else { return Outcome::allow(Decision::Unhandled) };
-    let Some(before) = before else { return Outcome::allow(Decision::Allowed) };
+/// The validating webhook's rule for writes of opted-in pods (`own`: busyguard's own user,
+/// once known). busyguard's own writes always pass. Only busyguard writes the
+/// `busyguard.io/delete-requested` mark, since busyguard later deletes the pod on its word (the
+/// field manager a client names proves nothing). A pod's own service account (a token bound to
+/// a pod) may change opted-in pods only so far as to flip its own pod's busy label: not another
+/// pod, not a pod of another namespace, and no other label or annotation of its own
+/// (busyguard's annotations aside: the mutating webhook wrote them in this very write). With it,
+/// the worker's Role can grant `patch` on pods and still not let one worker hold or release its
+/// neighbours.
+pub fn judge_write(
+    ask: &Ask<'_>,
+    pod: &Pod,
+    before: Option<&Pod>,
+    own: Option<&str>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    if own == Some(ask.requester.username) {
+        return Outcome::allow(Decision::Unhandled);
+    }
+    let refusal = if marks_anew(pod, before) {
+        Some((Denial::NotBusyguardsMark, Reason::ForgedMark, messages::not_busyguards_mark(ask.namespace, ask.name)))
+    } else if let Some(own_pod) = ask.requester.pod {
+        own_flag_only(ask, own_pod, pod, before).map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
+    } else {
+        None
+    };
+    let Some((denial, reason, message)) = refusal else { return Outcome::allow(Decision::Allowed) };
+    let audit = ask.audit(Decision::Denied, reason, message.clone(), config.mode, now);
+    Outcome::answer(Answer::Deny { denial, message }, Decision::Denied).audited(audit)
+}
+
+/// Whether the write puts a delete-requested mark on an opted-in pod that did not carry that
+/// very mark as an opted-in pod before (a create, a new or changed mark, or a pod opting in with
+/// one).
+pub fn marks_anew(pod: &Pod, before: Option<&Pod>) -> bool {
+    let Some(mark) = pod.annotation(DELETE_REQUESTED) else { return false };
+    before.is_none_or(|old| old.label(BUSY_LABEL).is_none() || old.annotation(DELETE_REQUESTED) != Some(mark))
+}
+
+/// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
+fn own_flag_only(ask: &Ask<'_>, own_pod: &str, pod: &Pod, before: Option<&Pod>) -> Option<String> {
+    let before = before?;
     let others = |labels: &super::pod::Labels| {
         (labels.iter())
             .filter(|(k, _)| k.as_str() != BUSY_LABEL && k.as_str() != PROTECTED_LABEL)
@@ -133,16 +168,21 @@ pub fn own_flag_only(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Po
         let annotations = pod.metadata.annotations.iter().flatten();
         annotations.filter(|(k, _)| !written_on_a_flip(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
     };
-    let refusal = if own != ask.name {
-        Some(messages::not_own_pod(ask.namespace, ask.name, own))
+    // A bound token's pod lives in its service account's namespace.
+    let own_namespace = service_account_namespace(ask.requester.username);
+    if own_pod != ask.name || own_namespace != Some(ask.namespace) {
+        let own = format!("{}/{own_pod}", own_namespace.unwrap_or("?"));
+        Some(messages::not_own_pod(ask.namespace, ask.name, &own))
     } else if others(&pod.metadata.labels) != others(&before.metadata.labels) || theirs(pod) != theirs(before) {
         Some(messages::more_than_the_flag(ask.namespace, ask.name))
     } else {
         None
-    };
-    let Some(message) = refusal else { return Outcome::allow(Decision::Allowed) };
-    let audit = ask.audit(Decision::Denied, Reason::NotOwnFlag, message.clone(), config.mode, now);
-    Outcome::answer(Answer::Deny { denial: Denial::NotOwnFlag, message }, Decision::Denied).audited(audit)
+    }
+}
+
+/// `NS` of `system:serviceaccount:NS:NAME`.
+fn service_account_namespace(username: &str) -> Option<&str> {
+    username.strip_prefix("system:serviceaccount:")?.split(':').next()
 }
 
 /// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
@@ -606,19 +646,21 @@ mod tests {
         set_label(&mut flip, "true");
         // As the validating webhook sees it: busyguard's annotations are already on.
         flip["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:00:00Z");
-        let own = own_flag_only(
+        let own = judge_write(
             &from_pod("w"),
             &pod(flip.clone()),
             Some(&pod(idle.clone())),
+            BUSYGUARD,
             &config(),
             ts("2026-11-21T20:00:00Z"),
         );
         assert!(own.is_allowed());
 
-        let neighbour = own_flag_only(
+        let neighbour = judge_write(
             &from_pod("w-2"),
             &pod(flip.clone()),
             Some(&pod(idle.clone())),
+            BUSYGUARD,
             &config(),
             ts("2026-11-21T20:00:00Z"),
         );
@@ -626,28 +668,95 @@ mod tests {
         assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotOwnFlag"));
         assert_eq!(
             message,
-            "pod ns/w is not the requester's own pod (w-2): a pod's service account may flip only its own busy label"
+            "pod ns/w is not the requester's own pod (ns/w-2): a pod's service account may flip only its own busy label"
         );
 
         let mut more = flip.clone();
         more["metadata"]["labels"]["app"] = json!("other");
-        let relabel =
-            own_flag_only(&from_pod("w"), &pod(more), Some(&pod(idle.clone())), &config(), ts("2026-11-21T20:00:00Z"));
+        let relabel = judge_write(
+            &from_pod("w"),
+            &pod(more),
+            Some(&pod(idle.clone())),
+            BUSYGUARD,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
         assert!(!relabel.is_allowed());
         let mut annotated = flip.clone();
         annotated["metadata"]["annotations"]["team"] = json!("b");
-        let reannotate =
-            own_flag_only(&from_pod("w"), &pod(annotated), Some(&pod(idle)), &config(), ts("2026-11-21T20:00:00Z"));
+        let reannotate = judge_write(
+            &from_pod("w"),
+            &pod(annotated),
+            Some(&pod(idle)),
+            BUSYGUARD,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
         assert!(!reannotate.is_allowed());
         assert_eq!(reannotate.audit.unwrap().reason, Reason::NotOwnFlag);
+    }
+
+    const BUSYGUARD: Option<&str> = Some("system:serviceaccount:busyguard:busyguard");
+
+    #[test]
+    fn a_token_bound_to_a_pod_of_another_namespace_is_not_that_pods_own() {
+        let idle = worker(json!({}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let mut elsewhere = from_pod("w");
+        elsewhere.requester.username = "system:serviceaccount:other:worker";
+        let outcome =
+            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
+        let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
+    }
+
+    #[test]
+    fn busyguards_own_writes_pass_whatever_pod_its_token_is_bound_to() {
+        let idle = worker(json!({}));
+        let mut marked = idle.clone();
+        marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
+        let mut busyguard = from_pod("busyguard-7d9-abc");
+        busyguard.requester.username = BUSYGUARD.unwrap();
+        let outcome =
+            judge_write(&busyguard, &pod(marked), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
+        assert!(outcome.is_allowed());
+        assert!(outcome.audit.is_none());
+    }
+
+    #[test]
+    fn only_busyguard_writes_the_delete_requested_mark() {
+        let idle = worker(json!({}));
+        let mut marked = idle.clone();
+        marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
+        let now = ts("2026-11-21T20:00:00Z");
+        for (what, before, known) in [
+            ("a new mark", Some(pod(idle.clone())), BUSYGUARD),
+            ("a pod created with one", None, BUSYGUARD),
+            ("while busyguard does not know its own name yet", Some(pod(idle.clone())), None),
+        ] {
+            let outcome = judge_write(&ask(), &pod(marked.clone()), before.as_ref(), known, &config(), now);
+            let Answer::Deny { denial, .. } = &outcome.answer else { panic!("{what}: {:?}", outcome.answer) };
+            assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotBusyguardsMark"), "{what}");
+            assert_eq!(outcome.audit.unwrap().reason, Reason::ForgedMark, "{what}");
+        }
+        let mut relabelled = marked.clone();
+        relabelled["metadata"]["labels"]["team"] = json!("b");
+        let kept = judge_write(&ask(), &pod(relabelled), Some(&pod(marked.clone())), BUSYGUARD, &config(), now);
+        assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
+        let mut unlabelled = marked.clone();
+        unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
+        let opting_in = judge_write(&ask(), &pod(marked), Some(&pod(unlabelled)), BUSYGUARD, &config(), now);
+        assert!(!opting_in.is_allowed(), "a pod opting in with a mark already on");
     }
 
     #[test]
     fn requesters_that_are_not_a_pods_service_account_are_not_this_rules_business() {
         let idle = worker(json!({}));
         let outcome =
-            own_flag_only(&ask(), &pod(idle.clone()), Some(&pod(idle)), &config(), ts("2026-11-21T20:00:00Z"));
-        assert_eq!(outcome.decision, Decision::Unhandled);
+            judge_write(&ask(), &pod(idle.clone()), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
+        assert_eq!(outcome.decision, Decision::Allowed);
+        assert!(outcome.audit.is_none());
     }
 
     #[test]

@@ -33,6 +33,11 @@ impl Call {
         self.method == "GET" && self.path == "/api/v1/pods"
     }
 
+    /// What busyguard asks at start whatever happens: which namespaces opted out, who it is.
+    pub fn is_bookkeeping(&self) -> bool {
+        self.path == "/api/v1/namespaces" || self.path.ends_with("/selfsubjectreviews")
+    }
+
     pub fn is_watch(&self) -> bool {
         self.reads_pod_list() && self.query.split('&').any(|p| p == "watch=true")
     }
@@ -246,7 +251,7 @@ impl ApiServer {
 
     /// Every call but the pod list and watch requests.
     pub fn writes(&self) -> Vec<Call> {
-        self.calls().into_iter().filter(|c| !c.reads_pod_list()).collect()
+        self.calls().into_iter().filter(|c| !c.reads_pod_list() && !c.is_bookkeeping()).collect()
     }
 
     /// The next calls of `method` on `path` meet these faults, in order.
@@ -361,6 +366,8 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             body: body.clone(),
         });
         match permission_of(&method, &segments, &query) {
+            // Every authenticated user may ask who it is (system:basic-user).
+            Some(permission) if permission.1 == "selfsubjectreviews" => false,
             Some(permission) if GRANTED.contains(&permission) => store.permissions_used.insert(permission),
             needed => {
                 store.forbidden.push(format!("{method} {path} needs {needed:?}"));
@@ -407,6 +414,23 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
         (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => ok(body),
+        // No namespace opted out here; a watch stays open, empty, until its timeout.
+        (&Method::GET, ["api", "v1", "namespaces"]) => {
+            let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
+            if param("watch") != Some("true") {
+                let rv = api.store().resource_version.to_string();
+                return ok(json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": rv},
+                    "items": []}));
+            }
+            let timeout = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(300);
+            let quiet = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+            let ends = tokio::time::sleep(Duration::from_secs(timeout));
+            let body = Body::from_stream(futures::StreamExt::take_until(quiet, ends));
+            ([("content-type", "application/json")], body).into_response()
+        }
+        (&Method::POST, ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"]) => ok(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+            "status": {"userInfo": {"username": "system:serviceaccount:busyguard:busyguard"}}})),
         _ => status(404, "NotFound", &format!("{method} {path} is not served here")),
     }
 }

@@ -58,13 +58,8 @@ impl Rig {
         std::fs::create_dir_all(&work)?;
         let kubelet = Arc::new(Kubelet::new(admin.clone(), work.clone())?);
         let forwarder = Forwarder::start(kubelet.clone())?;
-        let rig = Rig {
-            admin,
-            work,
-            control_plane,
-            kubelet,
-            webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
-        };
+        let rig =
+            Rig { admin, work, control_plane, kubelet, webhook_url: format!("https://127.0.0.1:{}", forwarder.port) };
         rig.clean_leftovers()?;
         rig.install()?;
         Ok(rig)
@@ -110,9 +105,8 @@ impl Rig {
                 *self.kubelet.pod_spec.lock().unwrap() = Some(object["spec"]["template"]["spec"].clone());
             }
         }
-        let (webhooks, rest): (Vec<Value>, Vec<Value>) = objects
-            .into_iter()
-            .partition(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")));
+        let (webhooks, rest): (Vec<Value>, Vec<Value>) =
+            objects.into_iter().partition(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")));
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
         self.kubectl(&[
             "-n",
@@ -264,9 +258,9 @@ impl Drop for Rig {
 impl ControlPlane {
     /// `up.sh` of `K8S_HARNESS` (default `../shared/k8s`), with `K8S_BIN` passed through.
     fn start() -> Result<ControlPlane> {
-        let harness = std::env::var("K8S_HARNESS").map(PathBuf::from).unwrap_or_else(|_| {
-            Path::new(ROOT).join("..").join("shared").join("k8s")
-        });
+        let harness = std::env::var("K8S_HARNESS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(ROOT).join("..").join("shared").join("k8s"));
         ensure!(
             harness.join("up.sh").exists(),
             "no control plane: {} has no up.sh; set K8S_HARNESS to the folder of shared/k8s, or \
@@ -387,8 +381,7 @@ impl Kubelet {
             replica.ready = ready;
             if ready != marked && !terminating {
                 let patch = json!({"metadata": {"annotations": {"k8s-local/ready": ready.to_string()}}});
-                let _ =
-                    kubectl(&self.admin, &["-n", "busyguard", "patch", "pod", &name, "-p", &patch.to_string()]);
+                let _ = kubectl(&self.admin, &["-n", "busyguard", "patch", "pod", &name, "-p", &patch.to_string()]);
             }
         }
         // A pod gone without a termination (force-deleted): its process goes too.
@@ -436,7 +429,14 @@ impl Kubelet {
             .stderr(std::fs::File::create(logs.join(format!("{pod}.stderr")))?);
         die_with_parent(&mut command);
         let child = command.spawn().context("starting busyguard")?;
-        Ok(Replica { pod: pod.to_string(), child: Arc::new(Mutex::new(child)), webhook, admin, ready: false, terminating: false })
+        Ok(Replica {
+            pod: pod.to_string(),
+            child: Arc::new(Mutex::new(child)),
+            webhook,
+            admin,
+            ready: false,
+            terminating: false,
+        })
     }
 
     /// What a kubelet does for a deleted pod: the preStop hook, SIGTERM, SIGKILL at the end of

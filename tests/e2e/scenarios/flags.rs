@@ -14,7 +14,15 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("own-flag")?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
     rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
-    rig.kubectl(&["-n", &ns, "create", "rolebinding", "flags", "--role=flags", &format!("--serviceaccount={}:worker", &*ns)])?;
+    rig.kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "rolebinding",
+        "flags",
+        "--role=flags",
+        &format!("--serviceaccount={}:worker", &*ns),
+    ])?;
     for name in ["me", "neighbour"] {
         let mut pod = workers::pod(&ns, name, None);
         pod["spec"]["serviceAccountName"] = json!("worker");
@@ -29,17 +37,23 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
     };
     let (ok, _, err) = as_me(&["label", "pod", "me", "busyguard.io/busy=true", "--overwrite"])?;
     ensure!(ok, "the worker could not flip its own label: {err}");
-    let pod = rig.pod(&ns, "me")?.unwrap();
-    ensure!(annotation(&pod, "busyguard.io/busy-since").is_some(), "its flip was not annotated");
+    let since = annotation(&rig.pod(&ns, "me")?.unwrap(), "busyguard.io/busy-since");
+    ensure!(since.is_some(), "its flip was not annotated");
     for (what, args) in [
         ("another pod's label", vec!["label", "pod", "neighbour", "busyguard.io/busy=true", "--overwrite"]),
         ("another label of its own", vec!["label", "pod", "me", "tier=gold"]),
-        ("its busy-since", vec!["annotate", "pod", "me", "busyguard.io/busy-since=2020-01-01T00:00:00Z", "--overwrite"]),
     ] {
         let (ok, _, err) = as_me(&args)?;
         ensure!(!ok, "the worker could change {what}");
-        ensure!(err.contains("403") || err.contains("forbidden"), "{what}: not a 403: {err}");
+        ensure!(
+            err.contains("Forbidden") && err.contains("pod-flags.busyguard.io"),
+            "{what}: not refused by busyguard: {err}"
+        );
     }
+    // busy-since is busyguard's: a write that moves it keeps the flip's time.
+    as_me(&["annotate", "pod", "me", "busyguard.io/busy-since=2020-01-01T00:00:00Z", "--overwrite"])?;
+    let after = annotation(&rig.pod(&ns, "me")?.unwrap(), "busyguard.io/busy-since");
+    ensure!(after == since, "the worker moved its busy-since from {since:?} to {after:?}");
     // busyguard's own write to the worker's pod: the mark of a person's deferred delete.
     let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "me", "--wait=false"])?;
     ensure!(!ok, "the delete of the busy pod went through");
@@ -57,8 +71,7 @@ pub fn forged_mark(rig: &Rig) -> Result<()> {
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     workers::flip(rig, &ns, "task", true)?;
     let mark = r#"busyguard.io/delete-requested={"by":"alice","at":"2026-01-01T00:00:00Z"}"#;
-    let (ok, _, err) =
-        rig.try_kubectl(&["-n", &ns, "annotate", "pod", "task", mark, "--field-manager=busyguard"])?;
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "annotate", "pod", "task", mark, "--field-manager=busyguard"])?;
     ensure!(!ok, "a forged delete-requested mark was accepted");
     ensure!(err.contains("busyguard"), "the refusal does not say why: {err}");
     workers::flip(rig, &ns, "task", false)?;
