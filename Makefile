@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build run certs test bench fuzz lint fmt clean e2e dev-register dev-unregister \
+.PHONY: build run certs test unit bench fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 build:
@@ -26,10 +26,20 @@ run: certs
 	$(CARGO) run --quiet --locked -- serve --listen $(LISTEN) --admin-listen $(ADMIN_LISTEN) \
 		--tls-cert $(CERTS_DIR)/tls.crt --tls-key $(CERTS_DIR)/tls.key
 
-test:
+# Every test: the fast ones, then the end-to-end suite on a real control plane.
+test: unit e2e
+
+unit:
 	$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
 	$(CARGO) nextest run --locked --no-fail-fast
 	python3 -m unittest discover -s helpers/python
+
+# The end-to-end suite (tests/e2e): starts the control plane of K8S_HARNESS (default
+# ../shared/k8s; K8S_BIN passed through) and installs busyguard from manifests/base on it, or
+# uses the control plane of BUSYGUARD_E2E_KUBECONFIG (it must reach this machine's loopback).
+# E2E_ONLY=word runs the scenarios whose name holds it; BUSYGUARD_E2E_KEEP=1 keeps the plane.
+e2e:
+	BUSYGUARD_E2E=1 $(CARGO) test --locked --test e2e -- $(E2E_ONLY)
 
 # Release build; prints result tables (see BENCHMARKS.md).
 bench:
@@ -69,8 +79,9 @@ dev-unregister:
 	$(KUBECTL) delete mutatingwebhookconfiguration/busyguard-dev validatingwebhookconfiguration/busyguard-dev \
 		--ignore-not-found
 
-# End-to-end run against the cluster in KUBECONFIG (see scripts/e2e.sh).
-e2e:
+# A smoke run against the cluster in KUBECONFIG, with busyguard as installed there (see
+# scripts/e2e.sh).
+e2e-cluster:
 	scripts/e2e.sh
 
 # Self-managed certificates: a CA and a serving pair for the Service, kept while valid.

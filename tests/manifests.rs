@@ -1,5 +1,5 @@
 //! The install: `manifests/` rendered offline by `kubectl kustomize`, its two certificate
-//! overlays, the make targets that feed them (`cluster-certs`, `dev-register`), and `make e2e`
+//! overlays, the make targets that feed them (`cluster-certs`, `dev-register`), and `make e2e-cluster`
 //! without a cluster. The API server cannot check these objects here, so the tests check what
 //! it and the controllers would act on.
 
@@ -451,7 +451,7 @@ fn make_dev_register_applies_url_webhooks_trusting_the_local_ca_and_dev_unregist
 }
 
 #[test]
-fn make_e2e_without_a_reachable_cluster_says_so_and_fails() {
+fn make_e2e_cluster_without_a_reachable_cluster_says_so_and_fails() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
@@ -461,7 +461,8 @@ fn make_e2e_without_a_reachable_cluster_says_so_and_fails() {
          current-context: c\n",
     )
     .unwrap();
-    let output = Command::new("make").args(["-s", "-C", ROOT, "e2e"]).env("KUBECONFIG", &kubeconfig).output().unwrap();
+    let output =
+        Command::new("make").args(["-s", "-C", ROOT, "e2e-cluster"]).env("KUBECONFIG", &kubeconfig).output().unwrap();
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("no cluster reachable"), "{said}");

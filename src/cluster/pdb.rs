@@ -11,11 +11,12 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tracing::{info, warn};
 
-use super::view::{Scope, View};
+use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
 use crate::policy::busy::BUSY_LABEL;
 use crate::policy::outcome::FIELD_MANAGER;
 use crate::policy::pdb::{BUSY_PDB_MIN_AVAILABLE, BUSY_PDB_NAME, ExistingPdb, MANAGED_BY, Step, plan};
+use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 use crate::policy::update::PROTECTED_LABEL;
 
@@ -33,7 +34,9 @@ impl BusyPdbs {
             Ok(existing) => existing,
             Err(e) => return warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait"),
         };
-        let pods = view.flat_map(|namespace, _, pod| [(namespace.to_string(), pod.labels_map())]);
+        // Opted in: pods of namespaces that opted out are kept without the busy label.
+        let opted_in = |pod: &PodRecord| pod.label(BUSY_LABEL).is_some();
+        let pods = view.flat_map(|namespace, _, pod| opted_in(pod).then(|| (namespace.to_string(), pod.labels_map())));
         let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
         for (namespace, labels) in pods {
             by_namespace.entry(namespace).or_default().push(labels);

@@ -26,8 +26,6 @@ use serde_json::{Value, json};
 
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 pub const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
-/// The identity busyguard has in the cluster: its service account, in its namespace.
-pub const BUSYGUARD_USER: &str = "system:serviceaccount:busyguard:busyguard";
 
 pub struct Rig {
     /// The admin's kubeconfig: the person at the keyboard.
@@ -37,6 +35,8 @@ pub struct Rig {
     kubelet: Arc<Kubelet>,
     /// Where the webhooks point: the forwarder that plays busyguard's Service.
     pub webhook_url: String,
+    /// The webhook configurations as rendered (their `clientConfig` is set by `register`).
+    webhooks: Mutex<Vec<Value>>,
 }
 
 struct ControlPlane {
@@ -58,8 +58,14 @@ impl Rig {
         std::fs::create_dir_all(&work)?;
         let kubelet = Arc::new(Kubelet::new(admin.clone(), work.clone())?);
         let forwarder = Forwarder::start(kubelet.clone())?;
-        let rig =
-            Rig { admin, work, control_plane, kubelet, webhook_url: format!("https://127.0.0.1:{}", forwarder.port) };
+        let rig = Rig {
+            admin,
+            work,
+            control_plane,
+            kubelet,
+            webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
+            webhooks: Mutex::new(Vec::new()),
+        };
         rig.clean_leftovers()?;
         rig.install()?;
         Ok(rig)
@@ -73,6 +79,7 @@ impl Rig {
             "busyguard",
             "--ignore-not-found",
         ]);
+        let _ = self.try_kubectl(&["delete", "nodes", "-l", "e2e=true", "--wait=false"]);
         let namespaces = self.kubectl(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
         let ours: Vec<&str> =
             namespaces.split_whitespace().filter(|n| n.starts_with("e2e-") || *n == "busyguard").collect();
@@ -91,14 +98,7 @@ impl Rig {
         let certs = self.work.join("certs");
         let _ = std::fs::remove_dir_all(&certs);
         run(Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(&certs))?;
-        let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(certs.join("ca.crt"))?);
         for object in &mut objects {
-            if object["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")) {
-                for webhook in object["webhooks"].as_array_mut().context("webhooks")? {
-                    let path = webhook["clientConfig"]["service"]["path"].as_str().context("a service path")?;
-                    webhook["clientConfig"] = json!({"url": format!("{}{path}", self.webhook_url), "caBundle": ca});
-                }
-            }
             if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
                 // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.
                 object["spec"]["template"]["metadata"]["annotations"] = json!({"k8s-local/ready": "false"});
@@ -120,10 +120,29 @@ impl Rig {
         ])?;
         Kubelet::run(self.kubelet.clone());
         self.wait_for_replicas(2)?;
+        *self.webhooks.lock().unwrap() = webhooks;
+        self.register(&std::fs::read(certs.join("ca.crt"))?)
+    }
+
+    /// Applies the webhook configurations as rendered, by URL, trusting `ca_bundle` (PEM).
+    pub fn register(&self, ca_bundle: &[u8]) -> Result<()> {
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_bundle);
+        let mut webhooks = self.webhooks.lock().unwrap().clone();
+        for object in &mut webhooks {
+            for webhook in object["webhooks"].as_array_mut().context("webhooks")? {
+                let path = webhook["clientConfig"]["service"]["path"].as_str().context("a service path")?;
+                webhook["clientConfig"] = json!({"url": format!("{}{path}", self.webhook_url), "caBundle": ca});
+            }
+        }
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": webhooks}))?;
         // The API server reads webhook configurations from its informer: let it catch up.
         std::thread::sleep(Duration::from_secs(2));
         Ok(())
+    }
+
+    /// Where busyguard's TLS Secret is "mounted": the files every replica serves and reloads.
+    pub fn certs(&self) -> PathBuf {
+        self.work.join("certs")
     }
 
     /// Waits until exactly `n` replicas answer behind the Service.
@@ -174,6 +193,14 @@ impl Rig {
         let mut all = vec!["--as", user];
         all.extend_from_slice(args);
         self.try_kubectl(&all)
+    }
+
+    /// `kubectl ARGS` running aside (a drain that waits), its output kept for `finish`.
+    pub fn kubectl_aside(&self, args: &[&str]) -> Result<Child> {
+        let mut command = Command::new("kubectl");
+        command.arg("--kubeconfig").arg(&self.admin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        die_with_parent(&mut command);
+        Ok(command.spawn()?)
     }
 
     pub fn apply(&self, object: &Value) -> Result<String> {
@@ -228,7 +255,8 @@ impl Rig {
         kubeconfig_for(&self.admin, &self.work.join(format!("{name}.kubeconfig")), name, token)
     }
 
-    /// The node of the rig to pin pods on; a scenario that drains or deletes a node makes its own.
+    /// A node of the scenario's own (`cpu` cores), for pods pinned to it: a scenario that drains
+    /// or deletes a node makes its own.
     pub fn node(&self, name: &str, cpu: &str) -> Result<()> {
         self.apply(&json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "e2e": "true"}}}))?;
@@ -240,6 +268,8 @@ impl Rig {
                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
         self.kubectl(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
         let _ = self.try_kubectl(&["taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-"]);
+        // Only the scenario's own pods land there (pinned, or tolerating this).
+        let _ = self.try_kubectl(&["taint", "node", name, "e2e=only:NoSchedule", "--overwrite"]);
         Ok(())
     }
 }
@@ -247,10 +277,10 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         self.kubelet.stop_all();
-        if let Some(plane) = &self.control_plane {
-            if std::env::var_os("BUSYGUARD_E2E_KEEP").is_none() {
-                let _ = Command::new(plane.harness.join("down.sh")).arg("--wipe").env("K8S_DIR", &plane.dir).status();
-            }
+        if let Some(plane) = &self.control_plane
+            && std::env::var_os("BUSYGUARD_E2E_KEEP").is_none()
+        {
+            let _ = Command::new(plane.harness.join("down.sh")).arg("--wipe").env("K8S_DIR", &plane.dir).status();
         }
     }
 }

@@ -29,3 +29,20 @@ pub fn deferred_once(rig: &Rig) -> Result<()> {
     ensure!(carried_out.len() == 1, "the deferred delete was audited {} times, not once", carried_out.len());
     Ok(())
 }
+
+/// `busyguard.io/max-unavailable: "1"`: with one pod of the workload NotReady, a person's delete
+/// of another is refused (429) by the workload's budget.
+pub fn the_workload_budget_refuses_one_too_many(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("budget")?;
+    let mut workload = workers::deployment(&ns, "worker", 3);
+    workload["spec"]["template"]["metadata"]["annotations"] = serde_json::json!({"busyguard.io/max-unavailable": "1"});
+    let pods = workers::start(rig, &workload, "worker", 3)?;
+    rig.kubectl(&["-n", &ns, "annotate", "pod", &pods[0], "k8s-local/ready=false", "--overwrite"])?;
+    eventually("one pod is unavailable", Duration::from_secs(20), || {
+        Ok(workers::ready_pods(rig, &ns, "worker")?.len() == 2)
+    })?;
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", &pods[1], "--wait=false"])?;
+    ensure!(!ok, "a second pod went while one was unavailable");
+    ensure!(err.contains("busyguard.io/max-unavailable"), "not the budget's refusal: {err}");
+    Ok(())
+}

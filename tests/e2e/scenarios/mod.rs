@@ -1,7 +1,12 @@
 //! Every scenario, by topic; `ALL` is the order they run in.
 
 mod deletes;
+mod drains;
 mod flags;
+mod lifecycle;
+mod nodes;
+mod outages;
+mod readiness;
 mod scale;
 
 use anyhow::Result;
@@ -13,6 +18,28 @@ pub type Scenario = fn(&Rig) -> Result<()>;
 pub const ALL: &[(&str, Scenario)] = &[
     ("a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones", scale::idle_first_then_waits),
     ("a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle", deletes::deferred_once),
+    ("a_workload_budget_refuses_a_delete_one_too_many", deletes::the_workload_budget_refuses_one_too_many),
+    ("a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle", drains::drain_waits_for_the_busy_pod),
+    (
+        "a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits",
+        lifecycle::preemption_of_a_busy_pod_waits,
+    ),
+    ("a_flip_to_busy_on_a_terminating_pod_is_refused", lifecycle::a_flip_on_a_terminating_pod_is_refused),
+    ("removing_the_busy_label_of_a_busy_pod_restores_it", lifecycle::removing_the_label_restores_the_pod),
+    ("protection_lapses_after_max_busy_and_the_pod_goes", lifecycle::protection_lapses_after_max_busy),
+    ("a_busy_pod_lost_without_a_request_is_reported_once", lifecycle::a_loss_is_reported_once),
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
     ("a_delete_requested_mark_only_busyguard_may_write", flags::forged_mark),
+    (
+        "a_node_with_busy_pods_stays_but_the_cloud_node_controller_and_karpenter_delete_it",
+        nodes::busy_nodes_stay_but_for_the_cloud_controller_and_karpenter,
+    ),
+    (
+        "a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once",
+        readiness::a_busy_unready_pod_is_released_then_reaped,
+    ),
+    ("an_opted_out_namespace_is_left_alone", drains::an_opted_out_namespace_is_left_alone),
+    ("while_busyguard_is_down_the_pdb_holds_busy_pods_and_recovery_goes_on", outages::while_busyguard_is_down),
+    ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),
+    ("certificate_rotation_under_traffic_fails_no_admission", outages::certificate_rotation_fails_no_admission),
 ];

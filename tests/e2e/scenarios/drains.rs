@@ -1,0 +1,55 @@
+//! Drains: evictions of busy pods answered 429 until they are idle; namespaces that opt out.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+
+use crate::rig::{Rig, eventually};
+use crate::workers::{self, flip, label};
+
+/// `kubectl drain` evicts the idle pod at once, retries the busy one on 429, and completes
+/// once it is idle.
+pub fn drain_waits_for_the_busy_pod(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("drain")?;
+    let node = "e2e-drain";
+    rig.node(node, "4")?;
+    for name in ["busy", "idle"] {
+        workers::start(rig, &workers::pod(&ns, name, Some(node)), name, 1)?;
+    }
+    flip(rig, &ns, "busy", true)?;
+    let drain = rig.kubectl_aside(&["drain", node, "--force", "--ignore-daemonsets", "--timeout=90s"])?;
+    eventually("the idle pod is evicted", Duration::from_secs(20), || Ok(rig.live_pods(&ns, "idle")?.is_empty()))?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(rig.live_pods(&ns, "busy")? == ["busy"], "the busy pod was evicted");
+    ensure!(!rig.audited(&ns, "busy", "denied").is_empty(), "no audit line for the refused eviction");
+    flip(rig, &ns, "busy", false)?;
+    let output = drain.wait_with_output()?;
+    ensure!(output.status.success(), "the drain did not complete: {}", String::from_utf8_lossy(&output.stderr));
+    ensure!(rig.live_pods(&ns, "busy")?.is_empty(), "the drain completed with the pod still there");
+    Ok(())
+}
+
+/// A namespace labelled busyguard.io/enabled=false is left alone: busyguard removes its busy-pod
+/// PDB and protected labels there, and a drain takes its busy pod.
+pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("opt-out")?;
+    let node = "e2e-opt-out";
+    rig.node(node, "4")?;
+    workers::start(rig, &workers::pod(&ns, "busy", Some(node)), "busy", 1)?;
+    flip(rig, &ns, "busy", true)?;
+    // The PDB keeper runs on the sweep (every 30 s).
+    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
+        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+    })?;
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/enabled=false"])?;
+    // Removed on the next sweep.
+    eventually("the PDB is gone", Duration::from_secs(45), || {
+        Ok(!rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+    })?;
+    eventually("the protected label is off", Duration::from_secs(20), || {
+        Ok(rig.pod(&ns, "busy")?.is_some_and(|p| label(&p, "busyguard.io/protected").is_none()))
+    })?;
+    let (ok, _, err) = rig.try_kubectl(&["drain", node, "--force", "--ignore-daemonsets", "--timeout=30s"])?;
+    ensure!(ok, "the drain of an opted-out namespace's busy pod did not go through: {err}");
+    Ok(())
+}

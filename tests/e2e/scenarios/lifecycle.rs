@@ -1,0 +1,126 @@
+//! A busy pod's life: protection that runs out, the label removed, a flip while terminating,
+//! a loss busyguard could not refuse, and the scheduler's preemption.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use serde_json::json;
+
+use crate::rig::{Rig, eventually, throughout};
+use crate::workers::{self, annotation, flip, label};
+
+/// With `busyguard.io/max-busy: 3s`, protection lapses: the sweep takes the protected label and
+/// busyguard's annotations off, and a delete goes through.
+pub fn protection_lapses_after_max_busy(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("lapse")?;
+    let mut pod = workers::pod(&ns, "task", None);
+    pod["metadata"]["annotations"] = json!({"busyguard.io/max-busy": "3s"});
+    workers::start(rig, &pod, "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    eventually("the sweep takes the protected label off", Duration::from_secs(45), || {
+        Ok(rig.pod(&ns, "task")?.is_some_and(|p| {
+            label(&p, "busyguard.io/protected").is_none() && annotation(&p, "karpenter.sh/do-not-disrupt").is_none()
+        }))
+    })?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    ensure!(!rig.audited(&ns, "task", "lapsed").is_empty(), "the lapse was not audited");
+    Ok(())
+}
+
+/// Removing the busy label of a busy pod gives it back as an idle one: busyguard's annotations
+/// and protected label go, and nothing is reported lost.
+pub fn removing_the_label_restores_the_pod(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("unlabel")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    rig.kubectl(&["-n", &ns, "label", "pod", "task", "busyguard.io/busy-"])?;
+    eventually("busyguard's marks are off", Duration::from_secs(20), || {
+        Ok(rig.pod(&ns, "task")?.is_some_and(|p| {
+            label(&p, "busyguard.io/protected").is_none()
+                && annotation(&p, "busyguard.io/busy-since").is_none()
+                && annotation(&p, "controller.kubernetes.io/pod-deletion-cost").is_none()
+        }))
+    })?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    std::thread::sleep(Duration::from_secs(2));
+    ensure!(rig.audited(&ns, "task", "lost").is_empty(), "a relabelled pod was reported lost");
+    Ok(())
+}
+
+/// A flip to busy on a pod being deleted is refused (409): the worker must not start the task.
+pub fn a_flip_on_a_terminating_pod_is_refused(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("terminating")?;
+    let mut pod = workers::pod(&ns, "task", None);
+    pod["metadata"]["finalizers"] = json!(["e2e.busyguard.io/hold"]);
+    workers::start(rig, &pod, "task", 1)?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    let (ok, _, err) =
+        rig.try_kubectl(&["-n", &ns, "label", "pod", "task", "busyguard.io/busy=true", "--overwrite"])?;
+    let release = r#"{"metadata":{"finalizers":null}}"#;
+    rig.kubectl(&["-n", &ns, "patch", "pod", "task", "--type=merge", "-p", release])?;
+    ensure!(!ok, "a terminating pod turned busy");
+    ensure!(err.contains("Conflict") || err.contains("409"), "not a 409: {err}");
+    Ok(())
+}
+
+/// A busy pod that fails without any request (the kubelet's node-pressure eviction) is reported
+/// lost exactly once, though two replicas see it.
+pub fn a_loss_is_reported_once(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("loss")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let evicted = json!({"status": {"phase": "Failed", "reason": "Evicted",
+        "message": "The node was low on resource: memory."}});
+    rig.kubectl(&[
+        "-n",
+        &ns,
+        "patch",
+        "pod",
+        "task",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &evicted.to_string(),
+    ])?;
+    eventually("the loss is audited", Duration::from_secs(20), || Ok(!rig.audited(&ns, "task", "lost").is_empty()))?;
+    std::thread::sleep(Duration::from_secs(3));
+    let lost = rig.audited(&ns, "task", "lost");
+    ensure!(lost.len() == 1, "the loss was audited {} times across the replicas, not once", lost.len());
+    let events = rig.get(&["-n", &ns, "events", "--field-selector", "reason=BusyPodLost"])?;
+    ensure!(events["items"].as_array().is_some_and(|e| e.len() == 1), "not one BusyPodLost Event: {events}");
+    Ok(())
+}
+
+/// The scheduler picks a busy pod as its victim: the preemption is refused and the preemptor
+/// stays Pending. (The scheduler tries again on its own schedule: on a change in the cluster
+/// that may make room, at the latest after 5 minutes; a victim's flip to idle is not such a
+/// change, so this waits no further.)
+pub fn preemption_of_a_busy_pod_waits(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("preemption")?;
+    let node = "e2e-small";
+    rig.node(node, "1")?;
+    rig.apply(&json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "e2e-urgent"}, "value": 100000}))?;
+    let pinned = |name: &str, priority: Option<&str>| {
+        let mut pod = workers::pod(&ns, name, None);
+        pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        pod["spec"]["tolerations"] = json!([{"key": "e2e", "operator": "Exists", "effect": "NoSchedule"}]);
+        pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "600m"}});
+        if let Some(priority) = priority {
+            pod["spec"]["priorityClassName"] = json!(priority);
+            pod["metadata"]["labels"] = json!({"app": name});
+        }
+        pod
+    };
+    workers::start(rig, &pinned("victim", None), "victim", 1)?;
+    flip(rig, &ns, "victim", true)?;
+    rig.apply(&pinned("urgent", Some("e2e-urgent")))?;
+    eventually("the scheduler's preemption is refused", Duration::from_secs(30), || {
+        Ok(rig.audited(&ns, "victim", "denied").iter().any(|l| l["user"] == "system:kube-scheduler"))
+    })?;
+    throughout("the busy victim stays and the preemptor waits", Duration::from_secs(5), || {
+        let urgent = rig.pod(&ns, "urgent")?.unwrap_or_default();
+        Ok(rig.live_pods(&ns, "victim")? == ["victim"] && urgent["status"]["phase"] == "Pending")
+    })?;
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! busyguard down, restarted and re-keyed: what waits and what goes on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+
+use crate::rig::{Rig, eventually};
+use crate::workers::{self, flip};
+
+/// With busyguard scaled to 0: the busy-pod PDB still refuses the busy pod's eviction while
+/// the drain takes the idle one; a namespace being deleted empties (the namespace controller is
+/// never sent to the fail-closed webhook), and so do the pods of a vanished node (pod GC).
+pub fn while_busyguard_is_down(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("down")?;
+    let doomed = rig.namespace("down-doomed")?;
+    let (drained, vanishing) = ("e2e-down-drain", "e2e-down-gone");
+    rig.node(drained, "4")?;
+    rig.node(vanishing, "4")?;
+    for name in ["busy", "idle"] {
+        workers::start(rig, &workers::pod(&ns, name, Some(drained)), name, 1)?;
+        workers::start(rig, &workers::pod(&doomed, name, None), name, 1)?;
+    }
+    let orphan = "orphan";
+    workers::start(rig, &workers::pod(&ns, orphan, Some(vanishing)), orphan, 1)?;
+    for (namespace, pod) in [(&*ns, "busy"), (&*doomed, "busy"), (&*ns, orphan)] {
+        flip(rig, namespace, pod, true)?;
+    }
+    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
+        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+    })?;
+
+    rig.scale_busyguard(0)?;
+    let outcome = (|| -> Result<()> {
+        rig.kubectl(&["delete", "namespace", &doomed, "--wait=false"])?;
+        rig.kubectl(&["delete", "node", vanishing, "--wait=false"])?;
+        let (ok, _, err) = rig.try_kubectl(&["drain", drained, "--force", "--ignore-daemonsets", "--timeout=10s"])?;
+        ensure!(!ok, "the drain took a busy pod while busyguard was down");
+        ensure!(err.contains("disruption budget"), "not refused by the PDB: {err}");
+        ensure!(rig.live_pods(&ns, "idle")?.is_empty(), "the idle pod was not evicted");
+        ensure!(rig.live_pods(&ns, "busy")? == ["busy"], "the busy pod went");
+        eventually("the namespace being deleted empties", Duration::from_secs(60), || {
+            Ok(!rig.try_kubectl(&["get", "namespace", &doomed])?.0)
+        })?;
+        // The pod garbage collector waits 40 s before it deletes pods bound to a missing node.
+        eventually("pod GC takes the pods of the vanished node", Duration::from_secs(120), || {
+            Ok(rig.pod(&ns, orphan)?.is_none())
+        })
+    })();
+    rig.scale_busyguard(2)?;
+    outcome
+}
+
+/// Requests that need busyguard's answer keep getting it while `change` runs: a dry-run delete
+/// of a busy pod (fail-closed webhook) is refused 429 by busyguard every time, never "failed
+/// calling webhook".
+fn answered_throughout(rig: &Rig, name: &str, change: impl FnOnce() -> Result<()>) -> Result<()> {
+    let ns = rig.namespace(name)?;
+    workers::start(rig, &workers::pod(&ns, "busy", None), "busy", 1)?;
+    flip(rig, &ns, "busy", true)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (admin, namespace, stopping) = (rig.admin.clone(), ns.name.clone(), stop.clone());
+    let traffic = std::thread::spawn(move || -> Result<usize> {
+        let mut answered = 0;
+        while !stopping.load(Ordering::Relaxed) {
+            let args = ["-n", &namespace, "delete", "pod", "busy", "--dry-run=server", "--wait=false"];
+            let (ok, _, err) = crate::rig::kubectl(&admin, &args)?;
+            ensure!(!ok && err.contains("is busy since"), "request {answered}: not busyguard's refusal: {err}");
+            answered += 1;
+        }
+        Ok(answered)
+    });
+    let changed = change();
+    stop.store(true, Ordering::Relaxed);
+    let answered = traffic.join().map_err(|_| anyhow::anyhow!("the traffic panicked"))??;
+    changed?;
+    ensure!(answered >= 10, "only {answered} requests were made");
+    Ok(())
+}
+
+/// `kubectl rollout restart` of busyguard (maxUnavailable 0, preStop, graceful drain): no
+/// admission fails.
+pub fn a_rolling_restart_fails_no_admission(rig: &Rig) -> Result<()> {
+    answered_throughout(rig, "restart", || {
+        rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
+        rig.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
+        rig.wait_for_replicas(2)
+    })
+}
+
+/// Certificate rotation as the README's steps do it (the caBundle trusts old and new, then the
+/// Secret changes, then the bundle trusts the new CA only), under traffic: no admission fails.
+pub fn certificate_rotation_fails_no_admission(rig: &Rig) -> Result<()> {
+    answered_throughout(rig, "rotation", || {
+        let live = rig.certs();
+        let next = rig.work.join("certs-next");
+        let _ = std::fs::remove_dir_all(&next);
+        let made = std::process::Command::new(crate::rig::BUSYGUARD).args(["certs", "--dir"]).arg(&next).status()?;
+        ensure!(made.success(), "busyguard certs failed");
+        let (old_ca, new_ca) = (std::fs::read(live.join("ca.crt"))?, std::fs::read(next.join("ca.crt"))?);
+        rig.register(&[new_ca.clone(), old_ca].concat())?;
+        // The Secret's new files, swapped in whole as the kubelet does.
+        for file in ["tls.key", "tls.crt"] {
+            std::fs::copy(next.join(file), live.join(format!("{file}.new")))?;
+        }
+        std::fs::rename(live.join("tls.key.new"), live.join("tls.key"))?;
+        std::fs::rename(live.join("tls.crt.new"), live.join("tls.crt")).context("the new certificate")?;
+        std::thread::sleep(Duration::from_secs(3));
+        rig.register(&new_ca)?;
+        std::fs::copy(next.join("ca.crt"), live.join("ca.crt"))?;
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    })
+}
