@@ -31,9 +31,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
     ("a_delete_requested_mark_only_busyguard_may_write", flags::forged_mark),
     (
-        "a_node_with_busy_pods_stays_but_the_cloud_node_controller_and_karpenter_delete_it",
-        nodes::busy_nodes_stay_but_for_the_cloud_controller_and_karpenter,
+        "a_busy_node_stays_but_the_cloud_node_lifecycle_controller_deletes_it",
+        nodes::the_cloud_node_controller_deletes_a_busy_node,
     ),
+    ("a_busy_node_stays_but_karpenter_deletes_it", nodes::karpenter_deletes_a_busy_node),
     (
         "a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once",
         readiness::a_busy_unready_pod_is_released_then_reaped,
