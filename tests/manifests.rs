@@ -10,9 +10,9 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use busyguard::config::{Cli, Command as BusyguardCommand};
-use busyguard::policy::node::CLOUD_NODE_LIFECYCLE_USERS;
+use busyguard::policy::conditions;
 use busyguard::policy::selector::Selector;
-use busyguard::policy::{NAMESPACE_CONTROLLER_USER, NEVER_GUARDED_NAMESPACES, POD_GC_USER, TAINT_MANAGER_USERS};
+use busyguard::policy::{NEVER_GUARDED_NAMESPACES, POD_GC_USER};
 use clap::Parser;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -180,21 +180,29 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         let list = webhook["matchConditions"].as_array().unwrap();
         list.iter().map(|c| c["expression"].as_str().unwrap().to_string()).collect()
     };
+    // Nor, while busyguard is down, the requesters it always lets through, nor deletes it would
+    // allow unchanged: the conditions of src/policy/conditions.rs, to the letter.
     assert_eq!(
-        conditions(deletes)[..2],
-        ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username != 'system:kube-scheduler'"]
+        conditions(deletes),
+        [
+            "!has(oldObject.metadata.deletionTimestamp)".to_string(),
+            "request.userInfo.username != 'system:kube-scheduler'".to_string(),
+            conditions::pod_deletes_let_through(),
+            conditions::pod_delete_may_be_refused(),
+        ]
     );
-    // Nor, while busyguard is down, the requesters it always lets through: the same list.
-    let mut always: Vec<&str> = vec![NAMESPACE_CONTROLLER_USER, POD_GC_USER];
-    always.extend(TAINT_MANAGER_USERS);
-    assert_eq!(quoted(&conditions(deletes)[2]), always, "pod deletes never sent");
     let granted_by_default = Cli::parse_from(["busyguard", "serve"]);
     let BusyguardCommand::Serve(serve) = granted_by_default.command else { unreachable!() };
     assert!(serve.into_config().policy.exemptions.users.contains(&POD_GC_USER.to_string()));
     assert_eq!(
         conditions(preemptions),
-        ["!has(oldObject.metadata.deletionTimestamp)", "request.userInfo.username == 'system:kube-scheduler'"]
+        [
+            "!has(oldObject.metadata.deletionTimestamp)".to_string(),
+            "request.userInfo.username == 'system:kube-scheduler'".to_string(),
+            conditions::pod_delete_may_be_refused(),
+        ]
     );
+    assert_eq!(conditions(pods), [conditions::pod_write_may_be_patched()], "the mutating webhook");
 
     let evictions = webhook(&objects, "pod-evictions.busyguard.io");
     assert_eq!(rule(evictions), (json!([""]), json!(["CREATE"]), json!(["pods/eviction"])));
@@ -206,6 +214,7 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
     assert!(scale_downs.get("objectSelector").is_none());
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
+    assert_eq!(conditions(scale_downs), [conditions::LOWERS_REPLICAS]);
     let flags = webhook(&objects, "pod-flags.busyguard.io");
     assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods"])));
     assert_eq!(flags["objectSelector"], pods["objectSelector"]);
@@ -225,9 +234,8 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
     let serve = Cli::parse_from(["busyguard", "serve"]);
     let BusyguardCommand::Serve(serve) = serve.command else { unreachable!() };
-    let mut let_through: Vec<String> = CLOUD_NODE_LIFECYCLE_USERS.map(String::from).to_vec();
-    let_through.extend(serve.into_config().policy.exemptions.karpenter);
-    assert_eq!(quoted(&conditions(nodes)[0]), let_through, "node deletes busyguard lets through are not sent");
+    let karpenter = serve.into_config().policy.exemptions.karpenter;
+    assert_eq!(conditions(nodes), [conditions::node_deletes_let_through(&karpenter)], "let through, not sent");
     for webhook in webhooks(&objects).into_iter().filter(|w| w.get("namespaceSelector").is_some()) {
         let values = &webhook["namespaceSelector"]["matchExpressions"][0]["values"];
         assert_eq!(

@@ -15,6 +15,7 @@
 //! the side effects.
 
 pub mod busy;
+pub mod conditions;
 pub mod cost;
 pub mod disruption;
 pub mod messages;

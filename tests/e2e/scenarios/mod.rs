@@ -40,7 +40,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         readiness::a_busy_unready_pod_is_released_then_reaped,
     ),
     ("an_opted_out_namespace_is_left_alone", drains::an_opted_out_namespace_is_left_alone),
-    ("while_busyguard_is_down_the_pdb_holds_busy_pods_and_recovery_goes_on", outages::while_busyguard_is_down),
+    (
+        "while_busyguard_is_down_only_busy_pods_wait_and_recovery_goes_on",
+        outages::while_busyguard_is_down_only_busy_pods_wait,
+    ),
     ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),
     ("certificate_rotation_under_traffic_fails_no_admission", outages::certificate_rotation_fails_no_admission),
 ];

@@ -9,10 +9,12 @@ use anyhow::{Context, Result, ensure};
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, flip};
 
-/// With busyguard scaled to 0: the busy-pod PDB still refuses the busy pod's eviction while
-/// the drain takes the idle one; a namespace being deleted empties (the namespace controller is
-/// never sent to the fail-closed webhook), and so do the pods of a vanished node (pod GC).
-pub fn while_busyguard_is_down(rig: &Rig) -> Result<()> {
+/// With busyguard scaled to 0, only busy pods wait: a scale-down deletes the idle pods and not
+/// the busy one, a person's delete of the busy pod is refused, the busy-pod PDB still refuses
+/// the busy pod's eviction while the drain takes the idle one; a namespace being deleted
+/// empties (the namespace controller is never sent to the fail-closed webhook), and so do the
+/// pods of a vanished node (pod GC).
+pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("down")?;
     let doomed = rig.namespace("down-doomed")?;
     let (drained, vanishing) = ("e2e-down-drain", "e2e-down-gone");
@@ -27,12 +29,21 @@ pub fn while_busyguard_is_down(rig: &Rig) -> Result<()> {
     for (namespace, pod) in [(&*ns, "busy"), (&*doomed, "busy"), (&*ns, orphan)] {
         flip(rig, namespace, pod, true)?;
     }
+    let workers = workers::start(rig, &workers::deployment(&ns, "worker", 4), "worker", 4)?;
+    flip(rig, &ns, &workers[0], true)?;
     eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
         Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
     })?;
 
     rig.scale_busyguard(0)?;
     let outcome = (|| -> Result<()> {
+        rig.kubectl(&["-n", &ns, "scale", "deployment/worker", "--replicas=1"])?;
+        eventually("the scale-down takes the idle pods", Duration::from_secs(30), || {
+            Ok(rig.live_pods(&ns, "worker")? == workers[..1])
+        })?;
+        let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", &workers[0], "--wait=false"])?;
+        ensure!(!ok, "a person deleted a busy pod while busyguard was down");
+        ensure!(err.contains("pod-deletes.busyguard.io"), "not held by the delete webhook: {err}");
         rig.kubectl(&["delete", "namespace", &doomed, "--wait=false"])?;
         rig.kubectl(&["delete", "node", vanishing, "--wait=false"])?;
         let (ok, _, err) = rig.try_kubectl(&["drain", drained, "--force", "--ignore-daemonsets", "--timeout=10s"])?;

@@ -1,0 +1,311 @@
+//! When the API server needs to call busyguard at all: the CEL `matchConditions` the webhooks of
+//! `manifests/base` ship, built here beside the policy they stand for. A request a condition
+//! skips is one busyguard would answer "allowed, unchanged" anyway, so skipping it saves the API
+//! server a round trip and, for the fail-closed pod deletes, keeps busyguard's availability out
+//! of the way of writes that cannot matter. `tests/manifests.rs` holds the manifests to these
+//! strings; the tests below evaluate them against the decisions they stand for.
+
+use super::busy::{BUSY_LABEL, BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_UNAVAILABLE};
+use super::node::CLOUD_NODE_LIFECYCLE_USERS;
+use super::pod::DECIDING_ANNOTATIONS;
+use super::update::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
+use super::{NAMESPACE_CONTROLLER_USER, POD_GC_USER, TAINT_MANAGER_USERS};
+
+/// Annotations that say busyguard has something to do on a pod whatever changed: its own
+/// leftovers to restore, or readiness as the busy signal.
+const ACTING_ANNOTATIONS: [&str; 5] =
+    [BUSY_SINCE, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, BUSY_WHEN_UNREADY];
+
+/// The mutating webhook (pod CREATE and UPDATE): a write busyguard could patch. Sent: a pod
+/// busy by its label, or carrying busyguard's leftovers or `busy-when-unready`; and on UPDATE,
+/// any change of the busy or protected label or of an annotation a decision reads.
+pub fn pod_write_may_be_patched() -> String {
+    let acting = |o: &str| {
+        format!(
+            "{} || {} || {}",
+            is_busy(o),
+            has_key(o, "labels", PROTECTED_LABEL),
+            any_key(o, "annotations", &ACTING_ANNOTATIONS)
+        )
+    };
+    format!(
+        "request.operation == 'CREATE' ? ({created}) : ({changed} || {changed_annotations} || {now})",
+        created = acting("object"),
+        changed = changed("labels", &[BUSY_LABEL, PROTECTED_LABEL]),
+        changed_annotations = changed("annotations", &DECIDING_ANNOTATIONS),
+        now = acting("object"),
+    )
+}
+
+/// The fail-closed pod deletes: a delete busyguard could refuse or act on. Sent: a pod busy by
+/// its label, busy by readiness (`busy-when-unready`), or under a workload budget
+/// (`max-unavailable`, counted for idle pods too). Every other delete of an opted-in pod is
+/// allowed unchanged, so it goes on while busyguard is down.
+pub fn pod_delete_may_be_refused() -> String {
+    format!(
+        "{} || {}",
+        is_busy("oldObject"),
+        any_key("oldObject", "annotations", &[BUSY_WHEN_UNREADY, MAX_UNAVAILABLE])
+    )
+}
+
+/// Scale-downs: an update that lowers the replica count (anything else is allowed unprepared).
+pub const LOWERS_REPLICAS: &str =
+    "has(object.spec.replicas) && has(oldObject.spec.replicas) && object.spec.replicas < oldObject.spec.replicas";
+
+/// Pod deletes never sent: the requesters busyguard always lets through (recovery), so that
+/// busyguard being down never holds them. The pod garbage collector is the default exempt user.
+pub fn pod_deletes_let_through() -> String {
+    let mut users = vec![NAMESPACE_CONTROLLER_USER, POD_GC_USER];
+    users.extend(TAINT_MANAGER_USERS);
+    not_from(&users)
+}
+
+/// Node deletes never sent: the cloud node lifecycle controller's and Karpenter's (by default).
+pub fn node_deletes_let_through(karpenter: &[String]) -> String {
+    let mut users: Vec<&str> = CLOUD_NODE_LIFECYCLE_USERS.to_vec();
+    users.extend(karpenter.iter().map(String::as_str));
+    not_from(&users)
+}
+
+fn not_from(users: &[&str]) -> String {
+    format!("!(request.userInfo.username in {})", list(users))
+}
+
+fn is_busy(o: &str) -> String {
+    format!("{} && {o}.metadata.labels['{BUSY_LABEL}'] == 'true'", has_key(o, "labels", BUSY_LABEL))
+}
+
+fn has_key(o: &str, field: &str, key: &str) -> String {
+    format!("(has({o}.metadata.{field}) && '{key}' in {o}.metadata.{field})")
+}
+
+fn any_key(o: &str, field: &str, keys: &[&str]) -> String {
+    format!("(has({o}.metadata.{field}) && {}.exists(k, k in {o}.metadata.{field}))", list(keys))
+}
+
+/// Whether any of `keys` of `metadata.FIELD` differs between `oldObject` and `object`.
+fn changed(field: &str, keys: &[&str]) -> String {
+    let present = |o: &str| format!("(has({o}.metadata.{field}) && k in {o}.metadata.{field})");
+    format!(
+        "{}.exists(k, {new} != {old} || ({new} && {old} && object.metadata.{field}[k] != oldObject.metadata.{field}[k]))",
+        list(keys),
+        new = present("object"),
+        old = present("oldObject"),
+    )
+}
+
+fn list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use jiff::{SignedDuration, Timestamp};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::policy::disruption;
+    use crate::policy::outcome::{Action, Answer, Ask, DELETE_REQUESTED, Outcome};
+    use crate::policy::pod::{Pod, PodFacts};
+    use crate::policy::update;
+    use crate::policy::{PolicyConfig, Requester, test_config};
+
+    /// `expression` as the API server evaluates a matchCondition.
+    fn sent(expression: &str, operation: &str, user: &str, object: &Value, old: &Value) -> bool {
+        let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e:?}"));
+        let mut context = cel::Context::default();
+        let request = json!({"operation": operation, "userInfo": {"username": user}});
+        for (name, value) in [("request", &request), ("object", object), ("oldObject", old)] {
+            context.add_variable_from_value(name, cel::to_value(value).unwrap());
+        }
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(sent)) => sent,
+            other => panic!("{expression} on {object} / {old}: {other:?}"),
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-21T21:00:00Z".parse().unwrap()
+    }
+
+    fn config() -> PolicyConfig {
+        test_config(SignedDuration::from_hours(24))
+    }
+
+    fn ask(operation: &'static str, user: &'static str) -> Ask<'static> {
+        Ask {
+            uid: "u",
+            operation,
+            resource: "pods",
+            subresource: "",
+            namespace: "jobs",
+            name: "w",
+            requester: Requester { username: user, groups: &[], pod: None },
+            dry_run: false,
+        }
+    }
+
+    fn pod(value: &Value) -> Pod {
+        serde_json::from_value(value.clone()).unwrap()
+    }
+
+    /// Allowed, with no patch, no audit line and no side effect.
+    fn unchanged(outcome: &Outcome) -> bool {
+        matches!(outcome.answer, Answer::Allow { .. }) && outcome.audit.is_none() && outcome.effects.is_empty()
+    }
+
+    /// A value for each key a decision reads, valid or not, or none.
+    fn annotation_value(key: &'static str) -> impl Strategy<Value = Option<String>> {
+        let values: Vec<&str> = match key {
+            k if k == BUSY_SINCE => vec!["2026-11-21T20:00:00Z", "2026-11-20T00:00:00Z", "2027-01-01T00:00:00Z", "x"],
+            k if k == DELETE_REQUESTED => vec![r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#, "{"],
+            k if k == crate::policy::busy::MAX_BUSY => vec!["2h", "30s", "bad"],
+            k if k == MAX_UNAVAILABLE => vec!["1", "0", "x"],
+            k if k == crate::policy::busy::TASK_CONTAINER => vec!["worker", "other"],
+            _ => vec!["true", "false", "100", "-5", "2147483647", "93600s", ""],
+        };
+        proptest::option::of(proptest::sample::select(values).prop_map(String::from))
+    }
+
+    fn annotations() -> impl Strategy<Value = Vec<Option<String>>> {
+        DECIDING_ANNOTATIONS.map(annotation_value).into_iter().collect::<Vec<_>>()
+    }
+
+    prop_compose! {
+        fn a_pod()(
+            busy in proptest::option::of(proptest::sample::select(vec!["true", "false", "yes", ""])),
+            protected in any::<bool>(),
+            annotations in annotations(),
+            ready in any::<bool>(),
+            team in proptest::sample::select(vec!["a", "b"]),
+        ) -> Value {
+            let mut labels = json!({"app": "worker"});
+            if let Some(busy) = busy { labels[BUSY_LABEL] = json!(busy); }
+            if protected { labels[PROTECTED_LABEL] = json!("true"); }
+            let mut kept = json!({"team": team});
+            for (key, value) in DECIDING_ANNOTATIONS.iter().zip(annotations) {
+                if let Some(value) = value { kept[*key] = json!(value); }
+            }
+            json!({
+                "metadata": {"name": "w", "namespace": "jobs", "uid": "u-w", "labels": labels,
+                    "annotations": kept, "creationTimestamp": "2026-11-21T19:00:00Z",
+                    "managedFields": [{"manager": "busyguard", "operation": "Update",
+                        "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{DELETE_REQUESTED}"): {}}}}}]},
+                "spec": {"containers": [{"name": "worker"}]},
+                "status": {"phase": "Running", "startTime": "2026-11-21T19:00:05Z",
+                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                    "containerStatuses": [{"name": "worker", "restartCount": 0, "ready": ready,
+                        "state": {"running": {"startedAt": "2026-11-21T19:00:05Z"}}}]}
+            })
+        }
+    }
+
+    /// An update of `old`: often only a label or annotation of the user's, sometimes more.
+    fn an_update() -> impl Strategy<Value = (Value, Value)> {
+        (a_pod(), a_pod(), 0..4u8).prop_map(|(old, other, how)| {
+            let mut new = old.clone();
+            match how {
+                0 => new["metadata"]["annotations"]["team"] = json!("changed"),
+                1 => new["metadata"]["labels"]["app"] = json!("other"),
+                2 => new["metadata"]["labels"] = other["metadata"]["labels"].clone(),
+                _ => new["metadata"]["annotations"] = other["metadata"]["annotations"].clone(),
+            }
+            (old, new)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_pod_write_the_mutating_webhook_skips_is_one_busyguard_leaves_unchanged((old, new) in an_update()) {
+            let expression = pod_write_may_be_patched();
+            if !sent(&expression, "UPDATE", "alice", &new, &old) {
+                let outcome = update::decide(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
+                prop_assert!(unchanged(&outcome), "skipped, but busyguard answers {:?}\nold {old}\nnew {new}", outcome.answer);
+            }
+            if !sent(&expression, "CREATE", "alice", &new, &Value::Null) {
+                let outcome = update::decide(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
+                prop_assert!(unchanged(&outcome), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
+            }
+        }
+
+        #[test]
+        fn a_pod_delete_the_fail_closed_webhook_skips_is_one_busyguard_allows_unchanged(
+            old in a_pod(),
+            unavailable in 0..3u32,
+        ) {
+            if !sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &old) {
+                let old = pod(&old);
+                // As the view counts them: for pods under a budget only.
+                let siblings = old.annotation(MAX_UNAVAILABLE).map(|_| unavailable);
+                for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
+                    let ask = ask("DELETE", user);
+                    let outcome = disruption::decide(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
+                    prop_assert!(unchanged(&outcome), "{user}: skipped, but busyguard answers {:?}", outcome.answer);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unrelated_writes_and_deletes_of_idle_pods_are_not_sent() {
+        let idle = json!({"metadata": {"labels": {BUSY_LABEL: "false", "app": "w"}, "annotations": {"team": "a"}}});
+        let mut annotated = idle.clone();
+        annotated["metadata"]["annotations"]["team"] = json!("b");
+        assert!(!sent(&pod_write_may_be_patched(), "UPDATE", "alice", &annotated, &idle));
+        assert!(!sent(&pod_write_may_be_patched(), "CREATE", "alice", &idle, &Value::Null));
+        assert!(!sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &idle));
+        let bare = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}});
+        assert!(!sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &bare), "no annotations at all");
+    }
+
+    #[test]
+    fn flips_busy_pods_and_busyguards_leftovers_are_sent() {
+        let idle = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}});
+        let busy = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
+        let leftover = json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_SINCE: "x"}}});
+        let expression = pod_write_may_be_patched();
+        assert!(sent(&expression, "UPDATE", "alice", &busy, &idle), "the flip to busy");
+        assert!(sent(&expression, "UPDATE", "alice", &idle, &busy), "the flip to idle");
+        assert!(sent(&expression, "UPDATE", "alice", &busy, &busy), "any write of a busy pod");
+        assert!(sent(&expression, "UPDATE", "alice", &leftover, &leftover), "leftovers to restore");
+        assert!(sent(&expression, "CREATE", "alice", &busy, &Value::Null), "a pod created busy");
+        assert!(sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &busy));
+    }
+
+    #[test]
+    fn only_a_lower_replica_count_is_a_scale_down_to_prepare() {
+        let replicas = |n: Option<i64>| match n {
+            Some(n) => json!({"spec": {"replicas": n}}),
+            None => json!({"spec": {}}),
+        };
+        let cases =
+            [(Some(5), Some(2), true), (Some(2), Some(5), false), (Some(3), Some(3), false), (None, Some(1), false)];
+        for (from, to, expected) in cases {
+            assert_eq!(
+                sent(LOWERS_REPLICAS, "UPDATE", "hpa", &replicas(to), &replicas(from)),
+                expected,
+                "{from:?} -> {to:?}"
+            );
+            let lowers = crate::policy::scale::is_scale_down(from.map(|n| n as i32), to.map(|n| n as i32)).is_some();
+            assert_eq!(lowers, expected, "the scale-down path agrees");
+        }
+    }
+
+    #[test]
+    fn the_requesters_always_let_through_are_not_sent() {
+        let pod = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
+        for user in [NAMESPACE_CONTROLLER_USER, POD_GC_USER, TAINT_MANAGER_USERS[0], TAINT_MANAGER_USERS[1]] {
+            assert!(!sent(&pod_deletes_let_through(), "DELETE", user, &Value::Null, &pod), "{user}");
+        }
+        assert!(sent(&pod_deletes_let_through(), "DELETE", "alice", &Value::Null, &pod));
+        let karpenter = vec!["system:serviceaccount:karpenter:karpenter".to_string()];
+        for user in CLOUD_NODE_LIFECYCLE_USERS.iter().copied().chain(["system:serviceaccount:karpenter:karpenter"]) {
+            assert!(!sent(&node_deletes_let_through(&karpenter), "DELETE", user, &Value::Null, &Value::Null), "{user}");
+        }
+    }
+}
