@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build run certs test unit bench fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: build run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 build:
@@ -46,6 +46,11 @@ bench:
 	$(CARGO) bench --locked --bench view_memory
 	$(CARGO) bench --locked --bench handler
 	$(CARGO) bench --locked --bench load
+
+# API server throughput with and without busyguard, on the control plane of `make e2e`
+# (BENCH_SECONDS, BENCH_SERIES, BENCH_PAIRS; see benches/apiserver.rs and BENCHMARKS.md).
+bench-apiserver:
+	$(CARGO) bench --locked --bench apiserver
 
 # Fuzzing (cargo-fuzz on the nightly toolchain): each target for FUZZ_SECONDS, seeded with the
 # fixtures; new inputs are kept in fuzz/corpus/, a crash in fuzz/artifacts/ (and `make fuzz` fails).

@@ -140,6 +140,27 @@ impl Rig {
         Ok(())
     }
 
+    /// AdmissionReviews busyguard's replicas answered so far (`busyguard_admission_reviews_total`).
+    pub fn reviews_answered(&self) -> f64 {
+        let admins: Vec<SocketAddr> = self.kubelet.replicas.lock().unwrap().values().map(|r| r.admin).collect();
+        let mut total = 0.0;
+        for admin in admins {
+            let Some(metrics) = get_body(admin, "/metrics") else { continue };
+            let samples = metrics.lines().filter(|l| l.starts_with("busyguard_admission_reviews_total{"));
+            total += samples.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>();
+        }
+        total
+    }
+
+    /// Takes busyguard's webhook configurations away: the API server calls it no more.
+    #[allow(dead_code)] // benches/apiserver.rs
+    pub fn unregister(&self) -> Result<()> {
+        let kinds = "mutatingwebhookconfiguration,validatingwebhookconfiguration";
+        self.kubectl(&["delete", kinds, "busyguard", "--ignore-not-found"])?;
+        std::thread::sleep(Duration::from_secs(2));
+        Ok(())
+    }
+
     /// Where busyguard's TLS Secret is "mounted": the files every replica serves and reloads.
     pub fn certs(&self) -> PathBuf {
         self.work.join("certs")
@@ -590,14 +611,23 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
 
 /// A plain HTTP GET on the admin port: 200 or not.
 fn get_ok(addr: SocketAddr, path: &str) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    get(addr, path).is_some_and(|response| response.starts_with("HTTP/1.1 200"))
+}
+
+/// The body of a 200 answer to a plain HTTP GET on the admin port.
+fn get_body(addr: SocketAddr, path: &str) -> Option<String> {
+    let response = get(addr, path).filter(|r| r.starts_with("HTTP/1.1 200"))?;
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
 }
 
 fn free_port() -> Result<SocketAddr> {

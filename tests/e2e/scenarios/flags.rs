@@ -78,3 +78,25 @@ pub fn forged_mark(rig: &Rig) -> Result<()> {
     throughout("the pod is not deleted", Duration::from_secs(4), || Ok(rig.pod(&ns, "task")?.is_some()))?;
     Ok(())
 }
+
+/// Writes busyguard would allow unchanged never reach it (matchConditions): an unrelated
+/// annotation on an idle pod, the create and the delete of an idle pod; a flip to busy does.
+pub fn writes_that_cannot_matter_are_not_sent(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("not-sent")?;
+    workers::start(rig, &workers::pod(&ns, "idle", None), "idle", 1)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let before = rig.reviews_answered();
+    for n in 0..5 {
+        rig.kubectl(&["-n", &ns, "annotate", "pod", "idle", &format!("team/build={n}"), "--overwrite"])?;
+    }
+    rig.apply(&workers::pod(&ns, "brief", None))?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", "brief", "--grace-period=0"])?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", "idle", "--grace-period=0"])?;
+    std::thread::sleep(Duration::from_secs(1));
+    let after = rig.reviews_answered();
+    ensure!(after == before, "{} reviews reached busyguard for writes that cannot matter", after - before);
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    workers::flip(rig, &ns, "task", true)?;
+    ensure!(rig.reviews_answered() > after, "the flip to busy did not reach busyguard");
+    Ok(())
+}

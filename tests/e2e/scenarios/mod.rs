@@ -16,6 +16,7 @@ use crate::rig::Rig;
 pub type Scenario = fn(&Rig) -> Result<()>;
 
 pub const ALL: &[(&str, Scenario)] = &[
+    ("writes_that_cannot_matter_are_not_sent_to_busyguard", flags::writes_that_cannot_matter_are_not_sent),
     ("a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones", scale::idle_first_then_waits),
     ("a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle", deletes::deferred_once),
     ("a_workload_budget_refuses_a_delete_one_too_many", deletes::the_workload_budget_refuses_one_too_many),
