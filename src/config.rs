@@ -214,9 +214,10 @@ pub struct ServeArgs {
     #[arg(long, env = "BUSYGUARD_KARPENTER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub karpenter_annotation: bool,
     /// Write `karpenter.sh/do-not-disrupt` as the seconds left of the protection, counted from
-    /// the pod's start (Karpenter 1.1 and later read it so), so it ends when max-busy would even
-    /// if busyguard is gone; `false` writes `"true"`, for older Karpenter.
-    #[arg(long, env = "BUSYGUARD_KARPENTER_BOUNDED", default_value_t = true, action = ArgAction::Set)]
+    /// the pod's start, so it ends when max-busy would even if busyguard is gone. Only Karpenter
+    /// 1.12 and later read that form (kubernetes-sigs/karpenter#2874); 1.0 to 1.11 read anything
+    /// but "true" as not protected. Off: `"true"`, which every Karpenter honours.
+    #[arg(long, env = "BUSYGUARD_KARPENTER_BOUNDED", default_value_t = false, action = ArgAction::Set)]
     pub karpenter_bounded: bool,
     /// Set `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]

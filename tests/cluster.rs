@@ -27,7 +27,7 @@ fn busy_pod(name: &str, since: Timestamp) -> Value {
         "busyguard.io/busy-since": since.to_string(),
         "controller.kubernetes.io/pod-deletion-cost": busy_cost(since).to_string(),
         "busyguard.io/idle-cost": "1",
-        "karpenter.sh/do-not-disrupt": do_not_disrupt(&pod, since),
+        "karpenter.sh/do-not-disrupt": "true",
         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
     });
     pod
@@ -35,12 +35,6 @@ fn busy_pod(name: &str, since: Timestamp) -> Value {
 
 /// Karpenter's do-not-disrupt as busyguard writes it: the seconds from the pod's start to the
 /// end of its protection (a day of max-busy).
-fn do_not_disrupt(pod: &Value, since: Timestamp) -> String {
-    let started: Timestamp = pod["status"]["startTime"].as_str().unwrap().parse().unwrap();
-    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
-    format!("{}s", until.as_second() - started.as_second())
-}
-
 fn eviction_of(name: &str) -> Value {
     let mut review = fixture("pod-eviction-by-user.json");
     review["request"]["name"] = json!(name);
@@ -237,7 +231,7 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
             "busyguard.io/busy-since": stamped.to_string(),
             "controller.kubernetes.io/pod-deletion-cost": busy_cost(stamped).to_string(),
             "busyguard.io/idle-cost": "1",
-            "karpenter.sh/do-not-disrupt": do_not_disrupt(&api.pod("capture", "busy-stale").unwrap(), stamped),
+            "karpenter.sh/do-not-disrupt": "true",
             "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
             "labels": {"busyguard.io/protected": "true"}}})
     );
@@ -1017,7 +1011,8 @@ async fn a_namespace_with_opted_in_pods_gets_one_busy_pod_pdb_that_allows_no_evi
                "metadata": {"name": "busyguard-busy", "namespace": "capture",
                             "labels": {"app.kubernetes.io/managed-by": "busyguard"}},
                "spec": {"minAvailable": 1_000_000, "selector": {"matchLabels": {"busyguard.io/protected": "true"},
-                   "matchExpressions": [{"key": "busyguard.io/busy", "operator": "Exists"}]}}})
+                   "matchExpressions": [{"key": "busyguard.io/busy", "operator": "Exists"}]},
+                   "unhealthyPodEvictionPolicy": "IfHealthyBudget"}})
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(api.calls().into_iter().filter(pdb_call("POST")).count(), 1, "created once, kept");

@@ -117,6 +117,10 @@ fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
                     values: None,
                 }]),
             }),
+            // Said outright: a busy pod that is not Ready (readiness as the busy signal, or a
+            // probe failing mid-task) stays protected. Platforms that force AlwaysAllow by policy
+            // would let such a pod be evicted.
+            unhealthy_pod_eviction_policy: Some("IfHealthyBudget".into()),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()

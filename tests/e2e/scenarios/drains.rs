@@ -41,6 +41,12 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
         Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
     })?;
+    let pdb = rig.get(&["-n", &ns, "pdb", "busyguard-busy"])?;
+    ensure!(
+        pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget",
+        "a busy pod that is not Ready must stay protected: {}",
+        pdb["spec"]
+    );
     rig.kubectl(&["label", "namespace", &ns, "busyguard.io/enabled=false"])?;
     // Removed on the next sweep.
     eventually("the PDB is gone", Duration::from_secs(45), || {
