@@ -29,11 +29,10 @@ pub fn pod_write_may_be_patched() -> String {
         )
     };
     format!(
-        "request.operation == 'CREATE' ? ({created}) : ({changed} || {changed_annotations} || {now})",
-        created = acting("object"),
+        "request.operation == 'CREATE' ? ({acting}) : ({changed} || {changed_annotations} || {acting})",
+        acting = acting("object"),
         changed = changed("labels", &[BUSY_LABEL, PROTECTED_LABEL]),
         changed_annotations = changed("annotations", &DECIDING_ANNOTATIONS),
-        now = acting("object"),
     )
 }
 
