@@ -1,10 +1,12 @@
 //! API server throughput with and without busyguard (`make bench-apiserver`): on the control
 //! plane of the end-to-end suite (`K8S_HARNESS`, default `../shared/k8s`), with busyguard
 //! installed as shipped (two replicas, its own identity), 16 keep-alive clients as the cluster
-//! admin run each write for `BENCH_SECONDS` (15), alternating with and without busyguard's
-//! webhook configurations registered: `BENCH_SERIES` (2) series of `BENCH_PAIRS` (3) pairs, each
-//! pair in the order opposite to the last (ABBA). Prints one row a write: requests per second
-//! (lowest to highest run), the loss from the median runs, and p99 latency.
+//! admin run each write for `BENCH_SECONDS` (15), alternating with and without busyguard (its
+//! webhook configurations registered and two replicas running, or neither):
+//! `BENCH_SERIES` (2) series of `BENCH_PAIRS` (3) pairs, each pair in the order opposite to the
+//! last (ABBA). Prints one row a write: requests per second
+//! (lowest to highest run), the loss from the median runs, and p99 latency. `BENCH_WRITES` picks
+//! the writes (`annotation,churn,flip`).
 
 #[allow(dead_code)]
 #[path = "../tests/e2e/rig.rs"]
@@ -29,6 +31,7 @@ enum Write {
     UnrelatedAnnotation,
     CreateDelete,
     FlipBusyAndBack,
+    BusyDeleteDryRun,
 }
 
 impl Write {
@@ -37,6 +40,17 @@ impl Write {
             Write::UnrelatedAnnotation => "PATCH of an unrelated annotation on 30 idle opted-in pods",
             Write::CreateDelete => "create, then grace-0 delete, of idle opted-in pods",
             Write::FlipBusyAndBack => "flip to busy and back (one pod per client)",
+            Write::BusyDeleteDryRun => "dry-run delete of a busy pod (refused with busyguard, allowed without)",
+        }
+    }
+
+    /// The name `BENCH_WRITES` picks it by.
+    fn name(self) -> &'static str {
+        match self {
+            Write::UnrelatedAnnotation => "annotation",
+            Write::CreateDelete => "churn",
+            Write::FlipBusyAndBack => "flip",
+            Write::BusyDeleteDryRun => "busy-delete",
         }
     }
 }
@@ -62,15 +76,19 @@ fn main() -> Result<()> {
          | reviews busyguard answered per request |"
     );
     println!("|---|---|---|---|---|---|");
-    for write in [Write::UnrelatedAnnotation, Write::CreateDelete, Write::FlipBusyAndBack] {
+    let picked = std::env::var("BENCH_WRITES").unwrap_or_else(|_| "annotation,churn,flip,busy-delete".into());
+    let writes = [Write::UnrelatedAnnotation, Write::CreateDelete, Write::FlipBusyAndBack, Write::BusyDeleteDryRun];
+    for write in writes.into_iter().filter(|w| picked.split(',').any(|p| p == w.name())) {
         let (mut without, mut with, mut sent) = (Vec::new(), Vec::new(), Vec::new());
         for pair in 0..series * pairs {
             let order = if pair % 2 == 0 { [false, true] } else { [true, false] };
             for registered in order {
                 if registered {
+                    rig.scale_busyguard(2)?;
                     rig.register(&ca)?;
                 } else {
                     rig.unregister()?;
+                    rig.scale_busyguard(0)?;
                 }
                 let reviews = rig.reviews_answered();
                 let run = runtime.block_on(load(&client, write, Duration::from_secs(seconds)))?;
@@ -85,6 +103,7 @@ fn main() -> Result<()> {
         let sent = sent.iter().sum::<f64>() / sent.len() as f64;
         println!("{} {sent:.2} |", row(write, &mut without, &mut with));
     }
+    rig.scale_busyguard(2)?;
     rig.register(&ca)?;
     Ok(())
 }
@@ -93,22 +112,23 @@ fn cores() -> usize {
     std::thread::available_parallelism().map(usize::from).unwrap_or(1)
 }
 
-/// The pods the writes use: 30 idle ones and one per client to flip.
+/// The pods the writes use: 30 idle ones, one per client to flip, and one busy per client.
 fn prepare(rig: &rig::Rig) -> Result<()> {
     let _ = rig.try_kubectl(&["delete", "namespace", NAMESPACE, "--wait=true"]);
     rig.kubectl(&["create", "namespace", NAMESPACE])?;
     let mut pods = Vec::new();
-    let names = (0..IDLE_PODS).map(|i| format!("idle-{i}")).chain((0..CLIENTS).map(|i| format!("flip-{i}")));
-    for name in names {
+    let names = (0..IDLE_PODS).map(|i| (format!("idle-{i}"), "false"));
+    let names = names.chain((0..CLIENTS).map(|i| (format!("flip-{i}"), "false")));
+    for (name, busy) in names.chain((0..CLIENTS).map(|i| (format!("busy-{i}"), "true"))) {
         pods.push(json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench", "busyguard.io/busy": "false"}},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench", "busyguard.io/busy": busy}},
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "w", "image": "example.com/w"}]}}));
     }
     rig.apply(&json!({"apiVersion": "v1", "kind": "List", "items": pods}))?;
     rig::eventually("the bench's pods run", Duration::from_secs(120), || {
         let list = rig.get(&["-n", NAMESPACE, "pods"])?;
         let running = list["items"].as_array().into_iter().flatten().filter(|p| p["status"]["phase"] == "Running");
-        Ok(running.count() == IDLE_PODS + CLIENTS)
+        Ok(running.count() == IDLE_PODS + 2 * CLIENTS)
     })?;
     Ok(())
 }
@@ -162,6 +182,14 @@ async fn load(client: &kube::Client, write: Write, period: Duration) -> Result<R
                         let busy = if n % 2 == 1 { "true" } else { "false" };
                         let patch = json!({"metadata": {"labels": {"busyguard.io/busy": busy}}});
                         pods.patch(&format!("flip-{id}"), &PatchParams::default(), &Patch::Merge(patch)).await?;
+                    }
+                    Write::BusyDeleteDryRun => {
+                        let dry_run = DeleteParams { dry_run: true, ..DeleteParams::default() };
+                        match pods.delete(&format!("busy-{id}"), &dry_run).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(refused)) if refused.code == 429 => {}
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                 }
                 latencies.push(started.elapsed());

@@ -119,7 +119,7 @@ mod tests {
                 // busyguard wrote the mark, as the API server records it.
                 "managedFields": [{"manager": "busyguard", "operation": "Update", "fieldsType": "FieldsV1",
                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:busyguard.io/delete-requested": {}}}}}],
-                "labels": {BUSY_LABEL: label, "pod-template-hash": "6b8958b477"},
+                "labels": {BUSY_LABEL: label, "pod-template-hash": "6b8958b477", "busyguard.io/delete-requested": "true"},
                 "annotations": annotations,
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "worker-6b8958b477",
                     "uid": "rs", "controller": true}]},

@@ -147,7 +147,7 @@ async fn repeated_evictions_of_one_pod_raise_one_event_per_interval() {
 async fn busy_when_unready_pod_is_protected_while_not_ready() {
     let api = ApiServer::start().await;
     let mut pod = worker_pod("worker-compat", false);
-    pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] = json!("true");
+    pod["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     let unready_since = since_minutes_ago(3);
     pod["status"]["conditions"][1] =
         json!({"type": "Ready", "status": "False", "lastTransitionTime": unready_since.to_string()});
@@ -157,8 +157,8 @@ async fn busy_when_unready_pod_is_protected_while_not_ready() {
     let until = unready_since.checked_add(SignedDuration::from_hours(24)).unwrap();
     let message = format!(
         "pod capture/worker-compat is busy (not Ready) since {unready_since} (protection lapses at {until} at the \
-         latest); it will be spared until it is idle; to force: kubectl annotate pod worker-compat -n capture \
-         busyguard.io/busy-when-unready-"
+         latest); it will be spared until it is idle; to force: kubectl label pod worker-compat -n capture \
+         busyguard.io/busy=false --overwrite"
     );
     assert_eq!(response["status"]["message"], message);
     api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
@@ -368,6 +368,7 @@ async fn busy_delete_by_a_person_is_deferred_and_carried_out_once_when_the_pod_i
     // The answer waited for the mark.
     let marks: Vec<Call> = api.writes().into_iter().filter(pod_call("PATCH", "worker-a")).collect();
     assert_eq!(marks.len(), 1);
+    assert_eq!(marks[0].body["metadata"]["labels"]["busyguard.io/delete-requested"], "true", "the selectable half");
     let requested: Value = serde_json::from_str(
         marks[0].body["metadata"]["annotations"]["busyguard.io/delete-requested"].as_str().unwrap(),
     )
@@ -687,6 +688,7 @@ async fn a_delete_requested_mark_busyguard_did_not_write_is_ignored() {
     let mut pod = worker_pod("neighbour", false);
     pod["metadata"]["annotations"]["busyguard.io/delete-requested"] =
         json!(r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#);
+    pod["metadata"]["labels"]["busyguard.io/delete-requested"] = json!("true");
     api.put_pod(pod);
     let _server = sweeping(&api).await;
     api.update_pod("capture", "neighbour", |pod| pod["metadata"]["labels"]["team"] = json!("a"));
@@ -963,7 +965,7 @@ async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
     let api = ApiServer::start().await;
     for name in ["ds-a", "ds-b", "ds-c"] {
         let mut pod = worker_pod(name, false);
-        pod["metadata"]["annotations"]["busyguard.io/max-unavailable"] = json!("1");
+        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
         api.put_pod(pod);
     }
     let server = TestServer::with_cluster(&api).await;
@@ -1042,7 +1044,7 @@ async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_release
     let api = ApiServer::start().await;
     // The app of the motivating question: readiness fails while it works.
     let mut pod = worker_pod("worker-compat", false);
-    pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] = json!("true");
+    pod["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     pod["status"]["conditions"][1] =
         json!({"type": "Ready", "status": "False", "lastTransitionTime": since_minutes_ago(3).to_string()});
     api.put_pod(pod);
@@ -1056,7 +1058,11 @@ async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_release
         pod_call("PATCH", "worker-compat")(c) && c.body["metadata"]["labels"].get("pod-template-hash").is_some()
     };
     let patch = api.writes().into_iter().find(released).expect("released");
-    assert_eq!(patch.body["metadata"]["labels"], json!({"pod-template-hash": null}));
+    assert_eq!(
+        patch.body["metadata"]["labels"],
+        json!({"pod-template-hash": null, "busyguard.io/delete-requested": "true"}),
+        "released, and marked to go once Ready"
+    );
     assert_eq!(patch.body["metadata"]["annotations"]["busyguard.io/released-from"], "6b8958b477");
     let stored = api.pod("capture", "worker-compat").unwrap();
     assert!(stored["metadata"]["labels"].get("pod-template-hash").is_none());

@@ -107,7 +107,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 10);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -163,19 +163,30 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         (&pods["failurePolicy"], &pods["clientConfig"]["service"]["path"]),
         (&json!("Ignore"), &json!("/mutate"))
     );
+    // Pods are picked by label before any condition: idle ones are not even matched.
+    assert_eq!(pods["objectSelector"], conditions::not_idle());
     let objects_of = selector(&pods["objectSelector"]);
-    assert!(selects(&objects_of, &opted_in) && !selects(&objects_of, &not_opted_in));
+    let busy = json!({"busyguard.io/busy": "true"});
+    assert!(selects(&objects_of, &busy) && !selects(&objects_of, &opted_in) && !selects(&objects_of, &not_opted_in));
 
     let deletes = webhook(&objects, "pod-deletes.busyguard.io");
     assert_eq!(rule(deletes), (json!([""]), json!(["DELETE"]), json!(["pods"])));
     assert_eq!(deletes["failurePolicy"], "Fail");
-    assert_eq!(deletes["objectSelector"], pods["objectSelector"]);
+    assert_eq!(deletes["objectSelector"], conditions::not_idle());
     // While busyguard is down, recovery goes on: the scheduler preempts (Ignore), and the
     // kubelet's final delete of a terminating pod is never sent.
     let preemptions = webhook(&objects, "pod-preemptions.busyguard.io");
     assert_eq!(rule(preemptions), rule(deletes));
     assert_eq!(preemptions["failurePolicy"], "Ignore");
-    assert_eq!(preemptions["objectSelector"], pods["objectSelector"]);
+    assert_eq!(preemptions["objectSelector"], conditions::not_idle());
+    // Their twins for idle pods under a workload budget: the same but for the selector.
+    for (twin, of) in [("budget-deletes.busyguard.io", deletes), ("budget-preemptions.busyguard.io", preemptions)] {
+        let mut twin = webhook(&objects, twin).clone();
+        assert_eq!(twin["objectSelector"], conditions::idle_under_a_budget());
+        twin["objectSelector"] = of["objectSelector"].clone();
+        twin["name"] = of["name"].clone();
+        assert_eq!(twin, *of);
+    }
     let conditions = |webhook: &Value| -> Vec<String> {
         let list = webhook["matchConditions"].as_array().unwrap();
         list.iter().map(|c| c["expression"].as_str().unwrap().to_string()).collect()
@@ -217,17 +228,17 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(conditions(scale_downs), [conditions::LOWERS_REPLICAS]);
     let flags = webhook(&objects, "pod-flags.busyguard.io");
     assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods"])));
-    assert_eq!(flags["objectSelector"], pods["objectSelector"]);
+    assert_eq!(flags["objectSelector"], conditions::opted_in(), "idle pods too");
     assert_eq!(flags["sideEffects"], "None", "it only answers");
     let condition = flags["matchConditions"][0]["expression"].as_str().unwrap();
     assert!(condition.contains("'authentication.kubernetes.io/pod-name' in request.userInfo.extra"), "{condition}");
     assert_eq!(quoted(&conditions(flags)[1]), ["system:serviceaccount:busyguard:busyguard"], "busyguard's own writes");
     let marks = webhook(&objects, "pod-marks.busyguard.io");
     assert_eq!(rule(marks), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods"])));
-    assert_eq!(marks["objectSelector"], pods["objectSelector"]);
+    assert_eq!(marks["objectSelector"], conditions::marked());
     assert_eq!(marks["failurePolicy"], "Fail", "no mark written while busyguard cannot judge it");
     assert_eq!(quoted(&conditions(marks)[0]), ["system:serviceaccount:busyguard:busyguard"]);
-    assert!(conditions(marks)[1].contains("'busyguard.io/delete-requested' in object.metadata.annotations"));
+    assert_eq!(conditions(marks)[1], conditions::pod_write_marks_anew());
     let nodes = webhook(&objects, "node-deletes.busyguard.io");
     assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");

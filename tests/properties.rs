@@ -165,7 +165,7 @@ fn disruption() -> impl Strategy<Value = (Value, Value, bool)> {
                 annotations.insert("busyguard.io/max-busy".into(), json!(max_busy));
             }
             if let Some(unready) = &unready {
-                annotations.insert("busyguard.io/busy-when-unready".into(), json!("true"));
+                metadata["labels"]["busyguard.io/busy"] = json!("when-unready");
                 pod["status"]["conditions"] =
                     json!([{"type": "Ready", "status": "False", "lastTransitionTime": unready}]);
             }

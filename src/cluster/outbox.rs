@@ -308,7 +308,7 @@ impl Worker {
                 }
             }
             Effect::MarkDeleteRequested { pod, request } => {
-                let patch = serde_json::json!({"metadata": {"uid": pod.uid,
+                let patch = serde_json::json!({"metadata": {"uid": pod.uid, "labels": {DELETE_REQUESTED: "true"},
                     "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
@@ -317,7 +317,7 @@ impl Worker {
             }
             Effect::Release { pod, hash, request } => {
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
-                    "labels": {POD_TEMPLATE_HASH: null},
+                    "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
                     "annotations": {RELEASED_FROM: hash, DELETE_REQUESTED: request.to_annotation()}}});
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),

@@ -414,7 +414,7 @@ impl View {
         name: &str,
         record: &PodRecord,
     ) -> Option<u32> {
-        record.annotation(MAX_UNAVAILABLE)?;
+        record.label(MAX_UNAVAILABLE)?;
         let owner = record.owner.as_deref()?;
         let unavailable = (in_namespace.iter())
             .filter(|(other, pod)| &***other != name && pod.owner.as_deref() == Some(owner))

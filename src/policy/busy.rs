@@ -5,17 +5,21 @@ use jiff::{SignedDuration, Timestamp};
 use super::pod::{Phase, PodFacts, Readiness};
 use crate::duration::parse_positive_duration;
 
-/// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle.
+/// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle, or
+/// [`WHEN_UNREADY`] when readiness says it.
 pub const BUSY_LABEL: &str = "busyguard.io/busy";
+/// Compatibility mode, as the busy label's value: a Running pod that is not Ready counts as busy.
+/// A label, not an annotation, so that the API server can tell these pods from idle ones and
+/// call busyguard for their deletes only.
+pub const WHEN_UNREADY: &str = "when-unready";
 /// Written by busyguard when the pod turns busy (RFC 3339, seconds).
 pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
 /// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
 pub const MAX_BUSY: &str = "busyguard.io/max-busy";
-/// Compatibility mode: `"true"` makes a Running pod that is not Ready count as busy.
-pub const BUSY_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
-/// Per workload (set in the pod template): at most this many of its pods unavailable (not
+/// Per workload (a label of the pod template): at most this many of its pods unavailable (not
 /// Ready, or going) at once; a delete or eviction beyond is refused. For workloads a
-/// PodDisruptionBudget cannot cover: DaemonSets, and direct deletes.
+/// PodDisruptionBudget cannot cover: DaemonSets, and direct deletes. A label, so that the API
+/// server sends busyguard the deletes of idle pods that carry one and no others.
 pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
 /// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
 /// not). Without it, any container's restart does.
@@ -129,7 +133,7 @@ fn protection(
 
 /// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready.
 fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
-    if pod.annotation(BUSY_WHEN_UNREADY) != Some("true") || pod.phase() != Phase::Running {
+    if pod.label(BUSY_LABEL) != Some(WHEN_UNREADY) || pod.phase() != Phase::Running {
         return None;
     }
     match pod.readiness() {
@@ -312,7 +316,7 @@ mod tests {
 
     fn compat_pod(ready: &str, phase: &str) -> Pod {
         pod(json!({
-            "metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_WHEN_UNREADY: "true"}},
+            "metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}},
             "status": {"phase": phase, "conditions": [
                 {"type": "Ready", "status": ready, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
     }
@@ -350,8 +354,8 @@ mod tests {
         let now = ts("2026-01-01T00:30:00Z");
         assert_eq!(busy_state(&compat_pod("True", "Running"), HOUR, now), BusyState::Idle);
         assert_eq!(busy_state(&compat_pod("False", "Pending"), HOUR, now), BusyState::Idle);
-        let mut without_annotation = compat_pod("False", "Running");
-        without_annotation.metadata.annotations = None;
-        assert_eq!(busy_state(&without_annotation, HOUR, now), BusyState::Idle);
+        let mut labelled_idle = compat_pod("False", "Running");
+        labelled_idle.metadata.labels.insert(BUSY_LABEL.into(), "false".into());
+        assert_eq!(busy_state(&labelled_idle, HOUR, now), BusyState::Idle);
     }
 }

@@ -1,29 +1,67 @@
-//! When the API server needs to call busyguard at all: the CEL `matchConditions` the webhooks of
-//! `manifests/base` ship, built here beside the policy they stand for. A request a condition
-//! skips is one busyguard would answer "allowed, unchanged" anyway, so skipping it saves the API
-//! server a round trip and, for the fail-closed pod deletes, keeps busyguard's availability out
-//! of the way of writes that cannot matter. `tests/manifests.rs` holds the manifests to these
-//! strings; the tests below evaluate them against the decisions they stand for.
+//! When the API server needs to call busyguard at all: the `objectSelector`s and CEL
+//! `matchConditions` the webhooks of `manifests/base` ship, built here beside the policy they
+//! stand for. A request they skip is one busyguard would answer "allowed, unchanged" anyway (or,
+//! for an idle pod's write, one whose leftovers busyguard's watch repairs as well), so skipping
+//! it saves the API server a round trip and, for the fail-closed pod deletes, keeps busyguard's
+//! availability out of the way of writes that cannot matter. `tests/manifests.rs` holds the
+//! manifests to these values; the tests below evaluate them against the decisions they stand
+//! for.
+//!
+//! The selectors come first, because they are what makes skipping cheap: the API server matches
+//! labels before anything else, while a matchCondition first converts the pod (old and new) to
+//! evaluate CEL on it, which costs it as much as 7 % of its throughput per webhook on pod writes
+//! (BENCHMARKS.md). So whatever makes an idle pod's write or delete matter is a label.
 
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_UNAVAILABLE};
+use serde_json::{Value, json};
+
+use super::busy::{BUSY_LABEL, BUSY_SINCE, MAX_UNAVAILABLE, WHEN_UNREADY};
 use super::node::CLOUD_NODE_LIFECYCLE_USERS;
+use super::outcome::DELETE_REQUESTED;
 use super::pod::DECIDING_ANNOTATIONS;
 use super::update::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
 use super::{NAMESPACE_CONTROLLER_USER, POD_GC_USER, TAINT_MANAGER_USERS};
 
-/// Annotations that say busyguard has something to do on a pod whatever changed: its own
-/// leftovers to restore, or readiness as the busy signal.
-const ACTING_ANNOTATIONS: [&str; 5] =
-    [BUSY_SINCE, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, BUSY_WHEN_UNREADY];
+/// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
+/// know). An UPDATE is sent when the old pod or the new one matches, so a flip either way is.
+/// The mutating webhook and the deletes select these.
+pub fn not_idle() -> Value {
+    json!({"matchExpressions": [
+        {"key": BUSY_LABEL, "operator": "Exists"},
+        {"key": BUSY_LABEL, "operator": "NotIn", "values": ["false"]},
+    ]})
+}
 
-/// The mutating webhook (pod CREATE and UPDATE): a write busyguard could patch. Sent: a pod
-/// busy by its label, or carrying busyguard's leftovers or `busy-when-unready`; and on UPDATE,
-/// any change of the busy or protected label or of an annotation a decision reads.
+/// Idle pods under a workload budget: the deletes busyguard counts although the pod is idle.
+pub fn idle_under_a_budget() -> Value {
+    json!({"matchExpressions": [
+        {"key": BUSY_LABEL, "operator": "In", "values": ["false"]},
+        {"key": MAX_UNAVAILABLE, "operator": "Exists"},
+    ]})
+}
+
+/// Every opted-in pod: the own-flag rule guards a worker's writes on idle pods too.
+pub fn opted_in() -> Value {
+    json!({"matchExpressions": [{"key": BUSY_LABEL, "operator": "Exists"}]})
+}
+
+/// Pods that carry (or are given) a delete-requested mark, by its label.
+pub fn marked() -> Value {
+    json!({"matchExpressions": [{"key": DELETE_REQUESTED, "operator": "Exists"}]})
+}
+
+/// Annotations that say busyguard has something to do on a pod whatever changed: its own
+/// leftovers to restore.
+const ACTING_ANNOTATIONS: [&str; 4] = [BUSY_SINCE, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT];
+
+/// The mutating webhook (pod CREATE and UPDATE of [`not_idle`] pods): a write busyguard could
+/// patch. Sent: a pod busy by its label or by readiness, or carrying busyguard's leftovers; and
+/// on UPDATE, any change of the busy or protected label or of an annotation a decision reads.
 pub fn pod_write_may_be_patched() -> String {
     let acting = |o: &str| {
         format!(
-            "{} || {} || {}",
+            "{} || {} || {} || {}",
             is_busy(o),
+            labelled(o, WHEN_UNREADY),
             has_key(o, "labels", PROTECTED_LABEL),
             any_key(o, "annotations", &ACTING_ANNOTATIONS)
         )
@@ -36,15 +74,32 @@ pub fn pod_write_may_be_patched() -> String {
     )
 }
 
-/// The fail-closed pod deletes: a delete busyguard could refuse or act on. Sent: a pod busy by
-/// its label, busy by readiness (`busy-when-unready`), or under a workload budget
-/// (`max-unavailable`, counted for idle pods too). Every other delete of an opted-in pod is
-/// allowed unchanged, so it goes on while busyguard is down.
+/// The fail-closed pod deletes (of [`not_idle`] pods and [`idle_under_a_budget`]): a delete
+/// busyguard could refuse or act on. Sent: a pod busy by its label, busy by readiness, or under
+/// a workload budget (`max-unavailable`, counted for idle pods too). Every other delete of an
+/// opted-in pod is allowed unchanged, so it goes on while busyguard is down.
 pub fn pod_delete_may_be_refused() -> String {
     format!(
-        "{} || {}",
+        "{} || {} || {}",
         is_busy("oldObject"),
-        any_key("oldObject", "annotations", &[BUSY_WHEN_UNREADY, MAX_UNAVAILABLE])
+        labelled("oldObject", WHEN_UNREADY),
+        has_key("oldObject", "labels", MAX_UNAVAILABLE)
+    )
+}
+
+/// The mark webhook (of [`marked`] pods, busyguard's own writes aside): a write that gives a pod
+/// a whole delete-requested mark (label and annotation) it did not carry as an opted-in pod
+/// before. As `update::marks_anew`.
+pub fn pod_write_marks_anew() -> String {
+    let mark = |o: &str| {
+        format!("{} && {}", has_key(o, "labels", DELETE_REQUESTED), has_key(o, "annotations", DELETE_REQUESTED))
+    };
+    format!(
+        "{new} && (request.operation == 'CREATE' || !({old_opted_in} && {old} && \
+         oldObject.metadata.annotations['{DELETE_REQUESTED}'] == object.metadata.annotations['{DELETE_REQUESTED}']))",
+        new = mark("object"),
+        old = mark("oldObject"),
+        old_opted_in = has_key("oldObject", "labels", BUSY_LABEL),
     )
 }
 
@@ -72,7 +127,12 @@ fn not_from(users: &[&str]) -> String {
 }
 
 fn is_busy(o: &str) -> String {
-    format!("{} && {o}.metadata.labels['{BUSY_LABEL}'] == 'true'", has_key(o, "labels", BUSY_LABEL))
+    labelled(o, "true")
+}
+
+/// Whether `o`'s busy label says `value`.
+fn labelled(o: &str, value: &str) -> String {
+    format!("({} && {o}.metadata.labels['{BUSY_LABEL}'] == '{value}')", has_key(o, "labels", BUSY_LABEL))
 }
 
 fn has_key(o: &str, field: &str, key: &str) -> String {
@@ -111,6 +171,29 @@ mod tests {
     use crate::policy::pod::{Pod, PodFacts};
     use crate::policy::update;
     use crate::policy::{PolicyConfig, Requester, test_config};
+
+    /// Whether a label selector of `matchExpressions` matches the labels of `object`.
+    fn selects(selector: &Value, object: &Value) -> bool {
+        let labels = &object["metadata"]["labels"];
+        selector["matchExpressions"].as_array().unwrap().iter().all(|e| {
+            let value = labels[e["key"].as_str().unwrap()].as_str();
+            let among = || e["values"].as_array().unwrap().iter().any(|v| Some(v.as_str().unwrap()) == value);
+            match e["operator"].as_str().unwrap() {
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                "In" => among(),
+                "NotIn" => !among(),
+                other => panic!("{other}"),
+            }
+        })
+    }
+
+    /// Whether the API server sends the request to a webhook of these object selectors and this
+    /// condition: a selector matches the new or the old object, then the condition holds.
+    fn reaches(selectors: &[Value], expression: &str, operation: &str, object: &Value, old: &Value) -> bool {
+        selectors.iter().any(|s| selects(s, object) || selects(s, old))
+            && sent(expression, operation, "alice", object, old)
+    }
 
     /// `expression` as the API server evaluates a matchCondition.
     fn sent(expression: &str, operation: &str, user: &str, object: &Value, old: &Value) -> bool {
@@ -162,7 +245,6 @@ mod tests {
             k if k == BUSY_SINCE => vec!["2026-11-21T20:00:00Z", "2026-11-20T00:00:00Z", "2027-01-01T00:00:00Z", "x"],
             k if k == DELETE_REQUESTED => vec![r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#, "{"],
             k if k == crate::policy::busy::MAX_BUSY => vec!["2h", "30s", "bad"],
-            k if k == MAX_UNAVAILABLE => vec!["1", "0", "x"],
             k if k == crate::policy::busy::TASK_CONTAINER => vec!["worker", "other"],
             _ => vec!["true", "false", "100", "-5", "2147483647", "93600s", ""],
         };
@@ -175,8 +257,10 @@ mod tests {
 
     prop_compose! {
         fn a_pod()(
-            busy in proptest::option::of(proptest::sample::select(vec!["true", "false", "yes", ""])),
+            busy in proptest::option::of(proptest::sample::select(vec!["true", "false", WHEN_UNREADY, "yes", ""])),
             protected in any::<bool>(),
+            budget in proptest::option::of(proptest::sample::select(vec!["1", "0", "x"])),
+            marked in any::<bool>(),
             annotations in annotations(),
             ready in any::<bool>(),
             team in proptest::sample::select(vec!["a", "b"]),
@@ -184,6 +268,8 @@ mod tests {
             let mut labels = json!({"app": "worker"});
             if let Some(busy) = busy { labels[BUSY_LABEL] = json!(busy); }
             if protected { labels[PROTECTED_LABEL] = json!("true"); }
+            if let Some(budget) = budget { labels[MAX_UNAVAILABLE] = json!(budget); }
+            if marked { labels[DELETE_REQUESTED] = json!("true"); }
             let mut kept = json!({"team": team});
             for (key, value) in DECIDING_ANNOTATIONS.iter().zip(annotations) {
                 if let Some(value) = value { kept[*key] = json!(value); }
@@ -220,27 +306,45 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
         #[test]
-        fn a_pod_write_the_mutating_webhook_skips_is_one_busyguard_leaves_unchanged((old, new) in an_update()) {
-            let expression = pod_write_may_be_patched();
-            if !sent(&expression, "UPDATE", "alice", &new, &old) {
+        fn a_pod_write_the_mutating_webhook_skips_is_one_busyguard_leaves_unchanged_or_its_watch_repairs(
+            (old, new) in an_update(),
+        ) {
+            let (selectors, expression) = ([not_idle()], pod_write_may_be_patched());
+            // Stored unpatched, the pod reaches busyguard's watch, which plans as a create would.
+            let repaired = |new: &Value| !update::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
+            if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
                 let outcome = update::decide(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
-                prop_assert!(unchanged(&outcome), "skipped, but busyguard answers {:?}\nold {old}\nnew {new}", outcome.answer);
+                let allowed = matches!(outcome.answer, Answer::Allow { .. } | Answer::Patch { .. });
+                prop_assert!(allowed && outcome.audit.is_none() && outcome.effects.is_empty(), "skipped, but {:?}", outcome.answer);
+                prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, and no one repairs it\nold {old}\nnew {new}");
             }
-            if !sent(&expression, "CREATE", "alice", &new, &Value::Null) {
+            if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
                 let outcome = update::decide(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
-                prop_assert!(unchanged(&outcome), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
+                prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
             }
         }
 
         #[test]
-        fn a_pod_delete_the_fail_closed_webhook_skips_is_one_busyguard_allows_unchanged(
+        fn a_write_the_mark_webhook_skips_gives_no_pod_a_new_mark((old, new) in an_update()) {
+            let (selectors, expression) = ([marked()], pod_write_marks_anew());
+            if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
+                prop_assert!(!update::marks_anew(&pod(&new), Some(&pod(&old))), "skipped\nold {old}\nnew {new}");
+            }
+            if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
+                prop_assert!(!update::marks_anew(&pod(&new), None), "skipped\nnew {new}");
+            }
+        }
+
+        #[test]
+        fn a_pod_delete_the_fail_closed_webhooks_skip_is_one_busyguard_allows_unchanged(
             old in a_pod(),
             unavailable in 0..3u32,
         ) {
-            if !sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &old) {
+            let selectors = [not_idle(), idle_under_a_budget()];
+            if !reaches(&selectors, &pod_delete_may_be_refused(), "DELETE", &Value::Null, &old) {
                 let old = pod(&old);
-                // As the view counts them: for pods under a budget only.
-                let siblings = old.annotation(MAX_UNAVAILABLE).map(|_| unavailable);
+                // As the view counts them: for opted-in pods under a budget only.
+                let siblings = old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| unavailable);
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
                     let outcome = disruption::decide(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
@@ -251,29 +355,44 @@ mod tests {
     }
 
     #[test]
-    fn unrelated_writes_and_deletes_of_idle_pods_are_not_sent() {
+    fn unrelated_writes_and_deletes_of_idle_pods_are_not_even_matched_by_the_selectors() {
         let idle = json!({"metadata": {"labels": {BUSY_LABEL: "false", "app": "w"}, "annotations": {"team": "a"}}});
         let mut annotated = idle.clone();
         annotated["metadata"]["annotations"]["team"] = json!("b");
-        assert!(!sent(&pod_write_may_be_patched(), "UPDATE", "alice", &annotated, &idle));
-        assert!(!sent(&pod_write_may_be_patched(), "CREATE", "alice", &idle, &Value::Null));
-        assert!(!sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &idle));
-        let bare = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}});
-        assert!(!sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &bare), "no annotations at all");
+        for selector in [not_idle(), idle_under_a_budget(), marked()] {
+            assert!(!selects(&selector, &idle) && !selects(&selector, &annotated), "{selector}");
+        }
+        assert!(selects(&opted_in(), &idle), "the own-flag rule still guards a worker's writes");
     }
 
     #[test]
-    fn flips_busy_pods_and_busyguards_leftovers_are_sent() {
+    fn flips_busy_pods_budgets_and_marks_are_sent() {
         let idle = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}});
         let busy = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
-        let leftover = json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_SINCE: "x"}}});
-        let expression = pod_write_may_be_patched();
-        assert!(sent(&expression, "UPDATE", "alice", &busy, &idle), "the flip to busy");
-        assert!(sent(&expression, "UPDATE", "alice", &idle, &busy), "the flip to idle");
-        assert!(sent(&expression, "UPDATE", "alice", &busy, &busy), "any write of a busy pod");
-        assert!(sent(&expression, "UPDATE", "alice", &leftover, &leftover), "leftovers to restore");
-        assert!(sent(&expression, "CREATE", "alice", &busy, &Value::Null), "a pod created busy");
-        assert!(sent(&pod_delete_may_be_refused(), "DELETE", "alice", &Value::Null, &busy));
+        let leftover = json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "x"}}});
+        let (selectors, expression) = ([not_idle()], pod_write_may_be_patched());
+        assert!(reaches(&selectors, &expression, "UPDATE", &busy, &idle), "the flip to busy");
+        assert!(reaches(&selectors, &expression, "UPDATE", &idle, &busy), "the flip to idle");
+        assert!(reaches(&selectors, &expression, "UPDATE", &busy, &busy), "any write of a busy pod");
+        assert!(reaches(&selectors, &expression, "UPDATE", &leftover, &leftover), "leftovers to restore");
+        assert!(reaches(&selectors, &expression, "CREATE", &busy, &Value::Null), "a pod created busy");
+
+        let deletes = [not_idle(), idle_under_a_budget()];
+        let unready = json!({"metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}}});
+        let budget = json!({"metadata": {"labels": {BUSY_LABEL: "false", MAX_UNAVAILABLE: "1"}}});
+        for old in [&busy, &unready, &budget] {
+            assert!(reaches(&deletes, &pod_delete_may_be_refused(), "DELETE", &Value::Null, old), "{old}");
+        }
+        assert!(!reaches(&deletes, &pod_delete_may_be_refused(), "DELETE", &Value::Null, &idle));
+
+        let mark = |mut pod: Value| {
+            pod["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
+            pod["metadata"]["annotations"] = json!({DELETE_REQUESTED: r#"{"by":"mallory"}"#});
+            pod
+        };
+        let forged = ([marked()], pod_write_marks_anew());
+        assert!(reaches(&forged.0, &forged.1, "UPDATE", &mark(idle.clone()), &idle), "a mark on an idle pod");
+        assert!(!reaches(&forged.0, &forged.1, "UPDATE", &mark(busy.clone()), &mark(busy)), "a marked pod's write");
     }
 
     #[test]

@@ -132,7 +132,7 @@ fn over_budget(
     unavailable_siblings: Option<u32>,
     config: &PolicyConfig,
 ) -> Option<String> {
-    let allowed: u32 = pod.annotation(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
+    let allowed: u32 = pod.label(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
     let unavailable = unavailable_siblings?;
     let itself_unavailable = pod.is_terminating() || !is_available(pod);
     if itself_unavailable || unavailable < allowed || let_through(ask.requester, &config.exemptions).is_some() {
@@ -371,10 +371,10 @@ mod tests {
     fn with_budget(budget: &str) -> Pod {
         let mut pod = worker(
             "false",
-            json!({"busyguard.io/max-unavailable": budget}),
-            json!({"phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}]}),
+            json!({}),
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
         );
+        pod.metadata.labels.insert(MAX_UNAVAILABLE.into(), budget.into());
         pod.metadata.uid = "u-w".into();
         pod
     }
@@ -412,12 +412,12 @@ mod tests {
     #[test]
     fn a_busy_unready_pod_the_replicaset_picks_is_released_from_it_and_deleted_once_ready() {
         let compat = |hash: Option<&str>| -> Pod {
-            let mut labels = json!({BUSY_LABEL: "false"});
+            let mut labels = json!({BUSY_LABEL: "when-unready"});
             if let Some(hash) = hash {
                 labels["pod-template-hash"] = json!(hash);
             }
             serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "capture", "uid": "u-w",
-                "labels": labels, "annotations": {"busyguard.io/busy-when-unready": "true"}},
+                "labels": labels},
                 "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False",
                     "lastTransitionTime": "2026-11-21T20:30:00Z"}]}}))
             .unwrap()
@@ -520,11 +520,12 @@ mod tests {
 
     #[test]
     fn an_already_marked_pod_is_not_marked_again() {
-        let marked = worker(
+        let mut marked = worker(
             "true",
             json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DELETE_REQUESTED: r#"{"by":"bob","at":"2026-11-21T20:30:00Z"}"#}),
             json!({"phase": "Running"}),
         );
+        marked.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
         let outcome =
             decide(&ask("alice", false), Action::Delete, &marked, Some(&marked), None, &config(Mode::Enforce), now());
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));

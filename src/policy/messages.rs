@@ -3,7 +3,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::busy::{BUSY_LABEL, BUSY_WHEN_UNREADY, Lapse, MAX_BUSY, MAX_UNAVAILABLE};
+use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY, MAX_UNAVAILABLE};
 use super::disruption::Override;
 use super::node::BusyOnNode;
 use super::observed::LossCause;
@@ -21,11 +21,7 @@ pub fn busy_denial(
 ) -> String {
     let since = since.map_or_else(|| " (since unknown)".to_string(), |t| format!(" since {t}"));
     let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
-    let force = if by_readiness {
-        format!("kubectl annotate pod {name} -n {namespace} {BUSY_WHEN_UNREADY}-")
-    } else {
-        format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite")
-    };
+    let force = format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
     let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
     format!("pod {namespace}/{name} is {busy}{since}{until}; it will be spared until it is idle; to force: {force}")
 }
@@ -223,7 +219,7 @@ mod tests {
         assert_eq!(
             busy_denial("ns", "p", since, None, true),
             "pod ns/p is busy (not Ready) since 2026-11-21T20:00:00Z; it will be spared until it is idle; to force: \
-             kubectl annotate pod p -n ns busyguard.io/busy-when-unready-"
+             kubectl label pod p -n ns busyguard.io/busy=false --overwrite"
         );
     }
 }

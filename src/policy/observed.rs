@@ -166,6 +166,9 @@ mod tests {
         if label == "true" {
             labels["busyguard.io/protected"] = json!("true");
         }
+        if annotations.get(DELETE_REQUESTED).is_some() {
+            labels[DELETE_REQUESTED] = json!("true");
+        }
         serde_json::from_value(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
             "labels": labels, "annotations": annotations}, "status": status}))
         .unwrap()
@@ -274,7 +277,7 @@ mod tests {
     #[test]
     fn a_marked_pod_whose_label_was_removed_is_deleted_as_asked() {
         let mut opted_out = pod("false", requested(), running());
-        opted_out.metadata.labels.clear();
+        opted_out.metadata.labels.remove(BUSY_LABEL);
         assert!(matches!(due(&target(), &opted_out, &config(), now()).as_slice(), [Effect::DeleteIdle { .. }]));
     }
 

@@ -360,7 +360,8 @@ pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 pub const FIELD_MANAGER: &str = "busyguard";
 
 /// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
-/// The value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
+/// Both a label (`"true"`: what the API server selects the pod-marks webhook by) and an
+/// annotation, whose value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
 pub const DELETE_REQUESTED: &str = "busyguard.io/delete-requested";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::busy::{BUSY_SINCE, BUSY_WHEN_UNREADY, MAX_BUSY, MAX_UNAVAILABLE, TASK_CONTAINER};
+use super::busy::{BUSY_SINCE, MAX_BUSY, TASK_CONTAINER};
 use super::cost::DELETION_COST;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest};
 use super::update::{
@@ -19,11 +19,9 @@ use super::update::{
 
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 12] = [
+pub const DECIDING_ANNOTATIONS: [&str; 10] = [
     BUSY_SINCE,
     MAX_BUSY,
-    MAX_UNAVAILABLE,
-    BUSY_WHEN_UNREADY,
     TASK_CONTAINER,
     DELETE_REQUESTED,
     DELETION_COST,
@@ -186,8 +184,10 @@ pub trait PodFacts {
         matches!(self.phase(), Phase::Succeeded | Phase::Failed)
     }
 
-    /// The delete busyguard deferred on this pod, if any.
+    /// The delete busyguard deferred on this pod, if any: marked by the label (which the API
+    /// server can select, so that no one but busyguard writes it) and told by the annotation.
     fn delete_request(&self) -> Option<DeleteRequest> {
+        self.label(DELETE_REQUESTED)?;
         serde_json::from_str(self.annotation(DELETE_REQUESTED)?).ok()
     }
 }
@@ -442,7 +442,7 @@ mod tests {
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T20:30:00Z"}}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
-            json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_WHEN_UNREADY: "true"}},
+            json!({"metadata": {"labels": {BUSY_LABEL: crate::policy::busy::WHEN_UNREADY}},
                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": every_kept}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": every_kept},

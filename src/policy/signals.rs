@@ -99,10 +99,12 @@ mod tests {
         if let Some(since) = since {
             annotations.insert(BUSY_SINCE.into(), json!(since));
         }
+        let mut labels = json!({BUSY_LABEL: label});
         if marked {
             annotations.insert(DELETE_REQUESTED.into(), json!(r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#));
+            labels[DELETE_REQUESTED] = json!("true");
         }
-        serde_json::from_value(json!({"metadata": {"labels": {BUSY_LABEL: label}, "annotations": annotations},
+        serde_json::from_value(json!({"metadata": {"labels": labels, "annotations": annotations},
             "status": {"phase": "Running"}}))
         .unwrap()
     }

@@ -147,12 +147,17 @@ pub fn judge_write(
     Outcome::answer(Answer::Deny { denial, message }, Decision::Denied).audited(audit)
 }
 
-/// Whether the write puts a delete-requested mark on an opted-in pod that did not carry that
-/// very mark as an opted-in pod before (a create, a new or changed mark, or a pod opting in with
-/// one).
+/// Whether the write gives the pod a whole delete-requested mark (its label and its annotation,
+/// see [`PodFacts::delete_request`]) that it did not carry as an opted-in pod before (a create,
+/// a new or changed mark, or a pod opting in with one). Half a mark is never carried out.
 pub fn marks_anew(pod: &Pod, before: Option<&Pod>) -> bool {
-    let Some(mark) = pod.annotation(DELETE_REQUESTED) else { return false };
-    before.is_none_or(|old| old.label(BUSY_LABEL).is_none() || old.annotation(DELETE_REQUESTED) != Some(mark))
+    let Some(new) = whole_mark(pod) else { return false };
+    before.is_none_or(|old| old.label(BUSY_LABEL).is_none() || whole_mark(old) != Some(new))
+}
+
+/// The annotation of a delete-requested mark whose label is there too.
+fn whole_mark(pod: &Pod) -> Option<&str> {
+    pod.label(DELETE_REQUESTED).and(pod.annotation(DELETE_REQUESTED))
 }
 
 /// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
@@ -716,6 +721,7 @@ mod tests {
         let idle = worker(json!({}));
         let mut marked = idle.clone();
         marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
+        marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
         let mut busyguard = from_pod("busyguard-7d9-abc");
         busyguard.requester.username = BUSYGUARD.unwrap();
         let outcome =
@@ -729,6 +735,7 @@ mod tests {
         let idle = worker(json!({}));
         let mut marked = idle.clone();
         marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
+        marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
         let now = ts("2026-11-21T20:00:00Z");
         for (what, before, known) in [
             ("a new mark", Some(pod(idle.clone())), BUSYGUARD),
@@ -746,8 +753,13 @@ mod tests {
         assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
         let mut unlabelled = marked.clone();
         unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let opting_in = judge_write(&ask(), &pod(marked), Some(&pod(unlabelled)), BUSYGUARD, &config(), now);
+        let opting_in = judge_write(&ask(), &pod(marked.clone()), Some(&pod(unlabelled)), BUSYGUARD, &config(), now);
         assert!(!opting_in.is_allowed(), "a pod opting in with a mark already on");
+        // Half a mark is never carried out (`PodFacts::delete_request`), so it is anyone's to write.
+        let mut half = idle.clone();
+        half["metadata"]["annotations"][DELETE_REQUESTED] = marked["metadata"]["annotations"][DELETE_REQUESTED].clone();
+        assert!(pod(half.clone()).delete_request().is_none());
+        assert!(judge_write(&ask(), &pod(half), Some(&pod(idle)), BUSYGUARD, &config(), now).is_allowed());
     }
 
     #[test]

@@ -114,8 +114,8 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
     let marked_busy = labels["busyguard.io/busy"] == "true";
     let going = pod["metadata"]["deletionTimestamp"].is_string()
         || matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
-    let unready_counts = pod["metadata"]["annotations"]["busyguard.io/busy-when-unready"] == "true";
-    let has_budget = pod["metadata"]["annotations"]["busyguard.io/max-unavailable"].is_string();
+    let unready_counts = labels["busyguard.io/busy"] == "when-unready";
+    let has_budget = labels["busyguard.io/max-unavailable"].is_string();
     if !marked_busy && !unready_counts && !has_budget {
         assert!(outcome.response.allowed, "a pod not marked busy (and with no budget) is never refused");
     }

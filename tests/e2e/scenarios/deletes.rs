@@ -35,7 +35,7 @@ pub fn deferred_once(rig: &Rig) -> Result<()> {
 pub fn the_workload_budget_refuses_one_too_many(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("budget")?;
     let mut workload = workers::deployment(&ns, "worker", 3);
-    workload["spec"]["template"]["metadata"]["annotations"] = serde_json::json!({"busyguard.io/max-unavailable": "1"});
+    workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/max-unavailable"] = "1".into();
     let pods = workers::start(rig, &workload, "worker", 3)?;
     rig.kubectl(&["-n", &ns, "annotate", "pod", &pods[0], "k8s-local/ready=false", "--overwrite"])?;
     eventually("one pod is unavailable", Duration::from_secs(20), || {

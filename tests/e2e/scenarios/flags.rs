@@ -64,18 +64,30 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
     Ok(())
 }
 
-/// A mark written by anyone else, even under busyguard's field-manager name, is refused, and a
-/// busy pod someone marked is not deleted when it goes idle.
+/// A mark (its label and annotation) written by anyone else, even under busyguard's
+/// field-manager name, is refused, on a busy pod and on an idle one; half a mark (the annotation
+/// alone) is let through and never carried out: neither pod is deleted when idle.
 pub fn forged_mark(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("forged-mark")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    workers::start(rig, &workers::pod(&ns, "idle", None), "idle", 1)?;
     workers::flip(rig, &ns, "task", true)?;
-    let mark = r#"busyguard.io/delete-requested={"by":"alice","at":"2026-01-01T00:00:00Z"}"#;
-    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "annotate", "pod", "task", mark, "--field-manager=busyguard"])?;
-    ensure!(!ok, "a forged delete-requested mark was accepted");
-    ensure!(err.contains("busyguard"), "the refusal does not say why: {err}");
+    let mark = r#"{"by":"alice","at":"2026-01-01T00:00:00Z"}"#;
+    let whole = serde_json::json!({"metadata": {"labels": {"busyguard.io/delete-requested": "true"},
+        "annotations": {"busyguard.io/delete-requested": mark}}});
+    for pod in ["task", "idle"] {
+        let patch =
+            ["-n", &ns, "patch", "pod", pod, "--type=merge", "--field-manager=busyguard", "-p", &whole.to_string()];
+        let (ok, _, err) = rig.try_kubectl(&patch)?;
+        ensure!(!ok, "a forged delete-requested mark was accepted on {pod}");
+        ensure!(err.contains("busyguard"), "the refusal does not say why: {err}");
+    }
+    let half = format!("busyguard.io/delete-requested={mark}");
+    rig.kubectl(&["-n", &ns, "annotate", "pod", "idle", &half, "--field-manager=busyguard"])?;
     workers::flip(rig, &ns, "task", false)?;
-    throughout("the pod is not deleted", Duration::from_secs(4), || Ok(rig.pod(&ns, "task")?.is_some()))?;
+    throughout("neither pod is deleted", Duration::from_secs(4), || {
+        Ok(rig.pod(&ns, "task")?.is_some() && rig.pod(&ns, "idle")?.is_some())
+    })?;
     Ok(())
 }
 

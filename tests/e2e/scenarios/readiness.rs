@@ -1,4 +1,4 @@
-//! Compatibility mode: readiness as the busy signal (`busyguard.io/busy-when-unready`).
+//! Compatibility mode: readiness as the busy signal (`busyguard.io/busy: when-unready`).
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::workers::{self, annotation, label};
 pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("readiness")?;
     let mut workload = workers::deployment(&ns, "worker", 2);
-    workload["spec"]["template"]["metadata"]["annotations"] = json!({"busyguard.io/busy-when-unready": "true"});
+    workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     let pods = workers::start(rig, &workload, "worker", 2)?;
     let busy = &pods[0];
     rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=false", "--overwrite"])?;
