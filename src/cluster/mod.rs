@@ -139,6 +139,17 @@ fn watch_timeout(stale_after: Duration) -> Duration {
 }
 
 pub async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
+    // busyguard retries its calls itself (the outbox's attempts, the watches' backoff) and must
+    // see a 429 or a 503 as it comes: kube's own retry would wait them out, its own webhook's
+    // refusals among them, for up to 15 tries of growing pauses.
+    let mut config = found_config(source).await?;
+    if let Some(config) = &mut config {
+        config.default_retry = false;
+    }
+    Ok(config)
+}
+
+async fn found_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {
     match source {
         ClusterSource::None => Ok(None),
         ClusterSource::Config(config) => Ok(Some(*config.clone())),
