@@ -107,7 +107,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 10);
+    assert_eq!(all.len(), 11);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -134,7 +134,13 @@ fn webhooks_never_see_kube_system_nor_busyguards_namespace_and_a_namespace_can_o
     for webhook in namespaced {
         let namespaces = selector(&webhook["namespaceSelector"]);
         let name = &webhook["name"];
-        assert!(selects(&namespaces, &json!({"kubernetes.io/metadata.name": "workers"})), "{name}");
+        // The own-flag rule for idle pods: only where workers flip their own flags.
+        let own_flags = *name == "idle-pod-flags.busyguard.io";
+        assert_eq!(webhook["namespaceSelector"], conditions::guarded_namespaces(own_flags), "{name}");
+        let workers = json!({"kubernetes.io/metadata.name": "workers", "busyguard.io/own-flags": "true"});
+        assert!(selects(&namespaces, &workers), "{name}");
+        let plain = json!({"kubernetes.io/metadata.name": "workers"});
+        assert_eq!(selects(&namespaces, &plain), !own_flags, "{name}");
         assert!(!selects(&namespaces, &json!({"kubernetes.io/metadata.name": "kube-system"})), "{name}");
         assert!(!selects(&namespaces, &own_labels), "{name}");
         let mut own_unlabelled = own_labels.clone();
@@ -228,7 +234,15 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(conditions(scale_downs), [conditions::LOWERS_REPLICAS]);
     let flags = webhook(&objects, "pod-flags.busyguard.io");
     assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods"])));
-    assert_eq!(flags["objectSelector"], conditions::opted_in(), "idle pods too");
+    assert_eq!(flags["objectSelector"], conditions::not_idle(), "flips, and busy pods");
+    let idle_flags = webhook(&objects, "idle-pod-flags.busyguard.io");
+    assert_eq!(idle_flags["objectSelector"], conditions::idle());
+    let mut same_rule = idle_flags.clone();
+    let kept = same_rule["matchConditions"].as_array_mut().unwrap().pop().unwrap();
+    assert_eq!(kept["expression"], conditions::not_for_pod_flags(), "flips are pod-flags' alone");
+    for key in ["rules", "matchConditions", "failurePolicy", "clientConfig", "sideEffects", "timeoutSeconds"] {
+        assert_eq!(same_rule[key], flags[key], "{key}");
+    }
     assert_eq!(flags["sideEffects"], "None", "it only answers");
     let condition = flags["matchConditions"][0]["expression"].as_str().unwrap();
     assert!(condition.contains("'authentication.kubernetes.io/pod-name' in request.userInfo.extra"), "{condition}");

@@ -19,7 +19,10 @@ use super::node::CLOUD_NODE_LIFECYCLE_USERS;
 use super::outcome::DELETE_REQUESTED;
 use super::pod::DECIDING_ANNOTATIONS;
 use super::update::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
-use super::{NAMESPACE_CONTROLLER_USER, POD_GC_USER, TAINT_MANAGER_USERS};
+use super::{
+    NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
+    POD_GC_USER, TAINT_MANAGER_USERS,
+};
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
 /// know). An UPDATE is sent when the old pod or the new one matches, so a flip either way is.
@@ -39,9 +42,32 @@ pub fn idle_under_a_budget() -> Value {
     ]})
 }
 
-/// Every opted-in pod: the own-flag rule guards a worker's writes on idle pods too.
-pub fn opted_in() -> Value {
-    json!({"matchExpressions": [{"key": BUSY_LABEL, "operator": "Exists"}]})
+/// Opted-in pods labelled idle: for the own-flag rule on idle pods, in the namespaces whose
+/// workers flip their own flags ([`own_flags_namespaces`]).
+pub fn idle() -> Value {
+    json!({"matchExpressions": [{"key": BUSY_LABEL, "operator": "In", "values": ["false"]}]})
+}
+
+/// The namespaces busyguard guards ([`NEVER_GUARDED_NAMESPACES`] never, and those that opted
+/// out), and with `own_flags`, of those only the ones labelled [`OWN_FLAGS_NAMESPACE_LABEL`].
+pub fn guarded_namespaces(own_flags: bool) -> Value {
+    let mut expressions = vec![
+        json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": NEVER_GUARDED_NAMESPACES}),
+        json!({"key": NAMESPACE_OPT_OUT_LABEL, "operator": "NotIn", "values": ["false"]}),
+    ];
+    if own_flags {
+        expressions.push(json!({"key": OWN_FLAGS_NAMESPACE_LABEL, "operator": "In", "values": ["true"]}));
+    }
+    json!({"matchExpressions": expressions})
+}
+
+/// The own-flag rule's webhook for idle pods: a write the one for [`not_idle`] pods does not see,
+/// since neither the old pod nor the new one is labelled anything but idle (a flip to busy, or
+/// of a busy pod, goes there; an idle pod's label removed or set comes here).
+pub fn not_for_pod_flags() -> String {
+    let not_idle =
+        |o: &str| format!("({} && {o}.metadata.labels['{BUSY_LABEL}'] != 'false')", has_key(o, "labels", BUSY_LABEL));
+    format!("!{} && !{}", not_idle("oldObject"), not_idle("object"))
 }
 
 /// Pods that carry (or are given) a delete-requested mark, by its label.
@@ -362,7 +388,39 @@ mod tests {
         for selector in [not_idle(), idle_under_a_budget(), marked()] {
             assert!(!selects(&selector, &idle) && !selects(&selector, &annotated), "{selector}");
         }
-        assert!(selects(&opted_in(), &idle), "the own-flag rule still guards a worker's writes");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_workers_write_the_own_flag_rule_refuses_reaches_busyguard_where_workers_flip_their_flags(
+            (old, new) in an_update(),
+        ) {
+            // pod-flags, and idle-pod-flags in a namespace labelled own-flags=true; both send only
+            // the writes of tokens bound to a pod, which this one is.
+            let reached = reaches(&[not_idle()], "true", "UPDATE", &new, &old)
+                || reaches(&[idle()], &not_for_pod_flags(), "UPDATE", &new, &old);
+            let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
+            ask.requester.pod = Some("w");
+            let outcome = update::judge_write(&ask, &pod(&new), Some(&pod(&old)), None, &config(), now());
+            // Writes of pods that are not opted in, before or after, are not the rule's business.
+            let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());
+            if opted_in && !reached && !update::marks_anew(&pod(&new), Some(&pod(&old))) {
+                prop_assert!(outcome.is_allowed(), "refused, but not sent\nold {old}\nnew {new}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_flip_goes_to_pod_flags_alone_and_other_writes_of_idle_pods_to_idle_pod_flags() {
+        let idle_pod = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}});
+        let busy = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
+        let mut annotated = idle_pod.clone();
+        annotated["metadata"]["annotations"] = json!({"karpenter.sh/do-not-disrupt": "true"});
+        assert!(reaches(&[idle()], &not_for_pod_flags(), "UPDATE", &annotated, &idle_pod));
+        assert!(!reaches(&[idle()], &not_for_pod_flags(), "UPDATE", &busy, &idle_pod), "a flip: pod-flags' own");
+        assert!(reaches(&[not_idle()], "true", "UPDATE", &busy, &idle_pod));
     }
 
     #[test]
@@ -417,7 +475,7 @@ mod tests {
     #[test]
     fn the_requesters_always_let_through_are_not_sent() {
         let pod = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
-        for user in [NAMESPACE_CONTROLLER_USER, POD_GC_USER, TAINT_MANAGER_USERS[0], TAINT_MANAGER_USERS[1]] {
+        for user in [NAMESPACE_CONTROLLER_USER, POD_GC_USER].into_iter().chain(TAINT_MANAGER_USERS) {
             assert!(!sent(&pod_deletes_let_through(), "DELETE", user, &Value::Null, &pod), "{user}");
         }
         assert!(sent(&pod_deletes_let_through(), "DELETE", "alice", &Value::Null, &pod));

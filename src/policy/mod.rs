@@ -67,6 +67,10 @@ pub struct Requester<'a> {
 pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
 /// The namespace label that opts a namespace out (`"false"`).
 pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
+/// The namespace label that says its workers flip their own flags (`"true"`): the own-flag rule
+/// then guards their writes to idle pods too, which costs the API server a condition on every
+/// write to an idle pod there (see `conditions`).
+pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
 
 /// Where the API server names the pod a bound service-account token belongs to.
 pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
@@ -80,11 +84,15 @@ pub const POD_GC_USER: &str = "system:serviceaccount:kube-system:pod-garbage-col
 pub const GARBAGE_COLLECTOR_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 /// The administrator of clusters set up by hand or by local tools: a person despite the prefix.
 pub const LOCAL_ADMIN_USER: &str = "system:admin";
-/// The taint manager deletes the pods of a node that is NotReady or unreachable (or tainted
-/// NoExecute): as `node-controller` before Kubernetes 1.29, `taint-eviction-controller` since.
-pub const TAINT_MANAGER_USERS: [&str; 2] = [
+/// The taint managers: the one that deletes the pods of a node that is NotReady or unreachable
+/// (or tainted NoExecute), as `node-controller` before Kubernetes 1.29 and
+/// `taint-eviction-controller` since; and the one that deletes the pods using a device tainted
+/// NoExecute (DRA device taints, KEP-5055, stable in 1.37; PDBs do not hold it either). Broken
+/// hardware: what runs there is lost anyway.
+pub const TAINT_MANAGER_USERS: [&str; 3] = [
     "system:serviceaccount:kube-system:node-controller",
     "system:serviceaccount:kube-system:taint-eviction-controller",
+    "system:serviceaccount:kube-system:device-taint-eviction-controller",
 ];
 /// Deletes the pods a ReplicaSet scales down; it chooses again, and retries, by itself.
 pub const REPLICASET_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:replicaset-controller";

@@ -9,9 +9,12 @@ use crate::rig::{Rig, kubectl, throughout};
 use crate::workers::{self, annotation, label};
 
 /// A worker's token (bound to its pod) may flip its own busy label; not another pod's, not
-/// another label of its own, not busy-since. And busyguard's own writes to that pod go through.
+/// another label of its own, not busy-since, not do-not-disrupt on an idle pod (in a namespace
+/// labelled own-flags=true; elsewhere that write is not judged). And busyguard's own writes to
+/// that pod go through.
 pub fn own_flag_only(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("own-flag")?;
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/own-flags=true"])?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
     rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
     rig.kubectl(&[
@@ -42,6 +45,7 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
     for (what, args) in [
         ("another pod's label", vec!["label", "pod", "neighbour", "busyguard.io/busy=true", "--overwrite"]),
         ("another label of its own", vec!["label", "pod", "me", "tier=gold"]),
+        ("do-not-disrupt on an idle pod", vec!["annotate", "pod", "neighbour", "karpenter.sh/do-not-disrupt=true"]),
     ] {
         let (ok, _, err) = as_me(&args)?;
         ensure!(!ok, "the worker could change {what}");
@@ -50,6 +54,11 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
             "{what}: not refused by busyguard: {err}"
         );
     }
+    // Where workers are not said to flip their own flags, writes to idle pods are not judged.
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/own-flags-"])?;
+    crate::rig::eventually("idle pods' writes no longer judged", Duration::from_secs(10), || {
+        Ok(as_me(&["annotate", "pod", "neighbour", "team=b", "--overwrite"])?.0)
+    })?;
     // busy-since is busyguard's: a write that moves it keeps the flip's time.
     as_me(&["annotate", "pod", "me", "busyguard.io/busy-since=2020-01-01T00:00:00Z", "--overwrite"])?;
     let after = annotation(&rig.pod(&ns, "me")?.unwrap(), "busyguard.io/busy-since");
