@@ -12,6 +12,11 @@ pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Width of the busy band in seconds of busy-since: 2^30 s is about 34 years.
 const BAND: i64 = 1 << 30;
 pub const BUSY_COST_FLOOR: i32 = i32::MAX - BAND as i32;
+/// Karpenter's eviction cost adds `cost / 2^27` to 1 per pod and clamps at 0 from below: a pod
+/// whose cost is at or below `-2^27` counts as nothing, and a node of such pods as empty
+/// (`EvictionCost`, `pkg/utils/disruption`). busyguard never writes a cost that low (its costs
+/// are in the busy band, or the user's own restored); it warns about a user's.
+pub const KARPENTER_NOTHING_COST: i64 = 1 << 27;
 /// Busy-since times are counted from here (2024-01-01T00:00:00Z).
 const EPOCH_SECONDS: i64 = 1_704_067_200;
 

@@ -3,7 +3,8 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY, MAX_UNAVAILABLE};
+use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY, MAX_UNAVAILABLE, WHEN_UNREADY};
+use super::cost::{DELETION_COST, KARPENTER_NOTHING_COST};
 use super::disruption::Override;
 use super::node::BusyOnNode;
 use super::observed::LossCause;
@@ -183,8 +184,19 @@ pub fn deleted_when_idle(pod: &PodRef, request: &DeleteRequest) -> String {
     format!("pod {pod} is idle: deleted as {} asked at {} while it was busy", request.by, request.at)
 }
 
-pub fn label_not_boolean(value: &str) -> String {
-    format!("busyguard: label {BUSY_LABEL}={value:?} is neither \"true\" nor \"false\"; the pod counts as idle")
+pub fn label_unknown(value: &str) -> String {
+    format!(
+        "busyguard: label {BUSY_LABEL}={value:?} is neither \"true\", \"false\" nor \"{WHEN_UNREADY}\"; the pod \
+         counts as idle"
+    )
+}
+
+pub fn cost_counts_as_nothing(cost: i64) -> String {
+    format!(
+        "busyguard: {DELETION_COST}={cost} is at or below -{KARPENTER_NOTHING_COST}: Karpenter (1.14 and later) \
+         counts such a pod as nothing, so its node as empty, and deletes the node without waiting for it; keep \
+         idle costs above that"
+    )
 }
 
 pub fn max_busy_ignored(error: &str) -> String {

@@ -12,8 +12,10 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::PolicyConfig;
-use super::busy::{BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, busy_from, busy_since, busy_state};
-use super::cost::{BUSY_COST_FLOOR, DELETION_COST, busy_cost};
+use super::busy::{
+    BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, WHEN_UNREADY, busy_from, busy_since, busy_state,
+};
+use super::cost::{BUSY_COST_FLOOR, DELETION_COST, KARPENTER_NOTHING_COST, busy_cost};
 use super::messages;
 use super::outcome::{Answer, Ask, DELETE_REQUESTED, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
@@ -138,7 +140,8 @@ pub fn judge_write(
     let refusal = if marks_anew(pod, before) {
         Some((Denial::NotBusyguardsMark, Reason::ForgedMark, messages::not_busyguards_mark(ask.namespace, ask.name)))
     } else if let Some(own_pod) = ask.requester.pod {
-        own_flag_only(ask, own_pod, pod, before).map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
+        own_flag_only(ask, own_pod, pod, before, config, now)
+            .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
     } else {
         None
     };
@@ -161,7 +164,14 @@ fn whole_mark(pod: &Pod) -> Option<&str> {
 }
 
 /// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
-fn own_flag_only(ask: &Ask<'_>, own_pod: &str, pod: &Pod, before: Option<&Pod>) -> Option<String> {
+fn own_flag_only(
+    ask: &Ask<'_>,
+    own_pod: &str,
+    pod: &Pod,
+    before: Option<&Pod>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Option<String> {
     let before = before?;
     let others = |labels: &super::pod::Labels| {
         (labels.iter())
@@ -178,11 +188,37 @@ fn own_flag_only(ask: &Ask<'_>, own_pod: &str, pod: &Pod, before: Option<&Pod>) 
     if own_pod != ask.name || own_namespace != Some(ask.namespace) {
         let own = format!("{}/{own_pod}", own_namespace.unwrap_or("?"));
         Some(messages::not_own_pod(ask.namespace, ask.name, &own))
-    } else if others(&pod.metadata.labels) != others(&before.metadata.labels) || theirs(pod) != theirs(before) {
+    } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
+        || theirs(pod) != theirs(before)
+        || !busyguards_own_as_it_leaves_them(pod, before, config, now)
+    {
         Some(messages::more_than_the_flag(ask.namespace, ask.name))
     } else {
         None
     }
+}
+
+/// Whether the annotations busyguard writes on a flip are as busyguard leaves them: without a
+/// flip, as they were or as busyguard's own refresh of them in this write makes them (a worker
+/// may not pin its idle pod with do-not-disrupt or a cost of its own); on a flip, with no value
+/// but the user's own from before it, saved or restored, so that no worker slips one in to be
+/// kept as the user's. The busy values themselves are the mutating webhook's, which wrote them
+/// in this very write.
+fn busyguards_own_as_it_leaves_them(pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> bool {
+    let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
+        (false, false) | (true, true) => {
+            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
+            return ALL_GUARDED_KEYS.iter().all(|key| {
+                let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
+                pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed
+            });
+        }
+        (was_busy, _) => was_busy,
+    };
+    GUARDED.iter().all(|(key, saved_as)| {
+        let users_own = [before.annotation(saved_as), before.annotation(key), None];
+        users_own.contains(&pod.annotation(saved_as)) && (!turning_idle || users_own.contains(&pod.annotation(key)))
+    })
 }
 
 /// `NS` of `system:serviceaccount:NS:NAME`.
@@ -203,11 +239,27 @@ const GUARDED: [(&str, &str); 3] = [
     (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
 ];
 
+/// Every annotation busyguard writes on a flip ([`written_on_a_flip`]).
+const ALL_GUARDED_KEYS: [&str; 7] = [
+    BUSY_SINCE,
+    DELETION_COST,
+    IDLE_COST,
+    KARPENTER_DO_NOT_DISRUPT,
+    IDLE_DO_NOT_DISRUPT,
+    AUTOSCALER_SAFE_TO_EVICT,
+    IDLE_SAFE_TO_EVICT,
+];
+
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
 pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
-    if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false")) {
-        warnings.push(messages::label_not_boolean(value));
+    if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false" | WHEN_UNREADY)) {
+        warnings.push(messages::label_unknown(value));
+    }
+    // The user's own cost: on the pod while idle, kept aside while busy.
+    let own_costs = [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
+    if let Some(cost) = own_costs.into_iter().find(|cost| *cost <= -KARPENTER_NOTHING_COST) {
+        warnings.push(messages::cost_counts_as_nothing(cost));
     }
     match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
         (Some(Err(e)), _) => warnings.push(messages::max_busy_ignored(&e)),
@@ -645,6 +697,42 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
+        let now = "2026-11-21T20:00:00Z";
+        let judged = |old: &Value, new: &Value| {
+            judge_write(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), BUSYGUARD, &config(), ts(now))
+        };
+        let idle = worker(json!({DELETION_COST: "-5"}));
+        for (key, value) in [(KARPENTER_DO_NOT_DISRUPT, "true"), (DELETION_COST, "2147483647"), (IDLE_COST, "9")] {
+            let mut pinned = idle.clone();
+            pinned["metadata"]["annotations"][key] = json!(value);
+            assert!(!judged(&idle, &pinned).is_allowed(), "{key} on its idle pod");
+        }
+        // As the validating webhook sees the flips: after the mutating webhook's patch.
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = update(&idle, &flip, now);
+        assert!(judged(&idle, &busy).is_allowed(), "the flip to busy");
+        let mut back = busy.clone();
+        set_label(&mut back, "false");
+        let (_, idle_again) = update(&busy, &back, now);
+        assert!(judged(&busy, &idle_again).is_allowed(), "the flip back to idle");
+        assert_eq!(idle_again["metadata"]["annotations"][DELETION_COST], "-5");
+        let mut smuggled = flip.clone();
+        smuggled["metadata"]["annotations"][DELETION_COST] = json!("2147483647");
+        let (_, kept_as_its_own) = update(&idle, &smuggled, now);
+        assert_eq!(kept_as_its_own["metadata"]["annotations"][IDLE_COST], "2147483647");
+        assert!(!judged(&idle, &kept_as_its_own).is_allowed(), "a cost slipped in with the flip, to be kept");
+        // Saying busy again on a busy pod whose protection ran out: busyguard's refresh passes.
+        let (lapsed_at, resent) = ("2026-11-23T20:00:00Z", busy.clone());
+        let (_, refreshed) = update(&busy, &resent, lapsed_at);
+        assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
+        let outcome =
+            judge_write(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), BUSYGUARD, &config(), ts(lapsed_at));
+        assert!(outcome.is_allowed(), "{:?}", outcome.answer);
+    }
+
+    #[test]
     fn a_pods_own_service_account_may_flip_its_own_busy_label_and_nothing_else() {
         let idle = worker(json!({"team": "a"}));
         let mut flip = idle.clone();
@@ -922,12 +1010,28 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_label_neither_true_nor_false_is_warned_about() {
+    fn a_busy_label_busyguard_does_not_know_is_warned_about() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "yes"}}}));
         assert_eq!(
             contract_warnings(&p, DAY),
-            ["busyguard: label busyguard.io/busy=\"yes\" is neither \"true\" nor \"false\"; the pod counts as idle"]
+            ["busyguard: label busyguard.io/busy=\"yes\" is neither \"true\", \"false\" nor \"when-unready\"; the \
+                 pod counts as idle"]
         );
+        let readiness = pod(json!({"metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}}}));
+        assert_eq!(contract_warnings(&readiness, DAY), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_own_cost_karpenter_counts_as_nothing_is_warned_about_idle_or_busy() {
+        let with = |label: &str, key: &str, cost: &str| {
+            pod(json!({"metadata": {"labels": {BUSY_LABEL: label}, "annotations": {key: cost}}}))
+        };
+        let warned = contract_warnings(&with("false", DELETION_COST, "-134217728"), DAY);
+        assert_eq!(warned.len(), 1);
+        assert!(warned[0].contains("=-134217728 is at or below -134217728: Karpenter"), "{warned:?}");
+        assert_eq!(contract_warnings(&with("true", IDLE_COST, "-200000000"), DAY).len(), 1, "kept aside while busy");
+        assert!(contract_warnings(&with("false", DELETION_COST, "-134217727"), DAY).is_empty());
+        assert!(contract_warnings(&with("false", DELETION_COST, "-5"), DAY).is_empty());
     }
 
     #[test]
