@@ -100,7 +100,9 @@ fn main() {
         for i in 0..lookups {
             let i = (i * 7919) % count;
             let (namespace, name) = (format!("team-{}", i % 50), format!("worker-6b8958b477-{i:06}"));
-            std::hint::black_box(view.with_pod(&namespace, &name, |pod, _| std::hint::black_box(pod).uid.len()));
+            std::hint::black_box(
+                view.with_pod_under_budget(&namespace, &name, |pod, _| (std::hint::black_box(pod).uid.len(), false)),
+            );
         }
         let lookup_ns = started.elapsed().as_nanos() / lookups as u128;
         let resident = resident_kib().map_or("n/a".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));

@@ -418,6 +418,23 @@ async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exact
 }
 
 #[tokio::test]
+async fn a_deferred_delete_refused_429_again_and_again_is_tried_five_times_and_no_more() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+
+    // Say a workload budget keeps refusing it: each of busyguard's attempts is one call.
+    api.fault("DELETE", &format!("{POD_PATH}/worker-a"), std::iter::repeat_with(|| Fault::Status(429)).take(10));
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    let failed = r#"busyguard_side_effects_total{kind="delete-idle",result="failed"}"#;
+    eventually(failed, async || server.metric(failed).await).await;
+    assert_eq!(api.calls().iter().filter(|c| pod_call("DELETE", "worker-a")(c)).count(), 5);
+}
+
+#[tokio::test]
 async fn an_api_server_restart_is_ridden_out_and_status_follows_a_long_one_while_readyz_stays_up() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
@@ -982,6 +999,39 @@ async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
     assert_eq!(server.review("/validate", &delete("ds-c")).await["status"]["code"], 429);
     api.remove_pod("capture", "ds-a");
     wait_until_eviction_allowed_is(&server, "ds-b", true).await;
+}
+
+#[tokio::test]
+async fn a_workload_budget_lets_one_of_several_evictions_at_once_go() {
+    let api = ApiServer::start().await;
+    let names = ["ds-a", "ds-b", "ds-c", "ds-d"];
+    for name in names {
+        let mut pod = worker_pod(name, false);
+        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+        api.put_pod(pod);
+    }
+    let server = TestServer::with_cluster(&api).await;
+    // A drain evicts a node's pods together: nothing is unavailable yet when they arrive.
+    let reviews = names.map(eviction_of);
+    let answers = futures::future::join_all(reviews.iter().map(|review| server.review("/validate", review))).await;
+    let allowed = answers.iter().filter(|a| a["allowed"] == true).count();
+    assert_eq!(allowed, 1, "{answers:#?}");
+}
+
+#[tokio::test]
+async fn a_workload_budget_counts_a_deployment_across_its_replicasets() {
+    let api = ApiServer::start().await;
+    for (name, hash) in [("worker-old", "6b8958b477"), ("worker-new", "7c9a6d5f88")] {
+        let mut pod = worker_pod(name, false);
+        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+        pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        pod["metadata"]["ownerReferences"][0]["name"] = json!(format!("worker-{hash}"));
+        api.put_pod(pod);
+    }
+    // A rollout under way: the new ReplicaSet's pod is not Ready yet.
+    api.update_pod("capture", "worker-new", |pod| pod["status"]["conditions"][1]["status"] = json!("False"));
+    let server = TestServer::with_cluster(&api).await;
+    wait_until_eviction_allowed_is(&server, "worker-old", false).await;
 }
 
 /// A server keeping the busy-pod PDBs, sweeping every 200 ms.

@@ -156,9 +156,11 @@ pub fn admit(
             // Judged on the pod the request carries; the view confirms it for side effects, and
             // counts its workload's unavailable pods for a budget (when it can be trusted).
             let trusted = inputs.view.check(inputs.arrived).is_ok();
-            let decided = inputs.view.with_pod(&request.namespace, &request.name, |seen, siblings| {
+            let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |seen, siblings| {
                 let siblings = siblings.filter(|_| trusted);
-                disruption::decide(&ask, Action::Delete, pod, Some(seen), siblings, policy, now)
+                let outcome = disruption::decide(&ask, Action::Delete, pod, Some(seen), siblings, policy, now);
+                let let_go = outcome.is_allowed() && !ask.dry_run;
+                (outcome, let_go)
             });
             Ok(decided
                 .unwrap_or_else(|| disruption::decide(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)))
@@ -171,8 +173,10 @@ pub fn admit(
             let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
             (inputs.view.check(inputs.arrived))
                 .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
-            let decided = inputs.view.with_pod(&request.namespace, &request.name, |pod, siblings| {
-                disruption::decide(&ask, Action::Evict, pod, Some(pod), siblings, policy, now)
+            let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
+                let outcome = disruption::decide(&ask, Action::Evict, pod, Some(pod), siblings, policy, now);
+                let let_go = outcome.is_allowed() && !ask.dry_run;
+                (outcome, let_go)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))

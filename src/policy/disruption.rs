@@ -125,9 +125,12 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// `busyguard.io/max-unavailable` allows: a budget for workloads a PodDisruptionBudget cannot
 /// cover (DaemonSets, direct deletes). `unavailable_siblings` counts the workload's other pods
 /// that are not Ready or already going, as the view holds them (`None`: unknown, no budget).
-/// Exempt requesters and recovery are not held; a pod itself unavailable may always go.
+/// Exempt requesters and recovery are not held, nor deletes that must not wait: the garbage
+/// collector's (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the
+/// instance goes anyway). A pod itself unavailable may always go.
 fn over_budget(
     ask: &Ask<'_>,
+    action: Action,
     pod: &impl PodFacts,
     unavailable_siblings: Option<u32>,
     config: &PolicyConfig,
@@ -135,7 +138,14 @@ fn over_budget(
     let allowed: u32 = pod.label(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
     let unavailable = unavailable_siblings?;
     let itself_unavailable = pod.is_terminating() || !is_available(pod);
-    if itself_unavailable || unavailable < allowed || let_through(ask.requester, &config.exemptions).is_some() {
+    let username = ask.requester.username;
+    let must_not_wait = action == Action::Delete
+        && (username == GARBAGE_COLLECTOR_USER || config.exemptions.karpenter.iter().any(|k| k == username));
+    if itself_unavailable
+        || unavailable < allowed
+        || must_not_wait
+        || let_through(ask.requester, &config.exemptions).is_some()
+    {
         return None;
     }
     Some(messages::over_budget(ask.namespace, ask.name, allowed, unavailable))
@@ -176,7 +186,7 @@ pub fn decide(
         verdict => verdict,
     };
     match verdict {
-        Verdict::Allow => match over_budget(ask, pod, unavailable_siblings, config) {
+        Verdict::Allow => match over_budget(ask, action, pod, unavailable_siblings, config) {
             None => Outcome::allow(Decision::Allowed),
             Some(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
         },
@@ -398,6 +408,20 @@ mod tests {
         assert!(decide_with(None, "alice").is_allowed(), "the view cannot tell: no budget");
         assert!(decide_with(Some(1), "ops").is_allowed(), "exempt");
         assert!(decide_with(Some(1), "system:serviceaccount:kube-system:namespace-controller").is_allowed());
+    }
+
+    #[test]
+    fn the_garbage_collector_and_karpenter_delete_past_a_budget_but_karpenter_evicts_within_it() {
+        let pod = with_budget("1");
+        let karpenter = "system:serviceaccount:kube-system:karpenter";
+        let config = config(Mode::Enforce);
+        let decide_with = |action, user: &'static str| {
+            decide(&ask(user, false), action, &pod, Some(&pod), Some(1), &config, now()).is_allowed()
+        };
+        assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
+        assert!(decide_with(Action::Delete, karpenter), "its node's deadline");
+        assert!(!decide_with(Action::Evict, karpenter), "a drain waits, as for anyone");
+        assert!(!decide_with(Action::Delete, "alice"));
     }
 
     #[test]
