@@ -83,16 +83,36 @@ impl BusyPdbs {
                     .and_then(|s| Selector::from_label_selector(s).ok())
                     // An empty selector selects every pod of the namespace: as good as unknown.
                     .filter(|s| !s.is_empty());
+                let namespace = meta.namespace.clone().unwrap_or_default();
+                let as_kept = ours && as_busyguard_writes_it(pdb.spec.as_ref(), &namespace);
                 existing.push(ExistingPdb {
-                    namespace: meta.namespace.clone().unwrap_or_default(),
+                    namespace,
                     name: meta.name.clone().unwrap_or_default(),
                     ours,
                     selector,
+                    as_kept,
                 });
             }
         }
         Ok(existing)
     }
+}
+
+/// Whether a PDB's spec says what busyguard's says, however the API server spells it (a list
+/// left out or empty).
+fn as_busyguard_writes_it(spec: Option<&PodDisruptionBudgetSpec>, namespace: &str) -> bool {
+    let ours = busy_pdb(namespace).spec;
+    let said = |spec: Option<&PodDisruptionBudgetSpec>| {
+        let spec = spec.cloned().unwrap_or_default();
+        let selector = spec.selector.unwrap_or_default();
+        let expressions: Vec<(String, String, Vec<String>)> = (selector.match_expressions.unwrap_or_default())
+            .into_iter()
+            .map(|e| (e.key, e.operator, e.values.unwrap_or_default()))
+            .collect();
+        let labels = selector.match_labels.unwrap_or_default();
+        (spec.min_available, spec.max_unavailable, spec.unhealthy_pod_eviction_policy, labels, expressions)
+    };
+    said(spec) == said(ours.as_ref())
 }
 
 /// busyguard's PDB for a namespace: every protected pod, no disruption allowed.

@@ -29,6 +29,8 @@ pub struct ExistingPdb {
     pub ours: bool,
     /// `None`: its selector does not parse, or selects everything.
     pub selector: Option<Selector>,
+    /// Ours, and its spec is the one busyguard writes (not an older one, nor edited since).
+    pub as_kept: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +50,9 @@ pub enum Step {
 }
 
 /// What to change so that each namespace in `pods` (namespace → the labels of its opted-in
-/// pods) has the busy PDB, unless a user's PDB would select one of its pods once busy, and no
-/// other namespace keeps one.
+/// pods) has the busy PDB as busyguard writes it (one that drifted is made again), unless a
+/// user's PDB would select one of its pods once busy or already has its name, and no other
+/// namespace keeps one.
 pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[ExistingPdb]) -> Vec<Step> {
     let mut steps = Vec::new();
     let ours: BTreeSet<(&str, &str)> =
@@ -58,21 +61,28 @@ pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[
         let conflicting: Vec<String> = (existing.iter())
             .filter(|pdb| !pdb.ours && &pdb.namespace == namespace)
             .filter(|pdb| {
-                labels.iter().any(|pod| {
-                    // The pod as it is while busy; a selector busyguard cannot read may select
-                    // it: assume it does.
-                    let busy = |key: &str| match key {
-                        BUSY_LABEL | PROTECTED_LABEL => Some("true"),
-                        _ => pod.get(key).map(String::as_str),
-                    };
-                    pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
-                })
+                pdb.name == BUSY_PDB_NAME
+                    || labels.iter().any(|pod| {
+                        // The pod as it is while busy; a selector busyguard cannot read may select
+                        // it: assume it does.
+                        let busy = |key: &str| match key {
+                            BUSY_LABEL | PROTECTED_LABEL => Some("true"),
+                            _ => pod.get(key).map(String::as_str),
+                        };
+                        pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
+                    })
             })
             .map(|pdb| pdb.name.clone())
             .collect();
         let have = ours.contains(&(namespace.as_str(), BUSY_PDB_NAME));
+        let drifted = (existing.iter())
+            .any(|pdb| pdb.ours && &pdb.namespace == namespace && pdb.name == BUSY_PDB_NAME && !pdb.as_kept);
         match (conflicting.is_empty(), have) {
             (true, false) => steps.push(Step::Create { namespace: namespace.clone() }),
+            (true, true) if drifted => {
+                steps.push(Step::Delete { namespace: namespace.clone(), name: BUSY_PDB_NAME.into() });
+                steps.push(Step::Create { namespace: namespace.clone() });
+            }
             (true, true) => {}
             (false, have) => {
                 if have {
@@ -100,7 +110,13 @@ mod tests {
     }
 
     fn pdb(namespace: &str, name: &str, ours: bool, selector: &str) -> ExistingPdb {
-        ExistingPdb { namespace: namespace.into(), name: name.into(), ours, selector: selector.parse().ok() }
+        ExistingPdb {
+            namespace: namespace.into(),
+            name: name.into(),
+            ours,
+            selector: selector.parse().ok(),
+            as_kept: ours,
+        }
     }
 
     #[test]
@@ -123,6 +139,25 @@ mod tests {
         );
         let elsewhere = pdb("jobs", "web", false, "app=web");
         assert_eq!(plan(&jobs, &[elsewhere]), [Step::Create { namespace: "jobs".into() }], "selects other pods");
+    }
+
+    #[test]
+    fn a_busy_pdb_that_drifted_is_made_again_and_a_users_of_its_name_is_left_alone() {
+        let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
+        let older = ExistingPdb { as_kept: false, ..pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true") };
+        assert_eq!(
+            plan(&jobs, &[older]),
+            [
+                Step::Delete { namespace: "jobs".into(), name: BUSY_PDB_NAME.into() },
+                Step::Create { namespace: "jobs".into() }
+            ]
+        );
+        let theirs = pdb("jobs", BUSY_PDB_NAME, false, "app=web");
+        assert_eq!(
+            plan(&jobs, &[theirs]),
+            [Step::Skip { namespace: "jobs".into(), conflicting: vec![BUSY_PDB_NAME.into()] }],
+            "not created again and again (409)"
+        );
     }
 
     #[test]

@@ -71,8 +71,9 @@ struct Store {
     forbidden: Vec<String>,
 }
 
-/// What RBAC authorizes: (API group, resource, verb).
-pub type Permission = (String, String, String);
+/// What RBAC authorizes: (API group, resource, verb, and the one name a rule's `resourceNames`
+/// narrows it to, if any).
+pub type Permission = (String, String, String, Option<String>);
 
 /// What busyguard's ServiceAccount is granted by `manifests/base/rbac.yaml`: the rules of the
 /// ClusterRole its ClusterRoleBinding names.
@@ -89,10 +90,16 @@ pub static GRANTED: LazyLock<BTreeSet<Permission>> = LazyLock::new(|| {
     let strings = |v: &Value| v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
     let mut granted = BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
+        let names: Vec<Option<String>> = match rule.get("resourceNames") {
+            Some(names) => strings(names).into_iter().map(Some).collect(),
+            None => vec![None],
+        };
         for group in strings(&rule["apiGroups"]) {
             for resource in strings(&rule["resources"]) {
                 for verb in strings(&rule["verbs"]) {
-                    granted.insert((group.clone(), resource.clone(), verb));
+                    for name in &names {
+                        granted.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
+                    }
                 }
             }
         }
@@ -107,12 +114,13 @@ fn permission_of(method: &Method, segments: &[&str], query: &str) -> Option<Perm
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => return None,
     };
-    let (resource, named) = match rest {
-        [resource] | ["namespaces", _, resource] => (resource.to_string(), false),
-        ["namespaces", _, resource, _name] => (resource.to_string(), true),
-        ["namespaces", _, resource, _name, subresource] => (format!("{resource}/{subresource}"), true),
+    let (resource, name) = match rest {
+        [resource] | ["namespaces", _, resource] => (resource.to_string(), None),
+        ["namespaces", _, resource, name] => (resource.to_string(), Some(name.to_string())),
+        ["namespaces", _, resource, name, subresource] => (format!("{resource}/{subresource}"), Some(name.to_string())),
         _ => return None,
     };
+    let named = name.is_some();
     let verb = match (method.as_str(), named) {
         ("GET", false) if query.split('&').any(|p| p == "watch=true") => "watch",
         ("GET", false) => "list",
@@ -124,7 +132,13 @@ fn permission_of(method: &Method, segments: &[&str], query: &str) -> Option<Perm
         ("DELETE", false) => "deletecollection",
         _ => return None,
     };
-    Some((group.to_string(), resource, verb.to_string()))
+    Some((group.to_string(), resource, verb.to_string(), name))
+}
+
+/// The grant that authorizes `needed`: one for any name of the resource, or for its own.
+fn granted(needed: &Permission) -> Option<Permission> {
+    let any_name = (needed.0.clone(), needed.1.clone(), needed.2.clone(), None);
+    [any_name, needed.clone()].into_iter().find(|p| GRANTED.contains(p))
 }
 
 enum Feed {
@@ -365,11 +379,12 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             query: query.clone(),
             body: body.clone(),
         });
-        match permission_of(&method, &segments, &query) {
+        let needed = permission_of(&method, &segments, &query);
+        match (needed.as_ref().and_then(granted), needed) {
             // Every authenticated user may ask who it is (system:basic-user).
-            Some(permission) if permission.1 == "selfsubjectreviews" => false,
-            Some(permission) if GRANTED.contains(&permission) => store.permissions_used.insert(permission),
-            needed => {
+            (_, Some(permission)) if permission.1 == "selfsubjectreviews" => false,
+            (Some(grant), _) => store.permissions_used.insert(grant),
+            (None, needed) => {
                 store.forbidden.push(format!("{method} {path} needs {needed:?}"));
                 let message = format!("User \"system:serviceaccount:busyguard:busyguard\" cannot {method} {path}");
                 return status(403, "Forbidden", &message);
