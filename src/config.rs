@@ -58,6 +58,29 @@ pub enum Command {
     /// A sidecar that turns the app's own HTTP endpoint into its pod's busy label: busy when the
     /// endpoint answers --busy-status (or a body containing --busy-body), idle otherwise.
     Agent(AgentArgs),
+    /// After an uninstall (its webhooks removed first): give every opted-in pod its own deletion
+    /// cost and autoscaler annotations back, take busyguard's labels, annotations and deferred
+    /// deletes off, and delete its busy-pod PodDisruptionBudgets. Uses your kubeconfig.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespaces to clean (comma-separated); all without it.
+    #[arg(long = "namespace", short = 'n', value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Say what would change, and change nothing (the API server's dry run).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl CleanupArgs {
+    pub fn source(&self) -> ClusterSource {
+        self.kubeconfig.clone().map_or(ClusterSource::Infer, ClusterSource::Kubeconfig)
+    }
 }
 
 #[derive(Debug, Args)]

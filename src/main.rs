@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 use busyguard::certs::{self, CertsOutcome, CertsRequest};
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
-use busyguard::{registration, server, status};
+use busyguard::{cleanup, registration, server, status};
 
 /// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
 #[global_allocator]
@@ -38,6 +38,11 @@ fn main() -> ExitCode {
         }),
         Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
             let report = runtime.block_on(status::run(&args.source(), &args.namespaces, args.max_busy()))?;
+            print!("{report}");
+            Ok(())
+        }),
+        Command::Cleanup(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
+            let report = runtime.block_on(cleanup::run(&args.source(), &args.namespaces, args.dry_run))?;
             print!("{report}");
             Ok(())
         }),

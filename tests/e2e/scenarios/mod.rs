@@ -47,4 +47,5 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),
     ("certificate_rotation_under_traffic_fails_no_admission", outages::certificate_rotation_fails_no_admission),
+    ("cleanup_after_an_uninstall_leaves_nothing_behind", outages::cleanup_after_an_uninstall_leaves_nothing_behind),
 ];

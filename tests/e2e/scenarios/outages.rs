@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 
 use crate::rig::{Rig, eventually};
-use crate::workers::{self, flip};
+use crate::workers::{self, annotation, flip, label};
 
 /// With busyguard scaled to 0, only busy pods wait: a scale-down deletes the idle pods and not
 /// the busy one, a person's delete of the busy pod is refused, the busy-pod PDB still refuses
@@ -123,4 +123,55 @@ pub fn certificate_rotation_fails_no_admission(rig: &Rig) -> Result<()> {
         std::thread::sleep(Duration::from_secs(3));
         Ok(())
     })
+}
+
+/// After an uninstall, `busyguard cleanup` leaves nothing of busyguard's: a busy pod someone
+/// asked to delete gets its user's own deletion cost back and loses busy-since, the saved values,
+/// the protected label and the deferred delete; the busy-pod PDB goes. While the webhooks are
+/// still registered it refuses, since busyguard would put it all back.
+pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("cleanup")?;
+    let mut task = workers::pod(&ns, "task", None);
+    task["metadata"]["annotations"] = serde_json::json!({"controller.kubernetes.io/pod-deletion-cost": "-5"});
+    workers::start(rig, &task, "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    ensure!(!ok, "the busy pod was deleted");
+    eventually("the deferred delete and the busy-pod PDB", Duration::from_secs(45), || {
+        let marked = rig.pod(&ns, "task")?.is_some_and(|p| label(&p, "busyguard.io/delete-requested").is_some());
+        Ok(marked && rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+    })?;
+    let cleanup = || {
+        let output = std::process::Command::new(crate::rig::BUSYGUARD)
+            .args(["cleanup", "-n", &ns, "--kubeconfig"])
+            .arg(&rig.admin)
+            .output()?;
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        anyhow::Ok((output.status.success(), said))
+    };
+    let (ok, said) = cleanup()?;
+    ensure!(!ok && said.contains("still registered"), "cleanup ran with the webhooks registered: {said}");
+
+    rig.unregister()?;
+    rig.scale_busyguard(0)?;
+    let outcome = (|| -> Result<()> {
+        let (ok, said) = cleanup()?;
+        ensure!(ok, "cleanup failed: {said}");
+        ensure!(said.contains(&format!("pod {}/task: restored", &*ns)), "{said}");
+        ensure!(said.contains(&format!("poddisruptionbudget {}/busyguard-busy: deleted", &*ns)), "{said}");
+        let pod = rig.pod(&ns, "task")?.context("the pod is gone")?;
+        let ours = |map: &serde_json::Value| -> Vec<String> {
+            let keys = map.as_object().into_iter().flatten().map(|(k, _)| k.clone());
+            keys.filter(|k| k.starts_with("busyguard.io/") && k != "busyguard.io/busy").collect()
+        };
+        ensure!(ours(&pod["metadata"]["labels"]).is_empty(), "labels left: {}", pod["metadata"]["labels"]);
+        ensure!(ours(&pod["metadata"]["annotations"]).is_empty(), "left: {}", pod["metadata"]["annotations"]);
+        ensure!(annotation(&pod, "controller.kubernetes.io/pod-deletion-cost").as_deref() == Some("-5"));
+        ensure!(annotation(&pod, "karpenter.sh/do-not-disrupt").is_none(), "{}", pod["metadata"]["annotations"]);
+        ensure!(!rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0, "the PDB stayed");
+        Ok(())
+    })();
+    rig.scale_busyguard(2)?;
+    rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
+    outcome
 }

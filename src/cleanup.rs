@@ -1,0 +1,148 @@
+//! `busyguard cleanup`: what an uninstall leaves on the cluster, taken off with the user's own
+//! credentials once busyguard's webhooks are gone: on every opted-in pod, the user's own deletion
+//! cost and autoscaler annotations back in place of the busy ones, and busyguard's marks
+//! (busy-since, the saved values, the protected label, deferred deletes) removed; and every
+//! busy-pod PodDisruptionBudget busyguard kept. The busy label itself is the user's and stays.
+
+use anyhow::{Context, bail};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::cluster::view::WatchedPod;
+use crate::cluster::{ClusterSource, client_config};
+use crate::policy::busy::{BUSY_LABEL, MaxBusy};
+use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
+use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
+use crate::policy::update::{MutationSettings, merge_patch, plan};
+
+/// Every annotation busyguard may have written is restored or removed, whatever it was set to
+/// write.
+const EVERYTHING: MutationSettings =
+    MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true };
+
+/// The merge patch that leaves `pod` as if busyguard had never seen it (its busy label aside),
+/// or `None` when nothing of busyguard's is on it.
+pub fn restore_patch(pod: &WatchedPod, now: Timestamp) -> Option<Value> {
+    let marks = [DELETE_REQUESTED, RELEASED_FROM];
+    let meta = &pod.metadata;
+    let marked = meta.labels.as_ref().is_some_and(|l| l.contains_key(DELETE_REQUESTED))
+        || meta.annotations.as_ref().is_some_and(|a| marks.iter().any(|k| a.contains_key(*k)));
+    // As a pod that is not opted in: the idle plan, which restores the user's values.
+    let idle = plan(&pod.record().left_alone(), None, EVERYTHING, MaxBusy::new(SignedDuration::MAX), now);
+    if idle.is_empty() && !marked {
+        return None;
+    }
+    let mut patch = merge_patch(&idle);
+    for key in marks {
+        patch["metadata"]["annotations"][key] = Value::Null;
+    }
+    patch["metadata"]["labels"][DELETE_REQUESTED] = Value::Null;
+    Some(patch)
+}
+
+/// Cleans the namespaces given (all without) and says what it did, one line each.
+pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -> anyhow::Result<String> {
+    let config = client_config(source).await?.context("no cluster: no in-cluster config and no kubeconfig found")?;
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let registered = mutating.get_opt("busyguard").await.context("reading the webhook configurations")?.is_some()
+        || validating.get_opt("busyguard").await.context("reading the webhook configurations")?.is_some();
+    if registered {
+        bail!(
+            "busyguard's webhooks are still registered, and would put back what this takes off: remove them \
+             first (kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration busyguard), \
+             then run busyguard cleanup again"
+        );
+    }
+    let scopes: Vec<Option<&str>> =
+        if namespaces.is_empty() { vec![None] } else { namespaces.iter().map(|n| Some(n.as_str())).collect() };
+    let (mut out, now) = (String::new(), Timestamp::now());
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), dry_run, ..PatchParams::default() };
+    let verb = if dry_run { "would restore" } else { "restored" };
+    for scope in scopes {
+        let pods: Api<WatchedPod> =
+            scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
+        let listed = pods.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
+        for pod in listed.items.iter().filter(|p| p.malformed.is_none()) {
+            let Some(mut patch) = restore_patch(pod, now) else { continue };
+            patch["metadata"]["uid"] = json!(pod.metadata.uid);
+            let (namespace, name) = (pod.namespace(), pod.name());
+            Api::<WatchedPod>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("restoring pod {namespace}/{name}"))?;
+            out.push_str(&format!("pod {namespace}/{name}: {verb}\n"));
+        }
+        let pdbs: Api<PodDisruptionBudget> =
+            scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
+        let ours = pdbs.list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1))).await;
+        for pdb in ours.context("listing busyguard's PodDisruptionBudgets")?.items {
+            let namespace = pdb.metadata.namespace.unwrap_or_default();
+            if pdb.metadata.name.as_deref() != Some(BUSY_PDB_NAME) {
+                continue;
+            }
+            let delete = DeleteParams { dry_run, ..DeleteParams::default() };
+            Api::<PodDisruptionBudget>::namespaced(client.clone(), &namespace)
+                .delete(BUSY_PDB_NAME, &delete)
+                .await
+                .with_context(|| format!("deleting {namespace}/{BUSY_PDB_NAME}"))?;
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            out.push_str(&format!("poddisruptionbudget {namespace}/{BUSY_PDB_NAME}: {verb}\n"));
+        }
+    }
+    if out.is_empty() {
+        out.push_str("nothing of busyguard's left\n");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::busy::BUSY_SINCE;
+    use crate::policy::cost::DELETION_COST;
+    use crate::policy::update::{IDLE_COST, IDLE_SAFE_TO_EVICT};
+
+    fn record(labels: Value, annotations: Value) -> WatchedPod {
+        serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "jobs",
+            "uid": "u", "labels": labels, "annotations": annotations}, "status": {"phase": "Running"}}))
+        .unwrap()
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-21T21:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn a_busy_pod_gets_the_users_own_values_back_and_loses_every_mark_of_busyguards() {
+        let mut pod = json!({"metadata": {
+            "labels": {BUSY_LABEL: "true", "busyguard.io/protected": "true", DELETE_REQUESTED: "true"},
+            "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z", DELETION_COST: "2085000000", IDLE_COST: "-5",
+                "karpenter.sh/do-not-disrupt": "true",
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false", IDLE_SAFE_TO_EVICT: "true",
+                DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#, "team": "a"}}});
+        let busy = record(pod["metadata"]["labels"].clone(), pod["metadata"]["annotations"].clone());
+        let patch = restore_patch(&busy, now()).expect("something to restore");
+        json_patch::merge(&mut pod, &patch);
+        assert_eq!(
+            pod,
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {DELETION_COST: "-5", "team": "a",
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}}})
+        );
+    }
+
+    #[test]
+    fn a_pod_busyguard_left_nothing_on_is_not_written_and_a_released_one_loses_its_marks() {
+        let idle = record(json!({BUSY_LABEL: "false"}), json!({DELETION_COST: "-5", "team": "a"}));
+        assert_eq!(restore_patch(&idle, now()), None);
+        let released = record(json!({BUSY_LABEL: "when-unready"}), json!({RELEASED_FROM: "6b8958b477"}));
+        let patch = restore_patch(&released, now()).expect("the release's record goes");
+        assert_eq!(patch["metadata"]["annotations"][RELEASED_FROM], Value::Null);
+        assert!(patch["metadata"]["annotations"].as_object().unwrap().contains_key(RELEASED_FROM));
+    }
+}
