@@ -11,6 +11,10 @@ the pod is already being deleted (a scale-down or a drain chose it a moment befo
 the task), FlagError for anything else (no permission, API server unreachable). Either way the
 task must not start: the pod is not protected.
 
+The flip back to idle is tried IDLE_ATTEMPTS times. If it still fails, the pod stays busy until
+busyguard's max-busy: after a task that succeeded, busy() raises FlagError on exit; after a task
+that raised, the task's own exception goes on and the failed flip is logged.
+
 The pod needs POD_NAME and POD_NAMESPACE (from the downward API; the namespace may also come from
 the service account's files) and a service account allowed to patch pods in its namespace.
 BUSYGUARD_API_URL overrides the API server's address (tests, or a proxy).
@@ -18,14 +22,18 @@ BUSYGUARD_API_URL overrides the API server's address (tests, or a proxy).
 
 import contextlib
 import json
+import logging
 import os
 import ssl
+import time
 import urllib.error
 import urllib.request
 
 LABEL = "busyguard.io/busy"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TERMINATING_CAUSE = "BusyguardPodTerminating"
+IDLE_ATTEMPTS = 3
+IDLE_RETRY_PAUSE = 1.0  # seconds, doubled after each failed attempt
 
 
 class FlagError(Exception):
@@ -51,8 +59,25 @@ def idle(timeout=10):
 def _idle_on_exit(timeout):
     try:
         yield
-    finally:
-        idle(timeout)
+    except BaseException:
+        # The task's own error comes first; a failed flip back is only logged.
+        try:
+            _idle_retrying(timeout)
+        except FlagError as e:
+            logging.getLogger(__name__).warning("the pod stays busy until max-busy: %s", e)
+        raise
+    _idle_retrying(timeout)
+
+
+def _idle_retrying(timeout):
+    for attempt in range(IDLE_ATTEMPTS):
+        try:
+            idle(timeout)
+            return
+        except FlagError:
+            if attempt == IDLE_ATTEMPTS - 1:
+                raise
+            time.sleep(IDLE_RETRY_PAUSE * 2**attempt)
 
 
 def _flip(value, timeout):

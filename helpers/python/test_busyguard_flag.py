@@ -70,6 +70,32 @@ class FlagTest(unittest.TestCase):
                 raise RuntimeError("the task failed")
         self.assertEqual([value for _, _, value in self.flips()], ["true", "false"])
 
+    def test_a_failed_flip_back_is_retried(self):
+        busyguard_flag.IDLE_RETRY_PAUSE = 0.01
+        StandIn.answers.extend([(200, {"kind": "Pod"}), refusal(503, "ServiceUnavailable", "try again")])
+        with busyguard_flag.busy():
+            pass
+        self.assertEqual([value for _, _, value in self.flips()], ["true", "false", "false"])
+
+    def test_a_failed_flip_back_after_a_failed_task_leaves_the_tasks_own_error(self):
+        busyguard_flag.IDLE_RETRY_PAUSE = 0.01
+        down = refusal(503, "ServiceUnavailable", "down")
+        StandIn.answers.extend([(200, {"kind": "Pod"})] + [down] * busyguard_flag.IDLE_ATTEMPTS)
+        with self.assertLogs("busyguard_flag", "WARNING") as logged:
+            with self.assertRaises(RuntimeError):
+                with busyguard_flag.busy():
+                    raise RuntimeError("the task failed")
+        self.assertIn("stays busy until max-busy", logged.output[0])
+        self.assertEqual(len(StandIn.calls), 1 + busyguard_flag.IDLE_ATTEMPTS)
+
+    def test_a_failed_flip_back_after_a_task_that_succeeded_is_a_flag_error(self):
+        busyguard_flag.IDLE_RETRY_PAUSE = 0.01
+        down = refusal(503, "ServiceUnavailable", "down")
+        StandIn.answers.extend([(200, {"kind": "Pod"})] + [down] * busyguard_flag.IDLE_ATTEMPTS)
+        with self.assertRaises(busyguard_flag.FlagError):
+            with busyguard_flag.busy():
+                pass
+
     def test_a_pod_being_deleted_refuses_the_flip_and_the_task_does_not_start(self):
         StandIn.answers.append(refusal(409, "BusyguardPodTerminating", "pod jobs/worker-1 is being deleted"))
         started = []
