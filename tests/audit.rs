@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{TestServer, fixture, http1, post_request, set_busy_label};
+use common::{TestServer, eventually, fixture, http1, post_request, set_busy_label};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
@@ -24,16 +24,17 @@ async fn an_audit_log_on_a_full_disk_is_reported_while_the_replica_stays_ready_a
     let answer = server.post("/validate", busy_delete("full-1")).await;
     assert_eq!(answer.json()["response"]["allowed"], false, "the busy pod stays protected");
 
-    let status = server.admin_get("/status").await;
+    let status = eventually("the audit log reported failing", async || {
+        let status = server.admin_get("/status").await;
+        (status.status == 503).then_some(status)
+    })
+    .await;
     assert_eq!(
-        (status.status, status.text()),
-        (
-            503,
-            "the audit log cannot be written (No space left on device (os error 28)); 1 lines wait in memory\n".into()
-        )
+        status.text(),
+        "the audit log cannot be written (No space left on device (os error 28)); 1 lines wait in memory\n"
     );
-    // The write, the /status check, and this scrape's own check.
-    assert_eq!(server.metric("busyguard_audit_write_errors_total").await, Some(3.0));
+    // Each try of the writer's is counted.
+    assert!(server.metric("busyguard_audit_write_errors_total").await >= Some(1.0));
     assert_eq!(server.metric("busyguard_audit_lines_held").await, Some(1.0));
     assert_eq!(server.metric("busyguard_audit_failing").await, Some(1.0));
     // Unready on every replica would fail every delete of an opted-in pod in the cluster.

@@ -52,6 +52,8 @@ pub struct ServeConfig {
 /// Workloads with gauges of their own at most; the rest are summed as `(other)`.
 const MAX_WORKLOADS: usize = 500;
 
+/// How long a shutdown waits for the audit lines to be written, after the side effects.
+const AUDIT_FLUSH: Duration = Duration::from_secs(2);
 /// How long a shutdown waits for queued side effects after the last answer.
 const OUTBOX_DRAIN: Duration = Duration::from_secs(4);
 
@@ -115,7 +117,7 @@ impl App {
     /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
     /// webhook fails closed). They are reported by `status` and the metrics instead.
     pub fn readiness(&self) -> Result<(), String> {
-        // Probes come every few seconds: a chance to write held audit lines and set the gauges.
+        // Probes come every few seconds: a chance to set the gauges.
         let _ = self.status();
         if !self.is_serving() {
             return Err("shutting down".into());
@@ -234,6 +236,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
 }
 
 impl Running {
+    /// Waits until every audit line recorded so far is written, at most `within`: whether it was.
+    pub fn flush_audit(&self, within: Duration) -> bool {
+        self.app.audit.flush(within)
+    }
+
     /// Not ready any more; for the shutdown delay still serving, each HTTP/1.1 answer closing
     /// its connection; then no new connections, in-flight requests answered (up to the shutdown
     /// timeout), and the admin port closes.
@@ -255,6 +262,10 @@ impl Running {
             && !outbox.drained(OUTBOX_DRAIN).await
         {
             warn!(within = ?OUTBOX_DRAIN, "side effects still queued at shutdown; they are dropped");
+        }
+        let audit = self.app.audit.clone();
+        if !tokio::task::spawn_blocking(move || audit.flush(AUDIT_FLUSH)).await.unwrap_or(false) {
+            warn!(within = ?AUDIT_FLUSH, "audit lines still unwritten at shutdown");
         }
         let _ = self.stop_admin.send(true);
         let _ = self.admin_task.await;

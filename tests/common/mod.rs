@@ -122,7 +122,11 @@ impl TestServer {
         ca_of(self.dir.path())
     }
 
+    /// The audit lines written so far, once every line recorded before is.
     pub fn audit_lines(&self) -> Vec<Value> {
+        if let Some(running) = &self.running {
+            running.flush_audit(Duration::from_secs(10));
+        }
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
         text.lines().map(|line| serde_json::from_str(line).expect("audit lines are JSON")).collect()
     }
