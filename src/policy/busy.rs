@@ -131,14 +131,26 @@ fn protection(
     BusyState::Busy { since, until }
 }
 
-/// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready.
+/// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready;
+/// one that has not been Ready since it started has taken no task (still starting, or a probe
+/// that never passes, as in a rollout being rolled back) and is not busy.
 fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
     if pod.label(BUSY_LABEL) != Some(WHEN_UNREADY) || pod.phase() != Phase::Running {
         return None;
     }
     match pod.readiness() {
-        Some(Readiness { ready: false, since }) => Some(since),
+        Some(Readiness { ready: false, since }) if !never_ready(since, pod.started()) => Some(since),
         _ => None,
+    }
+}
+
+/// Whether a pod NotReady since `since` has never been Ready since it started: the kubelet sets
+/// the condition NotReady as it starts the pod, and turning Ready then NotReady again takes two
+/// probe results at least a second apart (`periodSeconds` is 1 or more).
+fn never_ready(since: Option<Timestamp>, started: Option<Timestamp>) -> bool {
+    match (since, started) {
+        (Some(since), Some(started)) => since <= started + SignedDuration::from_secs(1),
+        _ => false,
     }
 }
 
@@ -347,6 +359,20 @@ mod tests {
                 lapse: Lapse::Restarted { at: ts("2026-01-01T00:05:00Z") }
             }
         );
+    }
+
+    #[test]
+    fn busy_when_unready_leaves_a_pod_never_ready_since_it_started_idle() {
+        let now = ts("2026-01-01T00:30:00Z");
+        let started = |at: &str| {
+            let mut pod = compat_pod("False", "Running");
+            pod.status.start_time = Some(ts(at));
+            pod
+        };
+        // NotReady since 00:00:00, as the kubelet set it when it started the pod.
+        assert_eq!(busy_state(&started("2026-01-01T00:00:00Z"), HOUR, now), BusyState::Idle, "never Ready");
+        assert_eq!(busy_state(&started("2025-12-31T23:59:59Z"), HOUR, now), BusyState::Idle, "a second apart");
+        assert!(busy_state(&started("2025-12-31T23:59:50Z"), HOUR, now).is_protected(), "Ready, then not");
     }
 
     #[test]
