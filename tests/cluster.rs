@@ -635,6 +635,8 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    unready_worker(&api);
+    put_workload(&api, 1, 2, "RollingUpdate");
     let server = TestServer::start_with(|config| {
         config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
         config.cluster.outbox.event_interval = Duration::from_millis(1);
@@ -646,6 +648,10 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     api.wait_for(1, |c| c.method == "POST" && c.path.contains("/poddisruptionbudgets")).await;
 
     server.review("/validate", &scale_down_5_to_2()).await;
+    // A release from a ReplicaSet, confirmed with the ReplicaSet and its Deployment.
+    let compat = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    server.review("/validate", &compat).await;
+    api.wait_for(1, |c| c.method == "GET" && c.path.contains("/deployments/")).await;
     for _ in 0..2 {
         server.review("/validate", &eviction_of("worker-a")).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -662,7 +668,7 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     });
     api.wait_for(1, pod_call("GET", "busy")).await;
     // Every opted-in pod gone: busyguard's PDB goes too.
-    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a"] {
+    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat"] {
         api.remove_pod("capture", name);
     }
     api.wait_for(1, |c| c.method == "DELETE" && c.path.contains("/poddisruptionbudgets")).await;
@@ -1089,15 +1095,60 @@ async fn where_a_users_own_pdb_selects_opted_in_pods_busyguard_keeps_none_and_sa
     assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["status"]["code"], 429);
 }
 
-#[tokio::test]
-async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_released_and_deleted_once_ready() {
-    let api = ApiServer::start().await;
-    // The app of the motivating question: readiness fails while it works.
+/// The pod's ReplicaSet (wanting `wanted` of the `has` pods it has) and its Deployment.
+fn put_workload(api: &ApiServer, wanted: i32, has: i32, strategy: &str) {
+    api.put_app(
+        "replicasets",
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "worker-6b8958b477", "namespace": "capture",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "worker", "uid": "d",
+                "controller": true}]},
+        "spec": {"replicas": wanted, "selector": {"matchLabels": {"app": "worker"}}},
+        "status": {"replicas": has}}),
+    );
+    api.put_app(
+        "deployments",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "worker", "namespace": "capture"},
+        "spec": {"replicas": wanted, "selector": {"matchLabels": {"app": "worker"}}, "strategy": {"type": strategy},
+            "template": {"metadata": {"labels": {"app": "worker"}}, "spec": {"containers": []}}}}),
+    );
+}
+
+/// A pod of an app busy by readiness: readiness fails while it works.
+fn unready_worker(api: &ApiServer) {
     let mut pod = worker_pod("worker-compat", false);
     pod["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     pod["status"]["conditions"][1] =
         json!({"type": "Ready", "status": "False", "lastTransitionTime": since_minutes_ago(3).to_string()});
     api.put_pod(pod);
+}
+
+#[tokio::test]
+async fn a_busy_pod_is_released_only_when_its_replicaset_scales_down_and_never_under_recreate() {
+    let api = ApiServer::start().await;
+    unready_worker(&api);
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    let released =
+        |api: &ApiServer| api.writes().iter().any(|c| c.body["metadata"]["labels"].get("pod-template-hash").is_some());
+    // A forged review in the ReplicaSet controller's name: nothing scales down.
+    put_workload(&api, 2, 2, "RollingUpdate");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    settle().await;
+    assert!(!released(&api), "released on a forged review: {:#?}", api.writes());
+    // A Recreate rollout scaling the old ReplicaSet to 0: the new pods wait for this one.
+    put_workload(&api, 0, 1, "Recreate");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    settle().await;
+    assert!(!released(&api), "released under Recreate: {:#?}", api.writes());
+}
+
+#[tokio::test]
+async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_released_and_deleted_once_ready() {
+    let api = ApiServer::start().await;
+    unready_worker(&api);
+    put_workload(&api, 1, 2, "RollingUpdate");
     let server = TestServer::with_cluster(&api).await;
     let review = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
     let refused = server.review("/validate", &review).await;

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -17,6 +19,7 @@ use tracing::{debug, error, info, warn};
 use super::view::WatchedPod;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
+use crate::policy::disruption;
 use crate::policy::outcome::{
     AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER, POD_TEMPLATE_HASH, PodRef, RELEASED_FROM,
 };
@@ -292,6 +295,29 @@ impl Worker {
         EffectResult::Failed
     }
 
+    /// What the API server says now of the pod's ReplicaSet and Deployment, judged by
+    /// `disruption::release_confirmed`.
+    async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), String>, kube::Error> {
+        let current = Api::<WatchedPod>::namespaced(self.client.clone(), &pod.namespace).get(&pod.name).await?;
+        let controller = |owners: Option<&Vec<OwnerReference>>, kind: &str| {
+            owners.into_iter().flatten().find(|o| o.controller == Some(true) && o.kind == kind).map(|o| o.name.clone())
+        };
+        let Some(replica_set) = controller(current.metadata.owner_references.as_ref(), "ReplicaSet") else {
+            return Ok(Err("no ReplicaSet controls it".into()));
+        };
+        let replica_set = Api::<ReplicaSet>::namespaced(self.client.clone(), &pod.namespace).get(&replica_set).await?;
+        let strategy = match controller(replica_set.metadata.owner_references.as_ref(), "Deployment") {
+            Some(name) => {
+                let deployment = Api::<Deployment>::namespaced(self.client.clone(), &pod.namespace).get(&name).await?;
+                deployment.spec.strategy.and_then(|s| s.type_)
+            }
+            None => None,
+        };
+        let wanted = replica_set.spec.replicas;
+        let has = replica_set.status.map(|s| s.replicas);
+        Ok(disruption::release_confirmed(wanted, has, strategy.as_deref()))
+    }
+
     async fn attempt(&self, effect: &Effect) -> Attempt {
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
@@ -316,6 +342,14 @@ impl Worker {
                 }
             }
             Effect::Release { pod, hash, request } => {
+                match self.confirm_release(pod).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(why)) => {
+                        info!(%pod, why, "busy pod not released from its ReplicaSet");
+                        return Attempt::Done(EffectResult::Moot);
+                    }
+                    Err(e) => return classify(e),
+                }
                 let patch = serde_json::json!({"metadata": {"uid": pod.uid,
                     "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
                     "annotations": {RELEASED_FROM: hash, DELETE_REQUESTED: request.to_annotation()}}});

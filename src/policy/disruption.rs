@@ -151,6 +151,21 @@ fn over_budget(
     Some(messages::over_budget(ask.namespace, ask.name, allowed, unavailable))
 }
 
+/// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
+/// as read from the API server at that moment (a review can be forged; these cannot): the
+/// ReplicaSet is scaling down (it wants fewer pods than it has), and its Deployment is not
+/// `Recreate`, which promises that old and new pods never run together (a released pod would
+/// run on beside the new ones). Otherwise why not.
+pub fn release_confirmed(wanted: Option<i32>, has: Option<i32>, strategy: Option<&str>) -> Result<(), String> {
+    if strategy == Some("Recreate") {
+        return Err("its Deployment is Recreate: old and new pods never run together".into());
+    }
+    match (wanted, has) {
+        (Some(wanted), Some(has)) if wanted < has => Ok(()),
+        _ => Err(format!("its ReplicaSet is not scaling down ({wanted:?} wanted, {has:?} there)")),
+    }
+}
+
 /// Running and Ready: what counts as available for a budget.
 pub fn is_available(pod: &impl PodFacts) -> bool {
     pod.phase() == Phase::Running && pod.readiness().is_some_and(|r| r.ready)
@@ -464,6 +479,15 @@ mod tests {
         let bare =
             decide(&ask(replicaset, false), Action::Delete, &bare, Some(&bare), None, &config(Mode::Enforce), now());
         assert!(!bare.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
+    }
+
+    #[test]
+    fn a_release_goes_ahead_only_on_a_replicaset_scaling_down_and_never_under_recreate() {
+        assert_eq!(release_confirmed(Some(1), Some(2), Some("RollingUpdate")), Ok(()));
+        assert_eq!(release_confirmed(Some(1), Some(2), None), Ok(()), "a ReplicaSet of its own");
+        assert!(release_confirmed(Some(2), Some(2), None).is_err(), "a forged review: nothing scales down");
+        assert!(release_confirmed(None, Some(2), None).is_err());
+        assert!(release_confirmed(Some(0), Some(2), Some("Recreate")).is_err());
     }
 
     #[test]

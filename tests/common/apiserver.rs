@@ -65,6 +65,8 @@ struct Store {
     silent: bool,
     event_names: std::collections::HashSet<String>,
     pdbs: BTreeMap<(String, String), Value>,
+    /// ReplicaSets and Deployments, by (resource, namespace, name), for reads.
+    apps: BTreeMap<(String, String, String), Value>,
     /// Restarting: every call gets 503.
     down: bool,
     permissions_used: BTreeSet<Permission>,
@@ -199,6 +201,13 @@ impl ApiServer {
 
     /// Adds or replaces a pod, as a controller or the kubelet writing it would; returns it as
     /// stored (with its new resourceVersion).
+    /// A ReplicaSet or Deployment (`resource` "replicasets" or "deployments") busyguard may read.
+    pub fn put_app(&self, resource: &str, object: Value) {
+        let (namespace, name) = (object["metadata"]["namespace"].as_str(), object["metadata"]["name"].as_str());
+        let key = (resource.to_string(), namespace.unwrap_or("capture").to_string(), name.unwrap().to_string());
+        self.store().apps.insert(key, object);
+    }
+
     pub fn put_pod(&self, pod: Value) -> Value {
         let mut store = self.store();
         let before = store.pods.get(&key_of(&pod)).cloned();
@@ -400,6 +409,13 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
+        (&Method::GET, ["apis", "apps", "v1", "namespaces", namespace, resource, name]) => {
+            let key = (resource.to_string(), namespace.to_string(), name.to_string());
+            match api.store().apps.get(&key) {
+                Some(object) => ok(object.clone()),
+                None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+            }
+        }
         (&Method::GET, ["apis", "policy", "v1", "poddisruptionbudgets"]) => {
             let items: Vec<Value> = api.store().pdbs.values().cloned().collect();
             ok(json!({"kind": "PodDisruptionBudgetList", "apiVersion": "policy/v1", "metadata": {}, "items": items}))
