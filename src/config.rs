@@ -245,6 +245,11 @@ pub struct ServeArgs {
     /// Set `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub cluster_autoscaler_annotation: bool,
+    /// Write it as `"on-completion"`: cluster-autoscaler 1.36 and later then neither evict the
+    /// pod nor take its node for empty, and may still move the node's other pods. Older ones
+    /// read that value as no annotation at all: only with 1.36 or later.
+    #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ON_COMPLETION", default_value_t = false, action = ArgAction::Set)]
+    pub cluster_autoscaler_on_completion: bool,
     /// Append audit lines to this file instead of stdout.
     #[arg(long, env = "BUSYGUARD_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
@@ -365,6 +370,7 @@ impl ServeArgs {
                     karpenter: self.karpenter_annotation,
                     karpenter_bounded: self.karpenter_bounded,
                     cluster_autoscaler: self.cluster_autoscaler_annotation,
+                    cluster_autoscaler_on_completion: self.cluster_autoscaler_on_completion,
                 },
             },
             audit_log: self.audit_log,

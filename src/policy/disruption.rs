@@ -298,7 +298,12 @@ mod tests {
                 groups: vec!["ops:breakglass".into()],
                 karpenter: vec!["system:serviceaccount:kube-system:karpenter".into()],
             },
-            mutation: MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true },
+            mutation: MutationSettings {
+                karpenter: true,
+                karpenter_bounded: true,
+                cluster_autoscaler: true,
+                cluster_autoscaler_on_completion: false,
+            },
         }
     }
 

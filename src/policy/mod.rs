@@ -106,6 +106,11 @@ pub(crate) fn test_config(max_busy: jiff::SignedDuration) -> PolicyConfig {
         mode: Mode::Enforce,
         max_busy: MaxBusy::new(max_busy),
         exemptions: Exemptions::default(),
-        mutation: MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true },
+        mutation: MutationSettings {
+            karpenter: true,
+            karpenter_bounded: true,
+            cluster_autoscaler: true,
+            cluster_autoscaler_on_completion: false,
+        },
     }
 }

@@ -39,6 +39,10 @@ pub struct MutationSettings {
     pub karpenter_bounded: bool,
     /// Write `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
     pub cluster_autoscaler: bool,
+    /// Write it as `"on-completion"` instead: cluster-autoscaler 1.36 and later then neither
+    /// evicts the pod nor counts its node as empty, but may still drain the node's other pods.
+    /// Older ones match the value exactly and read it as no annotation at all.
+    pub cluster_autoscaler_on_completion: bool,
 }
 
 /// Annotation changes by key: `Some(value)` sets, `None` removes.
@@ -80,7 +84,10 @@ fn guarded(
             DELETION_COST => (true, busy_cost(since).to_string()),
             KARPENTER_DO_NOT_DISRUPT => (settings.karpenter, do_not_disrupt.clone()),
             // AUTOSCALER_SAFE_TO_EVICT
-            _ => (settings.cluster_autoscaler, "false".into()),
+            _ => {
+                let value = if settings.cluster_autoscaler_on_completion { "on-completion" } else { "false" };
+                (settings.cluster_autoscaler, value.into())
+            }
         };
         Guarded { key, saved_as, enabled, busy_value }
     })
@@ -464,8 +471,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const ALL: MutationSettings =
-        MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true };
+    const ALL: MutationSettings = MutationSettings {
+        karpenter: true,
+        karpenter_bounded: true,
+        cluster_autoscaler: true,
+        cluster_autoscaler_on_completion: false,
+    };
     const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
 
     fn ts(s: &str) -> Timestamp {
@@ -611,7 +622,12 @@ mod tests {
 
     #[test]
     fn disabled_autoscaler_annotations_are_left_alone() {
-        let off = MutationSettings { karpenter: false, karpenter_bounded: true, cluster_autoscaler: false };
+        let off = MutationSettings {
+            karpenter: false,
+            karpenter_bounded: true,
+            cluster_autoscaler: false,
+            cluster_autoscaler_on_completion: false,
+        };
         let original = json!({KARPENTER_DO_NOT_DISRUPT: "false"});
         let mut doc = worker(original.clone());
         set_label(&mut doc, "true");
@@ -623,6 +639,19 @@ mod tests {
         set_label(&mut doc, "false");
         admit(&mut doc, off, "2026-11-21T21:00:00Z");
         assert_eq!(doc["metadata"]["annotations"], original);
+    }
+
+    #[test]
+    fn safe_to_evict_on_completion_is_written_for_cluster_autoscaler_1_36_and_the_users_value_restored() {
+        let on_completion = MutationSettings { cluster_autoscaler_on_completion: true, ..ALL };
+        let mut doc = worker(json!({AUTOSCALER_SAFE_TO_EVICT: "true"}));
+        set_label(&mut doc, "true");
+        admit(&mut doc, on_completion, "2026-11-21T20:48:44Z");
+        assert_eq!(doc["metadata"]["annotations"][AUTOSCALER_SAFE_TO_EVICT], "on-completion");
+        assert_eq!(doc["metadata"]["annotations"][IDLE_SAFE_TO_EVICT], "true");
+        set_label(&mut doc, "false");
+        admit(&mut doc, on_completion, "2026-11-21T21:00:00Z");
+        assert_eq!(doc["metadata"]["annotations"], json!({AUTOSCALER_SAFE_TO_EVICT: "true"}));
     }
 
     #[test]

@@ -38,7 +38,12 @@ pub fn policy() -> PolicyConfig {
             groups: vec![EXEMPT_GROUP.into()],
             karpenter: vec![KARPENTER_USER.into()],
         },
-        mutation: MutationSettings { karpenter: true, karpenter_bounded: true, cluster_autoscaler: true },
+        mutation: MutationSettings {
+            karpenter: true,
+            karpenter_bounded: true,
+            cluster_autoscaler: true,
+            cluster_autoscaler_on_completion: false,
+        },
     }
 }
 

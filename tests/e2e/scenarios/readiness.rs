@@ -15,6 +15,9 @@ pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
     let mut workload = workers::deployment(&ns, "worker", 2);
     workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     let pods = workers::start(rig, &workload, "worker", 2)?;
+    // This kubelet turns a pod Ready as it starts it; a real one only after a probe, and NotReady
+    // again a probe period (at least a second) later. Busy is NotReady after having been Ready.
+    std::thread::sleep(Duration::from_millis(1100));
     let busy = &pods[0];
     rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=false", "--overwrite"])?;
     eventually("the pod turns NotReady", Duration::from_secs(20), || {
