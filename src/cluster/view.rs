@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 use crate::policy::NEVER_GUARDED_NAMESPACES;
-use crate::policy::busy::{BUSY_LABEL, MAX_UNAVAILABLE, TASK_CONTAINER};
+use crate::policy::busy::{BUSY_LABEL, DEFAULT_CONTAINER, MAX_UNAVAILABLE, TASK_CONTAINER};
 use crate::policy::disruption::is_available;
 use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
 use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
@@ -243,7 +243,9 @@ impl WatchedPod {
             terminating: meta.deletion_timestamp.is_some(),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
             started: self.status.start_time,
-            last_restart: self.status.last_restart(get(&annotations, TASK_CONTAINER)),
+            last_restart: self
+                .status
+                .last_restart(get(&annotations, TASK_CONTAINER).or(get(&annotations, DEFAULT_CONTAINER))),
             labels,
             annotations,
         }

@@ -22,8 +22,12 @@ pub const MAX_BUSY: &str = "busyguard.io/max-busy";
 /// server sends busyguard the deletes of idle pods that carry one and no others.
 pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
 /// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
-/// not). Without it, any container's restart does.
+/// not). Without it, the pod's default container ([`DEFAULT_CONTAINER`]) if it names one, else
+/// any container's restart does.
 pub const TASK_CONTAINER: &str = "busyguard.io/task-container";
+/// kubectl's annotation for a pod's main container (`kubectl logs` and `exec` pick it): the task
+/// container when `busyguard.io/task-container` is not set.
+pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyState {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::busy::{BUSY_SINCE, MAX_BUSY, TASK_CONTAINER};
+use super::busy::{BUSY_SINCE, DEFAULT_CONTAINER, MAX_BUSY, TASK_CONTAINER};
 use super::cost::DELETION_COST;
 use super::outcome::{DELETE_REQUESTED, DeleteRequest};
 use super::update::{
@@ -19,10 +19,11 @@ use super::update::{
 
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 10] = [
+pub const DECIDING_ANNOTATIONS: [&str; 11] = [
     BUSY_SINCE,
     MAX_BUSY,
     TASK_CONTAINER,
+    DEFAULT_CONTAINER,
     DELETE_REQUESTED,
     DELETION_COST,
     IDLE_COST,
@@ -266,7 +267,7 @@ impl PodFacts for Pod {
     }
 
     fn last_restart(&self) -> Option<Timestamp> {
-        self.status.last_restart(self.annotation(TASK_CONTAINER))
+        self.status.last_restart(self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER)))
     }
 
     fn readiness(&self) -> Option<Readiness> {
@@ -356,6 +357,17 @@ mod tests {
             Some("2026-11-21T10:00:00Z".parse().unwrap()),
             "without the annotation, any"
         );
+        let mut by_kubectls_default: Pod = serde_json::from_str(
+            r#"{"metadata":{"annotations":{"kubectl.kubernetes.io/default-container":"worker"}},
+                "status":{"containerStatuses":[
+                  {"name":"worker","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}},
+                  {"name":"busy-flag","restartCount":1,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(by_kubectls_default.last_restart(), None, "kubectl's default container is the task's");
+        let annotations = by_kubectls_default.metadata.annotations.as_mut().unwrap();
+        annotations.insert(TASK_CONTAINER.into(), "busy-flag".into());
+        assert!(by_kubectls_default.last_restart().is_some(), "busyguard's annotation comes first");
     }
 
     #[test]
