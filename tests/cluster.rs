@@ -1057,6 +1057,19 @@ fn pdb_call(method: &'static str) -> impl Fn(&Call) -> bool {
 }
 
 #[tokio::test]
+async fn a_slow_busy_pod_pdb_round_is_not_overlapped_by_the_next_sweeps() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let list = |c: &Call| c.method == "GET" && c.path == "/apis/policy/v1/poddisruptionbudgets";
+    // The first round's list takes 1.5 s; sweeps come every 200 ms meanwhile.
+    api.fault("GET", "/apis/policy/v1/poddisruptionbudgets", [Fault::Delay(Duration::from_millis(1500))]);
+    let _server = keeping_busy_pdbs(&api).await;
+    api.wait_for(1, list).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(api.calls().into_iter().filter(list).count(), 1, "one round at a time");
+}
+
+#[tokio::test]
 async fn a_namespace_with_opted_in_pods_gets_one_busy_pod_pdb_that_allows_no_eviction() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));

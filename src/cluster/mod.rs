@@ -104,6 +104,7 @@ impl Cluster {
                 client: client.clone(),
                 scopes: scopes.clone(),
                 metrics: metrics_for_pdbs.clone(),
+                round: Arc::default(),
             }),
         };
         tokio::spawn(watch.run(scopes));

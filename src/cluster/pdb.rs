@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
@@ -25,11 +25,17 @@ pub struct BusyPdbs {
     pub client: Client,
     pub scopes: Vec<Scope>,
     pub metrics: Arc<Metrics>,
+    /// Held by the round under way: a sweep that comes while a slow one runs skips its own.
+    pub round: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl BusyPdbs {
     /// One round: what the plan says, carried out; failures are logged and tried next round.
+    /// None while another round of this replica's is still under way.
     pub async fn keep(&self, view: &View) {
+        let Ok(_round) = self.round.try_lock() else {
+            return debug!("the last busy-pod PDB round is still under way; this one is skipped");
+        };
         let existing = match self.list().await {
             Ok(existing) => existing,
             Err(e) => return warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait"),
