@@ -75,6 +75,7 @@ pub struct Metrics {
     pub audit_failing: Gauge,
     pub watch_errors: Counter,
     pub busy_pdb_conflicts: Gauge,
+    pub controller_manager_shared_identity: Gauge,
     pub workload_pods: Family<WorkloadLabels, Gauge>,
     pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
 }
@@ -174,6 +175,13 @@ impl Default for Metrics {
             "Namespaces kept without the busy-pod PDB because a PDB of the user's selects opted-in pods too",
             busy_pdb_conflicts.clone(),
         );
+        let controller_manager_shared_identity = Gauge::default();
+        registry.register(
+            "controller_manager_shared_identity",
+            "1 once a pod delete or eviction came as system:kube-controller-manager: the controller-manager runs \
+             without --use-service-account-credentials, so busyguard cannot tell its controllers apart",
+            controller_manager_shared_identity.clone(),
+        );
         let workload_pods = Family::<WorkloadLabels, Gauge>::default();
         registry.register(
             "workload_pods",
@@ -204,6 +212,7 @@ impl Default for Metrics {
             audit_failing,
             watch_errors,
             busy_pdb_conflicts,
+            controller_manager_shared_identity,
             workload_pods,
             workload_deferred_deletes,
         }

@@ -227,6 +227,19 @@ async fn terminal_busy_pod_may_be_deleted() {
 }
 
 #[tokio::test]
+async fn a_controller_manager_speaking_as_one_user_is_reported() {
+    let server = TestServer::start().await;
+    let gauge = "busyguard_controller_manager_shared_identity";
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    server.review("/validate", &review).await;
+    assert_eq!(server.metric(gauge).await, Some(0.0), "a person's delete");
+    review["request"]["userInfo"] = json!({"username": "system:kube-controller-manager", "groups": []});
+    assert_eq!(server.review("/validate", &review).await["allowed"], false, "refused like any controller");
+    assert_eq!(server.metric(gauge).await, Some(1.0));
+}
+
+#[tokio::test]
 async fn pod_garbage_collector_may_delete_a_busy_pod_and_the_exemption_is_audited() {
     let server = TestServer::start().await;
     let mut review = fixture("pod-delete-by-user.json");

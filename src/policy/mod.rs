@@ -65,6 +65,9 @@ pub struct Requester<'a> {
 /// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
 /// its own. Any other opts out with the label `busyguard.io/enabled=false`.
 pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
+/// The user every controller of a controller-manager run without
+/// `--use-service-account-credentials` speaks as.
+pub const SHARED_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 /// The namespace label that opts a namespace out (`"false"`).
 pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
 /// The namespace label that says its workers flip their own flags (`"true"`): the own-flag rule

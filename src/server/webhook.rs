@@ -22,6 +22,7 @@ use crate::admission::{DecisionInputs, Refusal, Resource, Webhook, admit};
 use crate::cluster::outbox::EffectResult;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
+use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
 use crate::policy::outcome::{Effect, Outcome};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
@@ -124,6 +125,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 }
 
 fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
+    warn_of_a_shared_controller_identity(app, request);
     let inputs = DecisionInputs { policy: &app.policy, view: &app.cluster.view, arrived: Instant::now() };
     let outcome = admit(request, webhook, &inputs, Timestamp::now())?;
     Span::current().record("decision", outcome.decision.as_str());
@@ -134,6 +136,23 @@ fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Out
         debug!("answered");
     }
     Ok(outcome)
+}
+
+/// Every controller of a controller-manager run without `--use-service-account-credentials`
+/// speaks as `system:kube-controller-manager`: the ReplicaSet controller (release), the namespace
+/// controller and the taint manager (let through) are then not told apart. Said once, and kept
+/// in a gauge.
+fn warn_of_a_shared_controller_identity(app: &App, request: &AdmissionRequest) {
+    let gauge = &app.metrics.controller_manager_shared_identity;
+    if request.user_info.username == SHARED_CONTROLLER_MANAGER_USER && gauge.get() == 0 {
+        gauge.set(1);
+        warn!(
+            user = SHARED_CONTROLLER_MANAGER_USER,
+            "the controller-manager speaks as one user (no --use-service-account-credentials): busyguard cannot tell \
+             the ReplicaSet controller, the namespace controller and the taint manager apart, so it refuses them \
+             all on busy pods, releases nothing and lets no recovery through"
+        );
+    }
 }
 
 /// Hands the side effects to the outbox; the receivers say when each is done.
