@@ -66,7 +66,14 @@ impl BusyPdbs {
                     Ok(())
                 }
             };
+            // The other replica keeps the same PDBs: one it made or took away first is done.
+            let by_the_other = match (&done, &step) {
+                (Err(kube::Error::Api(s)), Step::Create { .. }) => s.code == 409,
+                (Err(kube::Error::Api(s)), Step::Delete { .. }) => s.code == 404,
+                _ => false,
+            };
             match done {
+                _ if by_the_other => debug!(?step, "busy-pod PDB: done by the other replica"),
                 Ok(()) if !matches!(step, Step::Skip { .. }) => info!(?step, "busy-pod PDB"),
                 Ok(()) => {}
                 Err(e) => warn!(?step, error = %e, "busy-pod PDB not changed; tried again next round"),
