@@ -863,6 +863,22 @@ async fn removing_the_busy_label_of_a_busy_pod_is_no_loss_restores_it_and_carrie
 }
 
 #[tokio::test]
+async fn a_pod_whose_busy_label_was_removed_is_restored_even_when_it_changes_in_between() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("opting-out", since_minutes_ago(10)));
+    let _server = TestServer::with_cluster(&api).await;
+    // Someone else writes the pod between busyguard's read and its write: 409.
+    api.fault("PATCH", &format!("{POD_PATH}/opting-out"), [Fault::Status(409)]);
+    api.update_pod("capture", "opting-out", |pod| {
+        pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
+    });
+    // Out of the watch now, so no event brings it back: busyguard reads it again itself.
+    api.wait_for(2, pod_call("PATCH", "opting-out")).await;
+    let restored = api.pod("capture", "opting-out").unwrap();
+    assert!(restored["metadata"]["annotations"].get("busyguard.io/busy-since").is_none(), "{restored}");
+}
+
+#[tokio::test]
 async fn a_busy_pod_evicted_while_busyguard_was_not_guarding_is_reported_lost() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("drained", since_minutes_ago(10)));

@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::outbox::Outbox;
+use super::outbox::{EffectResult, Outbox};
 use super::pdb::BusyPdbs;
 use super::view::{PodRecord, Scope, View, WatchedPod};
 use crate::metrics::Metrics;
@@ -194,14 +194,23 @@ impl Watch {
             // Gone, or only its busy label removed? Asked aside, so the watch goes on meanwhile.
             let (client, outbox, policy) = (self.client.clone(), self.outbox.clone(), self.policy.clone());
             tokio::spawn(async move {
-                let observed = match left_the_watch(client, &pod).await {
+                for attempt in 0..LEFT_POD_ATTEMPTS {
+                    let Some(still_there) = left_the_watch(client.clone(), &pod).await else {
+                        // Gone: lost, if it was gone at the first look.
+                        if attempt == 0 {
+                            send(&outbox, &pod, observed);
+                        }
+                        return;
+                    };
                     // Not gone: whatever is due for it now, and no loss.
-                    Some(still_there) => {
-                        observed::decide(&pod, before.as_ref(), Some(&still_there), &policy, Timestamp::now())
+                    let due = observed::decide(&pod, before.as_ref(), Some(&still_there), &policy, Timestamp::now());
+                    let results = futures::future::join_all(due.effects.into_iter().map(|e| outbox.send(e))).await;
+                    // Changed between the read and the write: no watch event comes for a pod out
+                    // of the watch, so read it again.
+                    if !results.iter().any(|r| matches!(r, Ok(EffectResult::Moot))) {
+                        return;
                     }
-                    None => observed,
-                };
-                send(&outbox, &pod, observed);
+                }
             });
             return;
         }
@@ -237,6 +246,10 @@ fn send(outbox: &Outbox, pod: &PodRef, observed: observed::Observed) {
         drop(outbox.send(effect));
     }
 }
+
+/// How often a pod that left the watch (its busy label removed) is read and brought up to date
+/// again when it changed in between.
+const LEFT_POD_ATTEMPTS: usize = 3;
 
 /// The pod, if it still exists (same uid) though the watch of opted-in pods let it go: the
 /// watch says "deleted" as well when a pod merely stops matching the label selector.
