@@ -236,7 +236,7 @@ fn service_account_namespace(username: &str) -> Option<&str> {
 /// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
 /// where the user's own value of it is kept.
 fn written_on_a_flip(key: &str) -> bool {
-    key == BUSY_SINCE || GUARDED.iter().any(|(guarded, saved_as)| key == *guarded || key == *saved_as)
+    ALL_GUARDED_KEYS.contains(&key)
 }
 
 /// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
@@ -246,7 +246,8 @@ const GUARDED: [(&str, &str); 3] = [
     (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
 ];
 
-/// Every annotation busyguard writes on a flip ([`written_on_a_flip`]).
+/// Every annotation busyguard writes on a flip: busy-since, and each of [`GUARDED`] with where
+/// the user's value waits.
 const ALL_GUARDED_KEYS: [&str; 7] = [
     BUSY_SINCE,
     DELETION_COST,
@@ -264,8 +265,8 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
         warnings.push(messages::label_unknown(value));
     }
     // The user's own cost: on the pod while idle, kept aside while busy.
-    let own_costs = [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
-    if let Some(cost) = own_costs.into_iter().find(|cost| *cost <= -KARPENTER_NOTHING_COST) {
+    let mut own_costs = [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
+    if let Some(cost) = own_costs.find(|cost| *cost <= -KARPENTER_NOTHING_COST) {
         warnings.push(messages::cost_counts_as_nothing(cost));
     }
     match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
