@@ -265,7 +265,8 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
         warnings.push(messages::label_unknown(value));
     }
     // The user's own cost: on the pod while idle, kept aside while busy.
-    let mut own_costs = [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
+    let mut own_costs =
+        [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
     if let Some(cost) = own_costs.find(|cost| *cost <= -KARPENTER_NOTHING_COST) {
         warnings.push(messages::cost_counts_as_nothing(cost));
     }
