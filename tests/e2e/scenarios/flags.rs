@@ -121,3 +121,34 @@ pub fn writes_that_cannot_matter_are_not_sent(rig: &Rig) -> Result<()> {
     ensure!(rig.reviews_answered() > after, "the flip to busy did not reach busyguard");
     Ok(())
 }
+
+/// A flip made with server-side apply (a field manager of the worker's own) is protected like a
+/// merge patch, and the flip back gives the pod its own deletion cost again: busyguard's values
+/// are not pruned from under it.
+pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("ssa")?;
+    // Made by its ReplicaSet, as a worker's pod is.
+    let mut workload = workers::deployment(&ns, "task", 1);
+    workload["spec"]["template"]["metadata"]["annotations"] =
+        json!({"controller.kubernetes.io/pod-deletion-cost": "-5"});
+    let task = workers::start(rig, &workload, "task", 1)?.remove(0);
+    let apply = |busy: &str| {
+        let intent = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": &task, "namespace": &*ns, "labels": {"busyguard.io/busy": busy}}});
+        let path = rig.work.join(format!("{}-ssa-{busy}.json", &*ns));
+        std::fs::write(&path, intent.to_string())?;
+        let file = path.to_string_lossy().to_string();
+        rig.kubectl(&["apply", "--server-side", "--field-manager=worker", "--force-conflicts", "-f", &file])
+    };
+    apply("true")?;
+    let busy = rig.pod(&ns, &task)?.unwrap();
+    ensure!(annotation(&busy, "busyguard.io/busy-since").is_some(), "not annotated: {}", busy["metadata"]);
+    let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", &task, "--wait=false", "--dry-run=server"])?;
+    ensure!(!ok, "a busy pod flipped by apply was not protected");
+    apply("false")?;
+    let idle = rig.pod(&ns, &task)?.unwrap();
+    let cost = annotation(&idle, "controller.kubernetes.io/pod-deletion-cost");
+    ensure!(cost.as_deref() == Some("-5"), "the pod's own cost is not back: {}", idle["metadata"]["annotations"]);
+    ensure!(annotation(&idle, "busyguard.io/busy-since").is_none(), "{}", idle["metadata"]["annotations"]);
+    Ok(())
+}

@@ -32,6 +32,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
     ("a_delete_requested_mark_only_busyguard_may_write", flags::forged_mark),
     (
+        "a_flip_by_server_side_apply_is_protected_and_restored",
+        flags::a_flip_by_server_side_apply_is_protected_and_restored,
+    ),
+    (
         "a_busy_node_stays_but_the_cloud_node_lifecycle_controller_deletes_it",
         nodes::the_cloud_node_controller_deletes_a_busy_node,
     ),
