@@ -215,7 +215,8 @@ pub fn decide(
         }
         Verdict::Deny { since, until } => {
             let by_readiness = pod.label(BUSY_LABEL) != Some("true");
-            let mut message = messages::busy_denial(namespace, name, since, until, by_readiness);
+            let enforced = config.mode != Mode::DryRun;
+            let mut message = messages::busy_denial(namespace, name, since, until, by_readiness, enforced);
             if config.mode == Mode::DryRun {
                 return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
             }

@@ -13,18 +13,25 @@ use super::scale::ScalePlan;
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
 /// `by_readiness`: busy because it is not Ready (compatibility mode), where the label says idle.
+/// `enforced`: the refusal stands (not `--mode dry-run`, where the pod goes all the same).
 pub fn busy_denial(
     namespace: &str,
     name: &str,
     since: Option<Timestamp>,
     until: Option<Timestamp>,
     by_readiness: bool,
+    enforced: bool,
 ) -> String {
-    let since = since.map_or_else(|| " (since unknown)".to_string(), |t| format!(" since {t}"));
-    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
+    let (since, counted) = match since {
+        Some(t) => (format!(" since {t}"), ""),
+        None => (", since when busyguard cannot tell".to_string(), ", counted from the pod's creation"),
+    };
+    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest{counted})"));
     let force = format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
     let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
-    format!("pod {namespace}/{name} is {busy}{since}{until}; it will be spared until it is idle; to force: {force}")
+    let spared = if enforced { "; it will be spared until it is idle" } else { "" };
+    format!("pod {namespace}/{name} is {busy}{since}{until}{spared}; to force: {force}")
 }
 
 /// A flip to busy refused on a pod being deleted: the app must not start the task.
@@ -220,18 +227,25 @@ mod tests {
     #[test]
     fn busy_denial_names_the_pod_the_time_and_the_override() {
         let (since, until) = (Some(ts("2026-11-21T20:00:00Z")), Some(ts("2026-11-22T20:00:00Z")));
-        let message = busy_denial("capture", "worker-1", since, until, false);
+        let message = busy_denial("capture", "worker-1", since, until, false, true);
         assert_eq!(
             message,
             "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
              2026-11-22T20:00:00Z at the latest); it will be spared until it is idle; to force: \
              kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
         );
-        assert!(busy_denial("ns", "p", None, None, false).contains("busy (since unknown);"));
         assert_eq!(
-            busy_denial("ns", "p", since, None, true),
+            busy_denial("ns", "p", None, until, false, true),
+            "pod ns/p is busy, since when busyguard cannot tell (protection lapses at 2026-11-22T20:00:00Z at the \
+             latest, counted from the pod's creation); it will be spared until it is idle; to force: kubectl label \
+             pod p -n ns busyguard.io/busy=false --overwrite"
+        );
+        assert_eq!(
+            busy_denial("ns", "p", since, None, true, true),
             "pod ns/p is busy (not Ready) since 2026-11-21T20:00:00Z; it will be spared until it is idle; to force: \
              kubectl label pod p -n ns busyguard.io/busy=false --overwrite"
         );
+        let would = busy_denial("ns", "p", since, None, false, false);
+        assert!(!would.contains("spared"), "in dry-run mode the pod goes: {would}");
     }
 }
