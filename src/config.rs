@@ -64,23 +64,30 @@ pub enum Command {
     Cleanup(CleanupArgs),
 }
 
+/// The cluster a person's command reaches with their own kubeconfig, and where in it.
 #[derive(Debug, Args)]
-pub struct CleanupArgs {
+pub struct UsersCluster {
     /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
     #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Namespaces to clean (comma-separated); all without it.
+    /// Namespaces to look at (comma-separated); all without it.
     #[arg(long = "namespace", short = 'n', value_delimiter = ',')]
     pub namespaces: Vec<String>,
-    /// Say what would change, and change nothing (the API server's dry run).
-    #[arg(long)]
-    pub dry_run: bool,
 }
 
-impl CleanupArgs {
+impl UsersCluster {
     pub fn source(&self) -> ClusterSource {
         self.kubeconfig.clone().map_or(ClusterSource::Infer, ClusterSource::Kubeconfig)
     }
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub cluster: UsersCluster,
+    /// Say what would change, and change nothing (the API server's dry run).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -134,12 +141,8 @@ impl AgentArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Kubeconfig to read the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
-    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Namespaces to look at (comma-separated); all without it.
-    #[arg(long = "namespace", short = 'n', value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    #[command(flatten)]
+    pub cluster: UsersCluster,
     /// The cluster's `--max-busy`, to tell protected pods from lapsed ones.
     #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
     pub max_busy: SignedDuration,
@@ -149,10 +152,6 @@ pub struct StatusArgs {
 }
 
 impl StatusArgs {
-    pub fn source(&self) -> ClusterSource {
-        self.kubeconfig.clone().map_or(ClusterSource::Infer, ClusterSource::Kubeconfig)
-    }
-
     pub fn max_busy(&self) -> MaxBusy {
         MaxBusy { default: self.max_busy, ceiling: self.max_busy_ceiling }
     }

@@ -37,12 +37,14 @@ fn main() -> ExitCode {
             })
         }),
         Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let report = runtime.block_on(status::run(&args.source(), &args.namespaces, args.max_busy()))?;
+            let report =
+                runtime.block_on(status::run(&args.cluster.source(), &args.cluster.namespaces, args.max_busy()))?;
             print!("{report}");
             Ok(())
         }),
         Command::Cleanup(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let report = runtime.block_on(cleanup::run(&args.source(), &args.namespaces, args.dry_run))?;
+            let report =
+                runtime.block_on(cleanup::run(&args.cluster.source(), &args.cluster.namespaces, args.dry_run))?;
             print!("{report}");
             Ok(())
         }),

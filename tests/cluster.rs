@@ -398,14 +398,20 @@ async fn busy_delete_by_a_person_is_deferred_and_carried_out_once_when_the_pod_i
     assert_eq!((carried_out[0]["name"].as_str(), carried_out[0]["user"].as_str()), (Some("worker-a"), Some("admin")));
 }
 
-#[tokio::test]
-async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exactly_once() {
+/// Busy worker-a, a person's delete of it refused (429) and recorded on it.
+async fn a_persons_delete_deferred() -> (ApiServer, TestServer) {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     let server = TestServer::with_cluster(&api).await;
     let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
     assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
     api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    (api, server)
+}
+
+#[tokio::test]
+async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exactly_once() {
+    let (api, server) = a_persons_delete_deferred().await;
 
     api.fault("DELETE", &format!("{POD_PATH}/worker-a"), [Fault::Status(429), Fault::Status(503)]);
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
@@ -419,12 +425,7 @@ async fn a_deferred_delete_the_api_server_first_answers_429_is_carried_out_exact
 
 #[tokio::test]
 async fn a_deferred_delete_refused_429_again_and_again_is_tried_five_times_and_no_more() {
-    let api = ApiServer::start().await;
-    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
-    let server = TestServer::with_cluster(&api).await;
-    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
-    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
-    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    let (api, server) = a_persons_delete_deferred().await;
 
     // Say a workload budget keeps refusing it: each of busyguard's attempts is one call.
     api.fault("DELETE", &format!("{POD_PATH}/worker-a"), std::iter::repeat_with(|| Fault::Status(429)).take(10));

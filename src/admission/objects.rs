@@ -8,9 +8,18 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, Error, IgnoredAny};
 use serde_json::value::RawValue;
 
-use super::review::InvalidReview;
 use crate::policy::pod::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// Why a body is not a request busyguard can judge. Always the client's fault (HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidReview(pub String);
+
+impl fmt::Display for InvalidReview {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // two per request, decoded in place rather than boxed

@@ -8,6 +8,7 @@ use base64::Engine;
 use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+pub use super::objects::InvalidReview;
 use super::objects::{Object, ObjectSeed, Pending};
 use crate::policy::outcome::Answer;
 
@@ -205,16 +206,6 @@ fn next_object<'de, A: MapAccess<'de>>(
 
 fn object_seed<'a>(kind: &'a GroupVersionKind, field: &'static str) -> ObjectSeed<'a> {
     ObjectSeed { kind: &kind.kind, field }
-}
-
-/// Why a body is not a request busyguard can judge. Always the client's fault (HTTP 400).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidReview(pub String);
-
-impl std::fmt::Display for InvalidReview {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
 }
 
 pub fn decode(body: &[u8]) -> Result<AdmissionRequest, InvalidReview> {

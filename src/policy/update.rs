@@ -215,7 +215,7 @@ fn busyguards_own_as_it_leaves_them(pod: &Pod, before: &Pod, config: &PolicyConf
     let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
         (false, false) | (true, true) => {
             let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
-            return ALL_GUARDED_KEYS.iter().all(|key| {
+            return flip_keys().all(|key| {
                 let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
                 pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed
             });
@@ -236,7 +236,12 @@ fn service_account_namespace(username: &str) -> Option<&str> {
 /// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
 /// where the user's own value of it is kept.
 fn written_on_a_flip(key: &str) -> bool {
-    ALL_GUARDED_KEYS.contains(&key)
+    flip_keys().any(|written| written == key)
+}
+
+/// busy-since, and each of [`GUARDED`] with where the user's value waits.
+fn flip_keys() -> impl Iterator<Item = &'static str> {
+    std::iter::once(BUSY_SINCE).chain(GUARDED.iter().flat_map(|(guarded, saved_as)| [*guarded, *saved_as]))
 }
 
 /// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
@@ -244,18 +249,6 @@ const GUARDED: [(&str, &str); 3] = [
     (DELETION_COST, IDLE_COST),
     (KARPENTER_DO_NOT_DISRUPT, IDLE_DO_NOT_DISRUPT),
     (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
-];
-
-/// Every annotation busyguard writes on a flip: busy-since, and each of [`GUARDED`] with where
-/// the user's value waits.
-const ALL_GUARDED_KEYS: [&str; 7] = [
-    BUSY_SINCE,
-    DELETION_COST,
-    IDLE_COST,
-    KARPENTER_DO_NOT_DISRUPT,
-    IDLE_DO_NOT_DISRUPT,
-    AUTOSCALER_SAFE_TO_EVICT,
-    IDLE_SAFE_TO_EVICT,
 ];
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
