@@ -191,6 +191,11 @@ pub struct ServeArgs {
     /// accepted, so the API server fails over (or applies failurePolicy) at once.
     #[arg(long, env = "BUSYGUARD_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// Of --max-connections, how many one client address may hold, so that one client cannot
+    /// take every connection the API server needs (keep it above what the API server opens: a
+    /// few tens per API server under load).
+    #[arg(long, env = "BUSYGUARD_MAX_CONNECTIONS_PER_PEER", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_peer: u32,
     /// Reviews handled at once at most; one beyond is answered 503 at once (shed) instead of
     /// waiting, so the API server applies failurePolicy well before its timeout.
     #[arg(long, env = "BUSYGUARD_MAX_IN_FLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -352,6 +357,7 @@ impl ServeArgs {
                 header_read_timeout: self.header_read_timeout,
                 body_read_timeout: self.body_read_timeout,
                 max_connections: self.max_connections as usize,
+                max_connections_per_peer: self.max_connections_per_peer as usize,
                 max_in_flight: self.max_in_flight as usize,
                 max_body_memory: self.max_body_memory_mib as usize * 1024 * 1024,
             },

@@ -91,6 +91,32 @@ async fn thousands_of_idle_connections_are_capped_and_closed_while_answers_keep_
     );
 }
 
+/// A TCP connection to `to` from the loopback address `from` (all of 127.0.0.0/8 is local).
+async fn connect_from(from: [u8; 4], to: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((std::net::Ipv4Addr::from(from), 0).into()).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+#[tokio::test]
+async fn one_client_reconnecting_without_end_holds_its_share_of_connections_and_the_api_server_the_rest() {
+    let server = TestServer::start_with(|config| {
+        config.limits.header_read_timeout = Duration::from_secs(10);
+        config.limits.max_connections = 100;
+        config.limits.max_connections_per_peer = 40;
+    })
+    .await;
+    let mut hog = Vec::new();
+    for _ in 0..150 {
+        hog.push(connect_from([127, 0, 0, 2], server.webhook).await);
+    }
+    let closed = futures::future::join_all(hog.iter_mut().map(|s| closed_within(s, Duration::from_millis(500)))).await;
+    assert_eq!(closed.iter().filter(|c| **c).count(), 110, "all but its 40 closed on accept");
+    assert_eq!(server.metric("busyguard_connections_refused_total").await, Some(110.0));
+    // The API server, from another address, still gets its connections.
+    assert_eq!(server.review("/validate", &fixture("pod-delete-by-user.json")).await["allowed"], true);
+}
+
 #[tokio::test]
 async fn half_open_tls_handshakes_are_dropped_at_the_handshake_timeout_while_answers_keep_coming() {
     let server = server().await;

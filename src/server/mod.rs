@@ -3,6 +3,7 @@
 //! connections, lets in-flight requests finish, then closes the admin port last.
 
 pub mod admin;
+mod slots;
 pub mod tls;
 pub mod webhook;
 
@@ -29,6 +30,7 @@ use crate::cluster::view::Unavailable;
 use crate::cluster::{Cluster, ClusterSettings};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
+use slots::Slots;
 use tls::CertFiles;
 
 #[derive(Debug, Clone)]
@@ -69,6 +71,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold.
+    pub max_connections_per_peer: usize,
     pub max_in_flight: usize,
     /// Bytes of request bodies held in memory at once, at most.
     pub max_body_memory: usize,
@@ -210,7 +214,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
         webhook_stopped,
     ));
     // Probes and scrapers: a few connections, the same timeouts.
-    let admin_limits = Limits { max_connections: ADMIN_MAX_CONNECTIONS, ..config.limits };
+    let admin_limits = Limits {
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        max_connections_per_peer: ADMIN_MAX_CONNECTIONS,
+        ..config.limits
+    };
     let admin_task = tokio::spawn(serve(
         admin_listener,
         Handshake::Plain,
@@ -282,7 +290,8 @@ enum Handshake {
 }
 
 /// Accepts connections until stopped, each served with `router` within `limits`: at most
-/// `max_connections` open (one beyond is closed at once), the handshake within its timeout, a
+/// `max_connections` open, `max_connections_per_peer` of them from one address (one beyond is
+/// closed at once), the handshake within its timeout, a
 /// first request within the header timeout, and no connection left open idle longer than that,
 /// whatever the HTTP version. Then waits for the open connections to finish.
 async fn serve(
@@ -294,7 +303,7 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
     let mut http = auto::Builder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     // The API server opens few streams per connection; a client opening many only holds memory.
@@ -315,11 +324,14 @@ async fn serve(
                 }
             },
         };
-        let Ok(open) = connections.clone().try_acquire_owned() else {
+        let open = match slots.take(peer.ip()) {
+            Ok(slot) => slot,
             // Closed at once: cheaper than a handshake, and the client learns now, not at its timeout.
-            refused.inc();
-            debug!(%peer, max = limits.max_connections, "connection limit reached: closed");
-            continue;
+            Err(full) => {
+                refused.inc();
+                debug!(%peer, ?full, "connection limit reached: closed");
+                continue;
+            }
         };
         let (handshake, http, router, watcher) = (handshake.clone(), http.clone(), router.clone(), graceful.watcher());
         // Answers are small and go out whole: do not hold them back waiting for an ACK.
