@@ -653,12 +653,8 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let compat = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
     server.review("/validate", &compat).await;
     api.wait_for(1, |c| c.method == "GET" && c.path.contains("/deployments/")).await;
-    for _ in 0..2 {
-        server.review("/validate", &eviction_of("worker-a")).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let event_series = |c: &Call| c.method == "PATCH" && c.path.starts_with("/apis/events.k8s.io/");
-    api.wait_for(1, event_series).await;
+    server.review("/validate", &eviction_of("worker-a")).await;
+    api.wait_for(1, is_event).await;
     server.review("/validate", &delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json")).await;
     api.wait_for(1, pod_call("PATCH", "worker-a")).await;
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
@@ -840,6 +836,24 @@ async fn two_replicas_report_a_lost_busy_pod_once() {
     let counted = |value: Option<f64>| value.unwrap_or(0.0);
     let series = r#"busyguard_busy_pods_lost_total{cause="vanished"}"#;
     assert_eq!(counted(one.metric(series).await) + counted(two.metric(series).await), 1.0, "counted once");
+}
+
+#[tokio::test]
+async fn two_replicas_refusing_the_same_eviction_raise_one_event() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let (one, two) = (TestServer::with_cluster(&api).await, TestServer::with_cluster(&api).await);
+    for server in [&one, &two] {
+        assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["status"]["code"], 429);
+    }
+    api.wait_for(2, is_event).await;
+    settle().await;
+    let names: Vec<Value> =
+        api.calls().into_iter().filter(is_event).map(|c| c.body["metadata"]["name"].clone()).collect();
+    assert_eq!(names[0], names[1], "both replicas name the interval's Event alike: {names:?}");
+    let refused = r#"busyguard_side_effects_total{kind="event",result="moot"}"#;
+    let moot = one.metric(refused).await.unwrap_or(0.0) + two.metric(refused).await.unwrap_or(0.0);
+    assert_eq!(moot, 1.0, "the second create is refused as already done");
 }
 
 #[tokio::test]

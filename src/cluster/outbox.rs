@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
@@ -102,9 +101,7 @@ impl Outbox {
             event_interval: settings.event_interval,
         };
         let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
-        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: instance.clone() };
         let worker = Arc::new(Worker {
-            recorder: Recorder::new(client.clone(), reporter),
             client,
             instance: instance.unwrap_or_else(|| FIELD_MANAGER.into()),
             reports: outbox.reports.clone(),
@@ -216,7 +213,6 @@ fn count(metrics: &Metrics, kind: &'static str, result: EffectResult) {
 
 struct Worker {
     client: Client,
-    recorder: Recorder,
     /// Names this replica in the Events it creates.
     instance: String,
     audit: Arc<AuditLog>,
@@ -380,23 +376,21 @@ impl Worker {
                 }
             }
             Effect::Event { pod, action, note } => {
-                let event = Event {
-                    type_: EventType::Warning,
-                    reason: "DisruptionBlocked".into(),
-                    note: Some(note.chars().take(1024).collect()),
-                    action: action.as_str().into(),
-                    secondary: None,
-                };
-                match self.recorder.publish(&event, &reference_to(pod)).await {
+                let name = blocked_event_name(&pod.uid, Timestamp::now(), self.settings.event_interval);
+                let event = self.event(pod, name, "DisruptionBlocked", action.as_str(), note);
+                match self.create_event(pod, &event).await {
                     Ok(()) => Attempt::Done(EffectResult::Ok),
+                    // Another replica raised this pod's Event for this interval.
+                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
                     Err(e) => classify(e),
                 }
             }
             Effect::ReportLoss { pod, cause, audit } => {
-                let events: Api<k8s_openapi::api::events::v1::Event> =
-                    Api::namespaced(self.client.clone(), &pod.namespace);
-                match events.create(&Default::default(), &self.loss_event(pod, &audit.detail)).await {
-                    Ok(_) => {
+                // Named for the pod's uid, so only one replica creates it and reports the loss.
+                let event =
+                    self.event(pod, format!("busyguard-lost-{}", pod.uid), "BusyPodLost", "Observe", &audit.detail);
+                match self.create_event(pod, &event).await {
+                    Ok(()) => {
                         self.reports.report(cause, audit);
                         Attempt::Done(EffectResult::Ok)
                     }
@@ -408,18 +402,26 @@ impl Worker {
         }
     }
 
-    /// The Event that marks a loss reported: named for the pod's uid, so only one is created.
-    fn loss_event(&self, pod: &PodRef, note: &str) -> k8s_openapi::api::events::v1::Event {
+    async fn create_event(&self, pod: &PodRef, event: &k8s_openapi::api::events::v1::Event) -> kube::Result<()> {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        events.create(&Default::default(), event).await.map(drop)
+    }
+
+    /// A Warning Event about `pod`, named so that every replica creating it names it alike.
+    fn event(
+        &self,
+        pod: &PodRef,
+        name: String,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) -> k8s_openapi::api::events::v1::Event {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
         k8s_openapi::api::events::v1::Event {
-            metadata: ObjectMeta {
-                name: Some(format!("busyguard-lost-{}", pod.uid)),
-                namespace: Some(pod.namespace.clone()),
-                ..ObjectMeta::default()
-            },
+            metadata: ObjectMeta { name: Some(name), namespace: Some(pod.namespace.clone()), ..ObjectMeta::default() },
             event_time: Some(MicroTime(Timestamp::now())),
-            action: Some("Observe".into()),
-            reason: Some("BusyPodLost".into()),
+            action: Some(action.into()),
+            reason: Some(reason.into()),
             type_: Some("Warning".into()),
             note: Some(note.chars().take(1024).collect()),
             reporting_controller: Some(FIELD_MANAGER.into()),
@@ -428,6 +430,13 @@ impl Worker {
             ..Default::default()
         }
     }
+}
+
+/// The name of a pod's `DisruptionBlocked` Event for the interval `now` falls in: the same on
+/// every replica, so with two replicas the second one's create is refused and one Event is raised.
+fn blocked_event_name(uid: &str, now: Timestamp, interval: Duration) -> String {
+    let interval = interval.as_millis().max(1);
+    format!("busyguard-blocked-{uid}-{}", now.as_millisecond().max(0) as u128 / interval)
 }
 
 /// What an Event is about: the pod.
@@ -471,5 +480,19 @@ fn classify(error: kube::Error) -> Attempt {
             code => Attempt::Fail(format!("{code} {}", status.message)),
         },
         other => Attempt::Retry(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_blocked_event_is_named_alike_within_an_interval_and_anew_after_it() {
+        let at = |second: i64| Timestamp::from_second(second).unwrap();
+        let minute = Duration::from_secs(60);
+        assert_eq!(blocked_event_name("u", at(600), minute), blocked_event_name("u", at(659), minute));
+        assert_ne!(blocked_event_name("u", at(659), minute), blocked_event_name("u", at(660), minute));
+        assert_ne!(blocked_event_name("u", at(600), minute), blocked_event_name("v", at(600), minute));
     }
 }

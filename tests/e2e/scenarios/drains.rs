@@ -7,8 +7,8 @@ use anyhow::{Result, ensure};
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, flip, label};
 
-/// `kubectl drain` evicts the idle pod at once, retries the busy one on 429, and completes
-/// once it is idle.
+/// `kubectl drain` evicts the idle pod at once, retries the busy one on 429 (one Event raised
+/// per interval, whichever replica refuses), and completes once it is idle.
 pub fn drain_waits_for_the_busy_pod(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("drain")?;
     let node = "e2e-drain";
@@ -19,9 +19,11 @@ pub fn drain_waits_for_the_busy_pod(rig: &Rig) -> Result<()> {
     flip(rig, &ns, "busy", true)?;
     let drain = rig.kubectl_aside(&["drain", node, "--force", "--ignore-daemonsets", "--timeout=90s"])?;
     eventually("the idle pod is evicted", Duration::from_secs(20), || Ok(rig.live_pods(&ns, "idle")?.is_empty()))?;
-    std::thread::sleep(Duration::from_secs(3));
+    // kubectl retries every 5 s: two refusals, often one from each replica.
+    eventually("two refused evictions", Duration::from_secs(20), || Ok(rig.audited(&ns, "busy", "denied").len() >= 2))?;
     ensure!(rig.live_pods(&ns, "busy")? == ["busy"], "the busy pod was evicted");
-    ensure!(!rig.audited(&ns, "busy", "denied").is_empty(), "no audit line for the refused eviction");
+    let events = rig.get(&["-n", &ns, "events", "--field-selector", "reason=DisruptionBlocked"])?;
+    ensure!(events["items"].as_array().is_some_and(|e| e.len() == 1), "not one DisruptionBlocked Event: {events}");
     flip(rig, &ns, "busy", false)?;
     let output = drain.wait_with_output()?;
     ensure!(output.status.success(), "the drain did not complete: {}", String::from_utf8_lossy(&output.stderr));
