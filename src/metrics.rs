@@ -70,6 +70,7 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     pub side_effects: Family<SideEffectLabels, Counter>,
     pub busy_pods_lost: Family<CauseLabels, Counter>,
+    pub busy_pods_unaccounted: Counter,
     pub view_pods: Gauge,
     pub view_unavailable: Gauge,
     pub audit_failing: Gauge,
@@ -152,6 +153,13 @@ impl Default for Metrics {
             "Busy pods that failed or vanished without a request busyguard could refuse, by cause",
             busy_pods_lost.clone(),
         );
+        let busy_pods_unaccounted = Counter::default();
+        registry.register(
+            "busy_pods_unaccounted",
+            "Busy pods that went while busyguard's watch was down, found gone on a relist: deleted by a request \
+             busyguard allowed, or lost",
+            busy_pods_unaccounted.clone(),
+        );
         let view_pods = Gauge::default();
         registry.register("view_pods", "Opted-in pods in the cluster view", view_pods.clone());
         let view_unavailable = Gauge::default();
@@ -207,6 +215,7 @@ impl Default for Metrics {
             tls_reloads,
             side_effects,
             busy_pods_lost,
+            busy_pods_unaccounted,
             view_pods,
             view_unavailable,
             audit_failing,

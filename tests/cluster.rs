@@ -507,6 +507,26 @@ async fn watch_restart_and_relist_keep_answers_correct() {
 }
 
 #[tokio::test]
+async fn a_busy_pod_gone_while_the_watch_was_down_is_unaccounted_for_not_reported_lost() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("deleted-in-the-gap", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    // The watch drops, the history is forgotten, and the pod is deleted before busyguard lists again.
+    api.fail_lists(true);
+    api.compact();
+    api.drop_watches();
+    api.remove_pod("capture", "deleted-in-the-gap");
+    api.fail_lists(false);
+    let events = api.wait_for(1, is_event).await;
+    assert_eq!(events[0].body["reason"], "BusyPodUnaccounted");
+    settle().await;
+    let decisions: Vec<Value> = server.audit_lines().into_iter().map(|l| l["decision"].clone()).collect();
+    assert_eq!(decisions, [json!("unaccounted")]);
+    assert_eq!(server.metric("busyguard_busy_pods_unaccounted_total").await, Some(1.0));
+    assert_eq!(server.metric(r#"busyguard_busy_pods_lost_total{cause="vanished"}"#).await, None, "no false page");
+}
+
+#[tokio::test]
 async fn until_the_first_list_evictions_get_503_and_status_says_why() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));

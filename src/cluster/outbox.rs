@@ -20,7 +20,8 @@ use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
 use crate::policy::outcome::{
-    AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Effect, FIELD_MANAGER, POD_TEMPLATE_HASH, PodRef, RELEASED_FROM,
+    AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Decision, Effect, FIELD_MANAGER, POD_TEMPLATE_HASH, PodRef,
+    RELEASED_FROM,
 };
 use crate::policy::update::merge_patch;
 
@@ -387,8 +388,8 @@ impl Worker {
             }
             Effect::ReportLoss { pod, cause, audit } => {
                 // Named for the pod's uid, so only one replica creates it and reports the loss.
-                let event =
-                    self.event(pod, format!("busyguard-lost-{}", pod.uid), "BusyPodLost", "Observe", &audit.detail);
+                let reason = if audit.decision == Decision::Unaccounted { "BusyPodUnaccounted" } else { "BusyPodLost" };
+                let event = self.event(pod, format!("busyguard-lost-{}", pod.uid), reason, "Observe", &audit.detail);
                 match self.create_event(pod, &event).await {
                     Ok(()) => {
                         self.reports.report(cause, audit);
@@ -460,7 +461,11 @@ struct LossReports {
 
 impl LossReports {
     fn report(&self, cause: &'static str, audit: &AuditRecord) {
-        self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause }).inc();
+        if audit.decision == Decision::Unaccounted {
+            self.metrics.busy_pods_unaccounted.inc();
+        } else {
+            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause }).inc();
+        }
         warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause, "{}", audit.detail);
         self.audit.record(audit);
     }

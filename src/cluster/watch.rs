@@ -20,7 +20,7 @@ use super::pdb::BusyPdbs;
 use super::view::{PodRecord, Scope, View, WatchedPod};
 use crate::metrics::Metrics;
 use crate::policy::busy::BUSY_LABEL;
-use crate::policy::observed::{self, LossCause};
+use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::PodRef;
 use crate::policy::{NAMESPACE_OPT_OUT_LABEL, PolicyConfig};
 
@@ -93,7 +93,9 @@ impl Watch {
                 Ok(watcher::Event::InitDone) => {
                     let listed = listing.remove(&scope).unwrap_or_default();
                     for (namespace, name, gone) in self.view.keep_only(&scope, &listed) {
-                        self.changed(&namespace, &name, Some(gone), None).await;
+                        let pod = PodRef { namespace, name, uid: gone.uid.to_string() };
+                        let observed = observed::gone_unwatched(&pod, &gone, &self.policy, Timestamp::now());
+                        self.act(pod, Some(gone), None, observed).await;
                     }
                     self.view.listed(&scope);
                     info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = self.view.len(), "pods listed");
@@ -190,7 +192,12 @@ impl Watch {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
         let observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
-        if observed.loss.as_ref().is_some_and(|loss| loss.cause == LossCause::Vanished) {
+        self.act(pod, before, after, observed).await;
+    }
+
+    /// Carries out what a change means: its effects, and its loss report if the pod is gone.
+    async fn act(&self, pod: PodRef, before: Option<PodRecord>, after: Option<PodRecord>, observed: Observed) {
+        if observed.loss.as_ref().is_some_and(|loss| loss.cause.left_the_watch()) {
             // Gone, or only its busy label removed? Asked aside, so the watch goes on meanwhile.
             let (client, outbox, policy) = (self.client.clone(), self.outbox.clone(), self.policy.clone());
             tokio::spawn(async move {

@@ -183,6 +183,10 @@ pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
             "busy pod {pod} is being taken away ({reason}) by a disruption busyguard did not refuse: it was down, \
              overloaded or its view stale, or the requester was exempt"
         ),
+        LossCause::Unwatched => format!(
+            "busy pod {pod} went while busyguard's watch was down: deleted by a request busyguard allowed (an \
+             audit line of the replica that judged it says so), or lost; the API server's audit log tells which"
+        ),
     }
 }
 

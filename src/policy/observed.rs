@@ -21,6 +21,9 @@ pub enum LossCause {
     /// `DisruptionTarget` condition says which): an eviction or a preemption while busyguard was
     /// down, overloaded or its view stale, or an exempt requester.
     Disrupted { reason: String },
+    /// Missing from a relist: gone while busyguard was not watching, so a delete it allowed
+    /// (an exempt requester's, the namespace controller's) cannot be told from a loss.
+    Unwatched,
 }
 
 impl LossCause {
@@ -29,7 +32,13 @@ impl LossCause {
             LossCause::Failed { .. } => "failed",
             LossCause::Vanished => "vanished",
             LossCause::Disrupted { .. } => "disrupted",
+            LossCause::Unwatched => "unwatched",
         }
+    }
+
+    /// Gone from the watch: the pod may still be there with its busy label removed.
+    pub fn left_the_watch(&self) -> bool {
+        matches!(self, LossCause::Vanished | LossCause::Unwatched)
     }
 
     fn reason(&self) -> Reason {
@@ -37,6 +46,14 @@ impl LossCause {
             LossCause::Failed { .. } => Reason::Failed,
             LossCause::Vanished => Reason::Vanished,
             LossCause::Disrupted { .. } => Reason::Disrupted,
+            LossCause::Unwatched => Reason::Unwatched,
+        }
+    }
+
+    fn decision(&self) -> Decision {
+        match self {
+            LossCause::Unwatched => Decision::Unaccounted,
+            _ => Decision::Lost,
         }
     }
 }
@@ -49,6 +66,21 @@ pub struct Loss {
 }
 
 impl Loss {
+    fn of(
+        pod: &PodRef,
+        cause: LossCause,
+        busy_since: Option<Timestamp>,
+        config: &PolicyConfig,
+        now: Timestamp,
+    ) -> Loss {
+        let detail = messages::lost(pod, &cause);
+        let audit = AuditRecord {
+            busy_since,
+            ..AuditRecord::of_pod(pod, cause.decision(), cause.reason(), detail, config.mode, now)
+        };
+        Loss { cause, audit }
+    }
+
     /// Reported through the API server, so that of several replicas only one reports it.
     pub fn report(self, pod: &PodRef) -> Effect {
         Effect::ReportLoss { pod: pod.clone(), cause: self.cause.label(), audit: Box::new(self.audit) }
@@ -88,15 +120,18 @@ pub fn decide<P: PodFacts>(
         _ => None,
     };
     if let Some(cause) = cause {
-        let detail = messages::lost(pod, &cause);
-        let audit = AuditRecord {
-            busy_since: was_busy.flatten(),
-            ..AuditRecord::of_pod(pod, Decision::Lost, cause.reason(), detail, config.mode, now)
-        };
-        return Observed { effects: Vec::new(), loss: Some(Loss { cause, audit }) };
+        return Observed { effects: Vec::new(), loss: Some(Loss::of(pod, cause, was_busy.flatten(), config, now)) };
     }
     let effects = after.map(|p| due(pod, p, config, now)).unwrap_or_default();
     Observed { effects, loss: None }
+}
+
+/// A pod missing from a relist, last seen as `before`: what `decide` says of a pod deleted,
+/// except that a busy one is unaccounted for rather than lost, since busyguard did not see it go.
+pub fn gone_unwatched<P: PodFacts>(pod: &PodRef, before: &P, config: &PolicyConfig, now: Timestamp) -> Observed {
+    let observed = decide(pod, Some(before), None, config, now);
+    let loss = observed.loss.map(|loss| Loss::of(pod, LossCause::Unwatched, loss.audit.busy_since, config, now));
+    Observed { loss, ..observed }
 }
 
 /// What is due for the pod as it is now, whatever changed: its deferred delete once it is no
@@ -288,5 +323,19 @@ mod tests {
         assert!(matches!(observed.loss, Some(Loss { cause: LossCause::Vanished, .. })));
         let idle = pod("false", json!({}), running());
         assert_eq!(decide(&target(), Some(&idle), None, &config(), now()), Observed::default());
+    }
+
+    #[test]
+    fn a_busy_pod_missing_from_a_relist_is_unaccounted_for_not_lost_and_an_idle_one_is_nothing() {
+        let busy = pod("true", json!({}), running());
+        let Loss { cause, audit } = gone_unwatched(&target(), &busy, &config(), now()).loss.unwrap();
+        assert_eq!(cause, LossCause::Unwatched);
+        assert_eq!(
+            (audit.decision, audit.reason, audit.busy_since),
+            (Decision::Unaccounted, Reason::Unwatched, Some(since()))
+        );
+        assert!(audit.detail.contains("deleted by a request busyguard allowed"), "{}", audit.detail);
+        let idle = pod("false", json!({}), running());
+        assert_eq!(gone_unwatched(&target(), &idle, &config(), now()), Observed::default());
     }
 }

@@ -156,6 +156,8 @@ pub enum Decision {
     DeletedWhenIdle,
     /// A busy pod went without a request busyguard could refuse.
     Lost,
+    /// A busy pod went while busyguard was not watching: by a delete it allowed, or lost.
+    Unaccounted,
 }
 
 impl Decision {
@@ -171,6 +173,7 @@ impl Decision {
             Decision::Unhandled => "unhandled",
             Decision::DeletedWhenIdle => "deleted-when-idle",
             Decision::Lost => "lost",
+            Decision::Unaccounted => "unaccounted",
         }
     }
 }
@@ -210,6 +213,7 @@ pub enum Reason {
     Failed,
     Vanished,
     Disrupted,
+    Unwatched,
 }
 
 impl Reason {
@@ -239,6 +243,7 @@ impl Reason {
             Reason::Failed => "failed",
             Reason::Vanished => "vanished",
             Reason::Disrupted => "disrupted",
+            Reason::Unwatched => "unwatched",
         }
     }
 }
