@@ -547,3 +547,31 @@ fn the_namespaced_example_grants_the_same_rules_in_its_namespace_only_and_watche
     let namespaces = env.as_array().unwrap().iter().find(|e| e["name"] == "BUSYGUARD_NAMESPACES").unwrap();
     assert_eq!(namespaces["value"], role["metadata"]["namespace"], "busyguard watches where it may");
 }
+
+#[test]
+fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
+    let objects = render(&manifests("examples/fenced"));
+    let policy = &find(&objects, "ValidatingAdmissionPolicy", "busyguard-fence")["spec"];
+    let account = &find(&objects, "ServiceAccount", "busyguard")["metadata"];
+    let username = format!(
+        "system:serviceaccount:{}:{}",
+        account["namespace"].as_str().unwrap(),
+        account["name"].as_str().unwrap()
+    );
+    assert_eq!(policy["matchConditions"][0]["expression"], format!("request.userInfo.username == '{username}'"));
+    assert_eq!(policy["failurePolicy"], "Fail");
+    let rules = &policy["matchConstraints"]["resourceRules"];
+    assert_eq!(
+        rules,
+        &json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE", "DELETE"], "resources": ["pods"]}])
+    );
+    let validations = policy["validations"].as_array().unwrap();
+    assert_eq!(validations.len(), 1);
+    assert_eq!(validations[0]["expression"], conditions::busyguards_own_pods());
+    assert!(
+        quoted(&conditions::busyguards_own_pods()).contains(&account["namespace"].as_str().unwrap().to_string()),
+        "nor in busyguard's own namespace"
+    );
+    let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence")["spec"];
+    assert_eq!((&binding["policyName"], &binding["validationActions"]), (&json!("busyguard-fence"), &json!(["Deny"])));
+}

@@ -161,6 +161,25 @@ fn labelled(o: &str, value: &str) -> String {
     format!("({} && {o}.metadata.labels['{BUSY_LABEL}'] == '{value}')", has_key(o, "labels", BUSY_LABEL))
 }
 
+/// Where busyguard's own token may write or delete pods (the `manifests/fence` policy): pods
+/// that carry one of its labels or annotations, outside the namespaces it never guards.
+pub fn busyguards_own_pods() -> String {
+    let carries = |field: &str| {
+        format!(
+            "(has(oldObject.metadata.{field}) && oldObject.metadata.{field}.exists(k, k.startsWith('{KEY_PREFIX}')))"
+        )
+    };
+    format!(
+        "!(request.namespace in {}) && ({} || {})",
+        list(&NEVER_GUARDED_NAMESPACES),
+        carries("labels"),
+        carries("annotations")
+    )
+}
+
+/// What every label and annotation of busyguard's contract starts with.
+const KEY_PREFIX: &str = "busyguard.io/";
+
 fn has_key(o: &str, field: &str, key: &str) -> String {
     format!("(has({o}.metadata.{field}) && '{key}' in {o}.metadata.{field})")
 }
@@ -223,10 +242,15 @@ mod tests {
 
     /// `expression` as the API server evaluates a matchCondition.
     fn sent(expression: &str, operation: &str, user: &str, object: &Value, old: &Value) -> bool {
+        let request = json!({"operation": operation, "namespace": "jobs", "userInfo": {"username": user}});
+        holds(expression, &request, object, old)
+    }
+
+    /// Whether `expression` holds of this request, as the API server evaluates it.
+    fn holds(expression: &str, request: &Value, object: &Value, old: &Value) -> bool {
         let program = cel::Program::compile(expression).unwrap_or_else(|e| panic!("{expression}: {e:?}"));
         let mut context = cel::Context::default();
-        let request = json!({"operation": operation, "userInfo": {"username": user}});
-        for (name, value) in [("request", &request), ("object", object), ("oldObject", old)] {
+        for (name, value) in [("request", request), ("object", object), ("oldObject", old)] {
             context.add_variable_from_value(name, cel::to_value(value).unwrap());
         }
         match program.execute(&context) {
@@ -482,6 +506,43 @@ mod tests {
         let karpenter = vec!["system:serviceaccount:karpenter:karpenter".to_string()];
         for user in CLOUD_NODE_LIFECYCLE_USERS.iter().copied().chain(["system:serviceaccount:karpenter:karpenter"]) {
             assert!(!sent(&node_deletes_let_through(&karpenter), "DELETE", user, &Value::Null, &Value::Null), "{user}");
+        }
+    }
+
+    /// Whether the fence lets busyguard's token write or delete `pod` in `namespace`.
+    fn fence_lets_through(namespace: &str, pod: &Value) -> bool {
+        let request = json!({"operation": "UPDATE", "namespace": namespace});
+        holds(&busyguards_own_pods(), &request, &Value::Null, pod)
+    }
+
+    #[test]
+    fn the_fence_keeps_busyguards_token_to_pods_that_carry_its_keys_where_it_guards() {
+        let pod =
+            |labels: Value, annotations: Value| json!({"metadata": {"labels": labels, "annotations": annotations}});
+        let cases = [
+            ("jobs", pod(json!({BUSY_LABEL: "true"}), json!({})), true),
+            ("jobs", pod(json!({BUSY_LABEL: "false", "app": "w"}), json!({})), true),
+            // Its busy label removed: busyguard still restores it, and carries out its mark.
+            ("jobs", pod(json!({"app": "w"}), json!({IDLE_COST: "1"})), true),
+            ("jobs", pod(json!({DELETE_REQUESTED: "true"}), json!({})), true),
+            ("jobs", pod(json!({"app": "w"}), json!({"team": "a"})), false),
+            ("jobs", json!({"metadata": {}}), false),
+            ("kube-system", pod(json!({BUSY_LABEL: "true"}), json!({})), false),
+            ("busyguard", pod(json!({BUSY_LABEL: "true"}), json!({})), false),
+        ];
+        for (namespace, pod, expected) in cases {
+            assert_eq!(fence_lets_through(namespace, &pod), expected, "{namespace}: {pod}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_pod_busyguards_watch_writes_or_deletes_is_let_through_by_the_fence(old in a_pod()) {
+            let target = crate::policy::outcome::PodRef { namespace: "jobs".into(), name: "w".into(), uid: "u-w".into() };
+            let effects = crate::policy::observed::due(&target, &pod(&old), &config(), now());
+            prop_assert!(effects.is_empty() || fence_lets_through("jobs", &old), "{effects:?} on {old}");
         }
     }
 }

@@ -118,10 +118,25 @@ impl Rig {
             &format!("--cert={}", certs.join("tls.crt").display()),
             &format!("--key={}", certs.join("tls.key").display()),
         ])?;
+        self.fence()?;
         Kubelet::run(self.kubelet.clone());
         self.wait_for_replicas(2)?;
         *self.webhooks.lock().unwrap() = webhooks;
         self.register(&std::fs::read(certs.join("ca.crt"))?)
+    }
+
+    /// `manifests/fence` as shipped (v1, Kubernetes 1.30 and later), or as v1beta1 where only
+    /// that is served (1.28 with the feature turned on): the same fields.
+    fn fence(&self) -> Result<()> {
+        let shipped = std::fs::read_to_string(format!("{ROOT}/manifests/fence/policy.yaml"))?;
+        let objects: Vec<Value> = serde_saphyr::from_multiple(&shipped).context("the fence")?;
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        if self.apply(&list).is_err() {
+            let beta =
+                list.to_string().replace("admissionregistration.k8s.io/v1\"", "admissionregistration.k8s.io/v1beta1\"");
+            kubectl_stdin(&self.admin, &["apply", "-f", "-"], &beta).context("the fence, as v1beta1")?;
+        }
+        Ok(())
     }
 
     /// Applies the webhook configurations as rendered, by URL, trusting `ca_bundle` (PEM).
@@ -326,6 +341,11 @@ impl ControlPlane {
         // A terminating busyguard pod stays until its process exits (the rig finishes it then),
         // as with a real kubelet; worker pods here have a grace period of 1 s.
         up.env("K8S_DIR", &dir).env("RIG_MAX_GRACE", "60");
+        // ValidatingAdmissionPolicy (beta in 1.28), for the fence around busyguard's own token.
+        up.env(
+            "APISERVER_EXTRA",
+            "--feature-gates=ValidatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true",
+        );
         run(&mut up).context("starting the control plane")?;
         Ok(ControlPlane { harness, dir })
     }

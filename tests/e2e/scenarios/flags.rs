@@ -152,3 +152,34 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
     ensure!(annotation(&idle, "busyguard.io/busy-since").is_none(), "{}", idle["metadata"]["annotations"]);
     Ok(())
 }
+
+/// With `manifests/fence`, the API server itself refuses busyguard's own service account any
+/// write or delete of a pod that is not busyguard's (none of its labels or annotations), or in
+/// kube-system; busyguard's own writes go through (every scenario runs with the fence).
+pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("fence")?;
+    let mut plain = workers::pod(&ns, "plain", None);
+    plain["metadata"]["labels"] = serde_json::json!({"app": "plain"});
+    workers::start(rig, &plain, "plain", 1)?;
+    workers::start(rig, &workers::pod(&ns, "worker", None), "worker", 1)?;
+    let busyguard = "system:serviceaccount:busyguard:busyguard";
+    for (verb, pod) in [("annotate", "plain"), ("delete", "plain")] {
+        let mut args = vec!["-n", &ns, verb, "pod", pod, "--dry-run=server"];
+        if verb == "annotate" {
+            args.push("x=y");
+        }
+        let (ok, _, err) = rig.try_kubectl_as(busyguard, &args)?;
+        ensure!(!ok, "busyguard's token could {verb} a pod that is not busyguard's");
+        ensure!(err.contains("busyguard-fence"), "not refused by the fence: {err}");
+    }
+    let (ok, _, err) = rig.try_kubectl_as(busyguard, &["-n", &ns, "delete", "pod", "worker", "--dry-run=server"])?;
+    ensure!(ok, "busyguard's token could not delete an idle pod it guards: {err}");
+    let mut system = workers::pod("kube-system", "e2e-fence", None);
+    system["metadata"]["labels"]["busyguard.io/busy"] = serde_json::json!("true");
+    rig.apply(&system)?;
+    let args = ["-n", "kube-system", "delete", "pod", "e2e-fence", "--dry-run=server"];
+    let (ok, _, err) = rig.try_kubectl_as(busyguard, &args)?;
+    rig.kubectl(&["-n", "kube-system", "delete", "pod", "e2e-fence", "--wait=false"])?;
+    ensure!(!ok && err.contains("busyguard-fence"), "busyguard's token could delete a pod in kube-system: {err}");
+    Ok(())
+}

@@ -31,6 +31,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_busy_pod_lost_without_a_request_is_reported_once", lifecycle::a_loss_is_reported_once),
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
     ("a_delete_requested_mark_only_busyguard_may_write", flags::forged_mark),
+    ("the_fence_keeps_busyguards_own_token_to_the_pods_it_guards", flags::the_fence_keeps_busyguards_token_to_its_pods),
     (
         "a_flip_by_server_side_apply_is_protected_and_restored",
         flags::a_flip_by_server_side_apply_is_protected_and_restored,
