@@ -89,8 +89,9 @@ fn whole_second_now() -> jiff::Timestamp {
 /// annotated it (nothing stale, so a scale-down that selects it has nothing to patch): the
 /// annotations and label busyguard's own plan gives it, on the defaults of `busyguard serve`.
 fn busy_pod() -> Value {
+    use busyguard::policy::keys::PROTECTED_LABEL;
     use busyguard::policy::pod::Pod;
-    use busyguard::policy::update::{PROTECTED_LABEL, plan};
+    use busyguard::policy::update::plan;
     let eviction = fixture("pod-eviction-by-user.json");
     let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();

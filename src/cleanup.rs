@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 use crate::cluster::view::WatchedPod;
 use crate::cluster::{ClusterSource, client_config};
-use crate::policy::busy::{BUSY_LABEL, MaxBusy};
-use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
+use crate::policy::busy::MaxBusy;
+use crate::policy::keys::BUSY_LABEL;
+use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
 use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
 use crate::policy::update::{MutationSettings, merge_patch, plan};
 
@@ -108,9 +109,9 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::BUSY_SINCE;
-    use crate::policy::cost::DELETION_COST;
-    use crate::policy::update::{IDLE_COST, IDLE_SAFE_TO_EVICT};
+    use crate::policy::keys::BUSY_SINCE;
+    use crate::policy::keys::DELETION_COST;
+    use crate::policy::keys::{IDLE_COST, IDLE_SAFE_TO_EVICT};
 
     fn record(labels: Value, annotations: Value) -> WatchedPod {
         serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "jobs",

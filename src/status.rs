@@ -13,7 +13,8 @@ use kube::api::ListParams;
 use crate::cluster::view::{PodRecord, WatchedPod};
 use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
-use crate::policy::busy::{BUSY_LABEL, BusyState, MaxBusy, busy_state};
+use crate::policy::busy::{BusyState, MaxBusy, busy_state};
+use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
 use crate::policy::signals::{count, of_pod};
 

@@ -19,10 +19,8 @@ use super::view::WatchedPod;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
-use crate::policy::outcome::{
-    AuditRecord, BUSY_CAUSE, DELETE_REQUESTED, Decision, Effect, FIELD_MANAGER, POD_TEMPLATE_HASH, PodRef,
-    RELEASED_FROM,
-};
+use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH, RELEASED_FROM};
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Decision, Effect, PodRef};
 use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]

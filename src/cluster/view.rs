@@ -10,10 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 use crate::policy::NEVER_GUARDED_NAMESPACES;
-use crate::policy::busy::{BUSY_LABEL, DEFAULT_CONTAINER, MAX_UNAVAILABLE, TASK_CONTAINER};
 use crate::policy::disruption::is_available;
-use crate::policy::outcome::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
-use crate::policy::pod::{DECIDING_ANNOTATIONS, Phase, PodFacts, PodStatus, Readiness};
+use crate::policy::keys::DECIDING_ANNOTATIONS;
+use crate::policy::keys::{BUSY_LABEL, DEFAULT_CONTAINER, MAX_UNAVAILABLE, TASK_CONTAINER};
+use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
+use crate::policy::pod::{Phase, PodFacts, PodStatus, Readiness};
 use crate::policy::signals::workload;
 
 /// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
@@ -519,7 +520,7 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use serde_json::json;
 
     fn watched(value: serde_json::Value) -> WatchedPod {

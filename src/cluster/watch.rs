@@ -19,7 +19,7 @@ use super::outbox::{EffectResult, Outbox};
 use super::pdb::BusyPdbs;
 use super::view::{PodRecord, Scope, View, WatchedPod};
 use crate::metrics::Metrics;
-use crate::policy::busy::BUSY_LABEL;
+use crate::policy::keys::BUSY_LABEL;
 use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::PodRef;
 use crate::policy::{NAMESPACE_OPT_OUT_LABEL, PolicyConfig};

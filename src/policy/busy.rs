@@ -1,33 +1,10 @@
 //! The busy contract: is this pod protected right now, and why (not)?
 
+use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
 use jiff::{SignedDuration, Timestamp};
 
 use super::pod::{Phase, PodFacts, Readiness};
 use crate::duration::parse_positive_duration;
-
-/// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle, or
-/// [`WHEN_UNREADY`] when readiness says it.
-pub const BUSY_LABEL: &str = "busyguard.io/busy";
-/// Compatibility mode, as the busy label's value: a Running pod that is not Ready counts as busy.
-/// A label, not an annotation, so that the API server can tell these pods from idle ones and
-/// call busyguard for their deletes only.
-pub const WHEN_UNREADY: &str = "when-unready";
-/// Written by busyguard when the pod turns busy (RFC 3339, seconds).
-pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
-/// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
-pub const MAX_BUSY: &str = "busyguard.io/max-busy";
-/// Per workload (a label of the pod template): at most this many of its pods unavailable (not
-/// Ready, or going) at once; a delete or eviction beyond is refused. For workloads a
-/// PodDisruptionBudget cannot cover: DaemonSets, and direct deletes. A label, so that the API
-/// server sends busyguard the deletes of idle pods that carry one and no others.
-pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
-/// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
-/// not). Without it, the pod's default container ([`DEFAULT_CONTAINER`]) if it names one, else
-/// any container's restart does.
-pub const TASK_CONTAINER: &str = "busyguard.io/task-container";
-/// kubectl's annotation for a pod's main container (`kubectl logs` and `exec` pick it): the task
-/// container when `busyguard.io/task-container` is not set.
-pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyState {

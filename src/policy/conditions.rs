@@ -14,11 +14,11 @@
 
 use serde_json::{Value, json};
 
-use super::busy::{BUSY_LABEL, BUSY_SINCE, MAX_UNAVAILABLE, WHEN_UNREADY};
+use super::keys::DECIDING_ANNOTATIONS;
+use super::keys::DELETE_REQUESTED;
+use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_UNAVAILABLE, WHEN_UNREADY};
+use super::keys::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
 use super::node::CLOUD_NODE_LIFECYCLE_USERS;
-use super::outcome::DELETE_REQUESTED;
-use super::pod::DECIDING_ANNOTATIONS;
-use super::update::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
 use super::{
     NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
     POD_GC_USER, TAINT_MANAGER_USERS,
@@ -212,7 +212,8 @@ mod tests {
 
     use super::*;
     use crate::policy::disruption;
-    use crate::policy::outcome::{Action, Answer, Ask, DELETE_REQUESTED, Outcome};
+    use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::outcome::{Action, Answer, Ask, Outcome};
     use crate::policy::pod::{Pod, PodFacts};
     use crate::policy::update;
     use crate::policy::{PolicyConfig, Requester, test_config};
@@ -294,8 +295,8 @@ mod tests {
         let values: Vec<&str> = match key {
             k if k == BUSY_SINCE => vec!["2026-11-21T20:00:00Z", "2026-11-20T00:00:00Z", "2027-01-01T00:00:00Z", "x"],
             k if k == DELETE_REQUESTED => vec![r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#, "{"],
-            k if k == crate::policy::busy::MAX_BUSY => vec!["2h", "30s", "bad"],
-            k if k == crate::policy::busy::TASK_CONTAINER => vec!["worker", "other"],
+            k if k == crate::policy::keys::MAX_BUSY => vec!["2h", "30s", "bad"],
+            k if k == crate::policy::keys::TASK_CONTAINER => vec!["worker", "other"],
             _ => vec!["true", "false", "100", "-5", "2147483647", "93600s", ""],
         };
         proptest::option::of(proptest::sample::select(values).prop_map(String::from))

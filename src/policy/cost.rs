@@ -7,8 +7,6 @@
 
 use jiff::Timestamp;
 
-pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
 /// Width of the busy band in seconds of busy-since: 2^30 s is about 34 years.
 const BAND: i64 = 1 << 30;
 pub const BUSY_COST_FLOOR: i32 = i32::MAX - BAND as i32;

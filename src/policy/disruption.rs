@@ -4,12 +4,11 @@
 
 use jiff::Timestamp;
 
-use super::busy::{BUSY_LABEL, BusyState, Lapse, MAX_UNAVAILABLE, busy_state};
+use super::busy::{BusyState, Lapse, busy_state};
+use super::keys::{BUSY_LABEL, MAX_UNAVAILABLE};
+use super::keys::{DeleteRequest, POD_TEMPLATE_HASH};
 use super::messages;
-use super::outcome::{
-    Action, Answer, Ask, AuditRecord, Decision, DeleteRequest, Denial, Effect, Outcome, POD_TEMPLATE_HASH, PodRef,
-    Reason,
-};
+use super::outcome::{Action, Answer, Ask, AuditRecord, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 use super::{
     GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
@@ -269,8 +268,9 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::{BUSY_SINCE, MaxBusy};
-    use crate::policy::outcome::DELETE_REQUESTED;
+    use crate::policy::busy::MaxBusy;
+    use crate::policy::keys::BUSY_SINCE;
+    use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::pod::Pod;
     use crate::policy::update::MutationSettings;
     use jiff::SignedDuration;

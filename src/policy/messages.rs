@@ -3,12 +3,15 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::busy::{BUSY_LABEL, Lapse, MAX_BUSY, MAX_UNAVAILABLE, WHEN_UNREADY};
-use super::cost::{DELETION_COST, KARPENTER_NOTHING_COST};
+use super::busy::Lapse;
+use super::cost::KARPENTER_NOTHING_COST;
 use super::disruption::Override;
+use super::keys::DELETION_COST;
+use super::keys::{BUSY_LABEL, MAX_BUSY, MAX_UNAVAILABLE, WHEN_UNREADY};
+use super::keys::{DELETE_REQUESTED, DeleteRequest, POD_TEMPLATE_HASH, RELEASED_FROM};
 use super::node::BusyOnNode;
 use super::observed::LossCause;
-use super::outcome::{DELETE_REQUESTED, DeleteRequest, POD_TEMPLATE_HASH, PodRef, RELEASED_FROM};
+use super::outcome::PodRef;
 use super::scale::ScalePlan;
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.

@@ -18,6 +18,7 @@ pub mod busy;
 pub mod conditions;
 pub mod cost;
 pub mod disruption;
+pub mod keys;
 pub mod messages;
 pub mod node;
 pub mod observed;

@@ -65,7 +65,7 @@ pub fn decide<'a, P: PodFacts + 'a>(
 mod tests {
     use super::*;
     use crate::policy::Requester;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::outcome::Answer;
     use crate::policy::pod::Pod;
     use serde_json::json;

@@ -165,11 +165,12 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
-    use crate::policy::cost::{DELETION_COST, busy_cost};
-    use crate::policy::outcome::{DELETE_REQUESTED, DeleteRequest};
+    use crate::policy::cost::busy_cost;
+    use crate::policy::keys::DELETION_COST;
+    use crate::policy::keys::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT};
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::keys::{DELETE_REQUESTED, DeleteRequest};
     use crate::policy::pod::Pod;
-    use crate::policy::update::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT};
     use serde_json::json;
 
     fn config() -> PolicyConfig {

@@ -2,10 +2,11 @@
 //! effects. The admission layer turns the answer into an AdmissionResponse; the cluster layer
 //! carries out the effects; the audit sink writes the line.
 
+use super::keys::DeleteRequest;
 use std::fmt;
 
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::scale::ScalePlan;
 use super::update::Plan;
@@ -353,31 +354,6 @@ pub struct PodRef {
 impl fmt::Display for PodRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// Where a released pod's `pod-template-hash` is kept.
-pub const RELEASED_FROM: &str = "busyguard.io/released-from";
-/// The label by which a Deployment's ReplicaSet selects its pods.
-pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
-
-/// The field manager busyguard writes as: the API server records it in `managedFields`.
-pub const FIELD_MANAGER: &str = "busyguard";
-
-/// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
-/// Both a label (`"true"`: what the API server selects the pod-marks webhook by) and an
-/// annotation, whose value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
-pub const DELETE_REQUESTED: &str = "busyguard.io/delete-requested";
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeleteRequest {
-    pub by: String,
-    pub at: Timestamp,
-}
-
-impl DeleteRequest {
-    pub fn to_annotation(&self) -> String {
-        serde_json::to_string(self).expect("two strings always serialize")
     }
 }
 

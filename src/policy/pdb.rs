@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::busy::BUSY_LABEL;
+use super::keys::BUSY_LABEL;
+use super::keys::PROTECTED_LABEL;
 use super::selector::Selector;
-use super::update::PROTECTED_LABEL;
 
 pub const BUSY_PDB_NAME: &str = "busyguard-busy";
 /// More than a namespace ever holds: no disruption is ever allowed, however many busy pods the

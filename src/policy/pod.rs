@@ -10,28 +10,8 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::busy::{BUSY_SINCE, DEFAULT_CONTAINER, MAX_BUSY, TASK_CONTAINER};
-use super::cost::DELETION_COST;
-use super::outcome::{DELETE_REQUESTED, DeleteRequest};
-use super::update::{
-    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
-};
-
-/// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
-/// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 11] = [
-    BUSY_SINCE,
-    MAX_BUSY,
-    TASK_CONTAINER,
-    DEFAULT_CONTAINER,
-    DELETE_REQUESTED,
-    DELETION_COST,
-    IDLE_COST,
-    KARPENTER_DO_NOT_DISRUPT,
-    IDLE_DO_NOT_DISRUPT,
-    AUTOSCALER_SAFE_TO_EVICT,
-    IDLE_SAFE_TO_EVICT,
-];
+use super::keys::{DEFAULT_CONTAINER, TASK_CONTAINER};
+use super::keys::{DELETE_REQUESTED, DeleteRequest};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -322,6 +302,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::keys::*;
 
     #[test]
     fn decodes_the_fields_decisions_need_and_tolerates_nulls() {
@@ -438,8 +419,8 @@ mod tests {
     /// missing on evictions, scale-downs and the watch, and present on pod writes.
     #[test]
     fn every_annotation_a_decision_reads_is_kept() {
-        use crate::policy::busy::BUSY_LABEL;
         use crate::policy::disruption;
+        use crate::policy::keys::BUSY_LABEL;
         use crate::policy::outcome::{Action, Ask, PodRef};
         use crate::policy::update::plan;
         use crate::policy::{Requester, observed, scale};
@@ -454,7 +435,7 @@ mod tests {
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T20:30:00Z"}}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": {BUSY_SINCE: "2026-11-21T10:00:00Z"}}}),
-            json!({"metadata": {"labels": {BUSY_LABEL: crate::policy::busy::WHEN_UNREADY}},
+            json!({"metadata": {"labels": {BUSY_LABEL: crate::policy::keys::WHEN_UNREADY}},
                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": every_kept}}),
             json!({"metadata": {"labels": {BUSY_LABEL: "false"}, "annotations": every_kept},

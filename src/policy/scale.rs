@@ -131,7 +131,7 @@ pub fn plan_scale_down(from: i32, to: i32, states: &[BusyState], refreshed: usiz
 mod tests {
     use super::*;
     use crate::policy::Requester;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::pod::Pod;
     use serde_json::json;
 

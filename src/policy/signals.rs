@@ -83,8 +83,8 @@ pub fn count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::busy::{BUSY_LABEL, BUSY_SINCE};
-    use crate::policy::outcome::DELETE_REQUESTED;
+    use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::pod::Pod;
     use serde_json::json;
 

@@ -4,6 +4,10 @@
 //! The plan depends only on the pod as it is about to be stored, so a reinvocation (the API
 //! server calling us again after another webhook changed the pod) finds nothing left to do.
 
+use super::keys::{
+    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
+    PROTECTED_LABEL,
+};
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
@@ -12,22 +16,15 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
 
 use super::PolicyConfig;
-use super::busy::{
-    BUSY_LABEL, BUSY_SINCE, BusyState, MAX_BUSY, MaxBusy, WHEN_UNREADY, busy_from, busy_since, busy_state,
-};
-use super::cost::{BUSY_COST_FLOOR, DELETION_COST, KARPENTER_NOTHING_COST, busy_cost};
+use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
+use super::cost::{BUSY_COST_FLOOR, KARPENTER_NOTHING_COST, busy_cost};
+use super::keys::DELETE_REQUESTED;
+use super::keys::DELETION_COST;
+use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
 use super::messages;
-use super::outcome::{Answer, Ask, DELETE_REQUESTED, Decision, Denial, Outcome, Reason};
+use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::{parse_positive_duration, whole_second};
-
-/// Where the user's own value of each guarded annotation waits while the pod is busy.
-/// Absent while busy means the user had none.
-pub const IDLE_COST: &str = "busyguard.io/idle-cost";
-pub const IDLE_DO_NOT_DISRUPT: &str = "busyguard.io/idle-do-not-disrupt";
-pub const IDLE_SAFE_TO_EVICT: &str = "busyguard.io/idle-safe-to-evict";
-pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
-pub const AUTOSCALER_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MutationSettings {
@@ -400,11 +397,6 @@ fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: T
         _ => past(pod),
     }
 }
-
-/// Set on a pod while busyguard protects it (`"true"`), taken off when it is idle or its
-/// protection lapsed: what the busy-pod PodDisruptionBudget selects, so that it too lets a pod go
-/// at max-busy.
-pub const PROTECTED_LABEL: &str = "busyguard.io/protected";
 
 /// The plan as a JSONPatch against the pod it was made for.
 pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {

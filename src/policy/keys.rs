@@ -1,0 +1,103 @@
+//! The names busyguard reads and writes on pods: every label and annotation of the contract,
+//! the other projects' annotations it manages, and the delete-requested mark's value. A leaf:
+//! it imports nothing of policy, so every other file may import it.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// The label a pod opts in with; `"true"` while it works on a task, `"false"` when idle, or
+/// [`WHEN_UNREADY`] when readiness says it.
+pub const BUSY_LABEL: &str = "busyguard.io/busy";
+
+/// Compatibility mode, as the busy label's value: a Running pod that is not Ready counts as busy.
+/// A label, not an annotation, so that the API server can tell these pods from idle ones and
+/// call busyguard for their deletes only.
+pub const WHEN_UNREADY: &str = "when-unready";
+
+/// Written by busyguard when the pod turns busy (RFC 3339, seconds).
+pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
+
+/// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
+pub const MAX_BUSY: &str = "busyguard.io/max-busy";
+
+/// Per workload (a label of the pod template): at most this many of its pods unavailable (not
+/// Ready, or going) at once; a delete or eviction beyond is refused. For workloads a
+/// PodDisruptionBudget cannot cover: DaemonSets, and direct deletes. A label, so that the API
+/// server sends busyguard the deletes of idle pods that carry one and no others.
+pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
+
+/// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
+/// not). Without it, the pod's default container ([`DEFAULT_CONTAINER`]) if it names one, else
+/// any container's restart does.
+pub const TASK_CONTAINER: &str = "busyguard.io/task-container";
+
+/// kubectl's annotation for a pod's main container (`kubectl logs` and `exec` pick it): the task
+/// container when `busyguard.io/task-container` is not set.
+pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+
+/// The ReplicaSet controller deletes pods of lower cost first.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// Where the user's own value of each guarded annotation waits while the pod is busy.
+/// Absent while busy means the user had none.
+pub const IDLE_COST: &str = "busyguard.io/idle-cost";
+
+/// The user's own `karpenter.sh/do-not-disrupt`, kept while busy.
+pub const IDLE_DO_NOT_DISRUPT: &str = "busyguard.io/idle-do-not-disrupt";
+
+/// The user's own `cluster-autoscaler.kubernetes.io/safe-to-evict`, kept while busy.
+pub const IDLE_SAFE_TO_EVICT: &str = "busyguard.io/idle-safe-to-evict";
+
+/// Karpenter neither evicts the pod nor consolidates its node.
+pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+
+/// `"false"`: cluster-autoscaler does not take the pod's node away.
+pub const AUTOSCALER_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+
+/// Set on a pod while busyguard protects it (`"true"`), taken off when it is idle or its
+/// protection lapsed: what the busy-pod PodDisruptionBudget selects, so that it too lets a pod go
+/// at max-busy.
+pub const PROTECTED_LABEL: &str = "busyguard.io/protected";
+
+/// Where a released pod's `pod-template-hash` is kept.
+pub const RELEASED_FROM: &str = "busyguard.io/released-from";
+
+/// The label by which a Deployment's ReplicaSet selects its pods.
+pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// The field manager busyguard writes as: the API server records it in `managedFields`.
+pub const FIELD_MANAGER: &str = "busyguard";
+
+/// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
+/// Both a label (`"true"`: what the API server selects the pod-marks webhook by) and an
+/// annotation, whose value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
+pub const DELETE_REQUESTED: &str = "busyguard.io/delete-requested";
+
+/// The value of a delete-requested mark's annotation: who asked, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRequest {
+    pub by: String,
+    pub at: Timestamp,
+}
+
+impl DeleteRequest {
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).expect("two strings always serialize")
+    }
+}
+
+/// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
+/// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
+pub const DECIDING_ANNOTATIONS: [&str; 11] = [
+    BUSY_SINCE,
+    MAX_BUSY,
+    TASK_CONTAINER,
+    DEFAULT_CONTAINER,
+    DELETE_REQUESTED,
+    DELETION_COST,
+    IDLE_COST,
+    KARPENTER_DO_NOT_DISRUPT,
+    IDLE_DO_NOT_DISRUPT,
+    AUTOSCALER_SAFE_TO_EVICT,
+    IDLE_SAFE_TO_EVICT,
+];
