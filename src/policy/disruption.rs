@@ -6,8 +6,7 @@ use jiff::Timestamp;
 
 use super::busy::{BusyState, Lapse, busy_state};
 use super::keys::{BUSY_LABEL, MAX_UNAVAILABLE};
-use super::keys::{DeleteRequest, POD_TEMPLATE_HASH};
-use super::messages;
+use super::keys::{DELETE_REQUESTED, DeleteRequest, POD_TEMPLATE_HASH, RELEASED_FROM};
 use super::outcome::{Action, Answer, Ask, AuditRecord, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 use super::{
@@ -147,7 +146,7 @@ fn over_budget(
     {
         return None;
     }
-    Some(messages::over_budget(ask.namespace, ask.name, allowed, unavailable))
+    Some(budget_used_up(ask.namespace, ask.name, allowed, unavailable))
 }
 
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
@@ -206,16 +205,12 @@ pub fn decide(
         },
         Verdict::AllowBusy(over) => {
             let decision = over.decision();
-            Outcome::allow(decision).audited(audit(
-                decision,
-                over.reason(),
-                messages::override_detail(&over, namespace, name),
-            ))
+            Outcome::allow(decision).audited(audit(decision, over.reason(), override_detail(&over, namespace, name)))
         }
         Verdict::Deny { since, until } => {
             let by_readiness = pod.label(BUSY_LABEL) != Some("true");
             let enforced = config.mode != Mode::DryRun;
-            let mut message = messages::busy_denial(namespace, name, since, until, by_readiness, enforced);
+            let mut message = busy_denial(namespace, name, since, until, by_readiness, enforced);
             if config.mode == Mode::DryRun {
                 return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
             }
@@ -230,10 +225,10 @@ pub fn decide(
                 acts && by_readiness && action == Action::Delete && ask.requester.username == REPLICASET_CONTROLLER_USER
             });
             if deferred {
-                message.push_str(&messages::delete_deferred());
+                message.push_str(&delete_deferred());
             }
             if hash.is_some() {
-                message.push_str(&messages::released());
+                message.push_str(&released());
             }
             let target =
                 PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
@@ -262,6 +257,77 @@ pub fn decide(
                 await_effects: deferred || hash.is_some(),
             }
         }
+    }
+}
+
+/// What a person reads when busyguard refuses: who is busy, since when, and how to override.
+/// `by_readiness`: busy because it is not Ready (compatibility mode), where the label says idle.
+/// `enforced`: the refusal stands (not `--mode dry-run`, where the pod goes all the same).
+pub fn busy_denial(
+    namespace: &str,
+    name: &str,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+    by_readiness: bool,
+    enforced: bool,
+) -> String {
+    // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
+    let (since, counted) = match since {
+        Some(t) => (format!(" since {t}"), ""),
+        None => (", since when busyguard cannot tell".to_string(), ", counted from the pod's creation"),
+    };
+    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest{counted})"));
+    let force = format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
+    let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
+    let spared = if enforced { "; it will be spared until it is idle" } else { "" };
+    format!("pod {namespace}/{name} is {busy}{since}{until}{spared}; to force: {force}")
+}
+
+/// A disruption refused by the workload's own budget.
+pub fn budget_used_up(namespace: &str, name: &str, allowed: u32, unavailable: u32) -> String {
+    format!(
+        "pod {namespace}/{name} may not go now: its workload allows {allowed} unavailable pod(s) at once \
+         ({MAX_UNAVAILABLE}) and {unavailable} already are; retry once they are back"
+    )
+}
+
+/// Added to a refusal of a delete busyguard will carry out itself.
+pub fn delete_deferred() -> String {
+    format!(
+        "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
+         (if the annotation does not appear, delete again later)"
+    )
+}
+
+/// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked.
+pub fn released() -> String {
+    format!(
+        "; busyguard takes it out of its ReplicaSet (label {POD_TEMPLATE_HASH} kept in {RELEASED_FROM}), so the \
+         scale-down completes without it, and deletes it once it is Ready again"
+    )
+}
+
+/// Why a busy pod was let go.
+pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
+    let pod = format!("pod {namespace}/{name}");
+    match over {
+        Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
+            format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
+        }
+        Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
+            format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
+        }
+        Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
+        Override::ExemptGroup(group) => format!("{pod} is busy; group {group} is exempt"),
+        Override::NodeTaintEviction => format!(
+            "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
+             the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
+        ),
+        Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
+        Override::KarpenterDeadline => format!(
+            "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
+             the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
+        ),
     }
 }
 
@@ -627,5 +693,31 @@ mod tests {
         let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::Enforce, late);
         assert_eq!(outcome.decision, Decision::Lapsed);
         assert_eq!(reason_of(&outcome), Some(Reason::MaxBusyExceeded));
+    }
+
+    #[test]
+    fn busy_denial_names_the_pod_the_time_and_the_override() {
+        let (since, until) =
+            (Some("2026-11-21T20:00:00Z".parse().unwrap()), Some("2026-11-22T20:00:00Z".parse().unwrap()));
+        let message = busy_denial("capture", "worker-1", since, until, false, true);
+        assert_eq!(
+            message,
+            "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
+             2026-11-22T20:00:00Z at the latest); it will be spared until it is idle; to force: \
+             kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
+        );
+        assert_eq!(
+            busy_denial("ns", "p", None, until, false, true),
+            "pod ns/p is busy, since when busyguard cannot tell (protection lapses at 2026-11-22T20:00:00Z at the \
+             latest, counted from the pod's creation); it will be spared until it is idle; to force: kubectl label \
+             pod p -n ns busyguard.io/busy=false --overwrite"
+        );
+        assert_eq!(
+            busy_denial("ns", "p", since, None, true, true),
+            "pod ns/p is busy (not Ready) since 2026-11-21T20:00:00Z; it will be spared until it is idle; to force: \
+             kubectl label pod p -n ns busyguard.io/busy=false --overwrite"
+        );
+        let would = busy_denial("ns", "p", since, None, false, false);
+        assert!(!would.contains("spared"), "in dry-run mode the pod goes: {would}");
     }
 }

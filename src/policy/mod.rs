@@ -8,7 +8,8 @@
 //! - [`observed`]: a change the watch saw (deferred deletes due, stale annotations, losses).
 //!
 //! The rest are the atoms they share: [`busy`] (is a pod protected), [`cost`], [`selector`],
-//! [`pod`] (what a decision reads of a pod), and [`messages`], every sentence a person reads.
+//! [`pod`] (what a decision reads of a pod), [`keys`] (the names on pods). Each path's sentences
+//! (refusals, warnings, the `detail` of audit lines) are written beside its rule.
 //!
 //! Words: a `Verdict` is the busy rule's answer for one pod; a `Decision` is what busyguard did,
 //! as metrics and audit lines name it; an `Outcome` is all of it: the answer, the audit line and
@@ -19,7 +20,6 @@ pub mod conditions;
 pub mod cost;
 pub mod disruption;
 pub mod keys;
-pub mod messages;
 pub mod node;
 pub mod observed;
 pub mod outcome;

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
-use super::messages;
+use super::keys::BUSY_LABEL;
 use super::outcome::{Ask, Decision, Denial, Outcome, Reason};
 use super::pod::PodFacts;
 
@@ -55,10 +55,41 @@ pub fn decide<'a, P: PodFacts + 'a>(
     };
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
     if let Some(reason) = exempt {
-        let detail = messages::node_deleted_anyway(ask.name, &busy, requester.username);
+        let detail = node_deleted_anyway(ask.name, &busy, requester.username);
         return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
     }
-    Outcome::refused(Denial::PodBusy, Reason::Busy, messages::node_busy(ask.name, &busy), config.mode, audit)
+    Outcome::refused(Denial::PodBusy, Reason::Busy, node_busy(ask.name, &busy), config.mode, audit)
+}
+
+/// A node delete refused: which busy pods run there, and until when at the latest.
+pub fn node_busy(node: &str, busy: &[BusyOnNode]) -> String {
+    format!(
+        "node {node} runs {} busy pod(s): {}; delete it again once they are idle (drain it to wait for them); \
+         to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
+        busy.len(),
+        busy_list(busy)
+    )
+}
+
+/// A node deleted with busy pods on it, and by whom.
+pub fn node_deleted_anyway(node: &str, busy: &[BusyOnNode], by: &str) -> String {
+    format!("node {node} deleted by {by} with {} busy pod(s) on it: {}", busy.len(), busy_list(busy))
+}
+
+/// At most 5 named, the rest counted.
+fn busy_list(busy: &[BusyOnNode]) -> String {
+    let mut named: Vec<String> = busy
+        .iter()
+        .take(5)
+        .map(|b| match b.until {
+            Some(until) => format!("{} (protected until {until})", b.pod),
+            None => b.pod.clone(),
+        })
+        .collect();
+    if busy.len() > 5 {
+        named.push(format!("and {} more", busy.len() - 5));
+    }
+    named.join(", ")
 }
 
 #[cfg(test)]

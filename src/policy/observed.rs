@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
-use super::messages;
+use super::keys::DeleteRequest;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 use super::update::plan;
@@ -73,7 +73,7 @@ impl Loss {
         config: &PolicyConfig,
         now: Timestamp,
     ) -> Loss {
-        let detail = messages::lost(pod, &cause);
+        let detail = lost(pod, &cause);
         let audit = AuditRecord {
             busy_since,
             ..AuditRecord::of_pod(pod, cause.decision(), cause.reason(), detail, config.mode, now)
@@ -145,7 +145,7 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
             BusyState::Idle | BusyState::Lapsed { .. } | BusyState::NotOptedIn
         )
     {
-        let detail = messages::deleted_when_idle(pod, &request);
+        let detail = deleted_when_idle(pod, &request);
         let audit = AuditRecord {
             operation: "DELETE",
             user: request.by.clone(),
@@ -160,6 +160,33 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
     }
     let resource_version = now_seen.resource_version().to_string();
     vec![Effect::Refresh { pod: pod.clone(), resource_version, plan }]
+}
+
+/// A busy pod gone without a request busyguard could refuse.
+pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
+    match cause {
+        LossCause::Failed { reason } => format!(
+            "busy pod {pod} failed ({}) without a request busyguard could refuse: \
+             node-pressure eviction or preemption by the kubelet",
+            reason.as_deref().unwrap_or("no reason given")
+        ),
+        LossCause::Vanished => {
+            format!("busy pod {pod} disappeared without a graceful delete: node lost or deleted with --force")
+        }
+        LossCause::Disrupted { reason } => format!(
+            "busy pod {pod} is being taken away ({reason}) by a disruption busyguard did not refuse: it was down, \
+             overloaded or its view stale, or the requester was exempt"
+        ),
+        LossCause::Unwatched => format!(
+            "busy pod {pod} went while busyguard's watch was down: deleted by a request busyguard allowed (an \
+             audit line of the replica that judged it says so), or lost; the API server's audit log tells which"
+        ),
+    }
+}
+
+/// A deferred delete carried out.
+pub fn deleted_when_idle(pod: &PodRef, request: &DeleteRequest) -> String {
+    format!("pod {pod} is idle: deleted as {} asked at {} while it was busy", request.by, request.at)
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ impl Outcome {
         audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
     ) -> Self {
         if mode == Mode::DryRun {
-            let warnings = vec![super::messages::would_deny(&message)];
+            let warnings = vec![super::outcome::would_deny(&message)];
             return Self::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
                 Decision::WouldDeny,
                 reason,
@@ -417,4 +417,9 @@ impl Effect {
             | Effect::ReportLoss { pod, .. } => pod,
         }
     }
+}
+
+/// The warning of `--mode dry-run` in place of a refusal.
+pub fn would_deny(message: &str) -> String {
+    format!("busyguard dry-run, would deny: {message}")
 }

@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
-use super::messages;
 use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
 use super::selector::Selector;
@@ -40,13 +39,13 @@ pub fn decide<P: PodFacts>(
     let audit =
         |reason, detail, plan| AuditRecord { plan, ..ask.audit(Decision::ScaleDown, reason, detail, config.mode, now) };
     let unprepared = |reason, why: &str| {
-        let detail = messages::scale_unprepared(object, from, to, why);
+        let detail = scale_unprepared(object, from, to, why);
         Outcome::allow(Decision::ScaleDown).audited(audit(reason, detail, None))
     };
     let selector = match scale.selector {
-        None => return unprepared(Reason::NoSelector, messages::NO_SELECTOR),
-        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &messages::selector_unparsed(&e)),
-        Some(Ok(selector)) if selector.is_empty() => return unprepared(Reason::NoSelector, messages::EMPTY_SELECTOR),
+        None => return unprepared(Reason::NoSelector, NO_SELECTOR),
+        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &selector_unparsed(&e)),
+        Some(Ok(selector)) if selector.is_empty() => return unprepared(Reason::NoSelector, EMPTY_SELECTOR),
         Some(Ok(selector)) => selector,
     };
     let pods = match select(&selector) {
@@ -76,7 +75,7 @@ pub fn decide<P: PodFacts>(
             .collect()
     };
     let plan = plan_scale_down(from, to, &states, effects.len());
-    let detail = messages::scale_plan(object, &plan);
+    let detail = scale_plan(object, &plan);
     Outcome {
         effects,
         await_effects: true,
@@ -126,6 +125,28 @@ pub fn plan_scale_down(from: i32, to: i32, states: &[BusyState], refreshed: usiz
         refreshed,
     }
 }
+
+/// A scale-down allowed without preparing its pods, and why.
+pub fn scale_unprepared(object: &str, from: i32, to: i32, why: &str) -> String {
+    format!("{object} {from}→{to}: pods not prepared, {why}")
+}
+
+pub fn selector_unparsed(error: &str) -> String {
+    format!("its selector does not parse: {error}")
+}
+
+/// What a scale-down will do to the pods it selects.
+pub fn scale_plan(object: &str, plan: &ScalePlan) -> String {
+    format!(
+        "{object} {}→{}: takes {} idle pod(s) now, waits for {} busy pod(s), spares {} busy pod(s); \
+         {} pod(s) had stale busyguard annotations",
+        plan.replicas_from, plan.replicas_to, plan.idle_taken, plan.busy_waited, plan.busy_spared, plan.refreshed
+    )
+}
+
+pub const NO_SELECTOR: &str = "the object has no selector";
+
+pub const EMPTY_SELECTOR: &str = "its selector is empty";
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use super::keys::{
 };
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
@@ -21,7 +21,6 @@ use super::cost::{BUSY_COST_FLOOR, KARPENTER_NOTHING_COST, busy_cost};
 use super::keys::DELETE_REQUESTED;
 use super::keys::DELETION_COST;
 use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
-use super::messages;
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::{parse_positive_duration, whole_second};
@@ -107,7 +106,7 @@ pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyCon
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
     if let (true, Some(deleting)) = (turning_busy, pod.metadata.deletion_timestamp) {
-        let message = messages::busy_while_terminating(ask.namespace, ask.name, deleting);
+        let message = busy_while_terminating(ask.namespace, ask.name, deleting);
         let audit = ask.audit(Decision::Denied, Reason::Terminating, message.clone(), config.mode, now);
         return Outcome::answer(Answer::Deny { denial: Denial::PodTerminating, message }, Decision::Denied)
             .audited(audit);
@@ -142,7 +141,7 @@ pub fn judge_write(
         return Outcome::allow(Decision::Unhandled);
     }
     let refusal = if marks_anew(pod, before) {
-        Some((Denial::NotBusyguardsMark, Reason::ForgedMark, messages::not_busyguards_mark(ask.namespace, ask.name)))
+        Some((Denial::NotBusyguardsMark, Reason::ForgedMark, not_busyguards_mark(ask.namespace, ask.name)))
     } else if let Some(own_pod) = ask.requester.pod {
         own_flag_only(ask, own_pod, pod, before, config, now)
             .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
@@ -191,12 +190,12 @@ fn own_flag_only(
     let own_namespace = service_account_namespace(ask.requester.username);
     if own_pod != ask.name || own_namespace != Some(ask.namespace) {
         let own = format!("{}/{own_pod}", own_namespace.unwrap_or("?"));
-        Some(messages::not_own_pod(ask.namespace, ask.name, &own))
+        Some(not_own_pod(ask.namespace, ask.name, &own))
     } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
         || theirs(pod) != theirs(before)
         || !busyguards_own_as_it_leaves_them(pod, before, config, now)
     {
-        Some(messages::more_than_the_flag(ask.namespace, ask.name))
+        Some(more_than_the_flag(ask.namespace, ask.name))
     } else {
         None
     }
@@ -252,18 +251,18 @@ const GUARDED: [(&str, &str); 3] = [
 pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(value) = pod.label(BUSY_LABEL).filter(|v| !matches!(*v, "true" | "false" | WHEN_UNREADY)) {
-        warnings.push(messages::label_unknown(value));
+        warnings.push(label_unknown(value));
     }
     // The user's own cost: on the pod while idle, kept aside while busy.
     let mut own_costs =
         [DELETION_COST, IDLE_COST].into_iter().filter_map(|key| pod.annotation(key)?.parse::<i64>().ok());
     if let Some(cost) = own_costs.find(|cost| *cost <= -KARPENTER_NOTHING_COST) {
-        warnings.push(messages::cost_counts_as_nothing(cost));
+        warnings.push(cost_counts_as_nothing(cost));
     }
     match (pod.annotation(MAX_BUSY).map(parse_positive_duration), max_busy.ceiling) {
-        (Some(Err(e)), _) => warnings.push(messages::max_busy_ignored(&e)),
+        (Some(Err(e)), _) => warnings.push(max_busy_ignored(&e)),
         (Some(Ok(own)), Some(ceiling)) if own > ceiling => {
-            warnings.push(messages::max_busy_above_ceiling(own, ceiling));
+            warnings.push(max_busy_above_ceiling(own, ceiling));
         }
         _ => {}
     }
@@ -451,6 +450,60 @@ pub fn merge_patch(plan: &Plan) -> Value {
         patch["metadata"]["labels"] = serde_json::json!({PROTECTED_LABEL: protected.then_some("true")});
     }
     patch
+}
+
+/// A flip to busy refused on a pod being deleted: the app must not start the task.
+pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) -> String {
+    format!(
+        "pod {namespace}/{name} is being deleted (since {deleting}) and cannot turn busy: do not start the task; \
+         it would be killed with the pod"
+    )
+}
+
+/// A pod's service account writing another pod.
+pub fn not_own_pod(namespace: &str, name: &str, own: &str) -> String {
+    format!(
+        "pod {namespace}/{name} is not the requester's own pod ({own}): a pod's service account may flip only its \
+         own busy label"
+    )
+}
+
+/// A delete-requested mark written by someone other than busyguard.
+pub fn not_busyguards_mark(namespace: &str, name: &str) -> String {
+    format!(
+        "pod {namespace}/{name}: only busyguard writes {DELETE_REQUESTED} (it deletes the pod on its word); to have \
+         a busy pod deleted once idle, delete it and busyguard marks it"
+    )
+}
+
+/// A pod's service account changing more of its own pod than the flag.
+pub fn more_than_the_flag(namespace: &str, name: &str) -> String {
+    format!("pod {namespace}/{name}: its own service account may change only its {BUSY_LABEL} label")
+}
+
+pub fn max_busy_ignored(error: &str) -> String {
+    format!("busyguard: annotation {MAX_BUSY} ignored, the default applies: {error}")
+}
+
+pub fn max_busy_above_ceiling(own: SignedDuration, ceiling: SignedDuration) -> String {
+    format!(
+        "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
+    )
+}
+
+pub fn label_unknown(value: &str) -> String {
+    format!(
+        "busyguard: label {BUSY_LABEL}={value:?} is neither \"true\", \"false\" nor \"{WHEN_UNREADY}\"; the pod \
+         counts as idle"
+    )
+}
+
+pub fn cost_counts_as_nothing(cost: i64) -> String {
+    format!(
+        "busyguard: {DELETION_COST}={cost} is at or below -{KARPENTER_NOTHING_COST}: Karpenter (1.14 and later) \
+         counts such a pod as nothing, so its node as empty, and deletes the node without waiting for it; keep \
+         idle costs above that"
+    )
 }
 
 #[cfg(test)]
