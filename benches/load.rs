@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
+use busyguard::admission::review::AdmissionResponse;
+use busyguard::config::{Cli, Command as BusyguardCommand};
+use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -26,10 +29,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::de::Error as _;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
-
-use busyguard::admission::review::AdmissionResponse;
-use busyguard::config::{Cli, Command as BusyguardCommand};
-use clap::Parser;
 
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
 const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
@@ -90,8 +89,8 @@ fn whole_second_now() -> jiff::Timestamp {
 /// annotations and label busyguard's own plan gives it, on the defaults of `busyguard serve`.
 fn busy_pod() -> Value {
     use busyguard::policy::keys::PROTECTED_LABEL;
+    use busyguard::policy::marks::plan;
     use busyguard::policy::pod::Pod;
-    use busyguard::policy::update::plan;
     let eviction = fixture("pod-eviction-by-user.json");
     let mut pod = fixture("pod-delete-by-replicaset-controller.json")["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();

@@ -15,8 +15,7 @@ use kube::api::{Patch, PatchParams};
 use tracing::{info, warn};
 
 use crate::cluster::view::WatchedPod;
-use crate::policy::keys::BUSY_LABEL;
-use crate::policy::keys::FIELD_MANAGER;
+use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER};
 
 /// How the app's answer says busy.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,10 +15,9 @@ use serde_json::{Value, json};
 use crate::cluster::view::WatchedPod;
 use crate::cluster::{ClusterSource, client_config};
 use crate::policy::busy::MaxBusy;
-use crate::policy::keys::BUSY_LABEL;
-use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
+use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
+use crate::policy::marks::{MutationSettings, merge_patch, plan};
 use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
-use crate::policy::update::{MutationSettings, merge_patch, plan};
 
 /// Every annotation busyguard may have written is restored or removed, whatever it was set to
 /// write.

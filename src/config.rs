@@ -13,7 +13,7 @@ use crate::cluster::{ClusterSettings, ClusterSource};
 use crate::duration::parse_positive_duration;
 use crate::policy::busy::MaxBusy;
 use crate::policy::disruption::Exemptions;
-use crate::policy::update::MutationSettings;
+use crate::policy::marks::MutationSettings;
 use crate::policy::{Mode, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};

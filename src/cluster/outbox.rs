@@ -20,8 +20,8 @@ use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
 use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH, RELEASED_FROM};
+use crate::policy::marks::merge_patch;
 use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Decision, Effect, PodRef};
-use crate::policy::update::merge_patch;
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutboxSettings {

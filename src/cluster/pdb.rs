@@ -13,9 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
-use crate::policy::keys::BUSY_LABEL;
-use crate::policy::keys::FIELD_MANAGER;
-use crate::policy::keys::PROTECTED_LABEL;
+use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER, PROTECTED_LABEL};
 use crate::policy::pdb::{BUSY_PDB_MIN_AVAILABLE, BUSY_PDB_NAME, ExistingPdb, MANAGED_BY, Step, plan};
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;

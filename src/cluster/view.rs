@@ -11,9 +11,10 @@ use serde::{Deserialize, Deserializer};
 
 use crate::policy::NEVER_GUARDED_NAMESPACES;
 use crate::policy::disruption::is_available;
-use crate::policy::keys::DECIDING_ANNOTATIONS;
-use crate::policy::keys::{BUSY_LABEL, DEFAULT_CONTAINER, MAX_UNAVAILABLE, TASK_CONTAINER};
-use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH};
+use crate::policy::keys::{
+    BUSY_LABEL, DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, MAX_UNAVAILABLE,
+    POD_TEMPLATE_HASH, TASK_CONTAINER,
+};
 use crate::policy::pod::{Phase, PodFacts, PodStatus, Readiness};
 use crate::policy::signals::workload;
 

@@ -1,8 +1,8 @@
 //! The busy contract: is this pod protected right now, and why (not)?
 
-use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
 use jiff::{SignedDuration, Timestamp};
 
+use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
 use super::pod::{Phase, PodFacts, Readiness};
 use crate::duration::parse_positive_duration;
 

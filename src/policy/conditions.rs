@@ -14,10 +14,10 @@
 
 use serde_json::{Value, json};
 
-use super::keys::DECIDING_ANNOTATIONS;
-use super::keys::DELETE_REQUESTED;
-use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_UNAVAILABLE, WHEN_UNREADY};
-use super::keys::{IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, PROTECTED_LABEL};
+use super::keys::{
+    BUSY_LABEL, BUSY_SINCE, DECIDING_ANNOTATIONS, DELETE_REQUESTED, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT,
+    MAX_UNAVAILABLE, PROTECTED_LABEL, WHEN_UNREADY,
+};
 use super::node::CLOUD_NODE_LIFECYCLE_USERS;
 use super::{
     NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
@@ -362,7 +362,7 @@ mod tests {
         ) {
             let (selectors, expression) = ([not_idle()], pod_write_may_be_patched());
             // Stored unpatched, the pod reaches busyguard's watch, which plans as a create would.
-            let repaired = |new: &Value| !update::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
+            let repaired = |new: &Value| !crate::policy::marks::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
                 let outcome = update::decide(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
                 let allowed = matches!(outcome.answer, Answer::Allow { .. } | Answer::Patch { .. });

@@ -5,8 +5,7 @@
 use jiff::Timestamp;
 
 use super::busy::{BusyState, Lapse, busy_state};
-use super::keys::{BUSY_LABEL, MAX_UNAVAILABLE};
-use super::keys::{DELETE_REQUESTED, DeleteRequest, POD_TEMPLATE_HASH, RELEASED_FROM};
+use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, MAX_UNAVAILABLE, POD_TEMPLATE_HASH, RELEASED_FROM};
 use super::outcome::{Action, Answer, Ask, AuditRecord, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 use super::{
@@ -337,8 +336,8 @@ mod tests {
     use crate::policy::busy::MaxBusy;
     use crate::policy::keys::BUSY_SINCE;
     use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::marks::MutationSettings;
     use crate::policy::pod::Pod;
-    use crate::policy::update::MutationSettings;
     use jiff::SignedDuration;
     use serde_json::json;
 

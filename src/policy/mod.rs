@@ -20,6 +20,7 @@ pub mod conditions;
 pub mod cost;
 pub mod disruption;
 pub mod keys;
+pub mod marks;
 pub mod node;
 pub mod observed;
 pub mod outcome;
@@ -32,7 +33,7 @@ pub mod update;
 
 use busy::MaxBusy;
 use disruption::Exemptions;
-use update::MutationSettings;
+use marks::MutationSettings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -7,9 +7,9 @@ use jiff::Timestamp;
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::keys::DeleteRequest;
+use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
-use super::update::plan;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LossCause {

@@ -2,14 +2,13 @@
 //! effects. The admission layer turns the answer into an AdmissionResponse; the cluster layer
 //! carries out the effects; the audit sink writes the line.
 
-use super::keys::DeleteRequest;
 use std::fmt;
 
 use jiff::Timestamp;
 use serde::Serialize;
 
-use super::scale::ScalePlan;
-use super::update::Plan;
+use super::keys::DeleteRequest;
+use super::marks::Plan;
 use super::{Mode, Requester};
 
 #[derive(Debug)]
@@ -422,4 +421,21 @@ impl Effect {
 /// The warning of `--mode dry-run` in place of a refusal.
 pub fn would_deny(message: &str) -> String {
     format!("busyguard dry-run, would deny: {message}")
+}
+
+/// What a scale-down does to the pods it selects, as its audit line carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ScalePlan {
+    pub replicas_from: i32,
+    pub replicas_to: i32,
+    /// Pods the selector matches that are not already going away.
+    pub pods: usize,
+    /// Idle pods the controller can remove right away (it picks them first by cost).
+    pub idle_taken: usize,
+    /// Busy pods it has to wait for: their deletes are refused until they are idle.
+    pub busy_waited: usize,
+    /// Busy pods the scale-down leaves running.
+    pub busy_spared: usize,
+    /// Pods whose busyguard annotations were stale and are being brought up to date.
+    pub refreshed: usize,
 }

@@ -11,8 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::keys::BUSY_LABEL;
-use super::keys::PROTECTED_LABEL;
+use super::keys::{BUSY_LABEL, PROTECTED_LABEL};
 use super::selector::Selector;
 
 pub const BUSY_PDB_NAME: &str = "busyguard-busy";

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::keys::{DEFAULT_CONTAINER, TASK_CONTAINER};
-use super::keys::{DELETE_REQUESTED, DeleteRequest};
+use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, TASK_CONTAINER};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -421,8 +420,8 @@ mod tests {
     fn every_annotation_a_decision_reads_is_kept() {
         use crate::policy::disruption;
         use crate::policy::keys::BUSY_LABEL;
+        use crate::policy::marks::plan;
         use crate::policy::outcome::{Action, Ask, PodRef};
-        use crate::policy::update::plan;
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
 

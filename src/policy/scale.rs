@@ -4,14 +4,13 @@
 //! take at once, and how many busy ones it has to wait for.
 
 use jiff::Timestamp;
-use serde::Serialize;
 
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
-use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason};
+use super::marks::plan;
+use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
 use super::pod::PodFacts;
 use super::selector::Selector;
-use super::update::plan;
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).
@@ -81,22 +80,6 @@ pub fn decide<P: PodFacts>(
         await_effects: true,
         ..Outcome::allow(Decision::ScaleDown).audited(audit(Reason::Plan, detail, Some(plan)))
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ScalePlan {
-    pub replicas_from: i32,
-    pub replicas_to: i32,
-    /// Pods the selector matches that are not already going away.
-    pub pods: usize,
-    /// Idle pods the controller can remove right away (it picks them first by cost).
-    pub idle_taken: usize,
-    /// Busy pods it has to wait for: their deletes are refused until they are idle.
-    pub busy_waited: usize,
-    /// Busy pods the scale-down leaves running.
-    pub busy_spared: usize,
-    /// Pods whose busyguard annotations were stale and are being brought up to date.
-    pub refreshed: usize,
 }
 
 /// Only a lowered replica count is a scale-down.

@@ -4,100 +4,16 @@
 //! The plan depends only on the pod as it is about to be stored, so a reinvocation (the API
 //! server calling us again after another webhook changed the pod) finds nothing left to do.
 
-use super::keys::{
-    AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
-    PROTECTED_LABEL,
-};
-use std::collections::BTreeMap;
-
 use jiff::{SignedDuration, Timestamp};
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
-use serde_json::Value;
 
 use super::PolicyConfig;
-use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
-use super::cost::{BUSY_COST_FLOOR, KARPENTER_NOTHING_COST, busy_cost};
-use super::keys::DELETE_REQUESTED;
-use super::keys::DELETION_COST;
-use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
+use super::busy::MaxBusy;
+use super::cost::KARPENTER_NOTHING_COST;
+use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, PROTECTED_LABEL, WHEN_UNREADY};
+use super::marks::{GUARDED, flip_keys, json_patch, plan, written_on_a_flip};
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
-use crate::duration::{parse_positive_duration, whole_second};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MutationSettings {
-    /// Write `karpenter.sh/do-not-disrupt` on busy pods.
-    pub karpenter: bool,
-    /// Write it as the time left of the protection, counted from the pod's start (Karpenter
-    /// reads a duration so), rather than `"true"`: if busyguard is gone, Karpenter still lets the
-    /// pod go when max-busy would have.
-    pub karpenter_bounded: bool,
-    /// Write `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on busy pods.
-    pub cluster_autoscaler: bool,
-    /// Write it as `"on-completion"` instead: cluster-autoscaler 1.36 and later then neither
-    /// evicts the pod nor counts its node as empty, but may still drain the node's other pods.
-    /// Older ones match the value exactly and read it as no annotation at all.
-    pub cluster_autoscaler_on_completion: bool,
-}
-
-/// Annotation changes by key: `Some(value)` sets, `None` removes.
-pub type Changes = BTreeMap<&'static str, Option<String>>;
-
-/// An annotation busyguard overrides while a pod is busy.
-struct Guarded {
-    key: &'static str,
-    saved_as: &'static str,
-    enabled: bool,
-    busy_value: String,
-}
-
-impl Guarded {
-    /// A value busyguard writes while busy: for the cost, any in the busy band.
-    fn is_ours(&self, value: &str) -> bool {
-        match self.key {
-            DELETION_COST => value.parse::<i32>().is_ok_and(|cost| cost >= BUSY_COST_FLOOR),
-            KARPENTER_DO_NOT_DISRUPT => is_our_do_not_disrupt(value),
-            _ => value == self.busy_value,
-        }
-    }
-}
-
-/// Each of [`GUARDED`] with its busy value; `until` is when protection ends (`None`: unknown),
-/// `started` when the pod started.
-fn guarded(
-    settings: MutationSettings,
-    since: Timestamp,
-    until: Option<Timestamp>,
-    started: Option<Timestamp>,
-) -> [Guarded; 3] {
-    let do_not_disrupt = match (settings.karpenter_bounded, until, started) {
-        (true, Some(until), Some(started)) => bounded_do_not_disrupt(until, started),
-        _ => "true".into(),
-    };
-    GUARDED.map(|(key, saved_as)| {
-        let (enabled, busy_value) = match key {
-            DELETION_COST => (true, busy_cost(since).to_string()),
-            KARPENTER_DO_NOT_DISRUPT => (settings.karpenter, do_not_disrupt.clone()),
-            // AUTOSCALER_SAFE_TO_EVICT
-            _ => {
-                let value = if settings.cluster_autoscaler_on_completion { "on-completion" } else { "false" };
-                (settings.cluster_autoscaler, value.into())
-            }
-        };
-        Guarded { key, saved_as, enabled, busy_value }
-    })
-}
-
-/// Karpenter's duration form, in whole seconds from the pod's start to `until` (at least 1s).
-fn bounded_do_not_disrupt(until: Timestamp, started: Timestamp) -> String {
-    format!("{}s", (until.as_second() - started.as_second()).max(1))
-}
-
-/// A do-not-disrupt value busyguard wrote: `"true"`, or a number of seconds as above.
-fn is_our_do_not_disrupt(value: &str) -> bool {
-    value == "true" || value.strip_suffix('s').is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
+use crate::duration::parse_positive_duration;
 
 /// The answer to a pod's create or update (`before`: the version it replaces): the annotation
 /// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
@@ -229,24 +145,6 @@ fn service_account_namespace(username: &str) -> Option<&str> {
     username.strip_prefix("system:serviceaccount:")?.split(':').next()
 }
 
-/// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
-/// where the user's own value of it is kept.
-fn written_on_a_flip(key: &str) -> bool {
-    flip_keys().any(|written| written == key)
-}
-
-/// busy-since, and each of [`GUARDED`] with where the user's value waits.
-fn flip_keys() -> impl Iterator<Item = &'static str> {
-    std::iter::once(BUSY_SINCE).chain(GUARDED.iter().flat_map(|(guarded, saved_as)| [*guarded, *saved_as]))
-}
-
-/// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
-const GUARDED: [(&str, &str); 3] = [
-    (DELETION_COST, IDLE_COST),
-    (KARPENTER_DO_NOT_DISRUPT, IDLE_DO_NOT_DISRUPT),
-    (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
-];
-
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
 pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> {
     let mut warnings = Vec::new();
@@ -267,189 +165,6 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
         _ => {}
     }
     warnings
-}
-
-/// What busyguard keeps on a pod: its annotation changes, and the protected label's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub annotations: Changes,
-    /// `Some(true)` to set [`PROTECTED_LABEL`], `Some(false)` to take it off; `None`: as it is.
-    pub protected: Option<bool>,
-}
-
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.annotations.is_empty() && self.protected.is_none()
-    }
-}
-
-/// The plan for `pod` as it is about to be stored. `before` is the version it replaces, when
-/// the request carries it (an update); without it (a create, the watch, a scale-down) the pod's
-/// own busy-since stands if it is a time already past.
-pub fn plan(
-    pod: &impl PodFacts,
-    before: Option<&dyn PodFacts>,
-    settings: MutationSettings,
-    max_busy: MaxBusy,
-    now: Timestamp,
-) -> Plan {
-    let (mut annotations, protected) = if pod.is_terminal() || pod.is_terminating() {
-        (Changes::new(), false)
-    } else if pod.label(BUSY_LABEL) == Some("true") {
-        plan_busy(pod, before, settings, max_busy, now)
-    } else {
-        // Busy by readiness (compatibility mode) is protected too.
-        (plan_idle(pod, settings, now), busy_state(pod, max_busy, now).is_protected())
-    };
-    annotations.retain(|key, value| pod.annotation(key) != value.as_deref());
-    let has = pod.label(PROTECTED_LABEL) == Some("true");
-    Plan { annotations, protected: (protected != has).then_some(protected) }
-}
-
-/// Not marked busy: back to the user's own values, and busyguard's markers go. Opted out (the
-/// label removed, also while busy) counts the same as a flip to idle.
-fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) -> Changes {
-    let mut changes = Changes::new();
-    let ours_left =
-        pod.annotation(BUSY_SINCE).is_some() || GUARDED.iter().any(|(_, saved_as)| pod.annotation(saved_as).is_some());
-    if !ours_left {
-        return changes;
-    }
-    changes.insert(BUSY_SINCE, None);
-    for g in guarded(settings, now, None, None) {
-        match pod.annotation(g.saved_as) {
-            Some(saved) => {
-                changes.insert(g.key, Some(saved.to_string()));
-                changes.insert(g.saved_as, None);
-            }
-            // Only what busyguard set may be taken away; a disabled one it never set.
-            None if g.enabled => {
-                changes.insert(g.key, None);
-            }
-            None => {}
-        }
-    }
-    changes
-}
-
-/// Marked busy: the changes, and whether the pod is protected.
-fn plan_busy(
-    pod: &impl PodFacts,
-    before: Option<&dyn PodFacts>,
-    settings: MutationSettings,
-    max_busy: MaxBusy,
-    now: Timestamp,
-) -> (Changes, bool) {
-    let mut changes = Changes::new();
-    let get = |key: &str| pod.annotation(key).map(str::to_string);
-    let (since, turning_busy) = match busy_since_to_keep(pod, before, now) {
-        Some(kept) => (kept, false),
-        None => (whole_second(now), true),
-    };
-    changes.insert(BUSY_SINCE, Some(since.to_string()));
-    // Edited by this very write (only known when the request carries the old version).
-    let edited = |key: &str| before.is_some_and(|old| old.annotation(key) != pod.annotation(key));
-    let state = busy_from(pod, Some(since), max_busy, now);
-    let lapsed = matches!(state, BusyState::Lapsed { .. });
-    let until = match state {
-        BusyState::Busy { until, .. } => until,
-        _ => None,
-    };
-    for g in guarded(settings, since, until, pod.started()) {
-        let (current, saved) = (get(g.key), get(g.saved_as));
-        let ours = current.as_deref().is_some_and(|value| g.is_ours(value));
-        if lapsed {
-            // Protection ran out while the flag stayed up: the user's values rank the pod again,
-            // and stay saved (with busy-since) so the flip to idle restores the same values. A
-            // value the user writes meanwhile becomes the one to restore.
-            if !(g.enabled || saved.is_some()) {
-                continue;
-            }
-            if ours && !edited(g.key) {
-                changes.insert(g.key, saved);
-            } else if current != saved {
-                changes.insert(g.saved_as, current);
-            }
-        } else if g.enabled && (turning_busy || current.as_deref() != Some(g.busy_value.as_str())) {
-            // Turning busy, or someone changed a guarded annotation while busy: theirs is the
-            // value to restore, and ours goes back. A busy value of ours left over (busy-since
-            // lost, a flip to idle missed) is never saved as the user's: only a write seen
-            // whole (with its old version) tells a user's "true" from ours.
-            let left_over = ours && !edited(g.key) && (saved.is_some() || before.is_none() || !turning_busy);
-            if !left_over {
-                changes.insert(g.saved_as, current);
-            }
-            changes.insert(g.key, Some(g.busy_value));
-        }
-    }
-    (changes, state.is_protected())
-}
-
-/// While busy, the busy-since stamped on the flip stays, whatever the write says (moving or
-/// removing it would renew protection for ever). Turning busy, the write's own is kept if it
-/// is a time already past (it can only shorten protection; and a reinvocation brings the one
-/// stamped a moment ago). `None`: to be stamped now.
-fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: Timestamp) -> Option<Timestamp> {
-    let past = |pod: &dyn PodFacts| busy_since(pod).filter(|since| *since <= now);
-    match before {
-        Some(old) if old.label(BUSY_LABEL) == Some("true") => past(old),
-        _ => past(pod),
-    }
-}
-
-/// The plan as a JSONPatch against the pod it was made for.
-pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
-    let mut patch = annotations_patch(pod, &plan.annotations);
-    let label = PointerBuf::from_tokens(["metadata", "labels", PROTECTED_LABEL]);
-    match plan.protected {
-        // Opted-in pods carry labels: the map is there.
-        Some(true) => {
-            patch.0.push(PatchOperation::Add(AddOperation { path: label, value: Value::String("true".into()) }))
-        }
-        Some(false) => patch.0.push(PatchOperation::Remove(RemoveOperation { path: label })),
-        None => {}
-    }
-    patch
-}
-
-fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
-    let path = |key: &str| PointerBuf::from_tokens(["metadata", "annotations", key]);
-    let operations = match &pod.metadata.annotations {
-        _ if changes.is_empty() => vec![],
-        // No annotations map yet: create it whole (there is nothing to remove).
-        None => {
-            let map = changes
-                .iter()
-                .filter_map(|(key, value)| Some((key.to_string(), Value::String(value.clone()?))))
-                .collect();
-            vec![PatchOperation::Add(AddOperation {
-                path: PointerBuf::from_tokens(["metadata", "annotations"]),
-                value: Value::Object(map),
-            })]
-        }
-        Some(_) => changes
-            .iter()
-            .map(|(key, value)| match value {
-                Some(value) => {
-                    PatchOperation::Add(AddOperation { path: path(key), value: Value::String(value.clone()) })
-                }
-                None => PatchOperation::Remove(RemoveOperation { path: path(key) }),
-            })
-            .collect(),
-    };
-    Patch(operations)
-}
-
-/// The plan as a JSON merge patch, for pods busyguard patches through the API.
-pub fn merge_patch(plan: &Plan) -> Value {
-    let annotations: serde_json::Map<String, Value> = (plan.annotations.iter())
-        .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
-        .collect();
-    let mut patch = serde_json::json!({"metadata": {"annotations": annotations}});
-    if let Some(protected) = plan.protected {
-        patch["metadata"]["labels"] = serde_json::json!({PROTECTED_LABEL: protected.then_some("true")});
-    }
-    patch
 }
 
 /// A flip to busy refused on a pod being deleted: the app must not start the task.
@@ -509,7 +224,10 @@ pub fn cost_counts_as_nothing(cost: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::policy::cost::busy_cost;
+    use crate::policy::keys::*;
+    use crate::policy::marks::*;
+    use serde_json::{Value, json};
 
     const ALL: MutationSettings = MutationSettings {
         karpenter: true,
