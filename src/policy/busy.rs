@@ -149,17 +149,10 @@ pub fn max_busy(pod: &impl PodFacts) -> Option<SignedDuration> {
 mod tests {
     use super::*;
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use serde_json::json;
 
     const HOUR: MaxBusy = MaxBusy::new(SignedDuration::from_hours(1));
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().unwrap()
-    }
-
-    fn pod(value: serde_json::Value) -> Pod {
-        serde_json::from_value(value).unwrap()
-    }
 
     fn busy_pod(since: &str) -> Pod {
         pod(json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: since}},

@@ -206,17 +206,18 @@ fn list(items: &[&str]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use jiff::{SignedDuration, Timestamp};
+    use crate::policy::testing::{config, now};
+
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
     use super::*;
+
     use crate::policy::disruption;
     use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::outcome::{Action, Answer, Ask, Outcome};
     use crate::policy::pod::{Pod, PodFacts};
     use crate::policy::update;
-    use crate::policy::{PolicyConfig, Requester, test_config};
 
     /// Whether a label selector of `matchExpressions` matches the labels of `object`.
     fn selects(selector: &Value, object: &Value) -> bool {
@@ -260,25 +261,8 @@ mod tests {
         }
     }
 
-    fn now() -> Timestamp {
-        "2026-11-21T21:00:00Z".parse().unwrap()
-    }
-
-    fn config() -> PolicyConfig {
-        test_config(SignedDuration::from_hours(24))
-    }
-
     fn ask(operation: &'static str, user: &'static str) -> Ask<'static> {
-        Ask {
-            uid: "u",
-            operation,
-            resource: "pods",
-            subresource: "",
-            namespace: "jobs",
-            name: "w",
-            requester: Requester { username: user, groups: &[], pod: None },
-            dry_run: false,
-        }
+        Ask { namespace: "jobs", ..crate::policy::testing::ask(operation, user) }
     }
 
     fn pod(value: &Value) -> Pod {

@@ -27,10 +27,7 @@ pub fn busy_cost(busy_since: Timestamp) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().unwrap()
-    }
+    use crate::policy::testing::*;
 
     #[test]
     fn later_busy_pods_cost_less_by_one_per_second() {

@@ -338,12 +338,9 @@ mod tests {
     use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::marks::MutationSettings;
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use jiff::SignedDuration;
     use serde_json::json;
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().unwrap()
-    }
 
     const NO_GROUPS: &[String] = &[];
 
@@ -373,10 +370,6 @@ mod tests {
         }
     }
 
-    fn now() -> Timestamp {
-        ts("2026-11-21T21:00:00Z")
-    }
-
     fn worker(label: &str, annotations: serde_json::Value, status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "capture", "uid": "u-w",
             "labels": {BUSY_LABEL: label}, "annotations": annotations}, "status": status}))
@@ -388,16 +381,7 @@ mod tests {
     }
 
     fn ask(username: &'static str, dry_run: bool) -> Ask<'static> {
-        Ask {
-            uid: "review-1",
-            operation: "DELETE",
-            resource: "pods",
-            subresource: "",
-            namespace: "capture",
-            name: "w",
-            requester: Requester { username, groups: NO_GROUPS, pod: None },
-            dry_run,
-        }
+        Ask { uid: "review-1", dry_run, ..crate::policy::testing::ask("DELETE", username) }
     }
 
     /// `ask` of the busy worker, as the view holds it too.

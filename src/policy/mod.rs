@@ -29,6 +29,8 @@ pub mod pod;
 pub mod scale;
 pub mod selector;
 pub mod signals;
+#[cfg(test)]
+pub mod testing;
 pub mod update;
 
 use busy::MaxBusy;
@@ -103,19 +105,3 @@ pub const TAINT_MANAGER_USERS: [&str; 3] = [
 pub const REPLICASET_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:replicaset-controller";
 /// The namespace controller deletes every pod of a namespace being deleted.
 pub const NAMESPACE_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:namespace-controller";
-
-/// Enforce mode, both autoscaler annotations, no exemptions, `max_busy` for every pod.
-#[cfg(test)]
-pub(crate) fn test_config(max_busy: jiff::SignedDuration) -> PolicyConfig {
-    PolicyConfig {
-        mode: Mode::Enforce,
-        max_busy: MaxBusy::new(max_busy),
-        exemptions: Exemptions::default(),
-        mutation: MutationSettings {
-            karpenter: true,
-            karpenter_bounded: true,
-            cluster_autoscaler: true,
-            cluster_autoscaler_on_completion: false,
-        },
-    }
-}

@@ -99,11 +99,8 @@ mod tests {
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::outcome::Answer;
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use serde_json::json;
-
-    fn now() -> Timestamp {
-        "2026-11-21T21:00:00Z".parse().unwrap()
-    }
 
     fn pod(label: &str) -> Pod {
         serde_json::from_value(json!({"metadata": {"labels": {BUSY_LABEL: label},
@@ -112,20 +109,11 @@ mod tests {
     }
 
     fn ask(username: &'static str) -> Ask<'static> {
-        Ask {
-            uid: "u",
-            operation: "DELETE",
-            resource: "nodes",
-            subresource: "",
-            namespace: "",
-            name: "node-1",
-            requester: Requester { username, groups: &[], pod: None },
-            dry_run: false,
-        }
+        Ask { resource: "nodes", namespace: "", name: "node-1", ..crate::policy::testing::ask("DELETE", username) }
     }
 
     fn config() -> PolicyConfig {
-        let mut config = crate::policy::test_config(jiff::SignedDuration::from_hours(24));
+        let mut config = crate::policy::testing::config();
         config.exemptions.users = vec!["ops".into()];
         config
     }

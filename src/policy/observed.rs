@@ -198,15 +198,8 @@ mod tests {
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::keys::{DELETE_REQUESTED, DeleteRequest};
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use serde_json::json;
-
-    fn config() -> PolicyConfig {
-        crate::policy::test_config(jiff::SignedDuration::from_hours(24))
-    }
-
-    fn now() -> Timestamp {
-        "2026-11-21T21:00:00Z".parse().unwrap()
-    }
 
     fn since() -> Timestamp {
         "2026-11-21T20:00:00Z".parse().unwrap()

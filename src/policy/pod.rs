@@ -425,7 +425,7 @@ mod tests {
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
 
-        let config = crate::policy::test_config(jiff::SignedDuration::from_hours(1));
+        let config = crate::policy::testing::config_with(jiff::SignedDuration::from_hours(1));
         let now: Timestamp = "2026-11-21T21:00:00Z".parse().unwrap();
         let every_kept: serde_json::Map<String, serde_json::Value> =
             DECIDING_ANNOTATIONS.iter().map(|key| (key.to_string(), json!("x"))).collect();

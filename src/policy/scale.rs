@@ -134,30 +134,15 @@ pub const EMPTY_SELECTOR: &str = "its selector is empty";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Requester;
+
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use serde_json::json;
 
-    fn config() -> PolicyConfig {
-        crate::policy::test_config(jiff::SignedDuration::from_hours(24))
-    }
-
     fn ask(dry_run: bool) -> Ask<'static> {
-        Ask {
-            uid: "u",
-            operation: "UPDATE",
-            resource: "deployments",
-            subresource: "scale",
-            namespace: "capture",
-            name: "worker",
-            requester: Requester { username: "alice", groups: &[], pod: None },
-            dry_run,
-        }
-    }
-
-    fn now() -> Timestamp {
-        "2026-11-21T21:00:00Z".parse().unwrap()
+        let scale = crate::policy::testing::ask("UPDATE", "alice");
+        Ask { resource: "deployments", subresource: "scale", name: "worker", dry_run, ..scale }
     }
 
     /// `busy` up to date, `missed` labelled busy without busyguard's annotations, `idle`.

@@ -86,13 +86,10 @@ mod tests {
     use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::pod::Pod;
+    use crate::policy::testing::*;
     use serde_json::json;
 
     const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
-
-    fn now() -> Timestamp {
-        "2026-11-21T21:00:00Z".parse().unwrap()
-    }
 
     fn pod(label: &str, since: Option<&str>, marked: bool) -> Pod {
         let mut annotations = serde_json::Map::new();

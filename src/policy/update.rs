@@ -227,6 +227,7 @@ mod tests {
     use crate::policy::cost::busy_cost;
     use crate::policy::keys::*;
     use crate::policy::marks::*;
+    use crate::policy::testing::*;
     use serde_json::{Value, json};
 
     const ALL: MutationSettings = MutationSettings {
@@ -236,10 +237,6 @@ mod tests {
         cluster_autoscaler_on_completion: false,
     };
     const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().unwrap()
-    }
 
     /// Plans, applies the JSONPatch to the pod's JSON (the pod as stored) and returns the plan.
     fn admit(doc: &mut Value, settings: MutationSettings, now: &str) -> Plan {
@@ -441,30 +438,8 @@ mod tests {
         assert_eq!(annotations[DELETION_COST], busy_cost(ts("2026-11-21T20:48:44Z")).to_string());
     }
 
-    fn pod(value: Value) -> Pod {
-        serde_json::from_value(value).unwrap()
-    }
-
-    fn config() -> PolicyConfig {
-        PolicyConfig {
-            mode: crate::policy::Mode::Enforce,
-            max_busy: DAY,
-            exemptions: Default::default(),
-            mutation: ALL,
-        }
-    }
-
     fn ask() -> Ask<'static> {
-        Ask {
-            uid: "u",
-            operation: "UPDATE",
-            resource: "pods",
-            subresource: "",
-            namespace: "ns",
-            name: "w",
-            requester: crate::policy::Requester { username: "system:serviceaccount:ns:worker", groups: &[], pod: None },
-            dry_run: false,
-        }
+        Ask { namespace: "ns", ..crate::policy::testing::ask("UPDATE", "system:serviceaccount:ns:worker") }
     }
 
     /// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
