@@ -22,7 +22,7 @@ fn set_busy_since(review: &mut Value, since: Timestamp) {
 #[tokio::test]
 async fn every_fixture_gets_the_answer_its_request_needs() {
     // No cluster behind this server: what needs the cluster view is answered 503 (the API server
-    // then applies the failurePolicy), scale-downs are allowed unprepared. tests/cluster.rs has
+    // then applies the failurePolicy), scale-downs are allowed unprepared. tests/cluster/ has
     // the same requests against an API server.
     let server = TestServer::start().await;
     // (fixture, path, HTTP status, allowed, patched). Idle pods pass untouched.
@@ -161,7 +161,7 @@ async fn busy_pod_created_busy_gets_the_busy_annotations() {
 #[tokio::test]
 async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_and_an_audit_line() {
     // No cluster here: nothing confirms the pod busy, so the delete is refused but not deferred
-    // (tests/cluster.rs has the deferred delete).
+    // (tests/cluster/ has the deferred delete).
     let server = TestServer::start().await;
     let mut review = fixture("pod-delete-by-user.json");
     set_busy_label(&mut review, "true");

@@ -1,0 +1,109 @@
+//! What an operator relies on: RBAC that grants exactly the calls made, busyguard status, the per-workload gauges, failed side effects counted.
+
+use super::*;
+
+#[tokio::test]
+async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answer_stands() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    api.fault("PATCH", &format!("{POD_PATH}/worker-a"), [Fault::Status(403)]);
+    let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    let failed = r#"busyguard_side_effects_total{kind="mark-delete",result="failed"}"#;
+    eventually(failed, async || server.metric(failed).await).await;
+    assert_eq!(server.metric(failed).await, Some(1.0));
+    assert_eq!(api.wait_for(1, pod_call("PATCH", "worker-a")).await.len(), 1, "403 is not retried");
+}
+
+/// Every call busyguard can make, in one run: list and watch, refreshes, the mark and the
+/// delete of a deferred delete, an Event and its series, and the read of a pod that left the
+/// watch.
+#[tokio::test]
+async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
+    let api = ApiServer::start().await;
+    five_workers(&api, since_minutes_ago(30));
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    unready_worker(&api);
+    put_workload(&api, 1, 2, "RollingUpdate");
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.outbox.event_interval = Duration::from_millis(1);
+        config.cluster.sweep_interval = Duration::from_millis(200);
+        config.cluster.busy_pdb = true;
+    })
+    .await;
+    server.wait_ready().await;
+    api.wait_for(1, |c| c.method == "POST" && c.path.contains("/poddisruptionbudgets")).await;
+
+    server.review("/validate", &scale_down_5_to_2()).await;
+    // A release from a ReplicaSet, confirmed with the ReplicaSet and its Deployment.
+    let compat = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    server.review("/validate", &compat).await;
+    api.wait_for(1, |c| c.method == "GET" && c.path.contains("/deployments/")).await;
+    server.review("/validate", &eviction_of("worker-a")).await;
+    api.wait_for(1, is_event).await;
+    server.review("/validate", &delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json")).await;
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    api.wait_for(1, pod_call("DELETE", "worker-a")).await;
+    // A busy pod leaving the watch: gone, or only its label removed?
+    api.update_pod("capture", "busy", |pod| {
+        pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
+    });
+    api.wait_for(1, pod_call("GET", "busy")).await;
+    // Every opted-in pod gone: busyguard's PDB goes too.
+    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat"] {
+        api.remove_pod("capture", name);
+    }
+    api.wait_for(1, |c| c.method == "DELETE" && c.path.contains("/poddisruptionbudgets")).await;
+
+    assert_eq!(api.forbidden_calls(), Vec::<String>::new(), "every call is granted");
+    let granted = common::apiserver::GRANTED.clone();
+    assert_eq!(api.permissions_used(), granted, "and every grant is used");
+}
+
+#[tokio::test]
+async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
+    let api = ApiServer::start().await;
+    let since = since_minutes_ago(30);
+    let mut busy = busy_pod("worker-a", since);
+    busy["spec"]["nodeName"] = json!("node-1");
+    api.put_pod(busy);
+    api.put_pod(worker_pod("worker-b", false));
+    let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
+    let report = busyguard::status::run(&source, &[], max_busy).await.unwrap();
+    assert!(report.starts_with("2 opted-in pods in 1 workloads, 1 busy"), "{report}");
+    assert!(report.contains("capture/Deployment/worker                            1     1       0"), "{report}");
+    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    assert!(
+        report.contains(&format!("capture/worker-a on node-1: busy since {since} (30m ago), protected until {until}")),
+        "{report}"
+    );
+    assert!(report.contains(&format!("node-1: capture/worker-a until {until}")), "{report}");
+    let lists: Vec<Call> = api.calls().into_iter().filter(Call::reads_pod_list).collect();
+    assert_eq!(lists.len(), 1, "one list of the opted-in pods, nothing written");
+    assert!(lists[0].query.contains("labelSelector=busyguard.io%2Fbusy"));
+    assert_eq!(api.writes(), vec![]);
+}
+
+#[tokio::test]
+async fn per_workload_gauges_count_busy_idle_and_lapsed_pods_and_waiting_deletes() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("busy", since_minutes_ago(10)));
+    api.put_pod(busy_pod("hung", since_minutes_ago(25 * 60)));
+    api.put_pod(worker_pod("idle-1", false));
+    api.put_pod(worker_pod("idle-2", false));
+    let server = TestServer::with_cluster(&api).await;
+    let series = |state: &str| {
+        format!(r#"busyguard_workload_pods{{namespace="capture",workload="Deployment/worker",state="{state}"}}"#)
+    };
+    assert_eq!(server.metric(&series("busy")).await, Some(1.0));
+    assert_eq!(server.metric(&series("idle")).await, Some(2.0));
+    assert_eq!(server.metric(&series("lapsed")).await, Some(1.0), "busy for longer than max-busy");
+    let review = delete_of(&api.pod("capture", "busy").unwrap(), "pod-delete-by-user.json");
+    server.review("/validate", &review).await;
+    let waiting = r#"busyguard_workload_deferred_deletes{namespace="capture",workload="Deployment/worker"}"#;
+    eventually("the mark counted", async || (server.metric(waiting).await == Some(1.0)).then_some(())).await;
+}

@@ -1,0 +1,107 @@
+//! Readiness mode: a busy pod released from its ReplicaSet and reaped once Ready; the agent that turns an app's endpoint into the busy label.
+
+use super::*;
+
+#[tokio::test]
+async fn a_busy_pod_is_released_only_when_its_replicaset_scales_down_and_never_under_recreate() {
+    let api = ApiServer::start().await;
+    unready_worker(&api);
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    let released =
+        |api: &ApiServer| api.writes().iter().any(|c| c.body["metadata"]["labels"].get("pod-template-hash").is_some());
+    // A forged review in the ReplicaSet controller's name: nothing scales down.
+    put_workload(&api, 2, 2, "RollingUpdate");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    settle().await;
+    assert!(!released(&api), "released on a forged review: {:#?}", api.writes());
+    // A Recreate rollout scaling the old ReplicaSet to 0: the new pods wait for this one.
+    put_workload(&api, 0, 1, "Recreate");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
+    settle().await;
+    assert!(!released(&api), "released under Recreate: {:#?}", api.writes());
+}
+
+#[tokio::test]
+async fn a_scale_down_of_an_app_busy_by_readiness_converges_the_busy_pod_released_and_deleted_once_ready() {
+    let api = ApiServer::start().await;
+    unready_worker(&api);
+    put_workload(&api, 1, 2, "RollingUpdate");
+    let server = TestServer::with_cluster(&api).await;
+    let review = delete_of(&api.pod("capture", "worker-compat").unwrap(), "pod-delete-by-replicaset-controller.json");
+    let refused = server.review("/validate", &review).await;
+    assert_eq!(refused["status"]["code"], 429);
+    assert!(refused["status"]["message"].as_str().unwrap().contains("so the scale-down completes without it"));
+    // Answered once the release landed: the pod no longer matches its ReplicaSet's selector.
+    let released = |c: &Call| {
+        pod_call("PATCH", "worker-compat")(c) && c.body["metadata"]["labels"].get("pod-template-hash").is_some()
+    };
+    let patch = api.writes().into_iter().find(released).expect("released");
+    assert_eq!(
+        patch.body["metadata"]["labels"],
+        json!({"pod-template-hash": null, "busyguard.io/delete-requested": "true"}),
+        "released, and marked to go once Ready"
+    );
+    assert_eq!(patch.body["metadata"]["annotations"]["busyguard.io/released-from"], "6b8958b477");
+    let stored = api.pod("capture", "worker-compat").unwrap();
+    assert!(stored["metadata"]["labels"].get("pod-template-hash").is_none());
+    // Ready again (the task is done): deleted, once.
+    api.update_pod("capture", "worker-compat", |pod| pod["status"]["conditions"][1]["status"] = json!("True"));
+    api.wait_for(1, pod_call("DELETE", "worker-compat")).await;
+    settle().await;
+    let decisions: Vec<Value> = server.audit_lines().into_iter().map(|l| l["reason"].clone()).collect();
+    assert_eq!(decisions, [json!("busy-released"), json!("delete-requested")]);
+}
+
+#[tokio::test]
+async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_it_when_the_app_is_silent() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("worker-a", false));
+    // The app: 503 from its readiness endpoint while it works, 200 otherwise; 0 = not answering.
+    let status = std::sync::Arc::new(AtomicU16::new(200));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    let answering = status.clone();
+    let app = axum::Router::new().route(
+        "/ready",
+        axum::routing::get(move || {
+            let status = answering.load(Ordering::SeqCst);
+            async move {
+                if status == 0 {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let agent = busyguard::agent::Agent {
+        url: format!("http://{app_addr}/ready").parse().unwrap(),
+        busy_when: busyguard::agent::BusyWhen::Status(503),
+        interval: Duration::from_millis(100),
+        namespace: "capture".into(),
+        pod: "worker-a".into(),
+    };
+    let client = kube::Client::try_from(api.kube_config()).unwrap();
+    let running = tokio::spawn(agent.run(client));
+    let label =
+        |api: &ApiServer| api.pod("capture", "worker-a").unwrap()["metadata"]["labels"]["busyguard.io/busy"].clone();
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    status.store(503, Ordering::SeqCst);
+    eventually("flagged busy", async || (label(&api) == "true").then_some(())).await;
+    // The app stops answering mid-task: the flag stays busy.
+    status.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(label(&api), "true");
+    status.store(200, Ordering::SeqCst);
+    eventually("flagged idle", async || (label(&api) == "false").then_some(())).await;
+    let flips: Vec<Value> = api
+        .writes()
+        .into_iter()
+        .filter(pod_call("PATCH", "worker-a"))
+        .map(|c| c.body["metadata"]["labels"]["busyguard.io/busy"].clone())
+        .collect();
+    assert_eq!(flips, [json!("false"), json!("true"), json!("false")], "a PATCH only when it changes");
+    running.abort();
+}
