@@ -333,10 +333,12 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::POD_GC_USER;
     use crate::policy::busy::MaxBusy;
     use crate::policy::keys::BUSY_SINCE;
     use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::marks::MutationSettings;
+    use crate::policy::outcome::BUSY_CAUSE;
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
     use jiff::SignedDuration;
@@ -391,6 +393,56 @@ mod tests {
 
     fn reason_of(outcome: &Outcome) -> Option<Reason> {
         outcome.audit.as_ref().map(|a| a.reason)
+    }
+
+    /// The README's busy contract for deletes and evictions, one row a case: the pod, who asks
+    /// what, and busyguard's answer (`None`: allowed), its audit line and whether it marks the
+    /// pod to delete it once idle.
+    #[test]
+    fn the_busy_contract_for_deletes_and_evictions_reads_as_the_readme_states_it() {
+        use Action::{Delete, Evict};
+        let (person, rs, gc) = ("alice", REPLICASET_CONTROLLER_USER, GARBAGE_COLLECTOR_USER);
+        let (karpenter, scheduler) = ("system:serviceaccount:kube-system:karpenter", "system:kube-scheduler");
+        let lapsed = worker("true", json!({BUSY_SINCE: "2026-11-19T20:00:00Z"}), json!({"phase": "Running"}));
+        let idle = worker("false", json!({}), json!({"phase": "Running"}));
+        let done = worker("true", json!({BUSY_SINCE: "2026-11-21T20:00:00Z"}), json!({"phase": "Succeeded"}));
+        let mut going = busy_worker();
+        going.metadata.deletion_timestamp = Some(now());
+        let busy = busy_worker();
+        #[rustfmt::skip]
+        let rows: [(&str, &Pod, &str, Action, Option<(u16, &str)>, Option<(Decision, Reason)>, bool); 17] = [
+            ("busy", &busy, person, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
+            ("busy", &busy, gc, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
+            ("busy", &busy, rs, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
+            ("busy", &busy, scheduler, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
+            ("busy", &busy, person, Evict, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
+            ("busy", &busy, karpenter, Evict, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
+            ("busy", &busy, karpenter, Delete, None, Some((Decision::Exempted, Reason::KarpenterDeadline)), false),
+            ("busy", &busy, POD_GC_USER, Delete, None, Some((Decision::Exempted, Reason::ExemptUser)), false),
+            ("busy", &busy, "ops", Evict, None, Some((Decision::Exempted, Reason::ExemptUser)), false),
+            ("busy", &busy, TAINT_MANAGER_USERS[0], Delete, None, Some((Decision::Exempted, Reason::NodeTaintEviction)), false),
+            ("busy", &busy, NAMESPACE_CONTROLLER_USER, Delete, None, Some((Decision::Exempted, Reason::NamespaceDeleted)), false),
+            ("past max-busy", &lapsed, person, Delete, None, Some((Decision::Lapsed, Reason::MaxBusyExceeded)), false),
+            ("past max-busy", &lapsed, person, Evict, None, Some((Decision::Lapsed, Reason::MaxBusyExceeded)), false),
+            ("idle", &idle, person, Delete, None, None, false),
+            ("idle", &idle, person, Evict, None, None, false),
+            ("terminating", &going, person, Delete, None, None, false),
+            ("terminal", &done, person, Evict, None, None, false),
+        ];
+        for (state, pod, user, action, refused, audited, marked) in rows {
+            let row = format!("{state} pod, {action:?} by {user}");
+            let mut config = config(Mode::Enforce);
+            config.exemptions.users.push(POD_GC_USER.into());
+            let outcome = decide(&ask(user, false), action, pod, Some(pod), None, &config, now());
+            let answer = match &outcome.answer {
+                Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
+                _ => None,
+            };
+            assert_eq!(answer, refused, "{row}");
+            assert_eq!(outcome.audit.as_ref().map(|a| (a.decision, a.reason)), audited, "{row}");
+            let marks = outcome.effects.iter().any(|e| matches!(e, Effect::MarkDeleteRequested { .. }));
+            assert_eq!(marks, marked, "{row}");
+        }
     }
 
     #[test]
