@@ -397,7 +397,8 @@ mod tests {
 
     /// The pod (named, and as stored), who asks, what, the refusal (code, cause), the audit line
     /// (decision, reason), and whether the pod is marked.
-    type Row<'a> = (&'a str, &'a Pod, &'a str, Action, Option<(u16, &'a str)>, Option<(Decision, Reason)>, bool);
+    type Row<'a> =
+        (&'static str, &'a Pod, &'static str, Action, Option<(u16, &'static str)>, Option<(Decision, Reason)>, bool);
 
     /// The README's busy contract for deletes and evictions, one row a case: the pod, who asks
     /// what, and busyguard's answer (`None`: allowed), its audit line and whether it marks the
@@ -414,7 +415,7 @@ mod tests {
         going.metadata.deletion_timestamp = Some(now());
         let busy = busy_worker();
         #[rustfmt::skip]
-        let rows: [Row; 17] = [
+        let rows: [Row<'_>; 17] = [
             ("busy", &busy, person, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
             ("busy", &busy, gc, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
             ("busy", &busy, rs, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
