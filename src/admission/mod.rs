@@ -107,14 +107,14 @@ impl Route {
 /// Why no answer could be given: the request is at fault (400), or busyguard cannot decide
 /// now (503, so the API server applies the webhook's failurePolicy).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Unanswerable {
     Invalid(InvalidReview),
     Unavailable(String),
 }
 
-impl From<InvalidReview> for Refusal {
+impl From<InvalidReview> for Unanswerable {
     fn from(e: InvalidReview) -> Self {
-        Refusal::Invalid(e)
+        Unanswerable::Invalid(e)
     }
 }
 
@@ -131,7 +131,7 @@ pub fn admit(
     webhook: Webhook,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
-) -> Result<Outcome, Refusal> {
+) -> Result<Outcome, Unanswerable> {
     let policy = inputs.policy;
     let resource = Resource::of(request);
     match Route::of(resource, request.operation) {
@@ -144,7 +144,7 @@ pub fn admit(
             };
             let ask = ask(request, request.is_dry_run());
             Ok(match webhook {
-                Webhook::Mutating => update::decide(&ask, pod, before, policy, now),
+                Webhook::Mutating => update::mutate_pod(&ask, pod, before, policy, now),
                 // The validating registrations see the writes of pods' own service accounts, and
                 // of busyguard's mark.
                 Webhook::Validating => update::judge_write(&ask, pod, before, inputs.view.own_user(), policy, now),
@@ -158,12 +158,14 @@ pub fn admit(
             let trusted = inputs.view.check(inputs.arrived).is_ok();
             let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |seen, siblings| {
                 let siblings = siblings.filter(|_| trusted);
-                let outcome = disruption::decide(&ask, Action::Delete, pod, Some(seen), siblings, policy, now);
+                let outcome =
+                    disruption::judge_disruption(&ask, Action::Delete, pod, Some(seen), siblings, policy, now);
                 let let_go = outcome.is_allowed() && !ask.dry_run;
                 (outcome, let_go)
             });
-            Ok(decided
-                .unwrap_or_else(|| disruption::decide(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)))
+            Ok(decided.unwrap_or_else(|| {
+                disruption::judge_disruption(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)
+            }))
         }
         Route::PodEviction => {
             let eviction = match request.object()? {
@@ -172,9 +174,9 @@ pub fn admit(
             };
             let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
             (inputs.view.check(inputs.arrived))
-                .map_err(|why| Refusal::Unavailable(format!("cannot judge the eviction: {why}")))?;
+                .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the eviction: {why}")))?;
             let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
-                let outcome = disruption::decide(&ask, Action::Evict, pod, Some(pod), siblings, policy, now);
+                let outcome = disruption::judge_disruption(&ask, Action::Evict, pod, Some(pod), siblings, policy, now);
                 let let_go = outcome.is_allowed() && !ask.dry_run;
                 (outcome, let_go)
             });
@@ -188,13 +190,13 @@ pub fn admit(
                 Ok(inputs.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key))))
             };
             let scale = scale_request(request)?;
-            Ok(scale::decide(&ask(request, request.is_dry_run()), &object, scale, select, policy, now))
+            Ok(scale::prepare_scale_down(&ask(request, request.is_dry_run()), &object, scale, select, policy, now))
         }
         Route::NodeDelete => {
             (inputs.view.check(inputs.arrived))
-                .map_err(|why| Refusal::Unavailable(format!("cannot judge the node delete: {why}")))?;
+                .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the node delete: {why}")))?;
             let ask = ask(request, request.is_dry_run());
-            Ok(inputs.view.on_node(&request.name, |pods| node::decide(&ask, pods, policy, now)))
+            Ok(inputs.view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, policy, now)))
         }
         Route::Other => Ok(Outcome::allow(Decision::Unhandled)),
     }

@@ -191,7 +191,7 @@ impl Watch {
     async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
-        let observed = observed::decide(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        let observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
         self.act(pod, before, after, observed).await;
     }
 
@@ -210,7 +210,7 @@ impl Watch {
                         return;
                     };
                     // Not gone: whatever is due for it now, and no loss.
-                    let due = observed::decide(&pod, before.as_ref(), Some(&still_there), &policy, Timestamp::now());
+                    let due = observed::on_change(&pod, before.as_ref(), Some(&still_there), &policy, Timestamp::now());
                     let results = futures::future::join_all(due.effects.into_iter().map(|e| outbox.send(e))).await;
                     // Changed between the read and the write: no watch event comes for a pod out
                     // of the watch, so read it again.

@@ -348,13 +348,13 @@ mod tests {
             // Stored unpatched, the pod reaches busyguard's watch, which plans as a create would.
             let repaired = |new: &Value| !crate::policy::marks::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
-                let outcome = update::decide(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
+                let outcome = update::mutate_pod(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
                 let allowed = matches!(outcome.answer, Answer::Allow { .. } | Answer::Patch { .. });
                 prop_assert!(allowed && outcome.audit.is_none() && outcome.effects.is_empty(), "skipped, but {:?}", outcome.answer);
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, and no one repairs it\nold {old}\nnew {new}");
             }
             if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
-                let outcome = update::decide(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
+                let outcome = update::mutate_pod(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
             }
         }
@@ -382,7 +382,7 @@ mod tests {
                 let siblings = old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| unavailable);
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
-                    let outcome = disruption::decide(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
+                    let outcome = disruption::judge_disruption(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
                     prop_assert!(unchanged(&outcome), "{user}: skipped, but busyguard answers {:?}", outcome.answer);
                 }
             }

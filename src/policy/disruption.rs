@@ -172,7 +172,7 @@ pub fn is_available(pod: &impl PodFacts) -> bool {
 /// view holds it: side effects (the Event, the delete-requested mark) follow only when the view
 /// confirms the same pod busy, so a forged review cannot make busyguard act on a pod. The
 /// answer itself goes to whoever asked, and stands on the request alone.
-pub fn decide(
+pub fn judge_disruption(
     ask: &Ask<'_>,
     action: Action,
     pod: &impl PodFacts,
@@ -388,7 +388,7 @@ mod tests {
 
     /// `ask` of the busy worker, as the view holds it too.
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
-        decide(&ask, action, &busy_worker(), Some(&busy_worker()), None, &config(mode), now)
+        judge_disruption(&ask, action, &busy_worker(), Some(&busy_worker()), None, &config(mode), now)
     }
 
     fn reason_of(outcome: &Outcome) -> Option<Reason> {
@@ -438,7 +438,7 @@ mod tests {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let outcome = decide(&ask(user, false), action, pod, Some(pod), None, &config, now());
+            let outcome = judge_disruption(&ask(user, false), action, pod, Some(pod), None, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
                 _ => None,
@@ -520,7 +520,15 @@ mod tests {
     fn a_workload_budget_refuses_taking_one_more_pod_away_than_it_allows() {
         let pod = with_budget("1");
         let decide_with = |siblings, user: &'static str| {
-            decide(&ask(user, false), Action::Evict, &pod, Some(&pod), siblings, &config(Mode::Enforce), now())
+            judge_disruption(
+                &ask(user, false),
+                Action::Evict,
+                &pod,
+                Some(&pod),
+                siblings,
+                &config(Mode::Enforce),
+                now(),
+            )
         };
         let refused = decide_with(Some(1), "alice");
         let Answer::Deny { denial, message } = &refused.answer else { panic!("{:?}", refused.answer) };
@@ -543,7 +551,7 @@ mod tests {
         let karpenter = "system:serviceaccount:kube-system:karpenter";
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
-            decide(&ask(user, false), action, &pod, Some(&pod), Some(1), &config, now()).is_allowed()
+            judge_disruption(&ask(user, false), action, &pod, Some(&pod), Some(1), &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
         assert!(decide_with(Action::Delete, karpenter), "its node's deadline");
@@ -555,8 +563,15 @@ mod tests {
     fn a_pod_already_unavailable_may_always_go() {
         let mut pod = with_budget("1");
         pod.status.conditions[0].status = "False".into();
-        let outcome =
-            decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), Some(3), &config(Mode::Enforce), now());
+        let outcome = judge_disruption(
+            &ask("alice", false),
+            Action::Delete,
+            &pod,
+            Some(&pod),
+            Some(3),
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(outcome.is_allowed());
     }
 
@@ -575,8 +590,15 @@ mod tests {
         };
         let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
         let pod = compat(Some("6b8958b477"));
-        let outcome =
-            decide(&ask(replicaset, false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
+        let outcome = judge_disruption(
+            &ask(replicaset, false),
+            Action::Delete,
+            &pod,
+            Some(&pod),
+            None,
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!outcome.is_allowed(), "not deleted while busy");
         assert_eq!(outcome.audit.as_ref().unwrap().reason, Reason::BusyReleased);
         assert!(outcome.await_effects);
@@ -584,12 +606,26 @@ mod tests {
         let Effect::Release { hash, request, .. } = release else { unreachable!() };
         assert_eq!((hash.as_str(), request.by.as_str()), ("6b8958b477", replicaset));
         // A person's delete, or a pod no Deployment's ReplicaSet selects by hash: not released.
-        let person =
-            decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
+        let person = judge_disruption(
+            &ask("alice", false),
+            Action::Delete,
+            &pod,
+            Some(&pod),
+            None,
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!person.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
         let bare = compat(None);
-        let bare =
-            decide(&ask(replicaset, false), Action::Delete, &bare, Some(&bare), None, &config(Mode::Enforce), now());
+        let bare = judge_disruption(
+            &ask(replicaset, false),
+            Action::Delete,
+            &bare,
+            Some(&bare),
+            None,
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(!bare.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
     }
 
@@ -661,8 +697,15 @@ mod tests {
         let mut other = busy_worker();
         other.metadata.uid = "u-other".into();
         for seen in [None, Some(&idle), Some(&other)] {
-            let outcome =
-                decide(&ask("alice", false), Action::Delete, &busy_worker(), seen, None, &config(Mode::Enforce), now());
+            let outcome = judge_disruption(
+                &ask("alice", false),
+                Action::Delete,
+                &busy_worker(),
+                seen,
+                None,
+                &config(Mode::Enforce),
+                now(),
+            );
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);
             let Answer::Deny { message, .. } = &outcome.answer else { panic!() };
@@ -686,8 +729,15 @@ mod tests {
             json!({"phase": "Running"}),
         );
         marked.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
-        let outcome =
-            decide(&ask("alice", false), Action::Delete, &marked, Some(&marked), None, &config(Mode::Enforce), now());
+        let outcome = judge_disruption(
+            &ask("alice", false),
+            Action::Delete,
+            &marked,
+            Some(&marked),
+            None,
+            &config(Mode::Enforce),
+            now(),
+        );
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
     }
 
@@ -708,8 +758,15 @@ mod tests {
         let mut going = busy_worker();
         going.metadata.deletion_timestamp = Some(now());
         for pod in [idle, done, going] {
-            let outcome =
-                decide(&ask("alice", false), Action::Delete, &pod, Some(&pod), None, &config(Mode::Enforce), now());
+            let outcome = judge_disruption(
+                &ask("alice", false),
+                Action::Delete,
+                &pod,
+                Some(&pod),
+                None,
+                &config(Mode::Enforce),
+                now(),
+            );
             assert_eq!(outcome.decision, Decision::Allowed);
             assert!(outcome.audit.is_none() && outcome.effects.is_empty());
         }

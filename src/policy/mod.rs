@@ -1,14 +1,18 @@
 //! Pure decisions: no I/O, and no clock but the `now` passed in.
 //!
 //! Each path is decided whole in one file, returning an [`outcome::Outcome`]:
-//! - [`update`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy flips);
-//! - [`disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse, defer);
-//! - [`scale`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
-//! - [`node`]: Node DELETE (refused while busy pods run there);
-//! - [`observed`]: a change the watch saw (deferred deletes due, stale annotations, losses).
+//! - [`update::mutate_pod`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy
+//!   flips), and [`update::judge_write`], who may write opted-in pods;
+//! - [`disruption::judge_disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse,
+//!   defer);
+//! - [`scale::prepare_scale_down`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
+//! - [`node::judge_node_delete`]: Node DELETE (refused while busy pods run there);
+//! - [`observed::on_change`]: a change the watch saw (deferred deletes due, stale annotations,
+//!   losses), and [`observed::due`], asked of every pod by the sweep.
 //!
-//! The rest are the atoms they share: [`busy`] (is a pod protected), [`cost`], [`selector`],
-//! [`pod`] (what a decision reads of a pod), [`keys`] (the names on pods). Each path's sentences
+//! The rest are the atoms they share: [`keys`] (the names on pods), [`pod`] (what a decision
+//! reads of a pod), [`busy`] (is a pod protected), [`cost`], [`selector`], [`marks`] (what
+//! busyguard keeps on a pod, and its patches). Each path's sentences
 //! (refusals, warnings, the `detail` of audit lines) are written beside its rule.
 //!
 //! Words: a `Verdict` is the busy rule's answer for one pod; a `Decision` is what busyguard did,

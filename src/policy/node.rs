@@ -29,7 +29,7 @@ pub struct BusyOnNode {
 }
 
 /// The answer to `ask`, a delete of a node on which `pods` (namespace/name, pod) run.
-pub fn decide<'a, P: PodFacts + 'a>(
+pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     ask: &Ask<'_>,
     pods: impl IntoIterator<Item = (String, &'a P)>,
     config: &PolicyConfig,
@@ -122,7 +122,7 @@ mod tests {
     fn a_node_with_busy_pods_is_not_deleted_and_the_message_names_them() {
         let (busy, idle) = (pod("true"), pod("false"));
         let pods = [("jobs/worker-a".to_string(), &busy), ("jobs/worker-b".to_string(), &idle)];
-        let outcome = decide(&ask("kubernetes-admin"), pods, &config(), now());
+        let outcome = judge_node_delete(&ask("kubernetes-admin"), pods, &config(), now());
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert_eq!(denial.code(), 429);
         assert_eq!(
@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn a_node_without_busy_pods_goes_quietly() {
         let idle = pod("false");
-        let outcome = decide(&ask("kubernetes-admin"), [("jobs/w".to_string(), &idle)], &config(), now());
+        let outcome = judge_node_delete(&ask("kubernetes-admin"), [("jobs/w".to_string(), &idle)], &config(), now());
         assert_eq!(outcome.decision, Decision::Allowed);
         assert!(outcome.audit.is_none());
     }
@@ -153,7 +153,7 @@ mod tests {
             ("system:serviceaccount:kube-system:node-controller", Reason::NodeGone),
             ("system:serviceaccount:karpenter:karpenter", Reason::KarpenterTermination),
         ] {
-            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config, now());
+            let outcome = judge_node_delete(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config, now());
             assert!(outcome.is_allowed(), "{user}");
             assert_eq!(outcome.audit.unwrap().reason, reason);
         }
@@ -163,7 +163,7 @@ mod tests {
     fn every_name_of_the_cloud_node_lifecycle_controller_goes_through() {
         let busy = pod("true");
         for user in CLOUD_NODE_LIFECYCLE_USERS {
-            let outcome = decide(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config(), now());
+            let outcome = judge_node_delete(&ask(user), [("jobs/worker-a".to_string(), &busy)], &config(), now());
             assert!(outcome.is_allowed(), "{user}");
             assert_eq!(outcome.audit.unwrap().reason, Reason::NodeGone);
         }
@@ -176,10 +176,10 @@ mod tests {
         config.exemptions.groups = vec!["ops:breakglass".into()];
         let groups = ["system:authenticated".to_string(), "ops:breakglass".to_string()];
         let member = Ask { requester: Requester { username: "alice", groups: &groups, pod: None }, ..ask("alice") };
-        let outcome = decide(&member, [("jobs/worker-a".to_string(), &busy)], &config, now());
+        let outcome = judge_node_delete(&member, [("jobs/worker-a".to_string(), &busy)], &config, now());
         assert!(outcome.is_allowed());
         assert_eq!(outcome.audit.unwrap().reason, Reason::ExemptGroup);
-        let outsider = decide(&ask("bob"), [("jobs/worker-a".to_string(), &busy)], &config, now());
+        let outsider = judge_node_delete(&ask("bob"), [("jobs/worker-a".to_string(), &busy)], &config, now());
         assert!(!outsider.is_allowed());
     }
 }

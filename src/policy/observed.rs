@@ -97,7 +97,7 @@ pub struct Observed {
 }
 
 /// `before` and `after` are the same pod as last seen and as seen now (`None`: deleted).
-pub fn decide<P: PodFacts>(
+pub fn on_change<P: PodFacts>(
     pod: &PodRef,
     before: Option<&P>,
     after: Option<&P>,
@@ -126,10 +126,10 @@ pub fn decide<P: PodFacts>(
     Observed { effects, loss: None }
 }
 
-/// A pod missing from a relist, last seen as `before`: what `decide` says of a pod deleted,
+/// A pod missing from a relist, last seen as `before`: what `on_change` says of a pod deleted,
 /// except that a busy one is unaccounted for rather than lost, since busyguard did not see it go.
 pub fn gone_unwatched<P: PodFacts>(pod: &PodRef, before: &P, config: &PolicyConfig, now: Timestamp) -> Observed {
-    let observed = decide(pod, Some(before), None, config, now);
+    let observed = on_change(pod, Some(before), None, config, now);
     let loss = observed.loss.map(|loss| Loss::of(pod, LossCause::Unwatched, loss.audit.busy_since, config, now));
     Observed { loss, ..observed }
 }
@@ -242,7 +242,7 @@ mod tests {
     fn marked_pod_turning_idle_is_deleted_now_and_the_delete_audited_for_its_requester() {
         let busy = pod("true", requested(), running());
         let idle = pod("false", requested(), running());
-        let observed = decide(&target(), Some(&busy), Some(&idle), &config(), now());
+        let observed = on_change(&target(), Some(&busy), Some(&idle), &config(), now());
         let [Effect::DeleteIdle { pod, resource_version, request, audit }] = observed.effects.as_slice() else {
             panic!("{observed:?}")
         };
@@ -253,7 +253,7 @@ mod tests {
             (Decision::DeletedWhenIdle, Reason::DeleteRequested, "alice")
         );
         assert_eq!(
-            decide(&target(), Some(&busy), Some(&busy), &config(), now()),
+            on_change(&target(), Some(&busy), Some(&busy), &config(), now()),
             Observed::default(),
             "still busy: wait"
         );
@@ -263,7 +263,7 @@ mod tests {
     fn marked_pod_already_terminating_is_not_deleted_again() {
         let mut idle = pod("false", requested(), running());
         idle.metadata.deletion_timestamp = Some(now());
-        assert_eq!(decide(&target(), None, Some(&idle), &config(), now()), Observed::default());
+        assert_eq!(on_change(&target(), None, Some(&idle), &config(), now()), Observed::default());
     }
 
     #[test]
@@ -304,7 +304,7 @@ mod tests {
     fn busy_pod_failed_by_the_kubelet_is_a_loss_with_its_reason() {
         let busy = pod("true", json!({}), running());
         let evicted = pod("true", json!({}), json!({"phase": "Failed", "reason": "Evicted"}));
-        let observed = decide(&target(), Some(&busy), Some(&evicted), &config(), now());
+        let observed = on_change(&target(), Some(&busy), Some(&evicted), &config(), now());
         let Loss { cause, audit } = observed.loss.unwrap();
         assert_eq!(cause, LossCause::Failed { reason: Some("Evicted".into()) });
         assert_eq!((audit.decision, audit.reason, audit.busy_since), (Decision::Lost, Reason::Failed, Some(since())));
@@ -320,14 +320,14 @@ mod tests {
             {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}),
         );
         evicted.metadata.deletion_timestamp = Some(now());
-        let observed = decide(&target(), Some(&busy), Some(&evicted), &config(), now());
+        let observed = on_change(&target(), Some(&busy), Some(&evicted), &config(), now());
         let Loss { cause, audit } = observed.loss.unwrap();
         assert_eq!(cause, LossCause::Disrupted { reason: "EvictionByEvictionAPI".into() });
         assert_eq!((audit.decision, audit.reason), (Decision::Lost, Reason::Disrupted));
         // Terminating for another reason (a delete busyguard allowed, the kubelet's): not this.
         let mut deleted = pod("true", json!({}), running());
         deleted.metadata.deletion_timestamp = Some(now());
-        assert_eq!(decide(&target(), Some(&busy), Some(&deleted), &config(), now()).loss, None);
+        assert_eq!(on_change(&target(), Some(&busy), Some(&deleted), &config(), now()).loss, None);
     }
 
     #[test]
@@ -340,10 +340,10 @@ mod tests {
     #[test]
     fn busy_pod_vanishing_is_a_loss_but_an_idle_one_is_not() {
         let busy = pod("true", json!({}), running());
-        let observed = decide(&target(), Some(&busy), None, &config(), now());
+        let observed = on_change(&target(), Some(&busy), None, &config(), now());
         assert!(matches!(observed.loss, Some(Loss { cause: LossCause::Vanished, .. })));
         let idle = pod("false", json!({}), running());
-        assert_eq!(decide(&target(), Some(&idle), None, &config(), now()), Observed::default());
+        assert_eq!(on_change(&target(), Some(&idle), None, &config(), now()), Observed::default());
     }
 
     #[test]

@@ -457,14 +457,14 @@ mod tests {
         let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
         for pod in &pods {
             let recording = Recording { pod, asked: Default::default() };
-            disruption::decide(&ask, Action::Evict, &recording, Some(&recording), Some(1), &config, now);
-            disruption::decide(&ask, Action::Delete, pod, Some(&recording), Some(1), &config, now);
+            disruption::judge_disruption(&ask, Action::Evict, &recording, Some(&recording), Some(1), &config, now);
+            disruption::judge_disruption(&ask, Action::Delete, pod, Some(&recording), Some(1), &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
-            observed::decide(&target, Some(&recording), None, &config, now);
+            observed::on_change(&target, Some(&recording), None, &config, now);
             let select = |_: &_| Ok(vec![("w".to_string(), &recording)]);
             let request = scale::ScaleRequest { from: Some(2), to: Some(1), selector: Some("app=w".parse()) };
-            scale::decide(&ask, "deployments ns/w", request, select, &config, now);
+            scale::prepare_scale_down(&ask, "deployments ns/w", request, select, &config, now);
             let asked = recording.asked.into_inner();
             let unkept: Vec<&String> =
                 asked.iter().filter(|key| !DECIDING_ANNOTATIONS.contains(&key.as_str())).collect();

@@ -24,7 +24,7 @@ pub struct ScaleRequest {
 /// The answer to a change of `object` (e.g. `deployments/scale capture/worker`). `select` reads
 /// the cluster view: the pods of the request's namespace the selector matches, or why the view
 /// cannot say.
-pub fn decide<P: PodFacts>(
+pub fn prepare_scale_down<P: PodFacts>(
     ask: &Ask<'_>,
     object: &str,
     scale: ScaleRequest,
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_scale_down_refreshes_stale_pods_waits_for_them_and_audits_the_plan() {
-        let outcome = decide(
+        let outcome = prepare_scale_down(
             &ask(false),
             "deployments/scale capture/worker",
             request(3, 1, "app=worker"),
@@ -200,16 +200,23 @@ mod tests {
 
     #[test]
     fn a_dry_run_scale_down_plans_without_refreshing() {
-        let outcome = decide(&ask(true), "d", request(3, 1, "app=worker"), |_| Ok(pods()), &config(), now());
+        let outcome =
+            prepare_scale_down(&ask(true), "d", request(3, 1, "app=worker"), |_| Ok(pods()), &config(), now());
         assert!(outcome.effects.is_empty());
         assert_eq!(reason(&outcome), Some(Reason::Plan));
     }
 
     #[test]
     fn a_scale_up_or_a_scale_down_selecting_nothing_is_allowed_quietly() {
-        let up = decide(&ask(false), "d", request(1, 3, "app=worker"), |_| Ok(pods()), &config(), now());
-        let empty =
-            decide(&ask(false), "d", request(3, 1, "app=other"), |_| Ok(Vec::<(String, Pod)>::new()), &config(), now());
+        let up = prepare_scale_down(&ask(false), "d", request(1, 3, "app=worker"), |_| Ok(pods()), &config(), now());
+        let empty = prepare_scale_down(
+            &ask(false),
+            "d",
+            request(3, 1, "app=other"),
+            |_| Ok(Vec::<(String, Pod)>::new()),
+            &config(),
+            now(),
+        );
         for outcome in [up, empty] {
             assert_eq!(outcome.decision, Decision::Allowed);
             assert!(outcome.audit.is_none() && outcome.effects.is_empty());
@@ -225,7 +232,7 @@ mod tests {
             (request(3, 1, "app=worker"), Err("the view is stale".to_string()), Reason::ViewUnavailable),
         ];
         for (scale, view, expected) in cases {
-            let outcome = decide(&ask(false), "d", scale, |_| view, &config(), now());
+            let outcome = prepare_scale_down(&ask(false), "d", scale, |_| view, &config(), now());
             assert!(outcome.is_allowed());
             assert_eq!((outcome.decision, reason(&outcome)), (Decision::ScaleDown, Some(expected)));
             assert!(outcome.effects.is_empty());

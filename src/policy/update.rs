@@ -18,7 +18,7 @@ use crate::duration::parse_positive_duration;
 /// The answer to a pod's create or update (`before`: the version it replaces): the annotation
 /// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
 /// A flip to busy on a pod already being deleted is refused: the task would be killed with it.
-pub fn decide(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
     if let (true, Some(deleting)) = (turning_busy, pod.metadata.deletion_timestamp) {
@@ -444,7 +444,7 @@ mod tests {
 
     /// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
     fn update(old: &Value, new: &Value, now: &str) -> (Outcome, Value) {
-        let outcome = decide(&ask(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
+        let outcome = mutate_pod(&ask(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
         let mut stored = new.clone();
         if let Answer::Patch { patch, .. } = &outcome.answer {
             json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");
@@ -748,7 +748,7 @@ mod tests {
     #[test]
     fn a_write_with_nothing_to_change_is_allowed_with_its_warnings() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "maybe"}}}));
-        let outcome = decide(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome = mutate_pod(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Allowed);
         let Answer::Allow { warnings } = outcome.answer else { panic!() };
         assert_eq!(warnings.len(), 1);
@@ -760,8 +760,8 @@ mod tests {
         let p = pod(worker(json!({})));
         let mut busy = worker(json!({}));
         set_label(&mut busy, "true");
-        assert_eq!(decide(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed);
-        let outcome = decide(&ask(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
+        assert_eq!(mutate_pod(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed);
+        let outcome = mutate_pod(&ask(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
         assert_eq!(

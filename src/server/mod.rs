@@ -172,7 +172,7 @@ impl App {
     }
 }
 
-pub struct Running {
+pub struct Server {
     pub webhook_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     app: Arc<App>,
@@ -185,7 +185,7 @@ pub struct Running {
     shutdown_timeout: Duration,
 }
 
-pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
+pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     let metrics = Arc::new(Metrics::default());
     let audit = Arc::new(match &config.audit_log {
         Some(path) => AuditLog::file(path, metrics.audit.clone())
@@ -229,7 +229,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     ));
     app.start_serving();
     info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
-    Ok(Running {
+    Ok(Server {
         webhook_addr,
         admin_addr,
         app,
@@ -243,7 +243,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Running> {
     })
 }
 
-impl Running {
+impl Server {
     /// Waits until every audit line recorded so far is written, at most `within`: whether it was.
     pub fn flush_audit(&self, within: Duration) -> bool {
         self.app.audit.flush(within)

@@ -1,5 +1,5 @@
-//! The webhook routes: `POST /mutate` and `POST /validate`. Reads the body within its limits,
-//! decodes, decides, audits, answers. Anything that is not a judgeable request gets an HTTP
+//! The webhook routes: `POST /mutate` and `POST /validate`. Each review is read within its
+//! limits, decoded, judged, audited and answered ([`answer`]). Anything that is not a judgeable request gets an HTTP
 //! 4xx with a JSON error, never an AdmissionReview, so it can never read as "allowed".
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
 use super::App;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
-use crate::admission::{DecisionInputs, Refusal, Resource, Webhook, admit};
+use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::outbox::EffectResult;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
@@ -54,37 +54,12 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
         .into_counted_response(&app)
 }
 
+/// One review, in named steps: read it within the limits, admit it, write its audit line, and
+/// respond (with its side effects handed to the outbox, and awaited where the decision says).
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
-    let arrived = Instant::now();
-    check_headers(request.headers())?;
-    let http1 = request.version() < Version::HTTP_2;
-    let timeout = api_server_timeout(request.uri().query());
-    // Memory for the body, reserved before reading it: its announced length, or the most a body
-    // may have. None left means shed now, so many large bodies at once cannot exhaust memory.
-    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let reserve = u32::try_from(declared.unwrap_or(MAX_BODY_BYTES).clamp(1, MAX_BODY_BYTES)).unwrap_or(u32::MAX);
-    let Ok(_body_memory) = app.body_memory.try_acquire_many(reserve) else {
-        app.metrics.reviews_shed.inc();
-        return Err(HttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busyguard is reading as many request bodies as its memory allows: shed, retry",
-        ));
-    };
-    // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
-    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
-    // Taken once the body is in, so clients trickling bodies cannot hold every permit. Held
-    // until the answer is written; none left means shed now rather than answer late.
-    let Ok(_in_flight) = app.in_flight.try_acquire() else {
-        app.metrics.reviews_shed.inc();
-        return Err(HttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("busyguard is handling {} reviews already: shed, retry", app.limits.max_in_flight),
-        ));
-    };
-    // Side effects may use what is left of the API server's timeout, counted from arrival.
-    let effects_budget = effects_budget(timeout).saturating_sub(arrived.elapsed());
+    let review = read(app, request).await?;
     let started = Instant::now();
-    let request = review::decode(&body)?;
+    let request = review::decode(&review.body)?;
     // Debug level: at info, a review costs no tracing work; its audit line is the record.
     let span = debug_span!(
         "review",
@@ -95,47 +70,105 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         operation = request.operation.as_str(),
         decision = field::Empty,
     );
-    let outcome = span.in_scope(|| decide(app, webhook, &request))?;
+    let outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
+    if let Some(record) = &outcome.audit {
+        app.audit.record(record);
+    }
+    let response = respond(app, webhook, &request, outcome, &review).instrument(span).await;
+    let labels = WebhookLabels { webhook: webhook.as_str() };
+    app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    Ok(response)
+}
+
+/// A review's body, read within the limits, and the permits it holds until it is answered.
+struct Received<'a> {
+    body: Bytes,
+    arrived: Instant,
+    /// The API server's `?timeout=` (or the default), from `arrived`.
+    timeout: Duration,
+    http1: bool,
+    _body_memory: tokio::sync::SemaphorePermit<'a>,
+    _in_flight: tokio::sync::SemaphorePermit<'a>,
+}
+
+/// Reads the body within its limits: memory for it reserved first, a review slot taken once it
+/// is in. None left of either means shed now (503) rather than answer late.
+async fn read(app: &App, request: Request) -> Result<Received<'_>, HttpError> {
+    let arrived = Instant::now();
+    check_headers(request.headers())?;
+    let http1 = request.version() < Version::HTTP_2;
+    let timeout = api_server_timeout(request.uri().query());
+    // Memory for the body, reserved before reading it: its announced length, or the most a body
+    // may have, so many large bodies at once cannot exhaust memory.
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let reserve = u32::try_from(declared.unwrap_or(MAX_BODY_BYTES).clamp(1, MAX_BODY_BYTES)).unwrap_or(u32::MAX);
+    let Ok(body_memory) = app.body_memory.try_acquire_many(reserve) else {
+        app.metrics.reviews_shed.inc();
+        return Err(HttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busyguard is reading as many request bodies as its memory allows: shed, retry",
+        ));
+    };
+    // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
+    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
+    // Taken once the body is in, so clients trickling bodies cannot hold every slot.
+    let Ok(in_flight) = app.in_flight.try_acquire() else {
+        app.metrics.reviews_shed.inc();
+        return Err(HttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("busyguard is handling {} reviews already: shed, retry", app.limits.max_in_flight),
+        ));
+    };
+    Ok(Received { body, arrived, timeout, http1, _body_memory: body_memory, _in_flight: in_flight })
+}
+
+/// The decision on a decoded review, made on the view as of its arrival.
+fn judge(app: &App, webhook: Webhook, request: &AdmissionRequest, arrived: Instant) -> Result<Outcome, HttpError> {
+    warn_of_a_shared_controller_identity(app, request);
+    let inputs = DecisionInputs { policy: &app.policy, view: &app.cluster.view, arrived };
+    let outcome = admit(request, webhook, &inputs, Timestamp::now())?;
+    Span::current().record("decision", outcome.decision.as_str());
+    match &outcome.audit {
+        Some(record) => {
+            debug!(reason = record.reason.as_str(), user = %record.user, detail = %record.detail, "audited")
+        }
+        None => debug!("answered"),
+    }
+    Ok(outcome)
+}
+
+/// The answer, encoded before the side effects go out (they cannot change it); awaited, where
+/// the decision asks, within what is left of the API server's timeout.
+async fn respond(
+    app: &App,
+    webhook: Webhook,
+    request: &AdmissionRequest,
+    outcome: Outcome,
+    review: &Received<'_>,
+) -> Response {
     let encoded = AdmissionResponse::of(&request.uid, &outcome.answer).encode();
+    let effects_budget = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
     let waiting = send_effects(app, outcome.effects);
     if outcome.await_effects && !waiting.is_empty() {
-        let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).instrument(span).await;
+        let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).await;
         if done.is_err() {
             warn!(uid = %request.uid, budget = ?effects_budget, "answering before every pod was updated; the updates go on");
         }
     }
     let labels = ReviewLabels {
         webhook: webhook.as_str(),
-        resource: Resource::of(&request).label(),
+        resource: Resource::of(request).label(),
         operation: request.operation.as_str(),
         result: outcome.decision.as_str(),
     };
     app.metrics.reviews.get_or_create(&labels).inc();
-    app.metrics
-        .review_seconds
-        .get_or_create(&WebhookLabels { webhook: webhook.as_str() })
-        .observe(started.elapsed().as_secs_f64());
     let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
-    if http1 && !app.is_serving() {
+    if review.http1 && !app.is_serving() {
         // Draining: the keep-alive client opens its next connection to a replica still ready
         // instead of finding this one gone. HTTP/2 clients get GOAWAY when the port closes.
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    Ok(response)
-}
-
-fn decide(app: &App, webhook: Webhook, request: &AdmissionRequest) -> Result<Outcome, HttpError> {
-    warn_of_a_shared_controller_identity(app, request);
-    let inputs = DecisionInputs { policy: &app.policy, view: &app.cluster.view, arrived: Instant::now() };
-    let outcome = admit(request, webhook, &inputs, Timestamp::now())?;
-    Span::current().record("decision", outcome.decision.as_str());
-    if let Some(record) = &outcome.audit {
-        app.audit.record(record);
-        debug!(reason = record.reason.as_str(), user = %record.user, detail = %record.detail, "audited");
-    } else {
-        debug!("answered");
-    }
-    Ok(outcome)
+    response
 }
 
 /// Every controller of a controller-manager run without `--use-service-account-credentials`
@@ -250,11 +283,11 @@ impl From<InvalidReview> for HttpError {
     }
 }
 
-impl From<Refusal> for HttpError {
-    fn from(refusal: Refusal) -> Self {
-        match refusal {
-            Refusal::Invalid(e) => e.into(),
-            Refusal::Unavailable(why) => HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why),
+impl From<Unanswerable> for HttpError {
+    fn from(unanswerable: Unanswerable) -> Self {
+        match unanswerable {
+            Unanswerable::Invalid(e) => e.into(),
+            Unanswerable::Unavailable(why) => HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why),
         }
     }
 }

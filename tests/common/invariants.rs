@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use busyguard::admission::review::{AdmissionResponse, decode};
-use busyguard::admission::{DecisionInputs, Refusal, Webhook, admit};
+use busyguard::admission::{DecisionInputs, Unanswerable, Webhook, admit};
 use busyguard::cluster::view::{View, WatchedPod};
 use busyguard::duration::parse_positive_duration;
 use busyguard::policy::busy::MaxBusy;
@@ -69,7 +69,7 @@ pub struct Judged {
 }
 
 /// Decodes and judges `body` as `webhook`; a refusal is the 4xx/503 busyguard would send.
-pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Refusal> {
+pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Unanswerable> {
     let request = decode(body)?;
     let inputs = DecisionInputs { policy: &policy(), view, arrived: Instant::now() };
     let decided = admit(&request, webhook, &inputs, now())?;
@@ -111,7 +111,10 @@ pub struct Disruption<'a> {
 /// A pod marked busy, not already going, is only let go with an audit line naming an exemption
 /// that really applies; a pod not marked busy is never refused. Checked when the review is
 /// judged at all; the refusal otherwise.
-pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, view: &View) -> Result<(), Refusal> {
+pub fn busy_pods_go_only_with_an_audited_exemption(
+    disruption: Disruption<'_>,
+    view: &View,
+) -> Result<(), Unanswerable> {
     let body = serde_json::to_vec(disruption.review).unwrap();
     let outcome = judge(&body, Webhook::Validating, view)?;
     let pod = disruption.pod;
@@ -181,9 +184,9 @@ pub fn busy_pods_go_only_with_an_audited_exemption(disruption: Disruption<'_>, v
 /// The patch of a flip to busy applies to the pod it came from; a second look finds nothing
 /// to do; the flip back to idle restores the annotations the pod had. Checked when the update
 /// of the idle pod `update` carries is judged at all; the refusal otherwise.
-pub fn busy_and_back_restores_the_annotations(update: &Value) -> Result<(), Refusal> {
+pub fn busy_and_back_restores_the_annotations(update: &Value) -> Result<(), Unanswerable> {
     let idle_pod = update["request"]["object"].clone();
-    let flip = |review: &Value, to: &str| -> Result<Value, Refusal> {
+    let flip = |review: &Value, to: &str| -> Result<Value, Unanswerable> {
         let mut review = review.clone();
         let pod = &mut review["request"]["object"];
         pod["metadata"]["labels"]["busyguard.io/busy"] = Value::String(to.into());

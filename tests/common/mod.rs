@@ -15,7 +15,7 @@ use busyguard::certs::{self, CertsRequest};
 use busyguard::cluster::ClusterSource;
 use busyguard::config::{Cli, Command};
 use busyguard::server::tls::CertFiles;
-use busyguard::server::{self, Limits, Running, ServeConfig};
+use busyguard::server::{self, Limits, ServeConfig, Server};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -29,7 +29,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 pub struct TestServer {
-    pub running: Option<Running>,
+    pub running: Option<Server>,
     pub webhook: SocketAddr,
     pub admin: SocketAddr,
     pub dir: tempfile::TempDir,
