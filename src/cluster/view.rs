@@ -45,6 +45,8 @@ pub struct PodRecord {
     pub last_restart: Option<Timestamp>,
     pub labels: Pairs,
     pub annotations: Pairs,
+    /// Whether managedFields show busyguard as the writer of the delete-requested mark.
+    pub mark_by_busyguard: bool,
 }
 
 impl PodRecord {
@@ -114,6 +116,10 @@ impl PodFacts for PodRecord {
 
     fn disruption(&self) -> Option<&str> {
         self.disruption.as_deref()
+    }
+
+    fn mark_by_busyguard(&self) -> bool {
+        self.mark_by_busyguard
     }
 }
 
@@ -225,9 +231,6 @@ impl WatchedPod {
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
         let annotations: Pairs = (meta.annotations.iter().flatten())
             .filter(|(k, _)| DECIDING_ANNOTATIONS.contains(&k.as_str()))
-            // A deferred delete busyguard carries out with its own rights: only a mark it wrote
-            // itself counts, not one any pod patcher (or a copied pod template) put there.
-            .filter(|(k, _)| k.as_str() != DELETE_REQUESTED || written_by(meta, FIELD_MANAGER, DELETE_REQUESTED))
             .map(|(k, v)| (boxed(k), boxed(v)))
             .collect();
         let owner = (meta.owner_references.iter().flatten())
@@ -250,6 +253,7 @@ impl WatchedPod {
                 .last_restart(get(&annotations, TASK_CONTAINER).or(get(&annotations, DEFAULT_CONTAINER))),
             labels,
             annotations,
+            mark_by_busyguard: written_by(meta, FIELD_MANAGER, DELETE_REQUESTED),
         }
     }
 }

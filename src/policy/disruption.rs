@@ -729,6 +729,7 @@ mod tests {
             json!({"phase": "Running"}),
         );
         marked.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
+        marked.metadata.mark_by_busyguard = true;
         let outcome = judge_disruption(
             &ask("alice", false),
             Action::Delete,

@@ -226,7 +226,8 @@ mod tests {
             labels[DELETE_REQUESTED] = json!("true");
         }
         serde_json::from_value(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
-            "labels": labels, "annotations": annotations}, "status": status}))
+            "labels": labels, "annotations": annotations, "managedFields": marked_by_busyguard()},
+            "status": status}))
         .unwrap()
     }
 

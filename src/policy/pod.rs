@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
-use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, TASK_CONTAINER};
+use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, TASK_CONTAINER};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -42,6 +42,46 @@ pub struct Metadata {
     pub creation_timestamp: Option<Timestamp>,
     #[serde(default)]
     pub deletion_timestamp: Option<Timestamp>,
+    /// Whether the API server's managedFields show busyguard (its field manager) as the writer
+    /// of the delete-requested mark's annotation; the rest of managedFields is skipped.
+    #[serde(default, rename = "managedFields", deserialize_with = "mark_by_busyguard")]
+    pub mark_by_busyguard: bool,
+}
+
+/// One managedFields entry, as far as the mark's writer goes.
+#[derive(Deserialize)]
+struct ManagedFields {
+    #[serde(default)]
+    manager: Option<String>,
+    #[serde(default, rename = "fieldsV1")]
+    fields: Option<MetadataFields>,
+}
+
+#[derive(Deserialize)]
+struct MetadataFields {
+    #[serde(default, rename = "f:metadata")]
+    metadata: Option<AnnotationFields>,
+}
+
+#[derive(Deserialize)]
+struct AnnotationFields {
+    #[serde(default, rename = "f:annotations")]
+    annotations: Option<MarkField>,
+}
+
+/// `f:` and [`DELETE_REQUESTED`] (a test holds the two together).
+#[derive(Deserialize)]
+struct MarkField {
+    #[serde(default, rename = "f:busyguard.io/delete-requested")]
+    mark: Option<serde::de::IgnoredAny>,
+}
+
+fn mark_by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    let entries = Option::<Vec<ManagedFields>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(entries.iter().any(|entry| {
+        entry.manager.as_deref() == Some(FIELD_MANAGER)
+            && (entry.fields.as_ref().and_then(|f| f.metadata.as_ref()?.annotations.as_ref()?.mark.as_ref())).is_some()
+    }))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -158,6 +198,9 @@ pub trait PodFacts {
     /// The reason of the pod's `DisruptionTarget` condition, when it is true: who set out to
     /// take it away (`EvictionByEvictionAPI`, `PreemptionByScheduler`, ...).
     fn disruption(&self) -> Option<&str>;
+    /// Whether busyguard wrote the delete-requested mark's annotation, as the API server's
+    /// managedFields record the writer.
+    fn mark_by_busyguard(&self) -> bool;
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
@@ -166,8 +209,13 @@ pub trait PodFacts {
 
     /// The delete busyguard deferred on this pod, if any: marked by the label (which the API
     /// server can select, so that no one but busyguard writes it) and told by the annotation.
+    /// busyguard carries it out with its own rights, so only a mark it wrote itself counts, not
+    /// one any pod patcher (or a copied pod template) put there.
     fn delete_request(&self) -> Option<DeleteRequest> {
         self.label(DELETE_REQUESTED)?;
+        if !self.mark_by_busyguard() {
+            return None;
+        }
         serde_json::from_str(self.annotation(DELETE_REQUESTED)?).ok()
     }
 }
@@ -209,6 +257,9 @@ impl<P: PodFacts> PodFacts for &P {
     }
     fn disruption(&self) -> Option<&str> {
         (*self).disruption()
+    }
+    fn mark_by_busyguard(&self) -> bool {
+        (*self).mark_by_busyguard()
     }
 }
 
@@ -260,6 +311,10 @@ impl PodFacts for Pod {
     fn disruption(&self) -> Option<&str> {
         self.status.disruption()
     }
+
+    fn mark_by_busyguard(&self) -> bool {
+        self.metadata.mark_by_busyguard
+    }
 }
 
 impl PodStatus {
@@ -302,6 +357,26 @@ where
 mod tests {
     use super::*;
     use crate::policy::keys::*;
+    use crate::policy::testing::{marked_by_busyguard, pod};
+    use serde_json::{Value, json};
+
+    #[test]
+    fn a_mark_counts_only_when_managed_fields_show_busyguard_wrote_it() {
+        let mark = json!({DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#});
+        let with = |managed: Value| {
+            pod(
+                json!({"metadata": {"labels": {DELETE_REQUESTED: "true"}, "annotations": mark, "managedFields": managed}}),
+            )
+        };
+        assert!(with(marked_by_busyguard()).delete_request().is_some());
+        let by_another = json!([{"manager": "kubectl", "fieldsV1": {"f:metadata": {"f:annotations":
+            {format!("f:{DELETE_REQUESTED}"): {}}}}}]);
+        assert!(with(by_another).delete_request().is_none(), "written by someone else");
+        let busyguard_wrote_other_fields = json!([{"manager": FIELD_MANAGER, "fieldsV1": {"f:metadata":
+            {"f:annotations": {"f:controller.kubernetes.io/pod-deletion-cost": {}}}}}]);
+        assert!(with(busyguard_wrote_other_fields).delete_request().is_none());
+        assert!(with(Value::Null).delete_request().is_none(), "no managedFields");
+    }
 
     #[test]
     fn decodes_the_fields_decisions_need_and_tolerates_nulls() {
@@ -411,6 +486,9 @@ mod tests {
         }
         fn disruption(&self) -> Option<&str> {
             self.pod.disruption()
+        }
+        fn mark_by_busyguard(&self) -> bool {
+            self.pod.mark_by_busyguard()
         }
     }
 

@@ -101,8 +101,8 @@ mod tests {
             annotations.insert(DELETE_REQUESTED.into(), json!(r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#));
             labels[DELETE_REQUESTED] = json!("true");
         }
-        serde_json::from_value(json!({"metadata": {"labels": labels, "annotations": annotations},
-            "status": {"phase": "Running"}}))
+        serde_json::from_value(json!({"metadata": {"labels": labels, "annotations": annotations,
+            "managedFields": marked_by_busyguard()}, "status": {"phase": "Running"}}))
         .unwrap()
     }
 

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::busy::MaxBusy;
 use super::disruption::Exemptions;
+use super::keys::{DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
 use super::outcome::Ask;
 use super::pod::Pod;
@@ -55,4 +56,10 @@ pub fn ask(operation: &'static str, username: &'static str) -> Ask<'static> {
         requester: Requester { username, groups: &[], pod: None },
         dry_run: false,
     }
+}
+
+/// A pod's `managedFields` as the API server records a delete-requested mark busyguard wrote.
+pub fn marked_by_busyguard() -> Value {
+    serde_json::json!([{"manager": FIELD_MANAGER, "operation": "Update",
+        "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{DELETE_REQUESTED}"): {}}}}}])
 }
