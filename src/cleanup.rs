@@ -16,7 +16,7 @@ use crate::cluster::view::WatchedPod;
 use crate::cluster::{ClusterSource, client_config};
 use crate::policy::busy::MaxBusy;
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
-use crate::policy::marks::{MutationSettings, merge_patch, plan};
+use crate::policy::marks::{MutationSettings, plan};
 use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
 
 /// Every annotation busyguard may have written is restored or removed, whatever it was set to
@@ -40,12 +40,12 @@ pub fn restore_patch(pod: &WatchedPod, now: Timestamp) -> Option<Value> {
     if idle.is_empty() && !marked {
         return None;
     }
-    let mut patch = merge_patch(&idle);
+    let mut changes = idle.changes();
     for key in marks {
-        patch["metadata"]["annotations"][key] = Value::Null;
+        changes.annotations.insert(key, None);
     }
-    patch["metadata"]["labels"][DELETE_REQUESTED] = Value::Null;
-    Some(patch)
+    changes.labels.insert(DELETE_REQUESTED, None);
+    Some(changes.merge_patch())
 }
 
 /// Cleans the namespaces given (all without) and says what it did, one line each.

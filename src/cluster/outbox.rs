@@ -19,8 +19,7 @@ use super::view::WatchedPod;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
-use crate::policy::keys::{DELETE_REQUESTED, FIELD_MANAGER, POD_TEMPLATE_HASH, RELEASED_FROM};
-use crate::policy::marks::merge_patch;
+use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Decision, Effect, PodRef};
 
 #[derive(Debug, Clone, Copy)]
@@ -317,10 +316,8 @@ impl Worker {
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         match effect {
-            Effect::Refresh { pod, resource_version, plan } => {
-                let mut patch = merge_patch(plan);
-                patch["metadata"]["resourceVersion"] = resource_version.clone().into();
-                patch["metadata"]["uid"] = pod.uid.clone().into();
+            Effect::Refresh { pod, .. } => {
+                let patch = effect.pod_patch().expect("a refresh writes the pod");
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     // The pod changed since the view saw it: its watch event decides again.
@@ -328,15 +325,14 @@ impl Worker {
                     Err(e) => classify(e),
                 }
             }
-            Effect::MarkDeleteRequested { pod, request } => {
-                let patch = serde_json::json!({"metadata": {"uid": pod.uid, "labels": {DELETE_REQUESTED: "true"},
-                    "annotations": {DELETE_REQUESTED: request.to_annotation()}}});
+            Effect::MarkDeleteRequested { pod, .. } => {
+                let patch = effect.pod_patch().expect("a mark writes the pod");
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }
             }
-            Effect::Release { pod, hash, request } => {
+            Effect::Release { pod, .. } => {
                 match self.confirm_release(pod).await {
                     Ok(Ok(())) => {}
                     Ok(Err(why)) => {
@@ -345,9 +341,7 @@ impl Worker {
                     }
                     Err(e) => return classify(e),
                 }
-                let patch = serde_json::json!({"metadata": {"uid": pod.uid,
-                    "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
-                    "annotations": {RELEASED_FROM: hash, DELETE_REQUESTED: request.to_annotation()}}});
+                let patch = effect.pod_patch().expect("a release writes the pod");
                 match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),

@@ -13,8 +13,9 @@ use serde_json::Value;
 use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
 use super::keys::{
-    AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETION_COST, IDLE_COST, IDLE_DO_NOT_DISRUPT,
-    IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL,
+    AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DeleteRequest, IDLE_COST,
+    IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT, POD_TEMPLATE_HASH, PROTECTED_LABEL,
+    RELEASED_FROM,
 };
 use super::pod::{Pod, PodFacts};
 use crate::duration::whole_second;
@@ -282,14 +283,103 @@ fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
     Patch(operations)
 }
 
-/// The plan as a JSON merge patch, for pods busyguard patches through the API.
-pub fn merge_patch(plan: &Plan) -> Value {
-    let annotations: serde_json::Map<String, Value> = (plan.annotations.iter())
-        .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
-        .collect();
-    let mut patch = serde_json::json!({"metadata": {"annotations": annotations}});
-    if let Some(protected) = plan.protected {
-        patch["metadata"]["labels"] = serde_json::json!({PROTECTED_LABEL: protected.then_some("true")});
+/// Changes to a pod's labels and annotations by key (`None` removes): what each of busyguard's
+/// pod writes through the API says, encoded in one place ([`PodChanges::merge_patch`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodChanges {
+    pub labels: Changes,
+    pub annotations: Changes,
+}
+
+impl PodChanges {
+    /// A JSON merge patch of the changes (a map with none left out).
+    pub fn merge_patch(&self) -> Value {
+        let map = |changes: &Changes| -> serde_json::Map<String, Value> {
+            changes
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.clone().map_or(Value::Null, Value::String)))
+                .collect()
+        };
+        let mut metadata = serde_json::Map::new();
+        if !self.labels.is_empty() {
+            metadata.insert("labels".into(), Value::Object(map(&self.labels)));
+        }
+        if !self.annotations.is_empty() {
+            metadata.insert("annotations".into(), Value::Object(map(&self.annotations)));
+        }
+        serde_json::json!({"metadata": metadata})
     }
-    patch
+}
+
+impl Plan {
+    /// The plan as changes of the pod written through the API: its annotations and the
+    /// protected label.
+    pub fn changes(&self) -> PodChanges {
+        let labels = self.protected.map(|on| (PROTECTED_LABEL, on.then(|| "true".to_string()))).into_iter().collect();
+        PodChanges { labels, annotations: self.annotations.clone() }
+    }
+}
+
+/// A deferred delete recorded on the pod: the mark's label and its annotation.
+pub fn mark(request: &DeleteRequest) -> PodChanges {
+    PodChanges {
+        labels: Changes::from([(DELETE_REQUESTED, Some("true".into()))]),
+        annotations: Changes::from([(DELETE_REQUESTED, Some(request.to_annotation()))]),
+    }
+}
+
+/// A busy pod taken out of its ReplicaSet (its `pod-template-hash` kept in
+/// [`RELEASED_FROM`]), with the mark that has it deleted once idle.
+pub fn release(hash: &str, request: &DeleteRequest) -> PodChanges {
+    let mut changes = mark(request);
+    changes.labels.insert(POD_TEMPLATE_HASH, None);
+    changes.annotations.insert(RELEASED_FROM, Some(hash.into()));
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::outcome::{Effect, PodRef};
+    use crate::policy::testing::ts;
+    use serde_json::json;
+
+    #[test]
+    fn every_pod_write_is_one_merge_patch_with_the_pods_uid_and_a_refresh_with_its_resource_version() {
+        let pod = PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() };
+        let request = DeleteRequest { by: "alice".into(), at: ts("2026-11-21T20:30:00Z") };
+        let asked = request.to_annotation();
+        let annotations = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
+        let refresh = Effect::Refresh {
+            pod: pod.clone(),
+            resource_version: "7".into(),
+            plan: Plan { annotations, protected: Some(false) },
+        };
+        assert_eq!(
+            refresh.pod_patch(),
+            Some(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
+                "annotations": {DELETION_COST: "5", IDLE_COST: null}, "labels": {PROTECTED_LABEL: null}}}))
+        );
+        let only_the_label = Effect::Refresh {
+            pod: pod.clone(),
+            resource_version: "8".into(),
+            plan: Plan { protected: Some(true), ..Plan::default() },
+        };
+        assert_eq!(
+            only_the_label.pod_patch(),
+            Some(json!({"metadata": {"uid": "u-w", "resourceVersion": "8", "labels": {PROTECTED_LABEL: "true"}}}))
+        );
+        let marked = Effect::MarkDeleteRequested { pod: pod.clone(), request: request.clone() };
+        assert_eq!(
+            marked.pod_patch(),
+            Some(json!({"metadata": {"uid": "u-w", "labels": {DELETE_REQUESTED: "true"},
+                "annotations": {DELETE_REQUESTED: asked}}}))
+        );
+        let released = Effect::Release { pod: pod.clone(), hash: "5d8f".into(), request };
+        assert_eq!(
+            released.pod_patch(),
+            Some(json!({"metadata": {"uid": "u-w", "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
+                "annotations": {RELEASED_FROM: "5d8f", DELETE_REQUESTED: asked}}}))
+        );
+    }
 }

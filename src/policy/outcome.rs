@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 
 use super::keys::DeleteRequest;
-use super::marks::Plan;
+use super::marks::{self, Plan};
 use super::{Mode, Requester};
 
 #[derive(Debug)]
@@ -394,6 +394,23 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// The merge patch of an effect that writes the pod, with the pod's uid (and, for a refresh,
+    /// the resourceVersion its plan was made on) as preconditions.
+    pub fn pod_patch(&self) -> Option<serde_json::Value> {
+        let (pod, changes, resource_version) = match self {
+            Effect::Refresh { pod, resource_version, plan } => (pod, plan.changes(), Some(resource_version)),
+            Effect::MarkDeleteRequested { pod, request } => (pod, marks::mark(request), None),
+            Effect::Release { pod, hash, request } => (pod, marks::release(hash, request), None),
+            _ => return None,
+        };
+        let mut patch = changes.merge_patch();
+        patch["metadata"]["uid"] = pod.uid.clone().into();
+        if let Some(resource_version) = resource_version {
+            patch["metadata"]["resourceVersion"] = resource_version.clone().into();
+        }
+        Some(patch)
+    }
+
     /// The metric's `kind` label.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -363,19 +363,6 @@ mod tests {
     }
 
     #[test]
-    fn merge_patch_sets_and_removes_annotations() {
-        let changes = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
-        assert_eq!(
-            merge_patch(&Plan { annotations: changes, protected: None }),
-            json!({"metadata": {"annotations": {DELETION_COST: "5", IDLE_COST: null}}})
-        );
-        assert_eq!(
-            merge_patch(&Plan { annotations: Changes::new(), protected: Some(false) }),
-            json!({"metadata": {"annotations": {}, "labels": {PROTECTED_LABEL: null}}})
-        );
-    }
-
-    #[test]
     fn disabled_autoscaler_annotations_are_left_alone() {
         let off = MutationSettings {
             karpenter: false,
