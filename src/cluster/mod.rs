@@ -102,6 +102,7 @@ impl Cluster {
             watch_timeout,
             pdbs: settings.busy_pdb.then(|| pdb::BusyPdbs {
                 client: client.clone(),
+                outbox: outbox.clone(),
                 scopes: scopes.clone(),
                 metrics: metrics_for_pdbs.clone(),
                 round: Arc::default(),

@@ -1,5 +1,5 @@
-//! The one way side effects leave busyguard: annotation patches, deferred deletes and Events,
-//! queued after a decision and carried out with retries. A failed or dropped side effect is
+//! The one way side effects leave busyguard: pod patches, deferred deletes, Events and the
+//! busy-pod PDBs, queued after a decision and carried out with retries. A failed or dropped side effect is
 //! logged and counted; none blocks an answer past its deadline.
 
 use std::collections::{HashMap, HashSet};
@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
@@ -21,6 +22,7 @@ use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Decision, Effect, PodRef};
+use crate::policy::pdb::busy_pdb;
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutboxSettings {
@@ -137,7 +139,7 @@ impl Outbox {
             let job = match e {
                 mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
             };
-            error!(kind, pod = %job.effect.pod(), "side-effect queue is full: dropped");
+            error!(kind, subject = %job.effect, "side-effect queue is full: dropped");
             if let Effect::ReportLoss { cause, audit, .. } = &job.effect {
                 // A loss is never left unreported: here, at worst, by more than one replica.
                 self.reports.report(cause, audit);
@@ -260,7 +262,6 @@ impl Worker {
     }
 
     async fn carry_out(&self, effect: &Effect) -> EffectResult {
-        let pod = effect.pod();
         let mut pause = Duration::from_millis(200);
         for attempt in 1..=self.settings.attempts {
             let outcome = match tokio::time::timeout(self.settings.call_timeout, self.attempt(effect)).await {
@@ -269,20 +270,20 @@ impl Worker {
             };
             match outcome {
                 Attempt::Done(done) => {
-                    debug!(kind = effect.kind(), %pod, result = done.as_str(), "side effect done");
+                    debug!(kind = effect.kind(), subject = %effect, result = done.as_str(), "side effect done");
                     return done;
                 }
                 Attempt::Fail(why) => {
-                    error!(kind = effect.kind(), %pod, error = %why, "side effect failed");
+                    error!(kind = effect.kind(), subject = %effect, error = %why, "side effect failed");
                     return EffectResult::Failed;
                 }
                 Attempt::Retry(why) if attempt < self.settings.attempts => {
-                    warn!(kind = effect.kind(), %pod, attempt, error = %why, "side effect will be retried");
+                    warn!(kind = effect.kind(), subject = %effect, attempt, error = %why, "side effect will be retried");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(5));
                 }
                 Attempt::Retry(why) => {
-                    error!(kind = effect.kind(), %pod, attempts = attempt, error = %why, "side effect failed: giving up");
+                    error!(kind = effect.kind(), subject = %effect, attempts = attempt, error = %why, "side effect failed: giving up");
                 }
             }
         }
@@ -313,7 +314,12 @@ impl Worker {
     }
 
     async fn attempt(&self, effect: &Effect) -> Attempt {
-        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &effect.pod().namespace);
+        let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
+        // The pod's namespace (the busy-pod PDBs name theirs).
+        let api: Api<WatchedPod> = match effect.pod() {
+            Some(pod) => Api::namespaced(self.client.clone(), &pod.namespace),
+            None => Api::all(self.client.clone()),
+        };
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         match effect {
             Effect::Refresh { pod, .. } => {
@@ -365,6 +371,23 @@ impl Worker {
                     Err(kube::Error::Api(status)) if status.code == 429 && names_cause(&status, BUSY_CAUSE) => {
                         Attempt::Done(EffectResult::Moot)
                     }
+                    Err(e) => classify(e),
+                }
+            }
+            Effect::CreateBusyPdb { namespace } => {
+                let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+                match pdbs(namespace).create(&params, &busy_pdb(namespace)).await {
+                    Ok(_) => Attempt::Done(EffectResult::Ok),
+                    // The other replica keeps the same PDBs: made there first.
+                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
+                    Err(e) => classify(e),
+                }
+            }
+            Effect::DeleteBusyPdb { namespace, name } => {
+                match pdbs(namespace).delete(name, &DeleteParams::default()).await {
+                    Ok(_) => Attempt::Done(EffectResult::Ok),
+                    // Taken away first by the other replica.
+                    Err(kube::Error::Api(status)) if status.code == 404 => Attempt::Done(EffectResult::Moot),
                     Err(e) => classify(e),
                 }
             }

@@ -1,26 +1,28 @@
 //! Keeps the busy-pod PodDisruptionBudgets (see `policy::pdb`): on each sweep, lists the PDBs,
-//! plans against the view's opted-in pods, and creates or deletes busyguard's own.
+//! plans against the view's opted-in pods, and has the outbox create or delete busyguard's own.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use tracing::{debug, info, warn};
 
+use super::outbox::{EffectResult, Outbox};
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
-use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER, PROTECTED_LABEL};
-use crate::policy::pdb::{BUSY_PDB_MIN_AVAILABLE, BUSY_PDB_NAME, ExistingPdb, MANAGED_BY, Step, plan};
+use crate::policy::keys::BUSY_LABEL;
+use crate::policy::outcome::Effect;
+use crate::policy::pdb::{ExistingPdb, MANAGED_BY, Step, as_busyguard_writes_it, plan};
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 
 #[derive(Clone)]
 pub struct BusyPdbs {
     pub client: Client,
+    /// Creates and deletes go out as side effects, like every write.
+    pub outbox: Outbox,
     pub scopes: Vec<Scope>,
     pub metrics: Arc<Metrics>,
     /// Held by the round under way: a sweep that comes while a slow one runs skips its own.
@@ -46,35 +48,27 @@ impl BusyPdbs {
             by_namespace.entry(namespace).or_default().push(labels);
         }
         let mut skipped = 0;
+        let mut changes = Vec::new();
         for step in plan(&by_namespace, &existing) {
-            let done = match &step {
-                Step::Create { namespace } => {
-                    let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
-                    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-                    api.create(&params, &busy_pdb(namespace)).await.map(|_| ())
-                }
-                Step::Delete { namespace, name } => {
-                    let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
-                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
-                }
+            match step {
+                Step::Create { namespace } => changes.push(Effect::CreateBusyPdb { namespace }),
+                Step::Delete { namespace, name } => changes.push(Effect::DeleteBusyPdb { namespace, name }),
                 Step::Skip { namespace, conflicting } => {
                     skipped += 1;
                     warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
                         and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here");
-                    Ok(())
                 }
-            };
-            // The other replica keeps the same PDBs: one it made or took away first is done.
-            let by_the_other = match (&done, &step) {
-                (Err(kube::Error::Api(s)), Step::Create { .. }) => s.code == 409,
-                (Err(kube::Error::Api(s)), Step::Delete { .. }) => s.code == 404,
-                _ => false,
-            };
-            match done {
-                _ if by_the_other => debug!(?step, "busy-pod PDB: done by the other replica"),
-                Ok(()) if !matches!(step, Step::Skip { .. }) => info!(?step, "busy-pod PDB"),
-                Ok(()) => {}
-                Err(e) => warn!(?step, error = %e, "busy-pod PDB not changed; tried again next round"),
+            }
+        }
+        // Through the outbox, awaited: the round ends when its changes are done or given up.
+        let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        let results = futures::future::join_all(changes.into_iter().map(|change| self.outbox.send(change))).await;
+        for (change, result) in described.iter().zip(results) {
+            match result {
+                Ok(EffectResult::Ok) => info!(%change, "busy-pod PDB changed"),
+                // The other replica keeps the same PDBs: done there first.
+                Ok(EffectResult::Moot) => debug!(%change, "busy-pod PDB: done by the other replica"),
+                _ => warn!(%change, "busy-pod PDB not changed; tried again next round"),
             }
         }
         self.metrics.busy_pdb_conflicts.set(skipped);
@@ -106,54 +100,5 @@ impl BusyPdbs {
             }
         }
         Ok(existing)
-    }
-}
-
-/// Whether a PDB's spec says what busyguard's says, however the API server spells it (a list
-/// left out or empty).
-fn as_busyguard_writes_it(spec: Option<&PodDisruptionBudgetSpec>, namespace: &str) -> bool {
-    let ours = busy_pdb(namespace).spec;
-    let said = |spec: Option<&PodDisruptionBudgetSpec>| {
-        let spec = spec.cloned().unwrap_or_default();
-        let selector = spec.selector.unwrap_or_default();
-        let expressions: Vec<(String, String, Vec<String>)> = (selector.match_expressions.unwrap_or_default())
-            .into_iter()
-            .map(|e| (e.key, e.operator, e.values.unwrap_or_default()))
-            .collect();
-        let labels = selector.match_labels.unwrap_or_default();
-        (spec.min_available, spec.max_unavailable, spec.unhealthy_pod_eviction_policy, labels, expressions)
-    };
-    said(spec) == said(ours.as_ref())
-}
-
-/// busyguard's PDB for a namespace: every protected pod, no disruption allowed.
-fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
-    PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some(BUSY_PDB_NAME.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(MANAGED_BY.0.into(), MANAGED_BY.1.into())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(BUSY_PDB_MIN_AVAILABLE)),
-            // Opted-in pods only: on those busyguard keeps the protected label true to the facts
-            // (anyone may label any pod, but busyguard takes it off an opted-in pod it does not
-            // protect).
-            selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(PROTECTED_LABEL.into(), "true".into())])),
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: BUSY_LABEL.into(),
-                    operator: "Exists".into(),
-                    values: None,
-                }]),
-            }),
-            // Said outright: a busy pod that is not Ready (readiness as the busy signal, or a
-            // probe failing mid-task) stays protected. Platforms that force AlwaysAllow by policy
-            // would let such a pod be evicted.
-            unhealthy_pod_eviction_policy: Some("IfHealthyBudget".into()),
-            ..PodDisruptionBudgetSpec::default()
-        }),
-        ..PodDisruptionBudget::default()
     }
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::keys::DeleteRequest;
 use super::marks::{self, Plan};
+use super::pdb::BUSY_PDB_NAME;
 use super::{Mode, Requester};
 
 #[derive(Debug)]
@@ -391,6 +392,10 @@ pub enum Effect {
     /// A busy pod lost: a Warning Event named for the pod's uid (so of several replicas the
     /// first reports it, the others find it there), then `audit` and the metric for `cause`.
     ReportLoss { pod: PodRef, cause: &'static str, audit: Box<AuditRecord> },
+    /// Create busyguard's busy-pod PodDisruptionBudget in the namespace (`policy::pdb`).
+    CreateBusyPdb { namespace: String },
+    /// Delete busyguard's PodDisruptionBudget `name` in the namespace.
+    DeleteBusyPdb { namespace: String, name: String },
 }
 
 impl Effect {
@@ -420,17 +425,32 @@ impl Effect {
             Effect::DeleteIdle { .. } => "delete-idle",
             Effect::Event { .. } => "event",
             Effect::ReportLoss { .. } => "report-loss",
+            Effect::CreateBusyPdb { .. } => "create-busy-pdb",
+            Effect::DeleteBusyPdb { .. } => "delete-busy-pdb",
         }
     }
 
-    pub fn pod(&self) -> &PodRef {
+    /// The pod the effect is about; `None` for the busy-pod PDBs.
+    pub fn pod(&self) -> Option<&PodRef> {
         match self {
             Effect::Refresh { pod, .. }
             | Effect::MarkDeleteRequested { pod, .. }
             | Effect::Release { pod, .. }
             | Effect::DeleteIdle { pod, .. }
             | Effect::Event { pod, .. }
-            | Effect::ReportLoss { pod, .. } => pod,
+            | Effect::ReportLoss { pod, .. } => Some(pod),
+            Effect::CreateBusyPdb { .. } | Effect::DeleteBusyPdb { .. } => None,
+        }
+    }
+}
+
+/// What an effect changes, for logs: `pod NS/NAME` or `PodDisruptionBudget NS/NAME`.
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Effect::CreateBusyPdb { namespace } => write!(f, "PodDisruptionBudget {namespace}/{BUSY_PDB_NAME}"),
+            Effect::DeleteBusyPdb { namespace, name } => write!(f, "PodDisruptionBudget {namespace}/{name}"),
+            pod_effect => write!(f, "pod {}", pod_effect.pod().expect("every other effect is about a pod")),
         }
     }
 }

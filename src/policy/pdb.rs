@@ -11,6 +11,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 use super::keys::{BUSY_LABEL, PROTECTED_LABEL};
 use super::selector::Selector;
 
@@ -97,6 +101,55 @@ pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[
         }
     }
     steps
+}
+
+/// Whether a PDB's spec says what busyguard's says, however the API server spells it (a list
+/// left out or empty).
+pub fn as_busyguard_writes_it(spec: Option<&PodDisruptionBudgetSpec>, namespace: &str) -> bool {
+    let ours = busy_pdb(namespace).spec;
+    let said = |spec: Option<&PodDisruptionBudgetSpec>| {
+        let spec = spec.cloned().unwrap_or_default();
+        let selector = spec.selector.unwrap_or_default();
+        let expressions: Vec<(String, String, Vec<String>)> = (selector.match_expressions.unwrap_or_default())
+            .into_iter()
+            .map(|e| (e.key, e.operator, e.values.unwrap_or_default()))
+            .collect();
+        let labels = selector.match_labels.unwrap_or_default();
+        (spec.min_available, spec.max_unavailable, spec.unhealthy_pod_eviction_policy, labels, expressions)
+    };
+    said(spec) == said(ours.as_ref())
+}
+
+/// busyguard's PDB for a namespace: every protected pod, no disruption allowed.
+pub fn busy_pdb(namespace: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(BUSY_PDB_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(MANAGED_BY.0.into(), MANAGED_BY.1.into())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(BUSY_PDB_MIN_AVAILABLE)),
+            // Opted-in pods only: on those busyguard keeps the protected label true to the facts
+            // (anyone may label any pod, but busyguard takes it off an opted-in pod it does not
+            // protect).
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(PROTECTED_LABEL.into(), "true".into())])),
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: BUSY_LABEL.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
+            }),
+            // Said outright: a busy pod that is not Ready (readiness as the busy signal, or a
+            // probe failing mid-task) stays protected. Platforms that force AlwaysAllow by policy
+            // would let such a pod be evicted.
+            unhealthy_pod_eviction_policy: Some("IfHealthyBudget".into()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
 }
 
 #[cfg(test)]

@@ -185,7 +185,7 @@ mod tests {
             now(),
         );
         assert!(outcome.is_allowed() && outcome.await_effects);
-        let refreshed: Vec<&str> = outcome.effects.iter().map(|e| e.pod().name.as_str()).collect();
+        let refreshed: Vec<&str> = outcome.effects.iter().filter_map(|e| Some(e.pod()?.name.as_str())).collect();
         assert_eq!(refreshed, ["missed"], "only the pod whose annotations are stale");
         let audit = outcome.audit.unwrap();
         assert_eq!((audit.decision, audit.reason), (Decision::ScaleDown, Reason::Plan));
