@@ -12,7 +12,9 @@ use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -127,7 +129,7 @@ impl AuditLog {
         let mut queue = self.shared.lock();
         while queue.waiting() > 0 {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
-            queue = self.shared.written.wait_timeout(queue, left).unwrap_or_else(|p| p.into_inner()).0;
+            self.shared.written.wait_for(&mut queue, left);
         }
         true
     }
@@ -145,9 +147,8 @@ impl Drop for AuditLog {
 }
 
 impl Shared {
-    /// A poisoned lock only means a thread panicked while holding it; the queue is still whole.
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queue.lock()
     }
 
     fn write_until_stopped(&self, mut sink: Box<dyn Write + Send>) {
@@ -155,7 +156,7 @@ impl Shared {
         loop {
             let mut queue = self.lock();
             while queue.lines.is_empty() && batch.lines.is_empty() && !queue.stopping {
-                queue = self.queued.wait(queue).unwrap_or_else(|p| p.into_inner());
+                self.queued.wait(&mut queue);
             }
             let stopping = queue.stopping;
             batch.lines.extend(queue.lines.drain(..));
@@ -189,7 +190,7 @@ impl Shared {
                             "audit lines dropped at shutdown: the sink still refuses them"
                         );
                     }
-                    drop(self.queued.wait_timeout(queue, RETRY_AFTER).unwrap_or_else(|p| p.into_inner()));
+                    self.queued.wait_for(&mut queue, RETRY_AFTER);
                 }
             }
         }
@@ -287,11 +288,11 @@ mod tests {
     impl Write for Stalled {
         fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
             let (open, opened) = &*self.open;
-            let mut is_open = open.lock().unwrap();
+            let mut is_open = open.lock();
             while !*is_open {
-                is_open = opened.wait(is_open).unwrap();
+                opened.wait(&mut is_open);
             }
-            self.written.lock().unwrap().extend_from_slice(bytes);
+            self.written.lock().extend_from_slice(bytes);
             Ok(bytes.len())
         }
 
@@ -323,10 +324,10 @@ mod tests {
         assert_eq!(health, Ok(()), "slow is not failing");
         assert!(!log.flush(Duration::from_millis(50)), "nothing could be written yet");
 
-        *open.0.lock().unwrap() = true;
+        *open.0.lock() = true;
         open.1.notify_all();
         assert!(log.flush(Duration::from_secs(10)));
-        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(written.lock().clone()).unwrap();
         let uids: Vec<String> = text
             .lines()
             .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["uid"].as_str().unwrap().to_string())
@@ -357,7 +358,7 @@ mod tests {
 
     impl Write for FillingDisk {
         fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            let mut written = self.written.lock().unwrap();
+            let mut written = self.written.lock();
             let room = if self.free.load(Ordering::SeqCst) { bytes.len() } else { self.room - written.len() };
             if room == 0 {
                 return Err(io::Error::from_raw_os_error(28)); // ENOSPC
@@ -403,7 +404,7 @@ mod tests {
         assert!(log.flush(Duration::from_secs(10)));
         assert_eq!(log.health(), Ok(()));
         assert_eq!(metrics.held.get(), 0);
-        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(written.lock().clone()).unwrap();
         let uids: Vec<String> = text
             .lines()
             .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["uid"].as_str().unwrap().to_string())

@@ -3,7 +3,9 @@
 //! logged and counted; none blocks an answer past its deadline.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -122,7 +124,7 @@ impl Outbox {
         let kind = effect.kind();
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
-                let in_flight = !self.deletes.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone());
+                let in_flight = !self.deletes.lock().insert(pod.uid.clone());
                 in_flight.then_some(EffectResult::Moot)
             }
             Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(EffectResult::RateLimited),
@@ -145,7 +147,7 @@ impl Outbox {
                 self.reports.report(cause, audit);
             }
             if let Effect::DeleteIdle { pod, .. } = &job.effect {
-                self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
+                self.deletes.lock().remove(&pod.uid);
             }
             count(&self.metrics, kind, EffectResult::Dropped);
             if let Some(done) = job.done {
@@ -170,15 +172,15 @@ impl Outbox {
 
     /// The pod is gone from the cluster: nothing about it needs remembering.
     pub fn forget(&self, uid: &str) {
-        self.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).last.remove(uid);
+        self.deletes.lock().remove(uid);
+        self.events.lock().last.remove(uid);
     }
 
     /// One Event per pod per interval, and at most `EVENTS_PER_SECOND` in all: Events go to
     /// etcd, and no burst of refusals should flood it.
     fn event_rate_limited(&self, uid: &str) -> bool {
         let now = Instant::now();
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = self.events.lock();
         if events.last.len() > 10_000 {
             events.last.retain(|_, at| now.duration_since(*at) < self.event_interval);
         }
@@ -243,7 +245,7 @@ impl Worker {
                 match &job.effect {
                     Effect::DeleteIdle { pod, .. } if result != EffectResult::Ok => {
                         // Not carried out: the next change of the pod may try again.
-                        worker.deletes.lock().unwrap_or_else(|p| p.into_inner()).remove(&pod.uid);
+                        worker.deletes.lock().remove(&pod.uid);
                     }
                     // The API server could not take the Event: report the loss here all the same.
                     Effect::ReportLoss { cause, audit, .. } if result == EffectResult::Failed => {

@@ -2,7 +2,9 @@
 //! read, and whether the view can be trusted right now.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::OnceLock;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -353,24 +355,23 @@ impl View {
 
     /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
     pub fn is_opted_out(&self, namespace: &str) -> bool {
-        NEVER_GUARDED_NAMESPACES.contains(&namespace)
-            || self.opted_out.read().unwrap_or_else(|p| p.into_inner()).contains(namespace)
+        NEVER_GUARDED_NAMESPACES.contains(&namespace) || self.opted_out.read().contains(namespace)
     }
 
     /// Records whether `namespace` opted out; true when that changed.
     pub fn set_opted_out(&self, namespace: &str, out: bool) -> bool {
-        let mut opted_out = self.opted_out.write().unwrap_or_else(|p| p.into_inner());
+        let mut opted_out = self.opted_out.write();
         if out { opted_out.insert(namespace.to_string()) } else { opted_out.remove(namespace) }
     }
 
     /// The namespaces opted out by label, as recorded.
     pub fn opted_out(&self) -> HashSet<String> {
-        self.opted_out.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.opted_out.read().clone()
     }
 
     /// Whether decisions may rely on the view now.
     pub fn check(&self, now: Instant) -> Result<(), Unavailable> {
-        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let health = self.health.lock();
         match &health.unlisted {
             None => Err(Unavailable::NoCluster),
             Some(unlisted) if !unlisted.is_empty() => Err(Unavailable::NotListed),
@@ -383,12 +384,12 @@ impl View {
 
     /// The API server answered a read of pods, or a watch brought an event.
     pub fn alive(&self, now: Instant) {
-        let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut health = self.health.lock();
         health.last_sign_of_life = health.last_sign_of_life.max(now);
     }
 
     pub fn listed(&self, scope: &Scope) {
-        let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut health = self.health.lock();
         if let Some(unlisted) = &mut health.unlisted {
             unlisted.remove(scope);
         }
@@ -412,7 +413,7 @@ impl View {
         if record.label(MAX_UNAVAILABLE).is_none() {
             return Some(read(record, None).0);
         }
-        let mut grants = self.budget_grants.lock().unwrap_or_else(|p| p.into_inner());
+        let mut grants = self.budget_grants.lock();
         grants.retain(|(_, _, at)| at.elapsed() < GRANT_HELD_FOR);
         let granted: Vec<&str> = grants.iter().filter(|(ns, ..)| &**ns == namespace).map(|(_, n, _)| &**n).collect();
         let (answer, let_go) = read(record, Self::unavailable_siblings(in_namespace, name, record, &granted));
@@ -513,12 +514,12 @@ impl View {
         self.len() == 0
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Pods> {
-        self.pods.read().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, Pods> {
+        self.pods.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Pods> {
-        self.pods.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> RwLockWriteGuard<'_, Pods> {
+        self.pods.write()
     }
 }
 

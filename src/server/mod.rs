@@ -377,16 +377,16 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 /// What a connection is doing: requests being answered, and when it last did anything.
 struct Activity {
     in_flight: std::sync::atomic::AtomicUsize,
-    since: std::sync::Mutex<Instant>,
+    since: parking_lot::Mutex<Instant>,
 }
 
 impl Activity {
     fn new() -> Self {
-        Activity { in_flight: 0.into(), since: std::sync::Mutex::new(Instant::now()) }
+        Activity { in_flight: 0.into(), since: parking_lot::Mutex::new(Instant::now()) }
     }
 
     fn touch(&self) {
-        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *self.since.lock() = Instant::now();
     }
 
     /// `router`, counting the requests it answers on this connection.
@@ -416,11 +416,11 @@ impl Activity {
     async fn bound<F: Future>(&self, connection: F, idle: Duration) -> Option<F::Output> {
         tokio::pin!(connection);
         loop {
-            let last = *self.since.lock().unwrap_or_else(|p| p.into_inner());
+            let last = *self.since.lock();
             tokio::select! {
                 result = &mut connection => return Some(result),
                 () = tokio::time::sleep_until((last + idle).into()) => {
-                    let quiet = self.since.lock().unwrap_or_else(|p| p.into_inner()).elapsed() >= idle;
+                    let quiet = self.since.lock().elapsed() >= idle;
                     if quiet && self.in_flight.load(Ordering::Relaxed) == 0 {
                         return None;
                     }

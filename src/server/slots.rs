@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// Open connections, counted overall and per client address.
 pub struct Slots {
@@ -35,7 +37,7 @@ impl Slots {
 
     /// A slot for a connection from `peer`, held until the `Slot` is dropped.
     pub fn take(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Full> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock();
         if open.total >= self.max {
             return Err(Full::All);
         }
@@ -57,7 +59,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.slots.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.slots.open.lock();
         open.total -= 1;
         if let Some(mine) = open.per_peer.get_mut(&self.peer) {
             *mine -= 1;
@@ -92,7 +94,7 @@ mod tests {
         let held: Vec<Slot> = [1, 1, 2, 3].into_iter().map(|i| slots.take(ip(i)).unwrap()).collect();
         assert_eq!(slots.take(ip(4)).err(), Some(Full::All));
         drop(held);
-        let open = slots.open.lock().unwrap();
+        let open = slots.open.lock();
         assert_eq!((open.total, open.per_peer.len()), (0, 0), "nothing kept for addresses gone");
     }
 }

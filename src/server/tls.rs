@@ -7,7 +7,9 @@
 //! load keeps the last good one in service.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -59,13 +61,13 @@ pub struct ReloadingCert {
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+        Some(self.current.read().clone())
     }
 }
 
 impl ReloadingCert {
     fn set(&self, key: CertifiedKey) {
-        *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(key);
+        *self.current.write() = Arc::new(key);
     }
 }
 
