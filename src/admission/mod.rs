@@ -19,7 +19,8 @@ use objects::Object;
 use review::{AdmissionRequest, InvalidReview, Operation};
 
 /// Which registration called: only the mutating one may answer with a patch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Webhook {
     Mutating,
     Validating,
@@ -27,10 +28,7 @@ pub enum Webhook {
 
 impl Webhook {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Webhook::Mutating => "mutating",
-            Webhook::Validating => "validating",
-        }
+        self.into()
     }
 }
 

@@ -49,7 +49,8 @@ impl Default for OutboxSettings {
 }
 
 /// What happened to a side effect, as the metric's `result` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum EffectResult {
     Ok,
     /// Nothing left to do: the pod is gone, changed (its next watch event decides again) or
@@ -62,13 +63,7 @@ pub enum EffectResult {
 
 impl EffectResult {
     fn as_str(self) -> &'static str {
-        match self {
-            EffectResult::Ok => "ok",
-            EffectResult::Moot => "moot",
-            EffectResult::Failed => "failed",
-            EffectResult::Dropped => "dropped",
-            EffectResult::RateLimited => "rate-limited",
-        }
+        self.into()
     }
 }
 

@@ -11,7 +11,8 @@ use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum LossCause {
     /// The kubelet failed the pod (node-pressure eviction, preemption at admission, ...).
     Failed { reason: Option<String> },
@@ -28,12 +29,7 @@ pub enum LossCause {
 
 impl LossCause {
     pub fn label(&self) -> &'static str {
-        match self {
-            LossCause::Failed { .. } => "failed",
-            LossCause::Vanished => "vanished",
-            LossCause::Disrupted { .. } => "disrupted",
-            LossCause::Unwatched => "unwatched",
-        }
+        self.into()
     }
 
     /// Gone from the watch: the pod may still be there with its busy label removed.

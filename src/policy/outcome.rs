@@ -137,8 +137,9 @@ impl Denial {
 }
 
 /// What busyguard did: the `result` of the review metric and the `decision` of audit lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Decision {
     Allowed,
     Patched,
@@ -163,25 +164,14 @@ pub enum Decision {
 
 impl Decision {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Allowed => "allowed",
-            Decision::Patched => "patched",
-            Decision::Denied => "denied",
-            Decision::WouldDeny => "would-deny",
-            Decision::Exempted => "exempted",
-            Decision::Lapsed => "lapsed",
-            Decision::ScaleDown => "scale-down",
-            Decision::Unhandled => "unhandled",
-            Decision::DeletedWhenIdle => "deleted-when-idle",
-            Decision::Lost => "lost",
-            Decision::Unaccounted => "unaccounted",
-        }
+        self.into()
     }
 }
 
 /// Why, in one word (README, "Audit lines").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Reason {
     Busy,
     /// A flip to busy refused: the pod is being deleted.
@@ -219,33 +209,7 @@ pub enum Reason {
 
 impl Reason {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Busy => "busy",
-            Reason::Terminating => "terminating",
-            Reason::Budget => "budget",
-            Reason::NotOwnFlag => "not-own-flag",
-            Reason::ForgedMark => "forged-mark",
-            Reason::BusyDeleteDeferred => "busy-delete-deferred",
-            Reason::BusyReleased => "busy-released",
-            Reason::ExemptUser => "exempt-user",
-            Reason::ExemptGroup => "exempt-group",
-            Reason::NodeTaintEviction => "node-taint-eviction",
-            Reason::NamespaceDeleted => "namespace-deleted",
-            Reason::KarpenterDeadline => "karpenter-deadline",
-            Reason::KarpenterTermination => "karpenter-termination",
-            Reason::NodeGone => "node-gone",
-            Reason::MaxBusyExceeded => "max-busy-exceeded",
-            Reason::StaleAfterRestart => "stale-after-restart",
-            Reason::Plan => "plan",
-            Reason::NoSelector => "no-selector",
-            Reason::InvalidSelector => "invalid-selector",
-            Reason::ViewUnavailable => "view-unavailable",
-            Reason::DeleteRequested => "delete-requested",
-            Reason::Failed => "failed",
-            Reason::Vanished => "vanished",
-            Reason::Disrupted => "disrupted",
-            Reason::Unwatched => "unwatched",
-        }
+        self.into()
     }
 }
 
@@ -358,7 +322,7 @@ impl fmt::Display for PodRef {
 }
 
 /// What a disruption was: the Event's action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum Action {
     Delete,
     Evict,
@@ -366,20 +330,19 @@ pub enum Action {
 
 impl Action {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Delete => "Delete",
-            Action::Evict => "Evict",
-        }
+        self.into()
     }
 }
 
 /// A change to the cluster a decision asks for; the outbox carries it out.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Effect {
     /// Bring busyguard's annotations and protected label up to date; `plan` was made on
     /// `resource_version`.
     Refresh { pod: PodRef, resource_version: String, plan: Plan },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
+    #[strum(serialize = "mark-delete")]
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in
     /// `busyguard.io/released-from`) and mark it for deletion once idle, in one patch.
@@ -418,16 +381,7 @@ impl Effect {
 
     /// The metric's `kind` label.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Effect::Refresh { .. } => "refresh",
-            Effect::MarkDeleteRequested { .. } => "mark-delete",
-            Effect::Release { .. } => "release",
-            Effect::DeleteIdle { .. } => "delete-idle",
-            Effect::Event { .. } => "event",
-            Effect::ReportLoss { .. } => "report-loss",
-            Effect::CreateBusyPdb { .. } => "create-busy-pdb",
-            Effect::DeleteBusyPdb { .. } => "delete-busy-pdb",
-        }
+        self.into()
     }
 
     /// The pod the effect is about; `None` for the busy-pod PDBs.
@@ -475,4 +429,27 @@ pub struct ScalePlan {
     pub busy_spared: usize,
     /// Pods whose busyguard annotations were stale and are being brought up to date.
     pub refreshed: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_as_the_audit_lines_and_metrics_spell_them() {
+        for (decision, name) in [(Decision::WouldDeny, "would-deny"), (Decision::DeletedWhenIdle, "deleted-when-idle")]
+        {
+            assert_eq!(decision.as_str(), name);
+            assert_eq!(serde_json::to_value(decision).unwrap(), name, "the audit line says the same");
+        }
+        for (reason, name) in [(Reason::NotOwnFlag, "not-own-flag"), (Reason::MaxBusyExceeded, "max-busy-exceeded")] {
+            assert_eq!(reason.as_str(), name);
+            assert_eq!(serde_json::to_value(reason).unwrap(), name, "the audit line says the same");
+        }
+        let pod = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
+        let request = crate::policy::keys::DeleteRequest { by: "alice".into(), at: jiff::Timestamp::UNIX_EPOCH };
+        assert_eq!(Effect::MarkDeleteRequested { pod, request }.kind(), "mark-delete");
+        assert_eq!(Effect::CreateBusyPdb { namespace: "ns".into() }.kind(), "create-busy-pdb");
+        assert_eq!((Action::Delete.as_str(), Action::Evict.as_str()), ("Delete", "Evict"));
+    }
 }
