@@ -110,9 +110,10 @@ pub struct AgentArgs {
     /// How often the endpoint is asked.
     #[arg(long, env = "BUSYGUARD_AGENT_INTERVAL", default_value = "2s", value_parser = std_duration)]
     pub interval: Duration,
-    /// This pod's name and namespace (the downward API's `metadata.name` and `metadata.namespace`).
+    /// This pod's name (the downward API's `metadata.name`): the pod whose busy label the agent sets.
     #[arg(long, env = "POD_NAME")]
     pub pod: String,
+    /// This pod's namespace (the downward API's `metadata.namespace`).
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: String,
     /// Kubeconfig; without it, the pod's service account.
@@ -143,26 +144,52 @@ impl AgentArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub cluster: UsersCluster,
-    /// The cluster's `--max-busy`, to tell protected pods from lapsed ones.
+    /// The cluster's own, to tell protected pods from lapsed ones.
+    #[command(flatten)]
+    pub max_busy: MaxBusyArgs,
+}
+
+/// How long a busy pod is protected.
+#[derive(Debug, Args)]
+pub struct MaxBusyArgs {
+    /// Protection ends after a pod has been busy this long, unless the pod's own
+    /// `busyguard.io/max-busy` annotation says otherwise (for `status`: the cluster's value).
     #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
     pub max_busy: SignedDuration,
-    /// The cluster's `--max-busy-ceiling`, if it sets one.
+    /// No pod is protected longer than this, whatever its own `busyguard.io/max-busy` says.
     #[arg(long, env = "BUSYGUARD_MAX_BUSY_CEILING", value_parser = parse_positive_duration)]
     pub max_busy_ceiling: Option<SignedDuration>,
 }
 
-impl StatusArgs {
-    pub fn max_busy(&self) -> MaxBusy {
-        MaxBusy { default: self.max_busy, ceiling: self.max_busy_ceiling }
+impl From<&MaxBusyArgs> for MaxBusy {
+    fn from(args: &MaxBusyArgs) -> Self {
+        MaxBusy { default: args.max_busy, ceiling: args.max_busy_ceiling }
     }
 }
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Append audit lines to this file instead of stdout.
+    #[arg(long, env = "BUSYGUARD_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub ports: PortArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Ports and certificates")]
+pub struct PortArgs {
     /// Address of the HTTPS webhook port.
     #[arg(long, env = "BUSYGUARD_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    /// Address of the plain-HTTP admin port: /healthz, /readyz (serving), /metrics, and /status
+    /// (the view of opted-in pods and the audit log: ok, or what is wrong).
     #[arg(long, env = "BUSYGUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
     /// Serving certificate (PEM, leaf first); reloaded when the file changes.
@@ -178,6 +205,11 @@ pub struct ServeArgs {
     /// How often the certificate files are read again for changes.
     #[arg(long, env = "BUSYGUARD_CERT_RELOAD_INTERVAL", default_value = "1s", value_parser = std_duration)]
     pub cert_reload_interval: Duration,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
     /// Time allowed for a TLS handshake.
     #[arg(long, env = "BUSYGUARD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = std_duration)]
     pub handshake_timeout: Duration,
@@ -211,16 +243,16 @@ pub struct ServeArgs {
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "BUSYGUARD_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = std_duration)]
     pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Policy")]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    pub max_busy: MaxBusyArgs,
     /// `enforce` denies disruptions of busy pods; `dry-run` allows them with a warning and audits.
     #[arg(long, env = "BUSYGUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
-    /// Protection ends after a pod has been busy this long, unless the pod's own
-    /// `busyguard.io/max-busy` annotation says otherwise.
-    #[arg(long, env = "BUSYGUARD_MAX_BUSY", default_value = "24h", value_parser = parse_positive_duration)]
-    pub max_busy: SignedDuration,
-    /// No pod is protected longer than this, whatever its own `busyguard.io/max-busy` says.
-    #[arg(long, env = "BUSYGUARD_MAX_BUSY_CEILING", value_parser = parse_positive_duration)]
-    pub max_busy_ceiling: Option<SignedDuration>,
     /// Users who may delete busy pods (comma-separated in the environment). Replaces the default.
     #[arg(long = "exempt-user", env = "BUSYGUARD_EXEMPT_USERS", value_delimiter = ',', default_value = POD_GC_USER)]
     pub exempt_users: Vec<String>,
@@ -237,7 +269,9 @@ pub struct ServeArgs {
         default_value = "system:serviceaccount:kube-system:karpenter,system:serviceaccount:karpenter:karpenter"
     )]
     pub karpenter_users: Vec<String>,
-    /// Set `karpenter.sh/do-not-disrupt: "true"` on busy pods.
+    /// Set `karpenter.sh/do-not-disrupt` on busy pods (`"true"`, or the time left with
+    /// --karpenter-bounded): Karpenter then neither evicts them nor consolidates their node, and
+    /// the user's own value comes back when the pod is idle.
     #[arg(long, env = "BUSYGUARD_KARPENTER_ANNOTATION", default_value_t = true, action = ArgAction::Set)]
     pub karpenter_annotation: bool,
     /// Write `karpenter.sh/do-not-disrupt` as the seconds left of the protection, counted from
@@ -254,9 +288,11 @@ pub struct ServeArgs {
     /// read that value as no annotation at all: only with 1.36 or later.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ON_COMPLETION", default_value_t = false, action = ArgAction::Set)]
     pub cluster_autoscaler_on_completion: bool,
-    /// Append audit lines to this file instead of stdout.
-    #[arg(long, env = "BUSYGUARD_AUDIT_LOG")]
-    pub audit_log: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Cluster")]
+pub struct ClusterArgs {
     /// Kubeconfig to reach the API server with. Without it: the in-cluster service account,
     /// else `KUBECONFIG` or `~/.kube/config`, else no cluster (evictions are answered 503).
     #[arg(long, env = "BUSYGUARD_KUBECONFIG", conflicts_with = "no_cluster")]
@@ -268,7 +304,9 @@ pub struct ServeArgs {
     /// all namespaces without it. Evictions and scale-downs elsewhere find no pods.
     #[arg(long = "namespace", env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
-    /// How long the watch may fail before evictions get 503 and /readyz turns unready.
+    /// How long the watch of opted-in pods may go without a sign of life before the view counts
+    /// as stale: evictions and node deletes then get 503, scale-downs go unprepared, and /status
+    /// and busyguard_view_unavailable say so. /readyz stays up: deletes are judged without the view.
     #[arg(long, env = "BUSYGUARD_VIEW_STALE_AFTER", default_value = "60s", value_parser = std_duration)]
     pub view_stale_after: Duration,
     /// How often every watched pod is looked at again: a protection that ran out gives the pod
@@ -346,51 +384,71 @@ fn std_duration(text: &str) -> Result<Duration, String> {
 
 impl ServeArgs {
     pub fn into_config(self) -> ServeConfig {
+        let ports = self.ports;
         ServeConfig {
-            listen: self.listen,
-            admin_listen: self.admin_listen,
-            cert: CertFiles { cert: self.tls_cert, key: self.tls_key },
-            client_ca: self.client_ca,
-            cert_reload_interval: self.cert_reload_interval,
-            limits: Limits {
-                handshake_timeout: self.handshake_timeout,
-                header_read_timeout: self.header_read_timeout,
-                body_read_timeout: self.body_read_timeout,
-                max_connections: self.max_connections as usize,
-                max_connections_per_peer: self.max_connections_per_peer as usize,
-                max_in_flight: self.max_in_flight as usize,
-                max_body_memory: self.max_body_memory_mib as usize * 1024 * 1024,
-            },
-            shutdown_delay: self.shutdown_delay,
-            shutdown_timeout: self.shutdown_timeout,
-            policy: PolicyConfig {
-                mode: self.mode,
-                max_busy: MaxBusy { default: self.max_busy, ceiling: self.max_busy_ceiling },
-                exemptions: Exemptions {
-                    users: self.exempt_users.into_iter().filter(|u| !u.is_empty()).collect(),
-                    groups: self.exempt_groups.into_iter().filter(|g| !g.is_empty()).collect(),
-                    karpenter: self.karpenter_users.into_iter().filter(|u| !u.is_empty()).collect(),
-                },
-                mutation: MutationSettings {
-                    karpenter: self.karpenter_annotation,
-                    karpenter_bounded: self.karpenter_bounded,
-                    cluster_autoscaler: self.cluster_autoscaler_annotation,
-                    cluster_autoscaler_on_completion: self.cluster_autoscaler_on_completion,
-                },
-            },
+            listen: ports.listen,
+            admin_listen: ports.admin_listen,
+            cert: CertFiles { cert: ports.tls_cert, key: ports.tls_key },
+            client_ca: ports.client_ca,
+            cert_reload_interval: ports.cert_reload_interval,
+            limits: (&self.limits).into(),
+            shutdown_delay: self.limits.shutdown_delay,
+            shutdown_timeout: self.limits.shutdown_timeout,
+            policy: self.policy.into(),
             audit_log: self.audit_log,
-            cluster: ClusterSettings {
-                source: match (self.no_cluster, self.kubeconfig) {
-                    (true, _) => ClusterSource::None,
-                    (false, Some(path)) => ClusterSource::Kubeconfig(path),
-                    (false, None) => ClusterSource::Infer,
-                },
-                namespaces: self.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
-                stale_after: self.view_stale_after,
-                sweep_interval: self.sweep_interval,
-                busy_pdb: self.busy_pdb,
-                outbox: OutboxSettings { event_interval: self.event_interval, ..OutboxSettings::default() },
+            cluster: self.cluster.into(),
+        }
+    }
+}
+
+impl From<&LimitArgs> for Limits {
+    fn from(args: &LimitArgs) -> Self {
+        Limits {
+            handshake_timeout: args.handshake_timeout,
+            header_read_timeout: args.header_read_timeout,
+            body_read_timeout: args.body_read_timeout,
+            max_connections: args.max_connections as usize,
+            max_connections_per_peer: args.max_connections_per_peer as usize,
+            max_in_flight: args.max_in_flight as usize,
+            max_body_memory: args.max_body_memory_mib as usize * 1024 * 1024,
+        }
+    }
+}
+
+impl From<PolicyArgs> for PolicyConfig {
+    fn from(args: PolicyArgs) -> Self {
+        let listed = |names: Vec<String>| names.into_iter().filter(|n| !n.is_empty()).collect();
+        PolicyConfig {
+            mode: args.mode,
+            max_busy: (&args.max_busy).into(),
+            exemptions: Exemptions {
+                users: listed(args.exempt_users),
+                groups: listed(args.exempt_groups),
+                karpenter: listed(args.karpenter_users),
             },
+            mutation: MutationSettings {
+                karpenter: args.karpenter_annotation,
+                karpenter_bounded: args.karpenter_bounded,
+                cluster_autoscaler: args.cluster_autoscaler_annotation,
+                cluster_autoscaler_on_completion: args.cluster_autoscaler_on_completion,
+            },
+        }
+    }
+}
+
+impl From<ClusterArgs> for ClusterSettings {
+    fn from(args: ClusterArgs) -> Self {
+        ClusterSettings {
+            source: match (args.no_cluster, args.kubeconfig) {
+                (true, _) => ClusterSource::None,
+                (false, Some(path)) => ClusterSource::Kubeconfig(path),
+                (false, None) => ClusterSource::Infer,
+            },
+            namespaces: args.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+            stale_after: args.view_stale_after,
+            sweep_interval: args.sweep_interval,
+            busy_pdb: args.busy_pdb,
+            outbox: OutboxSettings { event_interval: args.event_interval, ..OutboxSettings::default() },
         }
     }
 }

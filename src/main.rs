@@ -37,8 +37,11 @@ fn main() -> ExitCode {
             })
         }),
         Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let report =
-                runtime.block_on(status::run(&args.cluster.source(), &args.cluster.namespaces, args.max_busy()))?;
+            let report = runtime.block_on(status::run(
+                &args.cluster.source(),
+                &args.cluster.namespaces,
+                (&args.max_busy).into(),
+            ))?;
             print!("{report}");
             Ok(())
         }),
