@@ -8,15 +8,15 @@ pub mod review;
 use std::time::Instant;
 
 use jiff::Timestamp;
+use objects::Object;
+use review::{AdmissionRequest, InvalidReview, Operation};
 
 use crate::cluster::view::View;
 use crate::policy::outcome::{Action, Ask, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, scale, update};
-use objects::Object;
-use review::{AdmissionRequest, InvalidReview, Operation};
+use crate::policy::{POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, own_flag, scale, update};
 
 /// Which registration called: only the mutating one may answer with a patch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
@@ -145,7 +145,7 @@ pub fn admit(
                 Webhook::Mutating => update::mutate_pod(&ask, pod, before, policy, now),
                 // The validating registrations see the writes of pods' own service accounts, and
                 // of busyguard's mark.
-                Webhook::Validating => update::judge_write(&ask, pod, before, inputs.view.own_user(), policy, now),
+                Webhook::Validating => own_flag::judge_write(&ask, pod, before, inputs.view.own_user(), policy, now),
             })
         }
         Route::PodDelete => {

@@ -363,10 +363,10 @@ mod tests {
         fn a_write_the_mark_webhook_skips_gives_no_pod_a_new_mark((old, new) in an_update()) {
             let (selectors, expression) = ([marked()], pod_write_marks_anew());
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
-                prop_assert!(!update::marks_anew(&pod(&new), Some(&pod(&old))), "skipped\nold {old}\nnew {new}");
+                prop_assert!(!crate::policy::own_flag::marks_anew(&pod(&new), Some(&pod(&old))), "skipped\nold {old}\nnew {new}");
             }
             if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
-                prop_assert!(!update::marks_anew(&pod(&new), None), "skipped\nnew {new}");
+                prop_assert!(!crate::policy::own_flag::marks_anew(&pod(&new), None), "skipped\nnew {new}");
             }
         }
 
@@ -412,10 +412,10 @@ mod tests {
                 || reaches(&[idle()], &not_for_pod_flags(), "UPDATE", &new, &old);
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
             ask.requester.pod = Some("w");
-            let outcome = update::judge_write(&ask, &pod(&new), Some(&pod(&old)), None, &config(), now());
+            let outcome = crate::policy::own_flag::judge_write(&ask, &pod(&new), Some(&pod(&old)), None, &config(), now());
             // Writes of pods that are not opted in, before or after, are not the rule's business.
             let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());
-            if opted_in && !reached && !update::marks_anew(&pod(&new), Some(&pod(&old))) {
+            if opted_in && !reached && !crate::policy::own_flag::marks_anew(&pod(&new), Some(&pod(&old))) {
                 prop_assert!(outcome.is_allowed(), "refused, but not sent\nold {old}\nnew {new}");
             }
         }

@@ -2,7 +2,7 @@
 //!
 //! Each path is decided whole in one file, returning an [`outcome::Outcome`]:
 //! - [`update::mutate_pod`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy
-//!   flips), and [`update::judge_write`], who may write opted-in pods;
+//!   flips), and [`own_flag::judge_write`], who may write opted-in pods;
 //! - [`disruption::judge_disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse,
 //!   defer);
 //! - [`scale::prepare_scale_down`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
@@ -28,6 +28,7 @@ pub mod marks;
 pub mod node;
 pub mod observed;
 pub mod outcome;
+pub mod own_flag;
 pub mod pdb;
 pub mod pod;
 pub mod scale;

@@ -1,14 +1,15 @@
 //! What the policy tests share: a clock, a configuration, a pod from JSON and a request.
 
 use jiff::{SignedDuration, Timestamp};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::busy::MaxBusy;
 use super::disruption::Exemptions;
-use super::keys::{DELETE_REQUESTED, FIELD_MANAGER};
+use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
-use super::outcome::Ask;
+use super::outcome::{Answer, Ask, Outcome};
 use super::pod::Pod;
+use super::update::mutate_pod;
 use super::{Mode, PolicyConfig, Requester};
 
 pub fn ts(s: &str) -> Timestamp {
@@ -62,4 +63,30 @@ pub fn ask(operation: &'static str, username: &'static str) -> Ask<'static> {
 pub fn marked_by_busyguard() -> Value {
     serde_json::json!([{"manager": FIELD_MANAGER, "operation": "Update",
         "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{DELETE_REQUESTED}"): {}}}}}])
+}
+
+/// A write of pod ns/w by its own worker's service account (not bound to a pod).
+pub fn worker_write() -> Ask<'static> {
+    Ask { namespace: "ns", ..ask("UPDATE", "system:serviceaccount:ns:worker") }
+}
+
+/// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
+pub fn mutated(old: &Value, new: &Value, now: &str) -> (Outcome, Value) {
+    let outcome = mutate_pod(&worker_write(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
+    let mut stored = new.clone();
+    if let Answer::Patch { patch, .. } = &outcome.answer {
+        json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");
+    }
+    (outcome, stored)
+}
+
+/// Sets the pod's busy label.
+pub fn set_label(doc: &mut Value, value: &str) {
+    doc["metadata"]["labels"][BUSY_LABEL] = json!(value);
+}
+
+/// An idle worker pod w (its label `false`) with these annotations.
+pub fn worker(annotations: Value) -> Value {
+    json!({"metadata": {"name": "w", "labels": {BUSY_LABEL: "false"}, "annotations": annotations},
+           "status": {"phase": "Running"}})
 }

@@ -9,8 +9,8 @@ use jiff::{SignedDuration, Timestamp};
 use super::PolicyConfig;
 use super::busy::MaxBusy;
 use super::cost::KARPENTER_NOTHING_COST;
-use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, PROTECTED_LABEL, WHEN_UNREADY};
-use super::marks::{GUARDED, flip_keys, json_patch, plan, written_on_a_flip};
+use super::keys::{BUSY_LABEL, DELETION_COST, IDLE_COST, MAX_BUSY, WHEN_UNREADY};
+use super::marks::{json_patch, plan};
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::parse_positive_duration;
@@ -34,115 +34,6 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
     Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
-}
-
-/// The validating webhook's rule for writes of opted-in pods (`own`: busyguard's own user,
-/// once known). busyguard's own writes always pass. Only busyguard writes the
-/// `busyguard.io/delete-requested` mark, since busyguard later deletes the pod on its word (the
-/// field manager a client names proves nothing). A pod's own service account (a token bound to
-/// a pod) may change opted-in pods only so far as to flip its own pod's busy label: not another
-/// pod, not a pod of another namespace, and no other label or annotation of its own
-/// (busyguard's annotations aside: the mutating webhook wrote them in this very write). With it,
-/// the worker's Role can grant `patch` on pods and still not let one worker hold or release its
-/// neighbours.
-pub fn judge_write(
-    ask: &Ask<'_>,
-    pod: &Pod,
-    before: Option<&Pod>,
-    own: Option<&str>,
-    config: &PolicyConfig,
-    now: Timestamp,
-) -> Outcome {
-    if own == Some(ask.requester.username) {
-        return Outcome::allow(Decision::Unhandled);
-    }
-    let refusal = if marks_anew(pod, before) {
-        Some((Denial::NotBusyguardsMark, Reason::ForgedMark, not_busyguards_mark(ask.namespace, ask.name)))
-    } else if let Some(own_pod) = ask.requester.pod {
-        own_flag_only(ask, own_pod, pod, before, config, now)
-            .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
-    } else {
-        None
-    };
-    let Some((denial, reason, message)) = refusal else { return Outcome::allow(Decision::Allowed) };
-    let audit = ask.audit(Decision::Denied, reason, message.clone(), config.mode, now);
-    Outcome::answer(Answer::Deny { denial, message }, Decision::Denied).audited(audit)
-}
-
-/// Whether the write gives the pod a whole delete-requested mark (its label and its annotation,
-/// see [`PodFacts::delete_request`]) that it did not carry as an opted-in pod before (a create,
-/// a new or changed mark, or a pod opting in with one). Half a mark is never carried out.
-pub fn marks_anew(pod: &Pod, before: Option<&Pod>) -> bool {
-    let Some(new) = whole_mark(pod) else { return false };
-    before.is_none_or(|old| old.label(BUSY_LABEL).is_none() || whole_mark(old) != Some(new))
-}
-
-/// The annotation of a delete-requested mark whose label is there too.
-fn whole_mark(pod: &Pod) -> Option<&str> {
-    pod.label(DELETE_REQUESTED).and(pod.annotation(DELETE_REQUESTED))
-}
-
-/// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
-fn own_flag_only(
-    ask: &Ask<'_>,
-    own_pod: &str,
-    pod: &Pod,
-    before: Option<&Pod>,
-    config: &PolicyConfig,
-    now: Timestamp,
-) -> Option<String> {
-    let before = before?;
-    let others = |labels: &super::pod::Labels| {
-        (labels.iter())
-            .filter(|(k, _)| k.as_str() != BUSY_LABEL && k.as_str() != PROTECTED_LABEL)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<Vec<_>>()
-    };
-    let theirs = |pod: &Pod| -> Vec<(String, String)> {
-        let annotations = pod.metadata.annotations.iter().flatten();
-        annotations.filter(|(k, _)| !written_on_a_flip(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
-    };
-    // A bound token's pod lives in its service account's namespace.
-    let own_namespace = service_account_namespace(ask.requester.username);
-    if own_pod != ask.name || own_namespace != Some(ask.namespace) {
-        let own = format!("{}/{own_pod}", own_namespace.unwrap_or("?"));
-        Some(not_own_pod(ask.namespace, ask.name, &own))
-    } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
-        || theirs(pod) != theirs(before)
-        || !busyguards_own_as_it_leaves_them(pod, before, config, now)
-    {
-        Some(more_than_the_flag(ask.namespace, ask.name))
-    } else {
-        None
-    }
-}
-
-/// Whether the annotations busyguard writes on a flip are as busyguard leaves them: without a
-/// flip, as they were or as busyguard's own refresh of them in this write makes them (a worker
-/// may not pin its idle pod with do-not-disrupt or a cost of its own); on a flip, with no value
-/// but the user's own from before it, saved or restored, so that no worker slips one in to be
-/// kept as the user's. The busy values themselves are the mutating webhook's, which wrote them
-/// in this very write.
-fn busyguards_own_as_it_leaves_them(pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> bool {
-    let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
-        (false, false) | (true, true) => {
-            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
-            return flip_keys().all(|key| {
-                let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
-                pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed
-            });
-        }
-        (was_busy, _) => was_busy,
-    };
-    GUARDED.iter().all(|(key, saved_as)| {
-        let users_own = [before.annotation(saved_as), before.annotation(key), None];
-        users_own.contains(&pod.annotation(saved_as)) && (!turning_idle || users_own.contains(&pod.annotation(key)))
-    })
-}
-
-/// `NS` of `system:serviceaccount:NS:NAME`.
-fn service_account_namespace(username: &str) -> Option<&str> {
-    username.strip_prefix("system:serviceaccount:")?.split(':').next()
 }
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
@@ -173,27 +64,6 @@ pub fn busy_while_terminating(namespace: &str, name: &str, deleting: Timestamp) 
         "pod {namespace}/{name} is being deleted (since {deleting}) and cannot turn busy: do not start the task; \
          it would be killed with the pod"
     )
-}
-
-/// A pod's service account writing another pod.
-pub fn not_own_pod(namespace: &str, name: &str, own: &str) -> String {
-    format!(
-        "pod {namespace}/{name} is not the requester's own pod ({own}): a pod's service account may flip only its \
-         own busy label"
-    )
-}
-
-/// A delete-requested mark written by someone other than busyguard.
-pub fn not_busyguards_mark(namespace: &str, name: &str) -> String {
-    format!(
-        "pod {namespace}/{name}: only busyguard writes {DELETE_REQUESTED} (it deletes the pod on its word); to have \
-         a busy pod deleted once idle, delete it and busyguard marks it"
-    )
-}
-
-/// A pod's service account changing more of its own pod than the flag.
-pub fn more_than_the_flag(namespace: &str, name: &str) -> String {
-    format!("pod {namespace}/{name}: its own service account may change only its {BUSY_LABEL} label")
 }
 
 pub fn max_busy_ignored(error: &str) -> String {
@@ -244,15 +114,6 @@ mod tests {
         let plan = plan(&pod, None, settings, DAY, ts(now));
         json_patch::patch(doc, &json_patch(&pod, &plan)).expect("patch applies to its pod");
         plan
-    }
-
-    fn set_label(doc: &mut Value, value: &str) {
-        doc["metadata"]["labels"][BUSY_LABEL] = json!(value);
-    }
-
-    fn worker(annotations: Value) -> Value {
-        json!({"metadata": {"name": "w", "labels": {BUSY_LABEL: "false"}, "annotations": annotations},
-               "status": {"phase": "Running"}})
     }
 
     #[test]
@@ -311,11 +172,11 @@ mod tests {
             let idle = worker(original.clone());
             let mut flip = idle.clone();
             set_label(&mut flip, "true");
-            let (_, busy) = update(&idle, &flip, "2026-11-21T20:48:44Z");
+            let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:48:44Z");
             assert_ne!(busy["metadata"]["annotations"], original);
             let mut done = busy.clone();
             set_label(&mut done, "false");
-            let (_, stored) = update(&busy, &done, "2026-11-21T21:00:00Z");
+            let (_, stored) = mutated(&busy, &done, "2026-11-21T21:00:00Z");
             assert_eq!(stored["metadata"]["annotations"], original);
         }
     }
@@ -425,196 +286,13 @@ mod tests {
         assert_eq!(annotations[DELETION_COST], busy_cost(ts("2026-11-21T20:48:44Z")).to_string());
     }
 
-    fn ask() -> Ask<'static> {
-        Ask { namespace: "ns", ..crate::policy::testing::ask("UPDATE", "system:serviceaccount:ns:worker") }
-    }
-
-    /// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
-    fn update(old: &Value, new: &Value, now: &str) -> (Outcome, Value) {
-        let outcome = mutate_pod(&ask(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
-        let mut stored = new.clone();
-        if let Answer::Patch { patch, .. } = &outcome.answer {
-            json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");
-        }
-        (outcome, stored)
-    }
-
-    fn from_pod(pod: &'static str) -> Ask<'static> {
-        let mut ask = ask();
-        ask.requester.pod = Some(pod);
-        ask
-    }
-
-    #[test]
-    fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
-        let now = "2026-11-21T20:00:00Z";
-        let judged = |old: &Value, new: &Value| {
-            judge_write(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), BUSYGUARD, &config(), ts(now))
-        };
-        let idle = worker(json!({DELETION_COST: "-5"}));
-        for (key, value) in [(KARPENTER_DO_NOT_DISRUPT, "true"), (DELETION_COST, "2147483647"), (IDLE_COST, "9")] {
-            let mut pinned = idle.clone();
-            pinned["metadata"]["annotations"][key] = json!(value);
-            assert!(!judged(&idle, &pinned).is_allowed(), "{key} on its idle pod");
-        }
-        // As the validating webhook sees the flips: after the mutating webhook's patch.
-        let mut flip = idle.clone();
-        set_label(&mut flip, "true");
-        let (_, busy) = update(&idle, &flip, now);
-        assert!(judged(&idle, &busy).is_allowed(), "the flip to busy");
-        let mut back = busy.clone();
-        set_label(&mut back, "false");
-        let (_, idle_again) = update(&busy, &back, now);
-        assert!(judged(&busy, &idle_again).is_allowed(), "the flip back to idle");
-        assert_eq!(idle_again["metadata"]["annotations"][DELETION_COST], "-5");
-        let mut smuggled = flip.clone();
-        smuggled["metadata"]["annotations"][DELETION_COST] = json!("2147483647");
-        let (_, kept_as_its_own) = update(&idle, &smuggled, now);
-        assert_eq!(kept_as_its_own["metadata"]["annotations"][IDLE_COST], "2147483647");
-        assert!(!judged(&idle, &kept_as_its_own).is_allowed(), "a cost slipped in with the flip, to be kept");
-        // Saying busy again on a busy pod whose protection ran out: busyguard's refresh passes.
-        let (lapsed_at, resent) = ("2026-11-23T20:00:00Z", busy.clone());
-        let (_, refreshed) = update(&busy, &resent, lapsed_at);
-        assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
-        let outcome =
-            judge_write(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), BUSYGUARD, &config(), ts(lapsed_at));
-        assert!(outcome.is_allowed(), "{:?}", outcome.answer);
-    }
-
-    #[test]
-    fn a_pods_own_service_account_may_flip_its_own_busy_label_and_nothing_else() {
-        let idle = worker(json!({"team": "a"}));
-        let mut flip = idle.clone();
-        set_label(&mut flip, "true");
-        // As the validating webhook sees it: busyguard's annotations are already on.
-        flip["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:00:00Z");
-        let own = judge_write(
-            &from_pod("w"),
-            &pod(flip.clone()),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
-        assert!(own.is_allowed());
-
-        let neighbour = judge_write(
-            &from_pod("w-2"),
-            &pod(flip.clone()),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
-        let Answer::Deny { denial, message } = &neighbour.answer else { panic!("{:?}", neighbour.answer) };
-        assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotOwnFlag"));
-        assert_eq!(
-            message,
-            "pod ns/w is not the requester's own pod (ns/w-2): a pod's service account may flip only its own busy label"
-        );
-
-        let mut more = flip.clone();
-        more["metadata"]["labels"]["app"] = json!("other");
-        let relabel = judge_write(
-            &from_pod("w"),
-            &pod(more),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
-        assert!(!relabel.is_allowed());
-        let mut annotated = flip.clone();
-        annotated["metadata"]["annotations"]["team"] = json!("b");
-        let reannotate = judge_write(
-            &from_pod("w"),
-            &pod(annotated),
-            Some(&pod(idle)),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
-        assert!(!reannotate.is_allowed());
-        assert_eq!(reannotate.audit.unwrap().reason, Reason::NotOwnFlag);
-    }
-
-    const BUSYGUARD: Option<&str> = Some("system:serviceaccount:busyguard:busyguard");
-
-    #[test]
-    fn a_token_bound_to_a_pod_of_another_namespace_is_not_that_pods_own() {
-        let idle = worker(json!({}));
-        let mut flip = idle.clone();
-        set_label(&mut flip, "true");
-        let mut elsewhere = from_pod("w");
-        elsewhere.requester.username = "system:serviceaccount:other:worker";
-        let outcome =
-            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
-        let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
-        assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
-    }
-
-    #[test]
-    fn busyguards_own_writes_pass_whatever_pod_its_token_is_bound_to() {
-        let idle = worker(json!({}));
-        let mut marked = idle.clone();
-        marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
-        marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
-        let mut busyguard = from_pod("busyguard-7d9-abc");
-        busyguard.requester.username = BUSYGUARD.unwrap();
-        let outcome =
-            judge_write(&busyguard, &pod(marked), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
-        assert!(outcome.is_allowed());
-        assert!(outcome.audit.is_none());
-    }
-
-    #[test]
-    fn only_busyguard_writes_the_delete_requested_mark() {
-        let idle = worker(json!({}));
-        let mut marked = idle.clone();
-        marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
-        marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
-        let now = ts("2026-11-21T20:00:00Z");
-        for (what, before, known) in [
-            ("a new mark", Some(pod(idle.clone())), BUSYGUARD),
-            ("a pod created with one", None, BUSYGUARD),
-            ("while busyguard does not know its own name yet", Some(pod(idle.clone())), None),
-        ] {
-            let outcome = judge_write(&ask(), &pod(marked.clone()), before.as_ref(), known, &config(), now);
-            let Answer::Deny { denial, .. } = &outcome.answer else { panic!("{what}: {:?}", outcome.answer) };
-            assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotBusyguardsMark"), "{what}");
-            assert_eq!(outcome.audit.unwrap().reason, Reason::ForgedMark, "{what}");
-        }
-        let mut relabelled = marked.clone();
-        relabelled["metadata"]["labels"]["team"] = json!("b");
-        let kept = judge_write(&ask(), &pod(relabelled), Some(&pod(marked.clone())), BUSYGUARD, &config(), now);
-        assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
-        let mut unlabelled = marked.clone();
-        unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let opting_in = judge_write(&ask(), &pod(marked.clone()), Some(&pod(unlabelled)), BUSYGUARD, &config(), now);
-        assert!(!opting_in.is_allowed(), "a pod opting in with a mark already on");
-        // Half a mark is never carried out (`PodFacts::delete_request`), so it is anyone's to write.
-        let mut half = idle.clone();
-        half["metadata"]["annotations"][DELETE_REQUESTED] = marked["metadata"]["annotations"][DELETE_REQUESTED].clone();
-        assert!(pod(half.clone()).delete_request().is_none());
-        assert!(judge_write(&ask(), &pod(half), Some(&pod(idle)), BUSYGUARD, &config(), now).is_allowed());
-    }
-
-    #[test]
-    fn requesters_that_are_not_a_pods_service_account_are_not_this_rules_business() {
-        let idle = worker(json!({}));
-        let outcome =
-            judge_write(&ask(), &pod(idle.clone()), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
-        assert_eq!(outcome.decision, Decision::Allowed);
-        assert!(outcome.audit.is_none());
-    }
-
     #[test]
     fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_but_other_updates_go_through() {
         let mut old = worker(json!({}));
         old["metadata"]["deletionTimestamp"] = json!("2026-11-21T20:48:00Z");
         let mut flip = old.clone();
         set_label(&mut flip, "true");
-        let (outcome, _) = update(&old, &flip, "2026-11-21T20:48:44Z");
+        let (outcome, _) = mutated(&old, &flip, "2026-11-21T20:48:44Z");
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert_eq!((denial.code(), denial.reason(), denial.cause()), (409, "Conflict", "BusyguardPodTerminating"));
         assert_eq!(
@@ -626,7 +304,7 @@ mod tests {
         // A controller removing a finalizer from a terminating pod that was already busy.
         let mut busy_going = flip.clone();
         busy_going["metadata"]["finalizers"] = json!(["example.com/x"]);
-        let (outcome, _) = update(&busy_going, &flip, "2026-11-21T20:48:44Z");
+        let (outcome, _) = mutated(&busy_going, &flip, "2026-11-21T20:48:44Z");
         assert_eq!(outcome.decision, Decision::Allowed);
     }
 
@@ -635,14 +313,14 @@ mod tests {
         let idle = worker(json!({DELETION_COST: "1"}));
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
-        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         for tampered in [json!(null), json!("2026-11-21T23:00:00Z"), json!("2099-01-01T00:00:00Z")] {
             let mut write = busy.clone();
             write["metadata"]["annotations"][BUSY_SINCE] = tampered.clone();
             if tampered.is_null() {
                 write["metadata"]["annotations"].as_object_mut().unwrap().remove(BUSY_SINCE);
             }
-            let (_, stored) = update(&busy, &write, "2026-11-21T22:00:00Z");
+            let (_, stored) = mutated(&busy, &write, "2026-11-21T22:00:00Z");
             assert_eq!(stored["metadata"]["annotations"], busy["metadata"]["annotations"], "{tampered}");
         }
     }
@@ -653,7 +331,7 @@ mod tests {
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
         flip["metadata"]["annotations"][BUSY_SINCE] = json!("2099-01-01T00:00:00Z");
-        let (_, stored) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let (_, stored) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         assert_eq!(stored["metadata"]["annotations"][BUSY_SINCE], "2026-11-21T20:00:00Z");
     }
 
@@ -663,14 +341,14 @@ mod tests {
         idle["status"]["startTime"] = json!("2026-11-21T18:00:00Z");
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
-        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         // Busy from 20:00 with a day of max-busy: until 20:00 the next day, 26h after the start.
         assert_eq!(busy["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "93600s");
-        let (outcome, again) = update(&busy, &busy, "2026-11-21T20:30:00Z");
+        let (outcome, again) = mutated(&busy, &busy, "2026-11-21T20:30:00Z");
         assert_eq!((outcome.decision, &again), (Decision::Allowed, &busy), "stable while busy");
         let mut done = busy.clone();
         set_label(&mut done, "false");
-        let (_, stored) = update(&busy, &done, "2026-11-21T21:00:00Z");
+        let (_, stored) = mutated(&busy, &done, "2026-11-21T21:00:00Z");
         assert_eq!(stored["metadata"]["annotations"].get(KARPENTER_DO_NOT_DISRUPT), None, "the user had none");
     }
 
@@ -679,9 +357,9 @@ mod tests {
         let idle = worker(json!({DELETION_COST: "1", KARPENTER_DO_NOT_DISRUPT: "true"}));
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
-        let (_, patched) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let (_, patched) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         // The API server calls again with the patched object and the same old one.
-        let (outcome, again) = update(&idle, &patched, "2026-11-21T20:00:01Z");
+        let (outcome, again) = mutated(&idle, &patched, "2026-11-21T20:00:01Z");
         assert_eq!(outcome.decision, Decision::Allowed, "{:?}", outcome.answer);
         assert_eq!(again, patched);
     }
@@ -692,10 +370,10 @@ mod tests {
         let idle = worker(original.clone());
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
-        let (_, busy) = update(&idle, &flip, "2026-11-21T20:00:00Z");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         let mut opted_out = busy.clone();
         opted_out["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let (_, stored) = update(&busy, &opted_out, "2026-11-21T20:30:00Z");
+        let (_, stored) = mutated(&busy, &opted_out, "2026-11-21T20:30:00Z");
         assert_eq!(stored["metadata"]["annotations"], original);
     }
 
@@ -719,23 +397,23 @@ mod tests {
         let idle = worker(json!({}));
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
-        let (_, busy) = update(&idle, &flip, "2026-11-20T00:00:00Z");
-        let (_, lapsed) = update(&busy, &busy, "2026-11-21T00:00:01Z");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-20T00:00:00Z");
+        let (_, lapsed) = mutated(&busy, &busy, "2026-11-21T00:00:01Z");
         assert_eq!(lapsed["metadata"]["annotations"].get(KARPENTER_DO_NOT_DISRUPT), None, "lapsed: the user's (none)");
         let mut pinned = lapsed.clone();
         pinned["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT] = json!("true");
-        let (_, stored) = update(&lapsed, &pinned, "2026-11-21T00:05:00Z");
+        let (_, stored) = mutated(&lapsed, &pinned, "2026-11-21T00:05:00Z");
         assert_eq!(stored["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true", "the operator's pin stays");
         let mut done = stored.clone();
         set_label(&mut done, "false");
-        let (_, stored) = update(&stored, &done, "2026-11-21T00:10:00Z");
+        let (_, stored) = mutated(&stored, &done, "2026-11-21T00:10:00Z");
         assert_eq!(stored["metadata"]["annotations"], json!({KARPENTER_DO_NOT_DISRUPT: "true"}));
     }
 
     #[test]
     fn a_write_with_nothing_to_change_is_allowed_with_its_warnings() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "maybe"}}}));
-        let outcome = mutate_pod(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome = mutate_pod(&worker_write(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Allowed);
         let Answer::Allow { warnings } = outcome.answer else { panic!() };
         assert_eq!(warnings.len(), 1);
@@ -747,8 +425,11 @@ mod tests {
         let p = pod(worker(json!({})));
         let mut busy = worker(json!({}));
         set_label(&mut busy, "true");
-        assert_eq!(mutate_pod(&ask(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision, Decision::Allowed);
-        let outcome = mutate_pod(&ask(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
+        assert_eq!(
+            mutate_pod(&worker_write(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision,
+            Decision::Allowed
+        );
+        let outcome = mutate_pod(&worker_write(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
         assert_eq!(
