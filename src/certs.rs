@@ -42,21 +42,49 @@ pub struct CertsRequest {
 pub enum CertsOutcome {
     /// The files there were valid for every name: nothing written.
     Kept,
-    /// New files were written, for this reason.
-    Written { reason: String },
+    /// A new serving pair under the CA already there (a caBundle made from it stays good),
+    /// because the old pair was not usable (why).
+    NewServingPair { why: String },
+    /// A new CA and serving pair: asked for (`--force`), none there yet, or the CA there could
+    /// not issue (why).
+    NewCa { why: Option<String> },
 }
 
 pub fn ensure(request: &CertsRequest) -> anyhow::Result<CertsOutcome> {
-    let reason = if request.force {
-        "asked to (--force)".to_string()
-    } else {
-        match check_existing(request) {
-            Ok(()) => return Ok(CertsOutcome::Kept),
-            Err(problem) => format!("no usable certificates there: {problem}"),
-        }
+    if request.force {
+        write_new(request, None)?;
+        return Ok(CertsOutcome::NewCa { why: None });
+    }
+    let problem = match check_existing(request) {
+        Ok(()) => return Ok(CertsOutcome::Kept),
+        Err(problem) => problem,
     };
-    write_new(request)?;
-    Ok(CertsOutcome::Written { reason })
+    // The CA stays when it can issue: a changed name must not make the registered caBundle stale.
+    if let Some(issuer) = existing_ca(&request.dir) {
+        write_new(request, Some(issuer))?;
+        if check_existing(request).is_ok() {
+            return Ok(CertsOutcome::NewServingPair { why: problem });
+        }
+    }
+    let nothing_there = !request.dir.join(CA_CERT).exists() && !request.dir.join(TLS_CERT).exists();
+    write_new(request, None)?;
+    Ok(CertsOutcome::NewCa { why: (!nothing_there).then_some(problem) })
+}
+
+/// The CA of the folder, to issue with: its key, and the name busyguard gives its CAs (a pair it
+/// issues is checked against `ca.crt` before it counts).
+fn existing_ca(dir: &Path) -> Option<Issuer<'static, KeyPair>> {
+    let key = KeyPair::from_pem(&std::fs::read_to_string(dir.join(CA_KEY)).ok()?).ok()?;
+    dir.join(CA_CERT).exists().then(|| Issuer::new(ca_params(time::OffsetDateTime::now_utc(), 1), key))
+}
+
+/// A DNS name a certificate may carry (`*.` allowed in front), else why not.
+pub fn dns_name(name: &str) -> Result<String, String> {
+    let checked = name.strip_prefix("*.").unwrap_or(name);
+    match rustls_pki_types::DnsName::try_from(checked) {
+        Ok(_) if !checked.is_empty() => Ok(name.to_string()),
+        _ => Err(format!("{name:?} is not a DNS name (letters, digits, '-' and '.', e.g. busyguard.busyguard.svc)")),
+    }
 }
 
 fn names(request: &CertsRequest) -> impl Iterator<Item = String> + '_ {
@@ -81,27 +109,42 @@ fn check_existing(request: &CertsRequest) -> Result<(), String> {
     let (leaf, intermediates) = serving.cert.split_first().ok_or("no serving certificate")?;
     for name in names(request) {
         let server_name = ServerName::try_from(name.as_str()).map_err(|e| format!("{name:?}: {e}"))?;
-        verifier
-            .verify_server_cert(leaf, intermediates, &server_name, &[], at)
-            .map_err(|e| format!("{TLS_CERT} is not valid for {name} for another day: {e}"))?;
+        verifier.verify_server_cert(leaf, intermediates, &server_name, &[], at).map_err(|e| match e {
+            rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName | rustls::CertificateError::NotValidForNameContext { .. },
+            ) => format!("{TLS_CERT} does not name {name}"),
+            e => format!("{TLS_CERT} is not valid for {name} for another day: {e}"),
+        })?;
     }
     Ok(())
 }
 
-fn write_new(request: &CertsRequest) -> anyhow::Result<()> {
-    let now = time::OffsetDateTime::now_utc();
-    let not_after = now + time::Duration::days(i64::from(request.valid_days));
-
-    let ca_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+fn ca_params(now: time::OffsetDateTime, valid_days: u32) -> CertificateParams {
     let mut ca = CertificateParams::default();
     ca.distinguished_name.push(DnType::CommonName, "busyguard webhook CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     ca.not_before = now - time::Duration::hours(1);
-    ca.not_after = not_after;
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let ca_key_pem = ca_key.serialize_pem();
-    let issuer = Issuer::new(ca, ca_key);
+    ca.not_after = now + time::Duration::days(i64::from(valid_days));
+    ca
+}
+
+/// A serving pair issued by `ca`, or by a new CA written beside it when `None`.
+fn write_new(request: &CertsRequest, ca: Option<Issuer<'static, KeyPair>>) -> anyhow::Result<()> {
+    let now = time::OffsetDateTime::now_utc();
+    let not_after = now + time::Duration::days(i64::from(request.valid_days));
+    std::fs::create_dir_all(&request.dir).with_context(|| format!("creating {}", request.dir.display()))?;
+    let issuer = match ca {
+        Some(issuer) => issuer,
+        None => {
+            let ca_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+            let ca = ca_params(now, request.valid_days);
+            let ca_cert = ca.self_signed(&ca_key)?;
+            write_atomically(&request.dir, CA_KEY, ca_key.serialize_pem().as_bytes(), 0o600)?;
+            write_atomically(&request.dir, CA_CERT, ca_cert.pem().as_bytes(), 0o644)?;
+            Issuer::new(ca, ca_key)
+        }
+    };
 
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let mut leaf = CertificateParams::new(request.dns_names.clone())?;
@@ -115,11 +158,8 @@ fn write_new(request: &CertsRequest) -> anyhow::Result<()> {
     leaf.not_after = not_after;
     let cert = leaf.signed_by(&key, &issuer)?;
 
-    std::fs::create_dir_all(&request.dir).with_context(|| format!("creating {}", request.dir.display()))?;
-    // Keys first and the serving certificate last: a server watching the folder then sees a
-    // complete pair at its next look.
-    write_atomically(&request.dir, CA_KEY, ca_key_pem.as_bytes(), 0o600)?;
-    write_atomically(&request.dir, CA_CERT, ca_cert.pem().as_bytes(), 0o644)?;
+    // The CA first, the key next and the serving certificate last: a server watching the folder
+    // then sees a complete pair at its next look.
     write_atomically(&request.dir, TLS_KEY, key.serialize_pem().as_bytes(), 0o600)?;
     write_atomically(&request.dir, TLS_CERT, cert.pem().as_bytes(), 0o644)?;
     Ok(())
@@ -159,8 +199,7 @@ mod tests {
     #[test]
     fn writes_a_ca_and_a_serving_pair_valid_for_every_name() {
         let dir = tempfile::tempdir().unwrap();
-        let outcome = ensure(&request(dir.path())).unwrap();
-        assert!(matches!(outcome, CertsOutcome::Written { .. }), "{outcome:?}");
+        assert_eq!(ensure(&request(dir.path())).unwrap(), CertsOutcome::NewCa { why: None }, "nothing there before");
         for name in [CA_CERT, CA_KEY, TLS_CERT, TLS_KEY] {
             assert!(dir.path().join(name).exists(), "{name}");
         }
@@ -170,28 +209,55 @@ mod tests {
     }
 
     #[test]
-    fn valid_files_are_kept_and_force_replaces_them() {
+    fn valid_files_are_kept_and_force_replaces_them_ca_and_all() {
         let dir = tempfile::tempdir().unwrap();
         ensure(&request(dir.path())).unwrap();
-        let before = std::fs::read(dir.path().join(TLS_CERT)).unwrap();
+        let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+        let (ca, serving) = (read(CA_CERT), read(TLS_CERT));
         assert_eq!(ensure(&request(dir.path())).unwrap(), CertsOutcome::Kept);
-        assert_eq!(std::fs::read(dir.path().join(TLS_CERT)).unwrap(), before);
+        assert_eq!(read(TLS_CERT), serving);
 
         let forced = CertsRequest { force: true, ..request(dir.path()) };
-        assert!(matches!(ensure(&forced).unwrap(), CertsOutcome::Written { .. }));
-        assert_ne!(std::fs::read(dir.path().join(TLS_CERT)).unwrap(), before);
+        assert_eq!(ensure(&forced).unwrap(), CertsOutcome::NewCa { why: None });
+        assert_ne!((read(CA_CERT), read(TLS_CERT)), (ca, serving));
     }
 
     #[test]
-    fn a_new_name_makes_the_files_invalid_and_they_are_rewritten() {
+    fn a_new_name_gets_a_new_serving_pair_under_the_same_ca() {
         let dir = tempfile::tempdir().unwrap();
         ensure(&request(dir.path())).unwrap();
+        let ca = std::fs::read(dir.path().join(CA_CERT)).unwrap();
         let mut wider = request(dir.path());
         wider.dns_names.push("busyguard.example.com".into());
         let outcome = ensure(&wider).unwrap();
-        let CertsOutcome::Written { reason } = outcome else { panic!("{outcome:?}") };
-        assert!(reason.contains("busyguard.example.com"), "{reason}");
+        let CertsOutcome::NewServingPair { why } = outcome else { panic!("{outcome:?}") };
+        assert_eq!(why, "tls.crt does not name busyguard.example.com");
         assert_eq!(check_existing(&wider), Ok(()));
+        assert_eq!(std::fs::read(dir.path().join(CA_CERT)).unwrap(), ca, "the registered caBundle stays good");
+    }
+
+    #[test]
+    fn a_ca_that_cannot_issue_is_replaced_and_said_so() {
+        let dir = tempfile::tempdir().unwrap();
+        ensure(&request(dir.path())).unwrap();
+        // Its key lost: another one in its place cannot sign for the ca.crt there.
+        let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        std::fs::write(dir.path().join(CA_KEY), other.serialize_pem()).unwrap();
+        std::fs::remove_file(dir.path().join(TLS_CERT)).unwrap();
+        let outcome = ensure(&request(dir.path())).unwrap();
+        assert!(matches!(outcome, CertsOutcome::NewCa { why: Some(_) }), "{outcome:?}");
+        assert_eq!(check_existing(&request(dir.path())), Ok(()));
+    }
+
+    #[test]
+    fn only_dns_names_are_taken() {
+        for good in ["localhost", "busyguard.busyguard.svc", "*.example.com", "a-b.c1"] {
+            assert_eq!(dns_name(good).as_deref(), Ok(good));
+        }
+        for bad in ["bad name!", "", "*", "a..b", "under_score.example.com/x"] {
+            let said = dns_name(bad).unwrap_err();
+            assert!(said.contains("is not a DNS name"), "{bad}: {said}");
+        }
     }
 
     #[test]

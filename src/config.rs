@@ -334,7 +334,8 @@ pub struct CertsArgs {
         long = "dns",
         env = "BUSYGUARD_CERTS_DNS",
         value_delimiter = ',',
-        default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local"
+        default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local",
+        value_parser = crate::certs::dns_name
     )]
     pub dns_names: Vec<String>,
     /// IP addresses of the serving certificate.
@@ -346,7 +347,9 @@ pub struct CertsArgs {
     /// Validity of new certificates, in days.
     #[arg(long, env = "BUSYGUARD_CERTS_VALID_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
     pub valid_days: u32,
-    /// Replace the files even when they are still valid.
+    /// Write a new CA and serving pair even when the files there are still valid (rotation).
+    /// Without it, a serving pair that no longer fits (a name added) is issued again under the
+    /// CA already there, so the registered caBundle stays good.
     #[arg(long)]
     pub force: bool,
 }

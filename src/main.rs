@@ -118,11 +118,20 @@ impl Signals {
 fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
     let dir = request.dir.display();
     match certs::ensure(&request)? {
-        CertsOutcome::Kept => println!("{dir}: certificates are valid for every name; kept (--force replaces them)"),
-        CertsOutcome::Written { reason } => {
-            println!("{dir}: wrote ca.crt, ca.key, tls.crt, tls.key ({reason})");
-            println!("caBundle for the webhook configurations: base64 -w0 {dir}/ca.crt");
+        CertsOutcome::Kept => {
+            println!(
+                "{dir}: the certificates there are valid for every name for another day: kept (--force replaces them, CA and all)"
+            )
         }
+        CertsOutcome::NewServingPair { why } => println!(
+            "{dir}: wrote a new serving pair (tls.crt, tls.key) under the CA there, which is kept, so a caBundle made from its ca.crt stays good ({why})"
+        ),
+        CertsOutcome::NewCa { why: None } => {
+            println!("{dir}: wrote a new CA (ca.crt, ca.key) and serving pair (tls.crt, tls.key)")
+        }
+        CertsOutcome::NewCa { why: Some(why) } => println!(
+            "{dir}: wrote a new CA (ca.crt, ca.key) and serving pair (tls.crt, tls.key): the CA there could not issue ({why}); webhooks registered with the old ca.crt need the new one"
+        ),
     }
     Ok(())
 }
