@@ -50,7 +50,7 @@ pub fn restore_patch(pod: &WatchedPod, now: Timestamp) -> Option<Value> {
 
 /// Cleans the namespaces given (all without) and says what it did, one line each.
 pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -> anyhow::Result<String> {
-    let config = client_config(source).await?.context("no cluster: no in-cluster config and no kubeconfig found")?;
+    let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());

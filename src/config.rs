@@ -95,18 +95,8 @@ pub struct AgentArgs {
     /// The app's endpoint, plain HTTP on the pod's own network, e.g. `http://127.0.0.1:8080/busy`.
     #[arg(long, env = "BUSYGUARD_AGENT_URL")]
     pub url: http::Uri,
-    /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
-    /// busy); any other means idle.
-    #[arg(
-        long,
-        env = "BUSYGUARD_AGENT_BUSY_STATUS",
-        conflicts_with = "busy_body",
-        required_unless_present = "busy_body"
-    )]
-    pub busy_status: Option<u16>,
-    /// Text whose presence in the body means busy; its absence means idle.
-    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
-    pub busy_body: Option<String>,
+    #[command(flatten)]
+    pub busy_when: BusyWhenArgs,
     /// How often the endpoint is asked.
     #[arg(long, env = "BUSYGUARD_AGENT_INTERVAL", default_value = "2s", value_parser = std_duration)]
     pub interval: Duration,
@@ -121,12 +111,25 @@ pub struct AgentArgs {
     pub kubeconfig: Option<PathBuf>,
 }
 
+/// What in the app's answer means busy: one of the two.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct BusyWhenArgs {
+    /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
+    /// busy); any other means idle.
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_STATUS")]
+    pub busy_status: Option<u16>,
+    /// Text whose presence in the body means busy; its absence means idle.
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
+    pub busy_body: Option<String>,
+}
+
 impl AgentArgs {
     pub fn into_agent(self) -> (crate::agent::Agent, ClusterSource) {
         // clap requires one of the two.
-        let busy_when = match self.busy_status {
+        let busy_when = match self.busy_when.busy_status {
             Some(code) => crate::agent::BusyWhen::Status(code),
-            None => crate::agent::BusyWhen::BodyContains(self.busy_body.unwrap_or_default()),
+            None => crate::agent::BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
         };
         let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
         let agent = crate::agent::Agent {

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     small_pages_only();
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
+    let json_logs = matches!(cli.log_format, LogFormat::Json);
     let result = match cli.command {
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
@@ -32,7 +33,8 @@ fn main() -> ExitCode {
         Command::Agent(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
             runtime.block_on(async {
                 let (agent, source) = args.into_agent();
-                let config = busyguard::cluster::client_config(&source).await?.context("no cluster to reach")?;
+                let config =
+                    busyguard::cluster::client_config(&source).await?.context(busyguard::cluster::NO_CLUSTER)?;
                 agent.run(kube::Client::try_from(config)?).await
             })
         }),
@@ -54,8 +56,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        // Where logs are read as JSON, as a log line; otherwise one plain line, for a person.
+        Err(e) if json_logs => {
             error!("{e:#}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

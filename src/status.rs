@@ -27,7 +27,7 @@ pub struct Listed {
 
 /// Lists the opted-in pods (all namespaces, or those given) and renders the report.
 pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBusy) -> anyhow::Result<String> {
-    let config = client_config(source).await?.context("no cluster: no in-cluster config and no kubeconfig found")?;
+    let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let apis: Vec<Api<WatchedPod>> = if namespaces.is_empty() {
         vec![Api::all(client)]

@@ -20,7 +20,7 @@ use kube::api::PostParams;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tower::{Layer, Service};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::audit::AuditLog;
 use crate::metrics::Metrics;
@@ -156,21 +156,34 @@ async fn found_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Con
         ClusterSource::None => Ok(None),
         ClusterSource::Config(config) => Ok(Some(*config.clone())),
         ClusterSource::Kubeconfig(path) => {
-            let kubeconfig =
-                Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("cannot read kubeconfig {}: {}", path.display(), innermost(&e)))?;
             let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?;
+                .map_err(|e| anyhow::anyhow!("cannot use kubeconfig {}: {}", path.display(), innermost(&e)))?;
             Ok(Some(config))
         }
         ClusterSource::Infer => match kube::Config::infer().await {
             Ok(config) => Ok(Some(config)),
             Err(e) => {
-                warn!(error = %e, "no in-cluster config and no kubeconfig found");
+                debug!(error = %e, "no in-cluster config and no kubeconfig");
                 Ok(None)
             }
         },
     }
+}
+
+/// What a command that needs a cluster says when it finds none.
+pub const NO_CLUSTER: &str =
+    "no cluster to reach: give --kubeconfig, set KUBECONFIG, have ~/.kube/config, or run in a pod";
+
+/// The first cause of an error, without the layers that repeat it.
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
 }
 
 /// Tells the view the API server answered a read of pods (a list, or a watch reconnecting),

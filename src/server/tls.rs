@@ -48,8 +48,19 @@ struct Contents(Vec<u8>, Vec<u8>);
 
 impl CertFiles {
     fn read(&self) -> Result<Contents, String> {
-        let read = |path: &PathBuf| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
-        Ok(Contents(read(&self.cert)?, read(&self.key)?))
+        let read = |what: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                let hint = match e.kind() {
+                    std::io::ErrorKind::NotFound => {
+                        "; make development certificates with `busyguard certs` (or `make certs`), or point \
+                         --tls-cert and --tls-key at yours"
+                    }
+                    _ => "",
+                };
+                format!("cannot read the serving {what} {}: {e}{hint}", path.display())
+            })
+        };
+        Ok(Contents(read("certificate", &self.cert)?, read("key", &self.key)?))
     }
 }
 
@@ -77,7 +88,7 @@ pub fn load_and_watch(
     interval: Duration,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<(Arc<ReloadingCert>, tokio::task::JoinHandle<()>)> {
-    let contents = files.read().map_err(anyhow::Error::msg).context("reading the serving certificate")?;
+    let contents = files.read().map_err(anyhow::Error::msg)?;
     let key = certified_key(&contents.0, &contents.1)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("loading {} and {}", files.cert.display(), files.key.display()))?;

@@ -1,0 +1,92 @@
+//! A person's first commands: what goes wrong is said in one line, what is wrong and what to do,
+//! and `busyguard certs` says what it wrote.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn busyguard(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_busyguard"))
+        .args(args)
+        .current_dir(dir)
+        // As on a fresh machine: no cluster to find.
+        .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+        .env("HOME", dir)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap()
+}
+
+/// The one line a failed command wrote to stderr.
+fn error_line(output: &Output) -> String {
+    assert!(!output.status.success(), "the command failed");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    lines[0].to_string()
+}
+
+const SERVE: &[&str] = &["serve", "--no-cluster", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"];
+
+#[test]
+fn serve_without_certificates_says_which_file_and_how_to_make_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = error_line(&busyguard(dir.path(), SERVE));
+    assert!(line.starts_with("error: cannot read the serving certificate certs/tls.crt: "), "{line}");
+    assert!(line.contains("`busyguard certs`"), "{line}");
+}
+
+#[test]
+fn a_missing_key_is_called_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(busyguard(dir.path(), &["certs"]).status.success());
+    let line = error_line(&busyguard(dir.path(), &[SERVE, &["--tls-key", "nope.key"]].concat()));
+    assert!(line.starts_with("error: cannot read the serving key nope.key: "), "{line}");
+}
+
+#[test]
+fn status_without_a_cluster_says_how_to_give_it_one_and_a_missing_kubeconfig_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = error_line(&busyguard(dir.path(), &["status"]));
+    assert_eq!(
+        line,
+        "error: no cluster to reach: give --kubeconfig, set KUBECONFIG, have ~/.kube/config, or run in a pod"
+    );
+    let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", "nope.yaml"]));
+    assert!(line.starts_with("error: cannot read kubeconfig nope.yaml: "), "{line}");
+    assert_eq!(line.matches("No such file").count(), 1, "the cause said once: {line}");
+}
+
+#[test]
+fn certs_says_what_it_wrote_and_keeps_the_ca_when_a_name_is_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let said = |args: &[&str]| {
+        let output = busyguard(dir.path(), &[&["certs"], args].concat());
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert_eq!(said(&[]), "certs: wrote a new CA (ca.crt, ca.key) and serving pair (tls.crt, tls.key)\n");
+    let ca = std::fs::read(dir.path().join("certs/ca.crt")).unwrap();
+    assert!(said(&[]).contains("kept"));
+    let wider = said(&["--dns", "localhost,busyguard.example.com"]);
+    assert!(wider.starts_with("certs: wrote a new serving pair (tls.crt, tls.key) under the CA there"), "{wider}");
+    assert!(wider.contains("(tls.crt does not name busyguard.example.com)"), "{wider}");
+    assert_eq!(std::fs::read(dir.path().join("certs/ca.crt")).unwrap(), ca, "the caBundle stays good");
+}
+
+#[test]
+fn a_name_that_is_not_a_dns_name_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = busyguard(dir.path(), &["certs", "--dns", "bad name!"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("\"bad name!\" is not a DNS name"));
+    assert!(!dir.path().join("certs").exists());
+}
+
+#[test]
+fn the_agent_asks_for_one_of_its_two_busy_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = busyguard(dir.path(), &["agent", "--url", "http://127.0.0.1:1/", "--pod", "w", "--namespace", "jobs"]);
+    assert_eq!(output.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("--busy-status <BUSY_STATUS>|--busy-body <BUSY_BODY>"), "{said}");
+}
