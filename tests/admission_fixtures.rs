@@ -20,7 +20,7 @@ fn set_busy_since(review: &mut Value, since: Timestamp) {
 }
 
 #[tokio::test]
-async fn eviction_without_a_cluster_is_503_with_the_reason() {
+async fn eviction_without_a_cluster_is_503_with_the_reason_and_status_says_so() {
     let server = TestServer::start().await;
     let answer = server.post("/validate", serde_json::to_vec(&fixture("pod-eviction-by-user.json")).unwrap()).await;
     assert_eq!(answer.status, 503);
@@ -30,6 +30,18 @@ async fn eviction_without_a_cluster_is_503_with_the_reason() {
     );
     assert_eq!(server.metric(r#"busyguard_http_errors_total{status="503"}"#).await, Some(1.0));
     assert_eq!(server.admin_get("/readyz").await.status, 200, "the pod paths still work without a cluster");
+    // /status and the gauge say what the answer says.
+    let status = server.admin_get("/status").await;
+    assert_eq!(
+        (status.status, status.text()),
+        (
+            503,
+            "busyguard runs without a cluster connection (no kubeconfig): evictions and node deletes are answered \
+             503, scale-downs go unprepared\n"
+                .to_string()
+        )
+    );
+    assert_eq!(server.metric("busyguard_view_unavailable").await, Some(1.0));
 }
 
 #[tokio::test]

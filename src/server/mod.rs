@@ -158,11 +158,13 @@ impl App {
         let audit = self.audit.health();
         self.metrics.audit_failing.set(i64::from(audit.is_err()));
         problems.extend(audit.err());
-        let view = match self.cluster.view.check(Instant::now()) {
-            // Without a cluster there is nothing to wait for: evictions get 503, the rest works.
-            Ok(()) | Err(Unavailable::NoCluster) => Ok(()),
-            Err(why) => Err(why.to_string()),
-        };
+        let view = self.cluster.view.check(Instant::now()).map_err(|why| match why {
+            // Evictions get 503 here too, as while the view is stale: not "ok".
+            Unavailable::NoCluster => {
+                format!("{why}: evictions and node deletes are answered 503, scale-downs go unprepared")
+            }
+            why => why.to_string(),
+        });
         self.metrics.view_unavailable.set(i64::from(view.is_err()));
         problems.extend(view.err());
         if !self.is_serving() {
