@@ -131,7 +131,7 @@ async fn unknown_extra_fields_in_a_valid_review_are_accepted() {
 async fn a_body_over_7_mib_is_413_whether_announced_or_streamed() {
     let server = TestServer::start().await;
     let answer = server.post("/validate", vec![b' '; MAX_BODY + 1]).await;
-    assert_refused(&answer, 413, "larger than 7340032 bytes");
+    assert_refused(&answer, 413, "larger than 7 MiB (7340032 bytes)");
 
     // Chunked, with no Content-Length to judge it by up front.
     let mut stream = server.connect().await;
@@ -150,6 +150,25 @@ async fn a_body_over_7_mib_is_413_whether_announced_or_streamed() {
     let mut head = vec![0; 64];
     let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 413"), "{}", String::from_utf8_lossy(&head[..n]));
+}
+
+#[tokio::test]
+async fn a_body_over_7_mib_sent_over_http2_gets_its_413_too() {
+    let server = TestServer::start().await;
+    let h2 = common::connect(server.webhook, &[server.ca()], &[b"h2"]).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(h2))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    // Announced, as curl does.
+    let mut request = common::post_request("/validate", Bytes::from(vec![b' '; MAX_BODY + 1]));
+    request.headers_mut().insert("content-length", (MAX_BODY + 1).into());
+    let answer = sender.send_request(request).await;
+    let answer = answer.expect("the answer arrives whole, not a reset stream");
+    assert_eq!(answer.status(), 413);
+    let body = http_body_util::BodyExt::collect(answer.into_body()).await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("larger than 7 MiB"), "{body:?}");
 }
 
 #[tokio::test]

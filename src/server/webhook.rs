@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use jiff::Timestamp;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
@@ -95,8 +95,8 @@ struct Received<'a> {
 /// is in. None left of either means shed now (503) rather than answer late.
 async fn read(app: &App, request: Request) -> Result<Received<'_>, HttpError> {
     let arrived = Instant::now();
-    check_headers(request.headers())?;
     let http1 = request.version() < Version::HTTP_2;
+    check_headers(request.headers(), http1)?;
     let timeout = api_server_timeout(request.uri().query());
     // Memory for the body, reserved before reading it: its announced length, or the most a body
     // may have, so many large bodies at once cannot exhaust memory.
@@ -110,7 +110,7 @@ async fn read(app: &App, request: Request) -> Result<Received<'_>, HttpError> {
         ));
     };
     // The API server gives up at its timeout: a body still arriving then is not worth waiting for.
-    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout)).await?;
+    let body = read_body(request.into_body(), app.limits.body_read_timeout.min(timeout), !http1).await?;
     // Taken once the body is in, so clients trickling bodies cannot hold every slot.
     let Ok(in_flight) = app.in_flight.try_acquire() else {
         app.metrics.reviews_shed.inc();
@@ -214,7 +214,9 @@ fn effects_budget(timeout: Duration) -> Duration {
     (timeout / 2).min(Duration::from_secs(5))
 }
 
-fn check_headers(headers: &HeaderMap) -> Result<(), HttpError> {
+/// `http1`: a body announced too large is refused before it is read (the connection is closed
+/// after the answer); an HTTP/2 client gets its answer once it has sent it (see [`read_body`]).
+fn check_headers(headers: &HeaderMap, http1: bool) -> Result<(), HttpError> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let media_type = content_type.split(';').next().unwrap_or_default().trim();
     if !media_type.eq_ignore_ascii_case("application/json") {
@@ -228,17 +230,42 @@ fn check_headers(headers: &HeaderMap) -> Result<(), HttpError> {
         return Err(HttpError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "compressed request bodies are not accepted"));
     }
     let declared_length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+    let refused_unread = if http1 { MAX_BODY_BYTES } else { MAX_DRAINED_BYTES };
+    if declared_length.is_some_and(|length| length > refused_unread as u64) {
         return Err(too_large());
     }
     Ok(())
 }
 
-async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, HttpError> {
-    match tokio::time::timeout(timeout, Limited::new(body, MAX_BODY_BYTES).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(HttpError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))),
+/// The body, whole, within `timeout`. One over [`MAX_BODY_BYTES`] is refused 413: at once over
+/// HTTP/1.1 (the connection is closed after the answer), and over HTTP/2 (`drain`) once it has
+/// arrived, read on and dropped up to [`MAX_DRAINED_BYTES`], since a client whose stream is cut
+/// before it finished sending never reads the answer.
+async fn read_body(mut body: Body, timeout: Duration, drain: bool) -> Result<Bytes, HttpError> {
+    let reading = async {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut received = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|e| HttpError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}")))?;
+            let Ok(data) = frame.into_data() else { continue };
+            received = received.saturating_add(data.len());
+            if received <= MAX_BODY_BYTES {
+                chunks.push(data);
+            } else if !drain || received > MAX_DRAINED_BYTES {
+                break;
+            } else {
+                chunks.clear();
+            }
+        }
+        match chunks.len() {
+            _ if received > MAX_BODY_BYTES => Err(too_large()),
+            1 => Ok(chunks.remove(0)),
+            _ => Ok(Bytes::from(chunks.concat())),
+        }
+    };
+    match tokio::time::timeout(timeout, reading).await {
+        Ok(read) => read,
         Err(_) => Err(HttpError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!("the request body did not arrive within {timeout:?}"),
@@ -246,8 +273,14 @@ async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, HttpError> {
     }
 }
 
+/// How much of a body too large is read and dropped before the stream is cut.
+const MAX_DRAINED_BYTES: usize = 2 * MAX_BODY_BYTES;
+
 fn too_large() -> HttpError {
-    HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body is larger than {MAX_BODY_BYTES} bytes"))
+    HttpError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body is larger than 7 MiB ({MAX_BODY_BYTES} bytes): an AdmissionReview never is"),
+    )
 }
 
 /// A request refused before any decision: logged once, counted, answered as JSON.
