@@ -29,7 +29,7 @@ pub struct Cli {
     #[arg(long, env = "BUSYGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     /// Log filter: a level (`info`, `debug`) or tracing directives (`busyguard=debug`).
-    #[arg(long, env = "BUSYGUARD_LOG_LEVEL", default_value = "info", global = true)]
+    #[arg(long, env = "BUSYGUARD_LOG_LEVEL", default_value = "info", global = true, value_parser = log_filter)]
     pub log_level: String,
     #[command(subcommand)]
     pub command: Command,
@@ -70,8 +70,8 @@ pub struct UsersCluster {
     /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
     #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Namespaces to look at (comma-separated); all without it.
-    #[arg(long = "namespace", short = 'n', value_delimiter = ',')]
+    /// Namespaces to look at (comma-separated, or repeated); all without it.
+    #[arg(long = "namespace", short = 'n', env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 }
 
@@ -256,13 +256,13 @@ pub struct PolicyArgs {
     /// `enforce` denies disruptions of busy pods; `dry-run` allows them with a warning and audits.
     #[arg(long, env = "BUSYGUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
-    /// Users who may delete busy pods (comma-separated in the environment). Replaces the default.
+    /// Users who may delete busy pods (comma-separated, or repeated). Replaces the default.
     #[arg(long = "exempt-user", env = "BUSYGUARD_EXEMPT_USERS", value_delimiter = ',', default_value = POD_GC_USER)]
     pub exempt_users: Vec<String>,
-    /// Groups whose members may delete busy pods (comma-separated in the environment).
+    /// Groups whose members may delete busy pods (comma-separated, or repeated).
     #[arg(long = "exempt-group", env = "BUSYGUARD_EXEMPT_GROUPS", value_delimiter = ',')]
     pub exempt_groups: Vec<String>,
-    /// Karpenter's users (comma-separated in the environment): a *delete* of a busy pod by one
+    /// Karpenter's users (comma-separated, or repeated): a *delete* of a busy pod by one
     /// of them goes through, audited, since Karpenter deletes pods only when its node's
     /// terminationGracePeriod runs out; its evictions are refused like anyone's.
     #[arg(
@@ -303,7 +303,7 @@ pub struct ClusterArgs {
     /// Run without a cluster even if one is configured: no watch, no side effects.
     #[arg(long, env = "BUSYGUARD_NO_CLUSTER")]
     pub no_cluster: bool,
-    /// Namespaces whose opted-in pods are watched (comma-separated in the environment);
+    /// Namespaces whose opted-in pods are watched (comma-separated, or repeated);
     /// all namespaces without it. Evictions and scale-downs elsewhere find no pods.
     #[arg(long = "namespace", env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
@@ -375,6 +375,14 @@ pub struct SleepArgs {
 }
 
 /// `0` (in any unit) turns the delay off; anything else is a positive duration.
+/// A filter tracing understands, said back when it is not one (rather than falling back to info).
+fn log_filter(text: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(text)
+        .map(|_| text.to_string())
+        .map_err(|e| format!("{e}: a level (error, warn, info, debug, trace) or directives such as busyguard=debug"))
+}
+
 fn zero_or_std_duration(text: &str) -> Result<Duration, String> {
     if text.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
         Ok(Duration::ZERO)

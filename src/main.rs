@@ -80,8 +80,9 @@ fn small_pages_only() {
 
 fn init_logging(format: LogFormat, level: &str) {
     // hyper, h2 and rustls report every client's misstep at debug/info: keep them quiet.
-    let filter = EnvFilter::try_new(format!("{level},hyper=warn,h2=warn,rustls=warn,tokio_rustls=warn"))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    // kube's client logs each failed call as an error too: busyguard says what it means itself.
+    let quiet = "hyper=warn,h2=warn,rustls=warn,tokio_rustls=warn,kube_client::client::builder=off";
+    let filter = EnvFilter::try_new(format!("{level},{quiet}")).unwrap_or_else(|_| EnvFilter::new("info"));
     let colour = std::io::stderr().is_terminal();
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {

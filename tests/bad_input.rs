@@ -226,3 +226,13 @@ async fn a_client_that_stalls_mid_headers_is_disconnected() {
     assert!(closed.is_ok(), "the connection is closed after the header-read timeout");
     assert!(!String::from_utf8_lossy(&rest).contains("allowed"));
 }
+
+#[tokio::test]
+async fn the_admin_port_says_what_it_serves_on_an_unknown_path() {
+    let server = TestServer::start().await;
+    let answer = server.admin_get("/health").await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (404, "no such path: the admin port serves /healthz, /readyz, /status and /metrics (GET)\n".to_string())
+    );
+}

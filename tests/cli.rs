@@ -90,3 +90,12 @@ fn the_agent_asks_for_one_of_its_two_busy_signals() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("--busy-status <BUSY_STATUS>|--busy-body <BUSY_BODY>"), "{said}");
 }
+
+#[test]
+fn a_log_filter_that_does_not_parse_is_refused_not_turned_into_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = busyguard(dir.path(), &["--log-level", "busyguard=loud", "certs"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("directives such as busyguard=debug"));
+    assert!(!dir.path().join("certs").exists(), "nothing done");
+}

@@ -18,6 +18,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "no such path: the admin port serves /healthz, /readyz, /status and /metrics (GET)\n",
+            )
+        })
         .with_state(app)
 }
 
