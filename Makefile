@@ -12,11 +12,15 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: build install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 build:
 	$(CARGO) build --release --locked
+
+# The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve.
+install:
+	$(CARGO) install --locked --path .
 
 # Dev certificates for localhost/127.0.0.1 are made once and kept while valid.
 certs:
