@@ -12,8 +12,16 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: build install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
+
+# A plain `make` says what there is.
+help:
+	@echo 'make run       serve on 127.0.0.1:8443 (admin 127.0.0.1:8080) with dev certificates, no cluster needed'
+	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
+	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt and clippy'
+	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
+	@echo 'make bench     benchmarks (BENCHMARKS.md);  make cluster-certs  certificates for manifests/self-managed'
 
 build:
 	$(CARGO) build --release --locked
