@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: help build install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build image install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 # A plain `make` says what there is.
@@ -21,10 +21,19 @@ help:
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
 	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt and clippy'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
+	@echo 'make image IMAGE=registry/busyguard:tag   build and push the container image'
 	@echo 'make bench     benchmarks (BENCHMARKS.md);  make cluster-certs  certificates for manifests/self-managed'
 
 build:
 	$(CARGO) build --release --locked
+
+# The container image (Dockerfile; BuildKit, or podman), built and pushed:
+# make image IMAGE=registry.example.com/busyguard:0.1.0 [CONTAINER=podman]
+CONTAINER ?= docker
+image:
+	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.1.0'; exit 2; }
+	DOCKER_BUILDKIT=1 $(CONTAINER) build -t $(IMAGE) .
+	$(CONTAINER) push $(IMAGE)
 
 # The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve.
 install:

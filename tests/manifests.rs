@@ -575,3 +575,13 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence")["spec"];
     assert_eq!((&binding["policyName"], &binding["validationActions"]), (&json!("busyguard-fence"), &json!(["Deny"])));
 }
+
+#[test]
+fn an_overlay_of_your_own_sets_your_image_with_kubectl_alone() {
+    let objects = render(&manifests("examples/your-image"));
+    let deployment = find(&objects, "Deployment", "busyguard");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example.com/busyguard:0.1.0"
+    );
+}
