@@ -1,5 +1,5 @@
 //! busyguard: a Kubernetes admission webhook that keeps busy pods alive through voluntary
-//! disruption. See README.md for the busy contract.
+//! disruption. See docs/contract.md for the busy contract.
 
 pub mod admission;
 pub mod agent;

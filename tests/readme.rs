@@ -1,6 +1,6 @@
-//! The README's command blocks that run without a cluster (marked ```` ```sh test ````) are run
-//! as a person would, against `busyguard serve` on its dev certificates, at today's date: none
-//! goes stale unnoticed.
+//! The README's and docs/'s command blocks that run without a cluster (marked ```` ```sh test ````)
+//! are run as a person would, against `busyguard serve` on its dev certificates, at today's date,
+//! and their links lead somewhere: none goes stale unnoticed.
 
 mod common;
 
@@ -10,6 +10,16 @@ use std::process::Command;
 use common::process::{Process, certs};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// README.md and docs/*.md, by path, in that order.
+fn documents() -> Vec<(std::path::PathBuf, String)> {
+    let mut paths = vec![Path::new(ROOT).join("README.md")];
+    let mut docs: Vec<_> =
+        std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap().map(|e| e.unwrap().path()).collect();
+    docs.sort();
+    paths.extend(docs.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")));
+    paths.into_iter().map(|p| (p.clone(), std::fs::read_to_string(p).unwrap())).collect()
+}
 
 /// The blocks marked to run, in order.
 fn blocks(markdown: &str) -> Vec<String> {
@@ -51,8 +61,7 @@ fn the_quick_start_answers_as_the_readme_says_today() {
         let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
         assert!(found.status.success(), "the README's commands need {tool}: install it (e.g. apt-get install {tool})");
     }
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
-    let blocks = blocks(&readme);
+    let blocks: Vec<String> = documents().iter().flat_map(|(_, text)| blocks(text)).collect();
     // What each block's output shows, as the README's text around it says.
     let expected: [&[&str]; 3] = [
         &["\"allowed\": true", "\"patchType\": \"JSONPatch\""],
@@ -69,4 +78,21 @@ fn the_quick_start_answers_as_the_readme_says_today() {
             assert!(output.contains(shown), "{block}\nshows no {shown}: {output}");
         }
     }
+}
+
+#[test]
+fn every_link_between_the_documents_leads_to_a_file_that_is_there() {
+    let mut links = 0;
+    for (path, text) in documents() {
+        for (at, _) in text.match_indices("](") {
+            let target = text[at + 2..].split(')').next().unwrap();
+            if target.starts_with("http") || target.starts_with('#') {
+                continue;
+            }
+            let file = target.split('#').next().unwrap();
+            links += 1;
+            assert!(path.parent().unwrap().join(file).exists(), "{}: {target} leads nowhere", path.display());
+        }
+    }
+    assert!(links > 10, "links found: {links}");
 }

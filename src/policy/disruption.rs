@@ -400,11 +400,11 @@ mod tests {
     type Row<'a> =
         (&'static str, &'a Pod, &'static str, Action, Option<(u16, &'static str)>, Option<(Decision, Reason)>, bool);
 
-    /// The README's busy contract for deletes and evictions, one row a case: the pod, who asks
+    /// The busy contract (docs/contract.md) for deletes and evictions, one row a case: the pod, who asks
     /// what, and busyguard's answer (`None`: allowed), its audit line and whether it marks the
     /// pod to delete it once idle.
     #[test]
-    fn the_busy_contract_for_deletes_and_evictions_reads_as_the_readme_states_it() {
+    fn the_busy_contract_for_deletes_and_evictions_reads_as_docs_contract_states_it() {
         use Action::{Delete, Evict};
         let (person, rs, gc) = ("alice", REPLICASET_CONTROLLER_USER, GARBAGE_COLLECTOR_USER);
         let (karpenter, scheduler) = ("system:serviceaccount:kube-system:karpenter", "system:kube-scheduler");

@@ -168,7 +168,7 @@ impl Decision {
     }
 }
 
-/// Why, in one word (README, "Audit lines").
+/// Why, in one word (docs/operations.md, "Audit lines").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]

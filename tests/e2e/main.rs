@@ -1,5 +1,5 @@
-//! busyguard end to end, on a real control plane (`make e2e`): every row of the README's busy
-//! contract and every case it does not protect, asserted from what the real API server,
+//! busyguard end to end, on a real control plane (`make e2e`): every row of the busy contract
+//! (docs/contract.md) and every case it does not protect, asserted from what the real API server,
 //! controllers, scheduler and `kubectl` did, with busyguard installed as shipped (see `rig`).
 //!
 //! Runs only with `BUSYGUARD_E2E=1` (what `make e2e` sets): it starts a control plane. Scenarios
