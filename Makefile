@@ -35,9 +35,11 @@ image:
 	DOCKER_BUILDKIT=1 $(CONTAINER) build -t $(IMAGE) .
 	$(CONTAINER) push $(IMAGE)
 
-# The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve.
+# The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve;
+# also as the kubectl plugin `kubectl busyguard`.
 install:
 	$(CARGO) install --locked --path .
+	ln -sf busyguard "$${CARGO_HOME:-$$HOME/.cargo}/bin/kubectl-busyguard"   # kubectl busyguard status
 
 # Dev certificates for localhost/127.0.0.1 are made once and kept while valid.
 certs:

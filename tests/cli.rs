@@ -99,3 +99,20 @@ fn a_log_filter_that_does_not_parse_is_refused_not_turned_into_info() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("directives such as busyguard=debug"));
     assert!(!dir.path().join("certs").exists(), "nothing done");
 }
+
+#[test]
+fn kubectl_runs_it_as_its_plugin_kubectl_busyguard() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_busyguard"), bin.join("kubectl-busyguard")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let output = Command::new("kubectl")
+        .args(["busyguard", "status", "--kubeconfig", "nope.yaml"])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .output()
+        .expect("kubectl is on PATH (the tests render the manifests with it too)");
+    let line = error_line(&output);
+    assert!(line.starts_with("error: cannot read kubeconfig nope.yaml: "), "{line}");
+}
