@@ -62,6 +62,9 @@ pub enum Command {
     /// cost and autoscaler annotations back, take busyguard's labels, annotations and deferred
     /// deletes off, and delete its busy-pod PodDisruptionBudgets. Uses your kubeconfig.
     Cleanup(CleanupArgs),
+    /// Wait until the API server reaches busyguard and busyguard answers as it should (two
+    /// server-side dry runs in --namespace, nothing stored), for install scripts and CI.
+    Check(CheckArgs),
 }
 
 /// The cluster a person's command reaches with their own kubeconfig, and where in it.
@@ -88,6 +91,19 @@ pub struct CleanupArgs {
     /// Say what would change, and change nothing (the API server's dry run).
     #[arg(long)]
     pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// A namespace busyguard guards, to try the dry runs in.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    /// How long to keep trying before giving up (exit 1).
+    #[arg(long, default_value = "2m", value_parser = std_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]

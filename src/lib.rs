@@ -5,6 +5,7 @@ pub mod admission;
 pub mod agent;
 pub mod audit;
 pub mod certs;
+pub mod check;
 pub mod cleanup;
 pub mod cluster;
 pub mod config;

@@ -8,8 +8,9 @@ use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use busyguard::certs::{self, CertsOutcome, CertsRequest};
+use busyguard::cluster::ClusterSource;
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
-use busyguard::{cleanup, registration, server, status};
+use busyguard::{check, cleanup, registration, server, status};
 
 /// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
 #[global_allocator]
@@ -45,6 +46,11 @@ fn main() -> ExitCode {
                 (&args.max_busy).into(),
             ))?;
             print!("{report}");
+            Ok(())
+        }),
+        Command::Check(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
+            let source = args.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
+            print!("{}", runtime.block_on(check::run(&source, &args.namespace, args.timeout))?);
             Ok(())
         }),
         Command::Cleanup(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {

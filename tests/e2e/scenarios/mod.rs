@@ -52,5 +52,9 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),
     ("certificate_rotation_under_traffic_fails_no_admission", outages::certificate_rotation_fails_no_admission),
+    (
+        "busyguard_check_tells_an_install_that_works_from_one_that_does_not",
+        outages::busyguard_check_tells_an_install_that_works_from_one_that_does_not,
+    ),
     ("cleanup_after_an_uninstall_leaves_nothing_behind", outages::cleanup_after_an_uninstall_leaves_nothing_behind),
 ];

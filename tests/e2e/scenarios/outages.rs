@@ -175,3 +175,28 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
     rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
     outcome
 }
+
+/// `busyguard check` passes once busyguard is installed (the API server reaches it and it
+/// answers), and says what is wrong, within its timeout, when the webhooks are not registered.
+pub fn busyguard_check_tells_an_install_that_works_from_one_that_does_not(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("check")?;
+    let check = |timeout: &str| {
+        let output = std::process::Command::new(crate::rig::BUSYGUARD)
+            .args(["check", "-n", &ns, "--timeout", timeout, "--kubeconfig"])
+            .arg(&rig.admin)
+            .output()?;
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        anyhow::Ok((output.status.success(), said))
+    };
+    let (ok, said) = check("60s")?;
+    ensure!(ok && said.contains("busyguard answers the API server"), "check failed on a working install: {said}");
+    let stored = rig.get(&["-n", &ns, "pods"])?;
+    ensure!(stored["items"].as_array().is_some_and(|p| p.is_empty()), "a dry run stored a pod: {stored}");
+    rig.unregister()?;
+    let outcome = check("4s");
+    rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
+    let (ok, said) = outcome?;
+    ensure!(!ok, "check passed with the webhooks unregistered: {said}");
+    ensure!(said.contains("does not call its mutating webhook"), "{said}");
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `busyguard check`: waits until the API server reaches busyguard and busyguard answers as it
+//! should, for install scripts and CI (as cert-manager's `cmctl check api` does). Two server-side
+//! dry runs in a guarded namespace, so nothing is stored: a pod created busy must come back with
+//! busyguard's annotations (the mutating webhook), and a pod created with a delete-requested mark
+//! busyguard did not write must be refused (a validating webhook, failurePolicy Fail).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::cluster::{ClusterSource, NO_CLUSTER, client_config};
+use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DeleteRequest};
+use crate::policy::outcome::NOT_BUSYGUARDS_MARK_CAUSE;
+
+/// Tries every `every` until both answers are right or `timeout` passes; what it saw.
+pub async fn run(source: &ClusterSource, namespace: &str, timeout: Duration) -> anyhow::Result<String> {
+    let config = client_config(source).await?.context(NO_CLUSTER)?;
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt(&pods).await {
+            Ok(()) => {
+                return Ok(format!(
+                    "busyguard answers the API server in namespace {namespace}: a pod turning busy gets its \
+                     annotations, and a delete-requested mark busyguard did not write is refused\n"
+                ));
+            }
+            Err(why) if Instant::now() + EVERY >= deadline => {
+                anyhow::bail!("busyguard is not answering as it should after {timeout:?}: {why}")
+            }
+            Err(_) => tokio::time::sleep(EVERY).await,
+        }
+    }
+}
+
+const EVERY: Duration = Duration::from_secs(2);
+
+async fn attempt(pods: &Api<Pod>) -> Result<(), String> {
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    let busy = pod(json!({BUSY_LABEL: "true"}), json!({}));
+    let created =
+        pods.create(&dry_run, &busy).await.map_err(|e| format!("a dry-run create of a busy pod failed: {e}"))?;
+    let annotated = created.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(BUSY_SINCE));
+    if !annotated {
+        return Err("a busy pod came back without busyguard's annotations: the API server does not call its \
+                    mutating webhook (not registered, or the namespace is not guarded)"
+            .into());
+    }
+    let request = DeleteRequest { by: "busyguard check".into(), at: Timestamp::now() };
+    let forged =
+        pod(json!({BUSY_LABEL: "false", DELETE_REQUESTED: "true"}), json!({DELETE_REQUESTED: request.to_annotation()}));
+    match pods.create(&dry_run, &forged).await {
+        Err(kube::Error::Api(status))
+            if status
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.reason == NOT_BUSYGUARDS_MARK_CAUSE)) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!("a forged delete-requested mark was refused, but not by busyguard: {e}")),
+        Ok(_) => Err("a forged delete-requested mark was let through: the API server does not call busyguard's \
+                      pod-marks webhook"
+            .into()),
+    }
+}
+
+fn pod(labels: serde_json::Value, annotations: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"generateName": "busyguard-check-", "labels": labels, "annotations": annotations},
+        "spec": {"containers": [{"name": "check", "image": "busyguard-check"}]}
+    }))
+    .expect("a pod")
+}
