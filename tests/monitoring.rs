@@ -1,0 +1,113 @@
+//! The alerts and the dashboard of `manifests/monitoring` ask only for what busyguard exports:
+//! every metric an expression names exists, with every label it selects or groups by.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use busyguard::metrics::{
+    CauseLabels, Metrics, ResultLabels, ReviewLabels, SideEffectLabels, StatusLabels, WebhookLabels, WorkloadLabels,
+    WorkloadOnlyLabels,
+};
+use serde_json::Value;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Every series busyguard exports, by name, with its label names: each labelled family given
+/// one series, so that its labels show.
+fn exported() -> BTreeMap<String, BTreeSet<String>> {
+    let metrics = Metrics::default();
+    let review = ReviewLabels { webhook: "validating", resource: "pods", operation: "DELETE", result: "denied" };
+    metrics.reviews.get_or_create(&review).inc();
+    metrics.review_seconds.get_or_create(&WebhookLabels { webhook: "validating" }).observe(0.001);
+    metrics.http_errors.get_or_create(&StatusLabels { status: 413 }).inc();
+    metrics.tls_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+    metrics.side_effects.get_or_create(&SideEffectLabels { kind: "event", result: "ok" }).inc();
+    metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: "vanished" }).inc();
+    let workload = |state| WorkloadLabels { namespace: "jobs".into(), workload: "Deployment/w".into(), state };
+    metrics.workload_pods.get_or_create(&workload("busy")).set(1);
+    let only = WorkloadOnlyLabels { namespace: "jobs".into(), workload: "Deployment/w".into() };
+    metrics.workload_deferred_deletes.get_or_create(&only).set(1);
+    let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in metrics.encode().lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let name = line.split(['{', ' ']).next().unwrap().to_string();
+        let labels = line.split_once('{').map(|(_, rest)| rest.split('}').next().unwrap()).unwrap_or_default();
+        let names = labels.split(',').filter_map(|pair| pair.split_once('=')).map(|(k, _)| k.to_string());
+        series.entry(name).or_default().extend(names);
+    }
+    series
+}
+
+/// Every PromQL expression of the rules and the dashboard, as rendered from the component.
+fn expressions() -> Vec<String> {
+    let output = Command::new("kubectl")
+        .args(["kustomize", &Path::new(ROOT).join("manifests/examples/with-monitoring").display().to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let objects: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    let find = |kind: &str| objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let mut exprs = Vec::new();
+    for group in find("PrometheusRule")["spec"]["groups"].as_array().unwrap() {
+        exprs.extend(group["rules"].as_array().unwrap().iter().map(|r| r["expr"].as_str().unwrap().to_string()));
+    }
+    let dashboard: Value = serde_json::from_str(find("ConfigMap")["data"]["busyguard.json"].as_str().unwrap()).unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        exprs.extend(panel["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()));
+    }
+    exprs
+}
+
+/// The metric names an expression reads (`busyguard_…`), each with the labels its selector
+/// names (`{state="busy"}`).
+fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for (at, _) in expr.match_indices("busyguard_") {
+        let rest = &expr[at..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let matchers = rest[name.len()..].strip_prefix('{').map(|m| m.split('}').next().unwrap()).unwrap_or_default();
+        let labels = matchers.split(',').filter_map(|m| m.split(['=', '!', '~']).next()).map(|l| l.trim().to_string());
+        found.push((name, labels.filter(|l| !l.is_empty()).collect()));
+    }
+    found
+}
+
+/// The labels an expression groups by (`by (namespace, workload)`).
+fn grouped_by(expr: &str) -> Vec<String> {
+    expr.match_indices("by (")
+        .flat_map(|(at, _)| expr[at + 4..].split(')').next().unwrap().split(','))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn every_alert_and_panel_reads_a_metric_busyguard_exports_by_labels_it_has() {
+    let exported = exported();
+    let exprs = expressions();
+    assert!(exprs.len() >= 10, "the rules and the dashboard have expressions: {}", exprs.len());
+    for expr in &exprs {
+        let read = selectors(expr);
+        assert!(!read.is_empty(), "{expr} reads no busyguard metric");
+        let mut available: BTreeSet<String> = BTreeSet::new();
+        for (name, labels) in read {
+            let has = exported.get(&name).unwrap_or_else(|| panic!("{expr}: busyguard exports no {name}"));
+            for label in labels {
+                assert!(has.contains(&label), "{expr}: {name} has no label {label} (it has {has:?})");
+            }
+            available.extend(has.iter().cloned());
+        }
+        for label in grouped_by(expr) {
+            assert!(available.contains(&label), "{expr}: grouped by {label}, which no metric it reads has");
+        }
+    }
+}
+
+#[test]
+fn a_metric_or_label_busyguard_does_not_export_is_caught() {
+    let exported = exported();
+    assert!(exported["busyguard_admission_review_duration_seconds_bucket"].contains("le"));
+    assert!(!exported.contains_key("busyguard_busy_pods_lost"), "counters are exported with _total");
+    assert_eq!(selectors(r#"max(busyguard_workload_pods{state="busy",node="a"})"#)[0].1, ["state", "node"]);
+    assert!(!exported["busyguard_workload_pods"].contains("node"));
+    assert_eq!(grouped_by("sum by (namespace, workload) (x)"), ["namespace", "workload"]);
+}
