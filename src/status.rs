@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use anyhow::Context;
 use jiff::Timestamp;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::ListParams;
 
@@ -14,8 +15,10 @@ use crate::cluster::view::{PodRecord, WatchedPod};
 use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
 use crate::policy::busy::{BusyState, MaxBusy, busy_state};
+use crate::policy::hazards::{Budget, Opted, hazards};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
+use crate::policy::selector::Selector;
 use crate::policy::signals::{count, of_pod};
 
 /// One opted-in pod as listed.
@@ -23,6 +26,7 @@ pub struct Listed {
     pub namespace: String,
     pub name: String,
     pub pod: PodRecord,
+    pub tolerates_every_taint: bool,
 }
 
 /// Lists the opted-in pods (all namespaces, or those given) and renders the report.
@@ -30,7 +34,7 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let apis: Vec<Api<WatchedPod>> = if namespaces.is_empty() {
-        vec![Api::all(client)]
+        vec![Api::all(client.clone())]
     } else {
         namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
     };
@@ -38,14 +42,44 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
     for api in apis {
         let pods = api.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
         for pod in pods.items.into_iter().filter(|p| p.malformed.is_none()) {
-            listed.push(Listed { namespace: pod.namespace().into(), name: pod.name().into(), pod: pod.record() });
+            let (namespace, name) = (pod.namespace().into(), pod.name().into());
+            listed.push(Listed {
+                namespace,
+                name,
+                pod: pod.record(),
+                tolerates_every_taint: pod.tolerates_every_taint,
+            });
         }
     }
-    Ok(render(&listed, max_busy, whole_second(Timestamp::now())))
+    // Read where there are opted-in pods; a user who may not list them is told, not refused.
+    let budgets = match budgets(&client, &listed).await {
+        Ok(budgets) => Ok(budgets),
+        Err(e) => Err(format!("cannot list PodDisruptionBudgets, so cannot check them: {e}")),
+    };
+    Ok(render(&listed, &budgets, max_busy, whole_second(Timestamp::now())))
+}
+
+/// The PodDisruptionBudgets of the namespaces with opted-in pods.
+async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Budget>, kube::Error> {
+    let namespaces: std::collections::BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
+    let mut budgets = Vec::new();
+    for namespace in namespaces {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+        for pdb in api.list(&ListParams::default()).await?.items {
+            let spec = pdb.spec.unwrap_or_default();
+            budgets.push(Budget {
+                namespace: namespace.to_string(),
+                name: pdb.metadata.name.unwrap_or_default(),
+                selector: spec.selector.as_ref().and_then(|s| Selector::from_label_selector(s).ok()),
+                always_allow: spec.unhealthy_pod_eviction_policy.as_deref() == Some("AlwaysAllow"),
+            });
+        }
+    }
+    Ok(budgets)
 }
 
 /// The report, as a person reads it in a terminal.
-pub fn render(pods: &[Listed], max_busy: MaxBusy, now: Timestamp) -> String {
+pub fn render(pods: &[Listed], budgets: &Result<Vec<Budget>, String>, max_busy: MaxBusy, now: Timestamp) -> String {
     let mut out = String::new();
     let counted = pods
         .iter()
@@ -96,6 +130,26 @@ pub fn render(pods: &[Listed], max_busy: MaxBusy, now: Timestamp) -> String {
     for (node, pods) in nodes {
         let _ = writeln!(out, "{node}: {}", pods.join(", "));
     }
+
+    let _ = writeln!(out, "\nWARNINGS (what would defeat protection)");
+    let opted: Vec<Opted<'_, PodRecord>> = pods
+        .iter()
+        .map(|p| Opted {
+            namespace: &p.namespace,
+            name: &p.name,
+            workload: p.pod.workload(&p.name),
+            pod: &p.pod,
+            tolerates_every_taint: p.tolerates_every_taint,
+        })
+        .collect();
+    let mut warnings = hazards(&opted, budgets.as_deref().unwrap_or_default(), max_busy);
+    warnings.extend(budgets.as_ref().err().cloned());
+    if warnings.is_empty() {
+        let _ = writeln!(out, "none");
+    }
+    for warning in warnings {
+        let _ = writeln!(out, "{warning}");
+    }
     out
 }
 
@@ -127,7 +181,7 @@ mod tests {
             "spec": {"nodeName": node},
             "status": {"phase": "Running"}}))
         .unwrap();
-        Listed { namespace: "capture".into(), name: name.into(), pod: pod.record() }
+        Listed { namespace: "capture".into(), name: name.into(), pod: pod.record(), tolerates_every_taint: false }
     }
 
     #[test]
@@ -143,8 +197,8 @@ mod tests {
             listed("worker-b", "node-1", "false", json!({})),
             listed("worker-c", "node-2", "false", json!({})),
         ];
-        let report =
-            render(&pods, MaxBusy::new(jiff::SignedDuration::from_hours(24)), "2026-11-23T10:05:00Z".parse().unwrap());
+        let day = MaxBusy::new(jiff::SignedDuration::from_hours(24));
+        let report = render(&pods, &Ok(Vec::new()), day, "2026-11-23T10:05:00Z".parse().unwrap());
         assert_eq!(
             report,
             "3 opted-in pods in 1 workloads, 1 busy, at 2026-11-23T10:05:00Z\n\
@@ -157,7 +211,10 @@ mod tests {
              2026-11-24T09:00:00Z; alice asked to delete it at 2026-11-23T09:30:00Z: done once it is idle\n\
              \n\
              NODES A DRAIN WOULD WAIT FOR (their busy pods refuse eviction)\n\
-             node-1: capture/worker-a until 2026-11-24T09:00:00Z\n"
+             node-1: capture/worker-a until 2026-11-24T09:00:00Z\n\
+             \n\
+             WARNINGS (what would defeat protection)\n\
+             none\n"
         );
     }
 }

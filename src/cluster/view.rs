@@ -132,6 +132,9 @@ impl PodFacts for PodRecord {
 pub struct WatchedPod {
     pub metadata: ObjectMeta,
     pub node_name: Option<String>,
+    /// A toleration with no key and operator `Exists` (every taint, or every taint of an effect
+    /// that evicts): Karpenter then never evicts the pod.
+    pub tolerates_every_taint: bool,
     pub status: PodStatus,
     pub malformed: Option<String>,
 }
@@ -152,6 +155,17 @@ impl<'de> Deserialize<'de> for WatchedPod {
         struct Spec {
             #[serde(default)]
             node_name: Option<String>,
+            #[serde(default)]
+            tolerations: Option<Vec<Toleration>>,
+        }
+        #[derive(Deserialize)]
+        struct Toleration {
+            #[serde(default)]
+            key: Option<String>,
+            #[serde(default)]
+            operator: Option<String>,
+            #[serde(default)]
+            effect: Option<String>,
         }
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -176,6 +190,12 @@ impl<'de> Deserialize<'de> for WatchedPod {
         match Full::deserialize(&value) {
             Ok(full) => Ok(WatchedPod {
                 metadata: full.metadata,
+                tolerates_every_taint: (full.spec.as_ref().and_then(|s| s.tolerations.as_ref()).into_iter().flatten())
+                    .any(|t| {
+                        t.key.as_deref().unwrap_or_default().is_empty()
+                            && t.operator.as_deref() == Some("Exists")
+                            && matches!(t.effect.as_deref().unwrap_or_default(), "" | "NoExecute")
+                    }),
                 node_name: full.spec.and_then(|s| s.node_name),
                 status: full.status.unwrap_or_default(),
                 malformed: None,
@@ -186,6 +206,7 @@ impl<'de> Deserialize<'de> for WatchedPod {
                 Ok(WatchedPod {
                     metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
                     node_name: None,
+                    tolerates_every_taint: false,
                     status: PodStatus::default(),
                     malformed: Some(error.to_string()),
                 })

@@ -23,6 +23,7 @@ pub mod busy;
 pub mod conditions;
 pub mod cost;
 pub mod disruption;
+pub mod hazards;
 pub mod keys;
 pub mod marks;
 pub mod node;

@@ -70,7 +70,11 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
     let mut busy = busy_pod("worker-a", since);
     busy["spec"]["nodeName"] = json!("node-1");
     api.put_pod(busy);
-    api.put_pod(worker_pod("worker-b", false));
+    let mut idle = worker_pod("worker-b", false);
+    idle["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    api.put_pod(idle);
+    api.put_pdb(json!({"metadata": {"name": "workers", "namespace": "capture"},
+        "spec": {"selector": {"matchLabels": {"app": "worker"}}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}}));
     let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
     let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
     let report = busyguard::status::run(&source, &[], max_busy).await.unwrap();
@@ -82,10 +86,25 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
         "{report}"
     );
     assert!(report.contains(&format!("node-1: capture/worker-a until {until}")), "{report}");
+    assert!(
+        report.contains("capture/Deployment/worker: its pods tolerate every taint, so Karpenter never evicts them"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "PodDisruptionBudget capture/workers selects opted-in pods with unhealthyPodEvictionPolicy AlwaysAllow"
+        ),
+        "{report}"
+    );
     let lists: Vec<Call> = api.calls().into_iter().filter(Call::reads_pod_list).collect();
-    assert_eq!(lists.len(), 1, "one list of the opted-in pods, nothing written");
+    assert_eq!(lists.len(), 1, "one list of the opted-in pods");
     assert!(lists[0].query.contains("labelSelector=busyguard.io%2Fbusy"));
-    assert_eq!(api.writes(), vec![]);
+    let others: Vec<(String, String)> = api.writes().into_iter().map(|c| (c.method.to_string(), c.path)).collect();
+    assert_eq!(
+        others,
+        [("GET".to_string(), "/apis/policy/v1/namespaces/capture/poddisruptionbudgets".to_string())],
+        "and the budgets of its namespaces; nothing written"
+    );
 }
 
 #[tokio::test]

@@ -420,6 +420,12 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             let items: Vec<Value> = api.store().pdbs.values().cloned().collect();
             ok(json!({"kind": "PodDisruptionBudgetList", "apiVersion": "policy/v1", "metadata": {}, "items": items}))
         }
+        (&Method::GET, ["apis", "policy", "v1", "namespaces", namespace, "poddisruptionbudgets"]) => {
+            let store = api.store();
+            let items: Vec<Value> =
+                (store.pdbs.iter()).filter(|((ns, _), _)| ns == namespace).map(|(_, p)| p.clone()).collect();
+            ok(json!({"kind": "PodDisruptionBudgetList", "apiVersion": "policy/v1", "metadata": {}, "items": items}))
+        }
         (&Method::POST, ["apis", "policy", "v1", "namespaces", namespace, "poddisruptionbudgets"]) => {
             let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
             let mut store = api.store();
