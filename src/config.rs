@@ -26,10 +26,17 @@ use crate::server::{Limits, ServeConfig};
 )]
 pub struct Cli {
     /// Log format on stderr.
-    #[arg(long, env = "BUSYGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    #[arg(long, env = "BUSYGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true, help_heading = "Logging")]
     pub log_format: LogFormat,
     /// Log filter: a level (`info`, `debug`) or tracing directives (`busyguard=debug`).
-    #[arg(long, env = "BUSYGUARD_LOG_LEVEL", default_value = "info", global = true, value_parser = log_filter)]
+    #[arg(
+        long,
+        env = "BUSYGUARD_LOG_LEVEL",
+        default_value = "info",
+        global = true,
+        value_parser = log_filter,
+        help_heading = "Logging"
+    )]
     pub log_level: String,
     #[command(subcommand)]
     pub command: Command,

@@ -228,8 +228,14 @@ async fn a_client_that_stalls_mid_headers_is_disconnected() {
 }
 
 #[tokio::test]
-async fn the_admin_port_says_what_it_serves_on_an_unknown_path() {
+async fn the_admin_port_says_what_it_serves_on_an_unknown_path_or_method() {
     let server = TestServer::start().await;
+    let mut sender = http1(tokio::net::TcpStream::connect(server.admin).await.unwrap()).await;
+    let post = hyper::Request::post("/healthz").header("host", "localhost").body(Full::new(Bytes::new())).unwrap();
+    let answer = sender.send_request(post).await.unwrap();
+    assert_eq!(answer.status(), 405);
+    let body = http_body_util::BodyExt::collect(answer.into_body()).await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"the admin port answers GET only\n");
     let answer = server.admin_get("/health").await;
     assert_eq!(
         (answer.status, answer.text()),

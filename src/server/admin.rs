@@ -14,10 +14,10 @@ use super::App;
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/status", get(status))
-        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }).fallback(get_only))
+        .route("/readyz", get(readyz).fallback(get_only))
+        .route("/status", get(status).fallback(get_only))
+        .route("/metrics", get(metrics).fallback(get_only))
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -25,6 +25,10 @@ pub fn router(app: Arc<App>) -> Router {
             )
         })
         .with_state(app)
+}
+
+async fn get_only() -> impl IntoResponse {
+    (StatusCode::METHOD_NOT_ALLOWED, "the admin port answers GET only\n")
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> impl IntoResponse {
