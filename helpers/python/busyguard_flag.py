@@ -17,7 +17,9 @@ that raised, the task's own exception goes on and the failed flip is logged.
 
 The pod needs POD_NAME and POD_NAMESPACE (from the downward API; the namespace may also come from
 the service account's files) and a service account allowed to patch pods in its namespace.
-BUSYGUARD_API_URL overrides the API server's address (tests, or a proxy).
+BUSYGUARD_API_URL overrides the API server's address (tests, or a proxy), and BUSYGUARD_API_CA
+the CA it is trusted by. To try it outside a pod: `kubectl proxy`, then
+BUSYGUARD_API_URL=http://127.0.0.1:8001 POD_NAME=... POD_NAMESPACE=... python3 your_worker.py.
 """
 
 import contextlib
@@ -119,7 +121,10 @@ def _in_cluster_url():
 def _tls_context(base):
     if not base.startswith("https://"):
         return None
-    ca = os.path.join(SERVICE_ACCOUNT, "ca.crt")
+    given = os.environ.get("BUSYGUARD_API_CA")
+    if given and not os.path.exists(given):
+        raise FlagError(f"BUSYGUARD_API_CA={given}: no such file")
+    ca = given or os.path.join(SERVICE_ACCOUNT, "ca.crt")
     return ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
 
 

@@ -1,13 +1,17 @@
 """busyguard_flag against a local stand-in for the API server: the exact PATCHes, and what a
-refusal means for the task. Run: python3 -m unittest discover -s helpers/python"""
+refusal means for the task. Run: python3 -m unittest discover -s helpers/python (or name this
+file: python3 -m unittest helpers/python/test_busyguard_flag.py)"""
 
 import http.server
 import json
 import os
+import sys
 import threading
 import unittest
 
-import busyguard_flag
+# Beside this file, however the tests are started.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import busyguard_flag  # noqa: E402
 
 
 class StandIn(http.server.BaseHTTPRequestHandler):
@@ -127,3 +131,15 @@ class FlagTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TryItOutsideAPod(unittest.TestCase):
+    def test_a_ca_file_that_is_not_there_is_said_plainly(self):
+        os.environ["BUSYGUARD_API_CA"] = "/no/such/ca.crt"
+        try:
+            with self.assertRaises(busyguard_flag.FlagError) as refused:
+                busyguard_flag._tls_context("https://127.0.0.1:6443")
+            self.assertIn("/no/such/ca.crt", str(refused.exception))
+        finally:
+            del os.environ["BUSYGUARD_API_CA"]
+
