@@ -54,7 +54,7 @@ test: unit e2e
 
 unit:
 	$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
-	@# The README's quick start is run as written (tests/readme.rs): it uses curl.
+	@# The README's quick start is run as written (tests/project/docs.rs): it uses curl.
 	command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
 	$(CARGO) nextest run --locked --no-fail-fast
 	python3 -m unittest discover -s helpers/python

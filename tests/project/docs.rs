@@ -2,12 +2,10 @@
 //! are run as a person would, against `busyguard serve` on its dev certificates, at today's date,
 //! and their links lead somewhere: none goes stale unnoticed.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::process::{Process, certs};
+use crate::common::process::{Process, certs};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 

@@ -1,0 +1,11 @@
+//! The project as a person meets it: its commands' answers on the command line, its README and
+//! docs run as written, its monitoring, and the layout of its code. One test binary, so that a
+//! fresh build links it once.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod docs;
+mod layout;
+mod monitoring;
