@@ -46,9 +46,10 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Runs until the process stops.
-    pub async fn run(self, client: kube::Client) -> anyhow::Result<()> {
-        let pods: Api<WatchedPod> = Api::namespaced(client, &self.namespace);
+    /// Runs until the process stops, setting the label through the API server of `config`.
+    pub async fn run(self, config: kube::Config) -> anyhow::Result<()> {
+        let api_server = config.cluster_url.to_string();
+        let pods: Api<WatchedPod> = Api::namespaced(kube::Client::try_from(config)?, &self.namespace);
         let mut flagged: Option<bool> = None;
         let mut failures = 0u32;
         loop {
@@ -61,7 +62,9 @@ impl Agent {
                                 info!(pod = %self.pod, busy, "busy flag set");
                                 flagged = Some(busy);
                             }
-                            Err(e) => warn!(pod = %self.pod, busy, error = %e, "busy flag not set; trying again"),
+                            Err(e) => {
+                                warn!(pod = %self.pod, busy, %api_server, error = %e, "busy flag not set; trying again")
+                            }
                         }
                     }
                 }

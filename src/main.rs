@@ -36,7 +36,7 @@ fn main() -> ExitCode {
                 let (agent, source) = args.into_agent();
                 let config =
                     busyguard::cluster::client_config(&source).await?.context(busyguard::cluster::NO_CLUSTER)?;
-                agent.run(kube::Client::try_from(config)?).await
+                agent.run(config).await
             })
         }),
         Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {

@@ -83,8 +83,7 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
         namespace: "capture".into(),
         pod: "worker-a".into(),
     };
-    let client = kube::Client::try_from(api.kube_config()).unwrap();
-    let running = tokio::spawn(agent.run(client));
+    let running = tokio::spawn(agent.run(api.kube_config()));
     let label =
         |api: &ApiServer| api.pod("capture", "worker-a").unwrap()["metadata"]["labels"]["busyguard.io/busy"].clone();
     api.wait_for(1, pod_call("PATCH", "worker-a")).await;

@@ -94,3 +94,25 @@ fn every_link_between_the_documents_leads_to_a_file_that_is_there() {
     }
     assert!(links > 10, "links found: {links}");
 }
+
+#[test]
+fn every_flag_of_every_command_is_in_docs_configuration() {
+    let documented = std::fs::read_to_string(Path::new(ROOT).join("docs/configuration.md")).unwrap();
+    let commands = ["serve", "certs", "status", "cleanup", "check", "agent", "dev-webhooks"];
+    let mut flags = 0;
+    for command in commands {
+        let help = Command::new(env!("CARGO_BIN_EXE_busyguard")).args([command, "--help"]).output().unwrap();
+        for line in String::from_utf8(help.stdout).unwrap().lines() {
+            let Some(flag) = line.trim_start().trim_start_matches("-n, ").split([' ', '=']).next() else { continue };
+            if !flag.starts_with("--") || flag == "--help" {
+                continue;
+            }
+            flags += 1;
+            assert!(
+                documented.contains(&format!("`{flag}`")),
+                "busyguard {command} {flag} is not in docs/configuration.md"
+            );
+        }
+    }
+    assert!(flags > 40, "flags found: {flags}");
+}
