@@ -53,7 +53,7 @@ run: certs
 test: unit e2e
 
 unit:
-	$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
+	$(CARGO) nextest --version >/dev/null 2>&1 || { echo 'installing cargo-nextest (built from source: a few minutes, once)'; $(CARGO) install --locked cargo-nextest; }
 	@# The README's quick start is run as written (tests/project/docs.rs): it uses curl.
 	command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
 	$(CARGO) nextest run --locked --no-fail-fast
