@@ -1,6 +1,7 @@
 //! The webhook routes: `POST /mutate` and `POST /validate`. Each review is read within its
-//! limits, decoded, judged, audited and answered ([`answer`]). Anything that is not a judgeable request gets an HTTP
-//! 4xx with a JSON error, never an AdmissionReview, so it can never read as "allowed".
+//! limits, decoded, judged, audited and answered ([`answer`]). Anything that is not a judgeable
+//! request gets an HTTP 4xx with a JSON error, never an AdmissionReview, so it can never read as
+//! "allowed".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
