@@ -52,10 +52,8 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
         }
     }
     // Read where there are opted-in pods; a user who may not list them is told, not refused.
-    let budgets = match budgets(&client, &listed).await {
-        Ok(budgets) => Ok(budgets),
-        Err(e) => Err(format!("cannot list PodDisruptionBudgets, so cannot check them: {e}")),
-    };
+    let budgets = (budgets(&client, &listed).await)
+        .map_err(|e| format!("cannot list PodDisruptionBudgets, so cannot check them: {e}"));
     Ok(render(&listed, &budgets, max_busy, whole_second(Timestamp::now())))
 }
 

@@ -23,7 +23,7 @@ use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
 use crate::policy::keys::FIELD_MANAGER;
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Decision, Effect, PodRef};
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause, PodRef};
 use crate::policy::pdb::busy_pdb;
 
 #[derive(Debug, Clone, Copy)]
@@ -290,7 +290,7 @@ impl Worker {
     /// What the API server says now of the pod's ReplicaSet and Deployment, judged by
     /// `disruption::release_confirmed`.
     async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), String>, kube::Error> {
-        let current = Api::<WatchedPod>::namespaced(self.client.clone(), &pod.namespace).get(&pod.name).await?;
+        let current = self.pods(pod).get(&pod.name).await?;
         let controller = |owners: Option<&Vec<OwnerReference>>, kind: &str| {
             owners.into_iter().flatten().find(|o| o.controller == Some(true) && o.kind == kind).map(|o| o.name.clone())
         };
@@ -310,31 +310,30 @@ impl Worker {
         Ok(disruption::release_confirmed(wanted, has, strategy.as_deref()))
     }
 
+    /// Writes the effect's merge patch (`Effect::pod_patch`) on its pod.
+    async fn patch_pod(&self, pod: &PodRef, patch: Option<serde_json::Value>) -> kube::Result<()> {
+        let patch = patch.expect("an effect that writes its pod has a patch");
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+        self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop)
+    }
+
+    fn pods(&self, pod: &PodRef) -> Api<WatchedPod> {
+        Api::namespaced(self.client.clone(), &pod.namespace)
+    }
+
     async fn attempt(&self, effect: &Effect) -> Attempt {
         let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
-        // The pod's namespace (the busy-pod PDBs name theirs).
-        let api: Api<WatchedPod> = match effect.pod() {
-            Some(pod) => Api::namespaced(self.client.clone(), &pod.namespace),
-            None => Api::all(self.client.clone()),
-        };
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         match effect {
-            Effect::Refresh { pod, .. } => {
-                let patch = effect.pod_patch().expect("a refresh writes the pod");
-                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
-                    Ok(_) => Attempt::Done(EffectResult::Ok),
-                    // The pod changed since the view saw it: its watch event decides again.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::MarkDeleteRequested { pod, .. } => {
-                let patch = effect.pod_patch().expect("a mark writes the pod");
-                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
-                    Ok(_) => Attempt::Done(EffectResult::Ok),
-                    Err(e) => classify(e),
-                }
-            }
+            Effect::Refresh { pod, .. } => match self.patch_pod(pod, effect.pod_patch()).await {
+                Ok(()) => Attempt::Done(EffectResult::Ok),
+                // The pod changed since the view saw it: its watch event decides again.
+                Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
+                Err(e) => classify(e),
+            },
+            Effect::MarkDeleteRequested { pod, .. } => match self.patch_pod(pod, effect.pod_patch()).await {
+                Ok(()) => Attempt::Done(EffectResult::Ok),
+                Err(e) => classify(e),
+            },
             Effect::Release { pod, .. } => {
                 match self.confirm_release(pod).await {
                     Ok(Ok(())) => {}
@@ -344,9 +343,8 @@ impl Worker {
                     }
                     Err(e) => return classify(e),
                 }
-                let patch = effect.pod_patch().expect("a release writes the pod");
-                match api.patch(&pod.name, &params, &Patch::Merge(&patch)).await {
-                    Ok(_) => Attempt::Done(EffectResult::Ok),
+                match self.patch_pod(pod, effect.pod_patch()).await {
+                    Ok(()) => Attempt::Done(EffectResult::Ok),
                     Err(e) => classify(e),
                 }
             }
@@ -355,7 +353,7 @@ impl Worker {
                 let preconditions =
                     Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
                 let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
-                match api.delete(&pod.name, &params).await {
+                match self.pods(pod).delete(&pod.name, &params).await {
                     Ok(_) => {
                         info!(%pod, requested_by = %request.by, "deferred delete carried out");
                         self.audit.record(&AuditRecord { time: Timestamp::now(), ..(**audit).clone() });
@@ -400,8 +398,8 @@ impl Worker {
             }
             Effect::ReportLoss { pod, cause, audit } => {
                 // Named for the pod's uid, so only one replica creates it and reports the loss.
-                let reason = if audit.decision == Decision::Unaccounted { "BusyPodUnaccounted" } else { "BusyPodLost" };
-                let event = self.event(pod, format!("busyguard-lost-{}", pod.uid), reason, "Observe", &audit.detail);
+                let name = format!("busyguard-lost-{}", pod.uid);
+                let event = self.event(pod, name, cause.event_reason(), "Observe", &audit.detail);
                 match self.create_event(pod, &event).await {
                     Ok(()) => {
                         self.reports.report(cause, audit);
@@ -472,13 +470,13 @@ struct LossReports {
 }
 
 impl LossReports {
-    fn report(&self, cause: &'static str, audit: &AuditRecord) {
-        if audit.decision == Decision::Unaccounted {
-            self.metrics.busy_pods_unaccounted.inc();
+    fn report(&self, cause: &LossCause, audit: &AuditRecord) {
+        if cause.is_loss() {
+            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
         } else {
-            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause }).inc();
+            self.metrics.busy_pods_unaccounted.inc();
         }
-        warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause, "{}", audit.detail);
+        warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause = cause.label(), "{}", audit.detail);
         self.audit.record(audit);
     }
 }

@@ -490,10 +490,16 @@ impl View {
         granted: &[&str],
     ) -> Option<u32> {
         record.label(MAX_UNAVAILABLE)?;
-        record.owner.as_deref()?;
+        let owner = record.owner.as_deref()?;
         let workload = record.workload(name);
+        // The same owner is the same workload; only another owner needs its workload worked out
+        // (a Deployment's other ReplicaSet).
+        let same_workload = |other: &str, pod: &PodRecord| match pod.owner.as_deref() {
+            Some(theirs) => theirs == owner || pod.workload(other) == workload,
+            None => false,
+        };
         let unavailable = (in_namespace.iter())
-            .filter(|(other, pod)| &***other != name && pod.owner.is_some() && pod.workload(other) == workload)
+            .filter(|(other, pod)| &***other != name && same_workload(other, pod))
             .filter(|(other, pod)| pod.terminating || !is_available(*pod) || granted.contains(&&***other))
             .count();
         Some(u32::try_from(unavailable).unwrap_or(u32::MAX))

@@ -386,6 +386,11 @@ mod tests {
         Ask { uid: "review-1", dry_run, ..crate::policy::testing::ask("DELETE", username) }
     }
 
+    /// `user`'s `action` on `pod` in enforce mode, the view holding the same pod.
+    fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
+        judge_disruption(&ask(user, false), action, pod, Some(pod), unavailable_siblings, &config(Mode::Enforce), now())
+    }
+
     /// `ask` of the busy worker, as the view holds it too.
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
         judge_disruption(&ask, action, &busy_worker(), Some(&busy_worker()), None, &config(mode), now)
@@ -519,17 +524,7 @@ mod tests {
     #[test]
     fn a_workload_budget_refuses_taking_one_more_pod_away_than_it_allows() {
         let pod = with_budget("1");
-        let decide_with = |siblings, user: &'static str| {
-            judge_disruption(
-                &ask(user, false),
-                Action::Evict,
-                &pod,
-                Some(&pod),
-                siblings,
-                &config(Mode::Enforce),
-                now(),
-            )
-        };
+        let decide_with = |siblings, user: &'static str| judged(user, Action::Evict, &pod, siblings);
         let refused = decide_with(Some(1), "alice");
         let Answer::Deny { denial, message } = &refused.answer else { panic!("{:?}", refused.answer) };
         assert_eq!((denial.code(), denial.cause()), (429, "BusyguardDisruptionBudget"));
@@ -563,15 +558,7 @@ mod tests {
     fn a_pod_already_unavailable_may_always_go() {
         let mut pod = with_budget("1");
         pod.status.conditions[0].status = "False".into();
-        let outcome = judge_disruption(
-            &ask("alice", false),
-            Action::Delete,
-            &pod,
-            Some(&pod),
-            Some(3),
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = judged("alice", Action::Delete, &pod, Some(3));
         assert!(outcome.is_allowed());
     }
 
@@ -590,15 +577,7 @@ mod tests {
         };
         let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
         let pod = compat(Some("6b8958b477"));
-        let outcome = judge_disruption(
-            &ask(replicaset, false),
-            Action::Delete,
-            &pod,
-            Some(&pod),
-            None,
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = judged(replicaset, Action::Delete, &pod, None);
         assert!(!outcome.is_allowed(), "not deleted while busy");
         assert_eq!(outcome.audit.as_ref().unwrap().reason, Reason::BusyReleased);
         assert!(outcome.await_effects);
@@ -606,26 +585,10 @@ mod tests {
         let Effect::Release { hash, request, .. } = release else { unreachable!() };
         assert_eq!((hash.as_str(), request.by.as_str()), ("6b8958b477", replicaset));
         // A person's delete, or a pod no Deployment's ReplicaSet selects by hash: not released.
-        let person = judge_disruption(
-            &ask("alice", false),
-            Action::Delete,
-            &pod,
-            Some(&pod),
-            None,
-            &config(Mode::Enforce),
-            now(),
-        );
+        let person = judged("alice", Action::Delete, &pod, None);
         assert!(!person.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
         let bare = compat(None);
-        let bare = judge_disruption(
-            &ask(replicaset, false),
-            Action::Delete,
-            &bare,
-            Some(&bare),
-            None,
-            &config(Mode::Enforce),
-            now(),
-        );
+        let bare = judged(replicaset, Action::Delete, &bare, None);
         assert!(!bare.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
     }
 
@@ -730,15 +693,7 @@ mod tests {
         );
         marked.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
         marked.metadata.mark_by_busyguard = true;
-        let outcome = judge_disruption(
-            &ask("alice", false),
-            Action::Delete,
-            &marked,
-            Some(&marked),
-            None,
-            &config(Mode::Enforce),
-            now(),
-        );
+        let outcome = judged("alice", Action::Delete, &marked, None);
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
     }
 
@@ -759,15 +714,7 @@ mod tests {
         let mut going = busy_worker();
         going.metadata.deletion_timestamp = Some(now());
         for pod in [idle, done, going] {
-            let outcome = judge_disruption(
-                &ask("alice", false),
-                Action::Delete,
-                &pod,
-                Some(&pod),
-                None,
-                &config(Mode::Enforce),
-                now(),
-            );
+            let outcome = judged("alice", Action::Delete, &pod, None);
             assert_eq!(outcome.decision, Decision::Allowed);
             assert!(outcome.audit.is_none() && outcome.effects.is_empty());
         }

@@ -2,6 +2,7 @@
 //! ahead, busyguard's annotations gone stale (a flip busyguard missed, a lapse of protection),
 //! or a busy pod lost without any request busyguard could refuse.
 
+use super::outcome::LossCause;
 use jiff::Timestamp;
 
 use super::PolicyConfig;
@@ -10,49 +11,6 @@ use super::keys::DeleteRequest;
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
-
-#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
-#[strum(serialize_all = "kebab-case")]
-pub enum LossCause {
-    /// The kubelet failed the pod (node-pressure eviction, preemption at admission, ...).
-    Failed { reason: Option<String> },
-    /// Gone from the API without a graceful delete (node loss, forced delete).
-    Vanished,
-    /// Taken into termination by a disruption busyguard did not refuse (the pod's
-    /// `DisruptionTarget` condition says which): an eviction or a preemption while busyguard was
-    /// down, overloaded or its view stale, or an exempt requester.
-    Disrupted { reason: String },
-    /// Missing from a relist: gone while busyguard was not watching, so a delete it allowed
-    /// (an exempt requester's, the namespace controller's) cannot be told from a loss.
-    Unwatched,
-}
-
-impl LossCause {
-    pub fn label(&self) -> &'static str {
-        self.into()
-    }
-
-    /// Gone from the watch: the pod may still be there with its busy label removed.
-    pub fn left_the_watch(&self) -> bool {
-        matches!(self, LossCause::Vanished | LossCause::Unwatched)
-    }
-
-    fn reason(&self) -> Reason {
-        match self {
-            LossCause::Failed { .. } => Reason::Failed,
-            LossCause::Vanished => Reason::Vanished,
-            LossCause::Disrupted { .. } => Reason::Disrupted,
-            LossCause::Unwatched => Reason::Unwatched,
-        }
-    }
-
-    fn decision(&self) -> Decision {
-        match self {
-            LossCause::Unwatched => Decision::Unaccounted,
-            _ => Decision::Lost,
-        }
-    }
-}
 
 /// A busy pod lost, to be reported once: its cause, and the audit line to write.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +37,7 @@ impl Loss {
 
     /// Reported through the API server, so that of several replicas only one reports it.
     pub fn report(self, pod: &PodRef) -> Effect {
-        Effect::ReportLoss { pod: pod.clone(), cause: self.cause.label(), audit: Box::new(self.audit) }
+        Effect::ReportLoss { pod: pod.clone(), cause: self.cause, audit: Box::new(self.audit) }
     }
 }
 
@@ -125,9 +83,11 @@ pub fn on_change<P: PodFacts>(
 /// A pod missing from a relist, last seen as `before`: what `on_change` says of a pod deleted,
 /// except that a busy one is unaccounted for rather than lost, since busyguard did not see it go.
 pub fn gone_unwatched<P: PodFacts>(pod: &PodRef, before: &P, config: &PolicyConfig, now: Timestamp) -> Observed {
-    let observed = on_change(pod, Some(before), None, config, now);
-    let loss = observed.loss.map(|loss| Loss::of(pod, LossCause::Unwatched, loss.audit.busy_since, config, now));
-    Observed { loss, ..observed }
+    let loss = match busy_state(before, config.max_busy, now) {
+        BusyState::Busy { since, .. } => Some(Loss::of(pod, LossCause::Unwatched, since, config, now)),
+        _ => None,
+    };
+    Observed { effects: Vec::new(), loss }
 }
 
 /// What is due for the pod as it is now, whatever changed: its deferred delete once it is no

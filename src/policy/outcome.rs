@@ -354,7 +354,7 @@ pub enum Effect {
     Event { pod: PodRef, action: Action, note: String },
     /// A busy pod lost: a Warning Event named for the pod's uid (so of several replicas the
     /// first reports it, the others find it there), then `audit` and the metric for `cause`.
-    ReportLoss { pod: PodRef, cause: &'static str, audit: Box<AuditRecord> },
+    ReportLoss { pod: PodRef, cause: LossCause, audit: Box<AuditRecord> },
     /// Create busyguard's busy-pod PodDisruptionBudget in the namespace (`policy::pdb`).
     CreateBusyPdb { namespace: String },
     /// Delete busyguard's PodDisruptionBudget `name` in the namespace.
@@ -429,6 +429,56 @@ pub struct ScalePlan {
     pub busy_spared: usize,
     /// Pods whose busyguard annotations were stale and are being brought up to date.
     pub refreshed: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
+pub enum LossCause {
+    /// The kubelet failed the pod (node-pressure eviction, preemption at admission, ...).
+    Failed { reason: Option<String> },
+    /// Gone from the API without a graceful delete (node loss, forced delete).
+    Vanished,
+    /// Taken into termination by a disruption busyguard did not refuse (the pod's
+    /// `DisruptionTarget` condition says which): an eviction or a preemption while busyguard was
+    /// down, overloaded or its view stale, or an exempt requester.
+    Disrupted { reason: String },
+    /// Missing from a relist: gone while busyguard was not watching, so a delete it allowed
+    /// (an exempt requester's, the namespace controller's) cannot be told from a loss.
+    Unwatched,
+}
+
+impl LossCause {
+    pub fn label(&self) -> &'static str {
+        self.into()
+    }
+
+    /// Gone from the watch: the pod may still be there with its busy label removed.
+    pub fn left_the_watch(&self) -> bool {
+        matches!(self, LossCause::Vanished | LossCause::Unwatched)
+    }
+
+    pub fn reason(&self) -> Reason {
+        match self {
+            LossCause::Failed { .. } => Reason::Failed,
+            LossCause::Vanished => Reason::Vanished,
+            LossCause::Disrupted { .. } => Reason::Disrupted,
+            LossCause::Unwatched => Reason::Unwatched,
+        }
+    }
+
+    /// A loss known as one; a pod gone unwatched is only unaccounted for.
+    pub fn is_loss(&self) -> bool {
+        !matches!(self, LossCause::Unwatched)
+    }
+
+    pub fn decision(&self) -> Decision {
+        if self.is_loss() { Decision::Lost } else { Decision::Unaccounted }
+    }
+
+    /// The reason of the Warning Event that reports it.
+    pub fn event_reason(&self) -> &'static str {
+        if self.is_loss() { "BusyPodLost" } else { "BusyPodUnaccounted" }
+    }
 }
 
 #[cfg(test)]

@@ -192,24 +192,10 @@ mod tests {
         set_label(&mut flip, "true");
         // As the validating webhook sees it: busyguard's annotations are already on.
         flip["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:00:00Z");
-        let own = judge_write(
-            &from_pod("w"),
-            &pod(flip.clone()),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let own = written_by_pod("w", flip.clone(), idle.clone());
         assert!(own.is_allowed());
 
-        let neighbour = judge_write(
-            &from_pod("w-2"),
-            &pod(flip.clone()),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let neighbour = written_by_pod("w-2", flip.clone(), idle.clone());
         let Answer::Deny { denial, message } = &neighbour.answer else { panic!("{:?}", neighbour.answer) };
         assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotOwnFlag"));
         assert_eq!(
@@ -219,25 +205,11 @@ mod tests {
 
         let mut more = flip.clone();
         more["metadata"]["labels"]["app"] = json!("other");
-        let relabel = judge_write(
-            &from_pod("w"),
-            &pod(more),
-            Some(&pod(idle.clone())),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let relabel = written_by_pod("w", more, idle.clone());
         assert!(!relabel.is_allowed());
         let mut annotated = flip.clone();
         annotated["metadata"]["annotations"]["team"] = json!("b");
-        let reannotate = judge_write(
-            &from_pod("w"),
-            &pod(annotated),
-            Some(&pod(idle)),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let reannotate = written_by_pod("w", annotated, idle);
         assert!(!reannotate.is_allowed());
         assert_eq!(reannotate.audit.unwrap().reason, Reason::NotOwnFlag);
     }
@@ -316,6 +288,11 @@ mod tests {
         );
         assert_eq!(outcome.decision, Decision::Allowed);
         assert!(outcome.audit.is_none());
+    }
+
+    /// A write of `new` over `old` by the token bound to pod `own_pod`, busyguard's own name known.
+    fn written_by_pod(own_pod: &'static str, new: Value, old: Value) -> Outcome {
+        judge_write(&from_pod(own_pod), &pod(new), Some(&pod(old)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"))
     }
 
     fn from_pod(pod: &'static str) -> Ask<'static> {
