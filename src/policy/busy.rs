@@ -4,7 +4,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
 use super::pod::{Phase, PodFacts, Readiness};
-use crate::duration::parse_positive_duration;
+use crate::duration::{parse_positive_duration, parse_time};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyState {
@@ -137,7 +137,7 @@ fn never_ready(since: Option<Timestamp>, started: Option<Timestamp>) -> bool {
 }
 
 pub fn busy_since(pod: &(impl PodFacts + ?Sized)) -> Option<Timestamp> {
-    pod.annotation(BUSY_SINCE)?.parse().ok()
+    parse_time(pod.annotation(BUSY_SINCE)?).ok()
 }
 
 /// The pod's own max-busy, when it is a positive duration such as `2h` or `90m`.

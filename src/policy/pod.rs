@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Deserializer};
 
+use crate::duration::api_time;
+
 use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, TASK_CONTAINER};
 
 pub type Labels = BTreeMap<String, String>;
@@ -38,9 +40,9 @@ pub struct Metadata {
     /// `None` when the pod has no annotations map at all: a patch must then create the map.
     #[serde(default)]
     pub annotations: Option<Labels>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub creation_timestamp: Option<Timestamp>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub deletion_timestamp: Option<Timestamp>,
     /// Whether the API server's managedFields show busyguard (its field manager) as the writer
     /// of the delete-requested mark's annotation; the rest of managedFields is skipped.
@@ -89,7 +91,7 @@ fn mark_by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool,
 pub struct PodStatus {
     #[serde(default)]
     pub phase: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub start_time: Option<Timestamp>,
     /// Why the kubelet failed the pod (`Evicted`, `Preempting`, ...).
     #[serde(default)]
@@ -109,7 +111,7 @@ pub struct Condition {
     pub status: String,
     #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub last_transition_time: Option<Timestamp>,
 }
 
@@ -137,14 +139,14 @@ pub struct ContainerState {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateRunning {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub started_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateTerminated {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "api_time")]
     pub finished_at: Option<Timestamp>,
 }
 
