@@ -270,16 +270,30 @@ pub fn busy_denial(
     by_readiness: bool,
     enforced: bool,
 ) -> String {
-    // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
-    let (since, counted) = match since {
-        Some(t) => (format!(" since {t}"), ""),
-        None => (", since when busyguard cannot tell".to_string(), ", counted from the pod's creation"),
-    };
-    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest{counted})"));
-    let force = format!("kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
+    use std::fmt::Write;
+    // One buffer, written once: every refusal of a busy pod builds this sentence.
+    let mut message = String::with_capacity(256 + 2 * (namespace.len() + name.len()));
     let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
-    let spared = if enforced { "; it will be spared until it is idle" } else { "" };
-    format!("pod {namespace}/{name} is {busy}{since}{until}{spared}; to force: {force}")
+    let _ = write!(message, "pod {namespace}/{name} is {busy}");
+    // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
+    let counted = match since {
+        Some(t) => {
+            let _ = write!(message, " since {t}");
+            ""
+        }
+        None => {
+            message.push_str(", since when busyguard cannot tell");
+            ", counted from the pod's creation"
+        }
+    };
+    if let Some(t) = until {
+        let _ = write!(message, " (protection lapses at {t} at the latest{counted})");
+    }
+    if enforced {
+        message.push_str("; it will be spared until it is idle");
+    }
+    let _ = write!(message, "; to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
+    message
 }
 
 /// A disruption refused by the workload's own budget.
