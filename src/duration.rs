@@ -114,7 +114,9 @@ mod tests {
             assert_eq!(api_form(text.as_bytes()), None, "{text}");
             assert_eq!(parse_time(text).unwrap(), read.parse::<Timestamp>().unwrap(), "{text}");
         }
-        for nonsense in ["2023-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-11-25T24:00:00Z", "2026-11-2xT13:22:53Z", ""] {
+        for nonsense in
+            ["2023-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-11-25T24:00:00Z", "2026-11-2xT13:22:53Z", ""]
+        {
             assert_eq!(api_form(nonsense.as_bytes()), None, "{nonsense}");
             assert!(parse_time(nonsense).is_err(), "{nonsense}");
         }

@@ -543,12 +543,15 @@ mod tests {
             Answer::Allow { warnings: vec!["one".into(), "two \"quoted\"\n".into()] },
             Answer::Patch { patch, warnings: vec!["w".into()] },
             Answer::Deny { denial: Denial::PodBusy, message: "pod ns/p is busy since 2026-11-21T20:00:00Z".into() },
-            Answer::Deny { denial: Denial::PodBusy, message: "tab\t, quote \", backslash \\, é, \u{7f}, \u{1}".into() },
+            Answer::Deny {
+                denial: Denial::PodBusy, message: "tab\t, quote \", backslash \\, é, \u{7f}, \u{1}".into()
+            },
         ];
         for answer in &answers {
             for uid in ["u-1", "odd \"uid\""] {
                 let response = AdmissionResponse::of(uid, answer);
-                let serde = serde_json::to_vec(&ReviewOut { api_version: API_VERSION, kind: KIND, response: &response });
+                let serde =
+                    serde_json::to_vec(&ReviewOut { api_version: API_VERSION, kind: KIND, response: &response });
                 assert_eq!(
                     String::from_utf8(response.encode()).unwrap(),
                     String::from_utf8(serde.unwrap()).unwrap(),
