@@ -2,7 +2,8 @@
 //! read, and whether the view can be trusted right now.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::OnceLock;
+use std::hash::Hash;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -20,11 +21,15 @@ use crate::policy::keys::{
 use crate::policy::pod::{Phase, PodFacts, PodStatus, Readiness};
 use crate::policy::signals::workload;
 
-/// Key-value pairs in one allocation-light slice: pods carry a handful of labels.
-type Pairs = Box<[(Box<str>, Box<str>)]>;
+/// A pod's labels in one slice, shared by every pod of the view with the same ones (the pods of
+/// a workload carry the same few labels, but for the busy one).
+type Labels = Arc<[(Box<str>, Box<str>)]>;
 
-fn get<'a>(pairs: &'a Pairs, key: &str) -> Option<&'a str> {
-    pairs.iter().find(|(k, _)| &**k == key).map(|(_, v)| &**v)
+/// The annotations the decisions read, keyed by their names in [`DECIDING_ANNOTATIONS`].
+type Annotations = Box<[(&'static str, Box<str>)]>;
+
+fn get<'a, K: AsRef<str>>(pairs: &'a [(K, Box<str>)], key: &str) -> Option<&'a str> {
+    pairs.iter().find(|(k, _)| k.as_ref() == key).map(|(_, v)| &**v)
 }
 
 /// A time to the second, as the API server writes the pod's times, in 8 bytes (`None` as
@@ -47,9 +52,9 @@ impl Second {
 pub struct PodRecord {
     pub uid: Box<str>,
     pub resource_version: Box<str>,
-    /// `Kind/name` of the controlling owner.
-    pub owner: Option<Box<str>>,
-    pub node: Option<Box<str>>,
+    /// `Kind/name` of the controlling owner (shared, as the labels are).
+    pub owner: Option<Arc<str>>,
+    pub node: Option<Arc<str>>,
     pub phase: Phase,
     pub status_reason: Option<Box<str>>,
     /// The reason of a true `DisruptionTarget` condition.
@@ -62,8 +67,8 @@ pub struct PodRecord {
     pub started: Second,
     /// Of the task container (see `PodFacts::last_restart`).
     pub last_restart: Second,
-    pub labels: Pairs,
-    pub annotations: Pairs,
+    pub labels: Labels,
+    pub annotations: Annotations,
     /// Whether managedFields show busyguard as the writer of the delete-requested mark.
     pub mark_by_busyguard: bool,
 }
@@ -76,9 +81,9 @@ impl PodRecord {
     /// The pod as busyguard treats it in a namespace that opted out: not opted in, and with no
     /// deferred delete of busyguard's to carry out.
     pub fn left_alone(mut self) -> PodRecord {
-        let keep = |(k, _): &(Box<str>, Box<str>)| &**k != BUSY_LABEL && &**k != DELETE_REQUESTED;
-        self.labels = self.labels.into_iter().filter(keep).collect();
-        self.annotations = self.annotations.into_iter().filter(keep).collect();
+        let keep = |key: &str| key != BUSY_LABEL && key != DELETE_REQUESTED;
+        self.labels = self.labels.iter().filter(|(k, _)| keep(k)).cloned().collect();
+        self.annotations = self.annotations.into_iter().filter(|(k, _)| keep(k)).collect();
         self
     }
 
@@ -269,19 +274,18 @@ impl WatchedPod {
     pub fn record(&self) -> PodRecord {
         let meta = &self.metadata;
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
-        let annotations: Pairs = (meta.annotations.iter().flatten())
-            .filter(|(k, _)| DECIDING_ANNOTATIONS.contains(&k.as_str()))
-            .map(|(k, v)| (boxed(k), boxed(v)))
+        let annotations: Annotations = (meta.annotations.iter().flatten())
+            .filter_map(|(k, v)| Some((*DECIDING_ANNOTATIONS.iter().find(|key| **key == k.as_str())?, boxed(v))))
             .collect();
         let owner = (meta.owner_references.iter().flatten())
             .find(|o| o.controller == Some(true))
-            .map(|o| format!("{}/{}", o.kind, o.name).into_boxed_str());
+            .map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
         let readiness = self.status.readiness();
         PodRecord {
             uid: boxed(meta.uid.as_deref().unwrap_or_default()),
             resource_version: boxed(meta.resource_version.as_deref().unwrap_or_default()),
             owner,
-            node: self.node_name.as_deref().map(boxed),
+            node: self.node_name.as_deref().map(Arc::from),
             phase: Phase::parse(self.status.phase.as_deref()),
             status_reason: self.status.reason.as_deref().map(boxed),
             disruption: self.status.disruption().map(boxed),
@@ -329,6 +333,45 @@ pub struct View {
     /// Pods of workloads under a budget this replica let go in the last [`GRANT_HELD_FOR`]
     /// (namespace and pod name, when): unavailable to the budget until the watch shows them going.
     budget_grants: Mutex<Vec<BudgetGrant>>,
+    /// The label sets, owners and nodes the view's pods share.
+    shared: Mutex<Shared>,
+}
+
+/// One copy of each label set, owner and node name the view's pods carry, however many pods
+/// carry it: at 100k pods this halves the view's memory (BENCHMARKS.md).
+#[derive(Default)]
+struct Shared {
+    labels: Interned<[(Box<str>, Box<str>)]>,
+    names: Interned<str>,
+}
+
+/// Values kept once each; those no pod holds any more are let go as the set grows.
+struct Interned<T: ?Sized> {
+    values: HashSet<Arc<T>>,
+    /// Size after the last letting go: the next one comes when it has doubled.
+    after_purge: usize,
+}
+
+impl<T: ?Sized> Default for Interned<T> {
+    fn default() -> Self {
+        Interned { values: HashSet::new(), after_purge: 0 }
+    }
+}
+
+impl<T: ?Sized + Hash + Eq> Interned<T> {
+    /// The copy kept of `value` (which becomes it, if there is none yet).
+    fn intern(&mut self, value: Arc<T>) -> Arc<T> {
+        if let Some(kept) = self.values.get(&value) {
+            return kept.clone();
+        }
+        if self.values.len() >= 2 * self.after_purge.max(1024) {
+            // Held by the set alone: no pod carries it any more.
+            self.values.retain(|kept| Arc::strong_count(kept) > 1);
+            self.after_purge = self.values.len();
+        }
+        self.values.insert(value.clone());
+        value
+    }
 }
 
 /// A pod let go under its workload's budget: namespace, name, when.
@@ -381,6 +424,7 @@ impl View {
             own_user: OnceLock::new(),
             opted_out: RwLock::default(),
             budget_grants: Mutex::default(),
+            shared: Mutex::default(),
         }
     }
 
@@ -518,7 +562,13 @@ impl View {
     }
 
     /// Stores the pod, returning what was stored before.
-    pub fn insert(&self, namespace: &str, name: &str, pod: PodRecord) -> Option<PodRecord> {
+    pub fn insert(&self, namespace: &str, name: &str, mut pod: PodRecord) -> Option<PodRecord> {
+        {
+            let mut shared = self.shared.lock();
+            pod.labels = shared.labels.intern(pod.labels);
+            pod.owner = pod.owner.map(|owner| shared.names.intern(owner));
+            pod.node = pod.node.map(|node| shared.names.intern(node));
+        }
         self.write().entry(boxed(namespace)).or_default().insert(boxed(name), pod)
     }
 
@@ -577,6 +627,44 @@ mod tests {
 
     fn watched(value: serde_json::Value) -> WatchedPod {
         serde_json::from_value(value).unwrap()
+    }
+
+    /// A pod of workload `app` on `node`.
+    fn workload_pod(name: &str, app: &str, node: &str) -> PodRecord {
+        watched(json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": app, BUSY_LABEL: "true"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": "u", "controller": true}]},
+            "spec": {"nodeName": node}}))
+        .record()
+    }
+
+    #[test]
+    fn pods_of_a_workload_share_one_copy_of_their_labels_owner_and_node() {
+        let view = View::without_cluster();
+        for name in ["a", "b"] {
+            view.insert("ns", name, workload_pod(name, "worker", "node-1"));
+        }
+        view.insert("ns", "c", workload_pod("c", "other", "node-1"));
+        let pods = view.select("ns", |_| true);
+        let pod = |name: &str| &pods.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(Arc::ptr_eq(&pod("a").labels, &pod("b").labels));
+        assert!(Arc::ptr_eq(pod("a").owner.as_ref().unwrap(), pod("b").owner.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(pod("a").node.as_ref().unwrap(), pod("c").node.as_ref().unwrap()));
+        assert!(!Arc::ptr_eq(&pod("a").labels, &pod("c").labels), "another workload, other labels");
+        assert_eq!(pod("c").label("app"), Some("other"));
+    }
+
+    #[test]
+    fn copies_no_pod_holds_any_more_are_let_go() {
+        let view = View::without_cluster();
+        // One pod relabelled again and again: the view keeps a bounded number of label sets.
+        for i in 0..10_000 {
+            view.insert("ns", "a", workload_pod("a", &format!("app-{i}"), "node-1"));
+        }
+        let shared = view.shared.lock();
+        assert!(shared.labels.values.len() <= 2048, "{} label sets kept", shared.labels.values.len());
+        assert!(shared.names.values.len() <= 2048, "{} names kept", shared.names.values.len());
+        let held = view.select("ns", |_| true).remove(0).1.labels;
+        assert!(shared.labels.values.contains(&held), "the pod's own set is kept");
     }
 
     #[test]
