@@ -70,7 +70,7 @@ e2e:
 bench:
 	$(CARGO) bench --locked --bench view_memory
 	$(CARGO) bench --locked --bench handler
-	$(CARGO) bench --locked --bench load
+	peer=$$(benches/go-peer.sh) && BUSYGUARD_BENCH_PEER=$$peer $(CARGO) bench --locked --bench load
 
 # API server throughput with and without busyguard, on the control plane of `make e2e`
 # (BENCH_SECONDS, BENCH_SERIES, BENCH_PAIRS; see benches/apiserver.rs and BENCHMARKS.md).

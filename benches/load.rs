@@ -9,9 +9,16 @@
 //! loop at half busyguard's sustained rate and at LIGHT_RATE (busyguard and the floor), and the
 //! first scenario at 4x that rate and right after. Also measured: cold start without a
 //! cluster, full TLS handshakes per second of server CPU, resident memory.
+//!
+//! With `BUSYGUARD_BENCH_PEER` naming the Go webhook of `../shared/peers` (`make bench` builds
+//! it when that folder is there), the peer takes its turn too on the scenarios it decides alike.
+//! Every server runs on a core of its own and the generator on the others (on a machine of two
+//! cores or more), so that a server spending less per request does not also lend its CPU to
+//! the generator; `BUSYGUARD_BENCH_SHARED=1` lets them all share every core.
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -39,13 +46,73 @@ const RUN: Duration = Duration::from_secs(4);
 const ROUNDS: usize = 2;
 /// A busy cluster's rate of reviews to one replica, for latency away from saturation.
 const LIGHT_RATE: f64 = 1000.0;
+/// The Go webhook of `../shared/peers/go-webhook`, built (`make bench` does it when it is there).
+const PEER_ENV: &str = "BUSYGUARD_BENCH_PEER";
+/// Set to let servers and generator share every core.
+const SHARED_ENV: &str = "BUSYGUARD_BENCH_SHARED";
 
 fn main() {
     if let Ok(dir) = std::env::var(FLOOR_ENV) {
         return floor_server(Path::new(&dir), std::env::var_os(FLOOR_JSON_ENV).is_some());
     }
+    let cores = Cores::chosen();
+    if let Cores::Pinned { server } = cores {
+        // Before the runtime starts: its workers, one per core it may use, inherit this.
+        pin_to(|cpu| cpu != server).unwrap();
+    }
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(run_all());
+    runtime.block_on(run_all(cores));
+}
+
+/// Where the servers and the generator run.
+#[derive(Clone, Copy)]
+enum Cores {
+    /// All on every core.
+    Shared,
+    /// Each server on core `server` (the last), the generator on the others.
+    Pinned { server: usize },
+}
+
+impl Cores {
+    fn chosen() -> Cores {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 2 || std::env::var_os(SHARED_ENV).is_some() {
+            Cores::Shared
+        } else {
+            Cores::Pinned { server: cores - 1 }
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Cores::Shared => "servers and generator share every core".into(),
+            Cores::Pinned { server } => format!("each server on core {server}, the generator on the others"),
+        }
+    }
+
+    /// `command`, to run where servers run.
+    fn server(self, command: &mut Command) -> &mut Command {
+        if let Cores::Pinned { server } = self {
+            // SAFETY: sched_setaffinity is a plain system call, safe between fork and exec.
+            unsafe { command.pre_exec(move || pin_to(|cpu| cpu == server)) };
+        }
+        command
+    }
+}
+
+/// Keeps the calling thread (and what it starts) to the CPUs `keep` picks.
+fn pin_to(keep: impl Fn(usize) -> bool) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for any CPU below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for cpu in (0..libc::CPU_SETSIZE as usize).filter(|&cpu| keep(cpu)) {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn fixture(name: &str) -> Value {
@@ -58,24 +125,26 @@ struct Scenario {
     name: &'static str,
     path: &'static str,
     body: Bytes,
+    /// Whether the Go peer decides it as busyguard does (it has no scale-down rule).
+    peer_decides: bool,
 }
 
 fn scenarios() -> Vec<Scenario> {
     [
-        ("eviction, busy pod (429)", "/validate", "pod-eviction-by-user.json"),
-        ("delete, busy pod (429)", "/validate", "pod-delete-by-replicaset-controller.json"),
-        ("pod update to busy (patch)", "/mutate", "pod-update-label-busy-by-user.json"),
-        ("scale subresource down", "/validate", "deployment-scale-subresource-down-by-kubectl.json"),
+        ("eviction, busy pod (429)", "/validate", "pod-eviction-by-user.json", true),
+        ("delete, busy pod (429)", "/validate", "pod-delete-by-replicaset-controller.json", true),
+        ("pod update to busy (patch)", "/mutate", "pod-update-label-busy-by-user.json", true),
+        ("scale subresource down", "/validate", "deployment-scale-subresource-down-by-kubectl.json", false),
     ]
     .into_iter()
-    .map(|(name, path, file)| {
+    .map(|(name, path, file, peer_decides)| {
         let mut review = fixture(file);
         // The deleted pod turned busy now (busyguard stamped it): protected, so refused.
         let old = &mut review["request"]["oldObject"]["metadata"];
         if old["labels"]["busyguard.io/busy"] == "true" {
             old["annotations"]["busyguard.io/busy-since"] = json!(whole_second_now().to_string());
         }
-        Scenario { name, path, body: Bytes::from(serde_json::to_vec(&review).unwrap()) }
+        Scenario { name, path, body: Bytes::from(serde_json::to_vec(&review).unwrap()), peer_decides }
     })
     .collect()
 }
@@ -84,11 +153,12 @@ fn whole_second_now() -> jiff::Timestamp {
     jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap()
 }
 
-/// The busy pod the eviction names, as busyguard's watch lists it after the mutating webhook
-/// annotated it (nothing stale, so a scale-down that selects it has nothing to patch): the
-/// annotations and label busyguard's own plan gives it, on the defaults of `busyguard serve`.
-fn busy_pod() -> Value {
-    use busyguard::policy::keys::PROTECTED_LABEL;
+/// The recorded pod, named as the eviction names it, busy or idle, as busyguard's watch lists it
+/// after the mutating webhook annotated it (nothing stale, so a scale-down that selects it has
+/// nothing to patch): the annotations and label busyguard's own plan gives it, on the defaults
+/// of `busyguard serve`.
+fn planned_pod(busy: bool) -> Value {
+    use busyguard::policy::keys::{BUSY_LABEL, PROTECTED_LABEL};
     use busyguard::policy::marks::plan;
     use busyguard::policy::pod::Pod;
     let eviction = fixture("pod-eviction-by-user.json");
@@ -96,6 +166,7 @@ fn busy_pod() -> Value {
     pod["metadata"]["name"] = eviction["request"]["name"].clone();
     pod["metadata"]["namespace"] = eviction["request"]["namespace"].clone();
     pod["metadata"]["annotations"] = json!({});
+    pod["metadata"]["labels"][BUSY_LABEL] = json!(busy.to_string());
     let BusyguardCommand::Serve(args) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
     let policy = args.into_config().policy;
     let now = whole_second_now();
@@ -110,28 +181,38 @@ fn busy_pod() -> Value {
     pod
 }
 
-/// A stand-in API server: one list with the busy pod, a watch that brings nothing and ends at its
-/// `timeoutSeconds` (busyguard then watches again: a sign of life), 201 to Events.
-async fn api_server() -> SocketAddr {
+/// A stand-in API server: one list of `pods` (each rendered as JSON once, the busy pod the
+/// eviction names last), in pages of the `limit` asked for, as the API server pages; a watch
+/// that brings nothing and ends at its `timeoutSeconds` (busyguard then watches again: a sign of
+/// life), 201 to Events.
+async fn api_server(pods: Arc<Vec<String>>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let list =
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": [busy_pod()]});
     let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let list = list.clone();
+        let pods = pods.clone();
         async move {
             let query = request.uri().query().unwrap_or_default();
-            let watch = query.contains("watch=true");
-            let ends: u64 = (query.split('&').find_map(|p| p.strip_prefix("timeoutSeconds=")))
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(290);
+            let param = |name: &str| query.split('&').find_map(|p| p.strip_prefix(name)?.strip_prefix('='));
+            let watch = param("watch") == Some("true");
+            let ends: u64 = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(290);
             match (request.uri().path(), watch) {
                 ("/api/v1/pods", true) => {
                     let nothing = futures::stream::pending::<Result<Bytes, std::io::Error>>();
                     let ends = tokio::time::sleep(std::time::Duration::from_secs(ends));
                     Body::from_stream(futures::StreamExt::take_until(nothing, ends))
                 }
-                ("/api/v1/pods", false) => Body::from(list.to_string()),
+                ("/api/v1/pods", false) => {
+                    let from: usize = param("continue").and_then(|s| s.parse().ok()).unwrap_or(0);
+                    // Served from the watch cache, a list at resourceVersion 0 comes whole, whatever its limit.
+                    let whole = param("resourceVersion") == Some("0") && param("continue").is_none();
+                    let limit = param("limit").and_then(|s| s.parse().ok()).filter(|_| !whole).unwrap_or(pods.len());
+                    let to = (from + limit).min(pods.len());
+                    let next = if to < pods.len() { to.to_string() } else { String::new() };
+                    let items = pods[from..to].join(",");
+                    Body::from(format!(
+                        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"1","continue":"{next}"}},"items":[{items}]}}"#
+                    ))
+                }
                 _ => Body::from("{}"),
             }
         }
@@ -140,21 +221,55 @@ async fn api_server() -> SocketAddr {
     addr
 }
 
+/// `count` opted-in pods as the API server lists them (the recorded pod's fields, managedFields
+/// and spec included), in 50 namespaces, every other one busy; the last is the busy pod the
+/// eviction names.
+fn listed_pods(count: usize) -> Vec<String> {
+    let (busy, idle) = (planned_pod(true), planned_pod(false));
+    let mut pods: Vec<String> = (0..count.saturating_sub(1))
+        .map(|i| {
+            let mut pod = if i % 2 == 0 { busy.clone() } else { idle.clone() };
+            let metadata = &mut pod["metadata"];
+            metadata["name"] = json!(format!("worker-{i}"));
+            metadata["namespace"] = json!(format!("team-{}", i % 50));
+            metadata["uid"] = json!(format!("00000000-0000-0000-0000-{i:012}"));
+            pod.to_string()
+        })
+        .collect();
+    pods.push(busy.to_string());
+    pods
+}
+
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-fn spawn_floor(dir: &Path, listen: SocketAddr, reads_json: bool) -> Child {
+fn spawn_floor(cores: Cores, dir: &Path, listen: SocketAddr, reads_json: bool) -> Child {
     let mut floor = Command::new(std::env::current_exe().unwrap());
     floor.env(FLOOR_ENV, dir).env("FLOOR_LISTEN", listen.to_string());
     if reads_json {
         floor.env(FLOOR_JSON_ENV, "1");
     }
-    floor.spawn().unwrap()
+    cores.server(&mut floor).spawn().unwrap()
 }
 
-fn spawn_busyguard(dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &[&str]) -> Child {
-    Command::new(BUSYGUARD)
+/// The Go peer, with the pod the eviction names on its list of busy pods.
+fn spawn_peer(cores: Cores, peer: &Path, dir: &Path, listen: SocketAddr) -> Child {
+    let eviction = fixture("pod-eviction-by-user.json");
+    let busy = format!(
+        "{}/{}",
+        eviction["request"]["namespace"].as_str().unwrap(),
+        eviction["request"]["name"].as_str().unwrap()
+    );
+    let mut command = Command::new(peer);
+    command.arg("-listen").arg(listen.to_string()).arg("-cert").arg(dir.join("tls.crt"));
+    command.arg("-key").arg(dir.join("tls.key")).args(["-busy", &busy]).stdout(Stdio::null()).stderr(Stdio::null());
+    cores.server(&mut command).spawn().unwrap()
+}
+
+fn spawn_busyguard(cores: Cores, dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &[&str]) -> Child {
+    cores
+        .server(&mut Command::new(BUSYGUARD))
         .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
         .arg("--tls-cert")
         .arg(dir.join("tls.crt"))
@@ -171,7 +286,7 @@ fn spawn_busyguard(dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &
         .unwrap()
 }
 
-async fn run_all() {
+async fn run_all(cores: Cores) {
     let dir = tempfile::tempdir().unwrap();
     let status = Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(dir.path()).stdout(Stdio::null()).status();
     assert!(status.unwrap().success());
@@ -179,21 +294,30 @@ async fn run_all() {
     let all = scenarios();
     let probe = &all[1];
 
-    let cold_start = cold_start(dir.path(), &client, probe).await;
+    let cold_start = cold_start(cores, dir.path(), &client, probe).await;
+    let ready_with_many = start_to_ready(cores, dir.path(), &client, &all[0], MANY_PODS).await;
 
-    let api = api_server().await;
+    let api = api_server(Arc::new(listed_pods(1))).await;
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, kubeconfig_for(api)).unwrap();
     let (listen, admin) = (free_addr(), free_addr());
-    let mut busyguard = spawn_busyguard(dir.path(), listen, admin, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    let mut busyguard =
+        spawn_busyguard(cores, dir.path(), listen, admin, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
     wait_ready(admin).await;
     let idle_rss = memory_kib(busyguard.id(), "VmRSS");
 
     let (floor_addr, json_floor_addr) = (free_addr(), free_addr());
-    let mut floor = spawn_floor(dir.path(), floor_addr, false);
-    let mut json_floor = spawn_floor(dir.path(), json_floor_addr, true);
+    let mut floor = spawn_floor(cores, dir.path(), floor_addr, false);
+    let mut json_floor = spawn_floor(cores, dir.path(), json_floor_addr, true);
     connect(floor_addr, &client).await;
     connect(json_floor_addr, &client).await;
+    let peer_addr = free_addr();
+    let mut peer = std::env::var_os(PEER_ENV)
+        .filter(|peer| !peer.is_empty())
+        .map(|peer| spawn_peer(cores, Path::new(&peer), dir.path(), peer_addr));
+    if peer.is_some() {
+        connect(peer_addr, &client).await;
+    }
 
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
@@ -208,10 +332,17 @@ async fn run_all() {
             "the JSON floor reads {}",
             scenario.name
         );
+        let peer = peer.as_ref().filter(|_| scenario.peer_decides);
+        if peer.is_some() {
+            assert_eq!(answer_of(peer_addr, &client, scenario).await, answer, "the Go peer decides {}", scenario.name);
+        }
         let mut row = Row { name: scenario.name, answer, ..Row::default() };
         for _ in 0..ROUNDS {
             row.floor.add(load(floor_addr, floor.id(), &client, scenario).await);
             row.json_floor.add(load(json_floor_addr, json_floor.id(), &client, scenario).await);
+            if let Some(peer) = peer {
+                row.peer.get_or_insert_default().add(load(peer_addr, peer.id(), &client, scenario).await);
+            }
             row.ours.add(load(listen, busyguard.id(), &client, scenario).await);
         }
         let ten = Duration::from_secs(10);
@@ -228,12 +359,20 @@ async fn run_all() {
     };
     let handshakes = handshakes(listen, busyguard.id(), &client).await;
     let peak_rss = memory_kib(busyguard.id(), "VmHWM");
-    for server in [&mut busyguard, &mut floor, &mut json_floor] {
+    for server in [Some(&mut busyguard), Some(&mut floor), Some(&mut json_floor), peer.as_mut()].into_iter().flatten() {
         server.kill().ok();
         server.wait().ok();
     }
 
+    println!("\n{}", cores.describe());
     report(&mut rows, cold_start, handshakes, idle_rss, peak_rss);
+    let (ready_after, ready_rss) = ready_with_many;
+    println!(
+        "start to ready with {MANY_PODS} opted-in pods listed (first eviction refused from the view): {:.2} s, {:.1} MiB resident then",
+        ready_after.as_secs_f64(),
+        ready_rss as f64 / 1024.0
+    );
+    report_peer(&mut rows);
     report_paced(&open_loop, overload.as_ref());
 }
 
@@ -275,13 +414,52 @@ async fn wait_ready(admin: SocketAddr) {
     panic!("busyguard did not turn ready");
 }
 
+/// Opted-in pods the stand-in lists for the start-to-ready measurement.
+const MANY_PODS: usize = 100_000;
+
+/// Process start to the first eviction refused from the view (until the view holds the whole
+/// list, evictions are answered 503), with `pods` opted-in pods listed by the stand-in; and
+/// busyguard's resident memory then.
+async fn start_to_ready(
+    cores: Cores,
+    dir: &Path,
+    client: &Arc<rustls::ClientConfig>,
+    eviction: &Scenario,
+    pods: usize,
+) -> (Duration, u64) {
+    let api = api_server(Arc::new(listed_pods(pods))).await;
+    let kubeconfig = dir.join("kubeconfig-many");
+    std::fs::write(&kubeconfig, kubeconfig_for(api)).unwrap();
+    let (listen, admin) = (free_addr(), free_addr());
+    let started = Instant::now();
+    let mut child = spawn_busyguard(cores, dir, listen, admin, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    let mut sender = connect(listen, client).await;
+    loop {
+        if sender.is_closed() {
+            // A 503 (the view not listed yet) closes its connection.
+            sender = connect(listen, client).await;
+        }
+        if let Ok((200, body)) = send_within(&mut sender, eviction, Duration::from_secs(10)).await
+            && serde_json::from_slice::<Value>(&body).is_ok_and(|review| review["response"]["allowed"] == false)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ready = started.elapsed();
+    let resident = memory_kib(child.id(), "VmRSS");
+    child.kill().ok();
+    child.wait().ok();
+    (ready, resident)
+}
+
 /// Process start to the first answered review, without a cluster; the median of 5.
-async fn cold_start(dir: &Path, client: &Arc<rustls::ClientConfig>, probe: &Scenario) -> Duration {
+async fn cold_start(cores: Cores, dir: &Path, client: &Arc<rustls::ClientConfig>, probe: &Scenario) -> Duration {
     let mut times = Vec::new();
     for _ in 0..5 {
         let (listen, admin) = (free_addr(), free_addr());
         let started = Instant::now();
-        let mut child = spawn_busyguard(dir, listen, admin, &["--no-cluster"]);
+        let mut child = spawn_busyguard(cores, dir, listen, admin, &["--no-cluster"]);
         loop {
             if let Ok(mut sender) = try_connect(listen, client).await
                 && send(&mut sender, probe).await.is_ok()
@@ -677,6 +855,8 @@ struct Row {
     ours: Totals,
     floor: Totals,
     json_floor: Totals,
+    /// The Go peer, where it ran.
+    peer: Option<Totals>,
 }
 
 fn report(rows: &mut [Row], cold_start: Duration, handshakes: f64, idle_rss: u64, peak_rss: u64) {
@@ -703,7 +883,7 @@ fn report(rows: &mut [Row], cold_start: Duration, handshakes: f64, idle_rss: u64
             "CPU µs/req floor + JSON",
         ],
     );
-    for Row { name, answer, ours, floor, json_floor } in rows {
+    for Row { name, answer, ours, floor, json_floor, .. } in rows {
         writeln!(
             out,
             "| {name} | {answer} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} |",
@@ -737,6 +917,44 @@ fn report(rows: &mut [Row], cold_start: Duration, handshakes: f64, idle_rss: u64
         peak_rss as f64 / 1024.0
     )
     .unwrap();
+}
+
+/// busyguard against the Go peer, on the scenarios the peer ran.
+fn report_peer(rows: &mut [Row]) {
+    if rows.iter().all(|row| row.peer.is_none()) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\nagainst the Go peer (the same runs)").unwrap();
+    table_header(
+        &mut out,
+        &[
+            "scenario",
+            "busyguard req/s",
+            "Go peer req/s",
+            "busyguard / Go",
+            "busyguard p99 ms",
+            "Go p99 ms",
+            "Go p99 / busyguard p99",
+            "CPU µs/req busyguard",
+            "CPU µs/req Go",
+        ],
+    );
+    for Row { name, ours, peer, .. } in rows {
+        let Some(peer) = peer else { continue };
+        let (ours_p99, peer_p99) = (ours.percentile_ms(0.99), peer.percentile_ms(0.99));
+        writeln!(
+            out,
+            "| {name} | {:.0} | {:.0} | {:.2} | {ours_p99:.2} | {peer_p99:.2} | {:.2} | {:.0} | {:.0} |",
+            ours.per_second(),
+            peer.per_second(),
+            ours.per_second() / peer.per_second(),
+            peer_p99 / ours_p99,
+            ours.cpu_per_request_us(),
+            peer.cpu_per_request_us()
+        )
+        .unwrap();
+    }
 }
 
 fn report_paced(open_loop: &[(&str, f64, Paced, Paced)], overload: Option<&(&str, f64, Paced, Paced)>) {
