@@ -256,8 +256,13 @@ impl Batch {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     let out = &self.lines.bytes[self.written..self.written + n];
-                    self.lines.count -= out.iter().filter(|&&byte| byte == b'\n').count();
                     self.written += n;
+                    // Counted line by line only when the sink took part of the batch.
+                    self.lines.count = if self.written == self.lines.bytes.len() {
+                        0
+                    } else {
+                        self.lines.count - out.iter().filter(|&&byte| byte == b'\n').count()
+                    };
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
