@@ -243,7 +243,7 @@ fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: T
 /// The plan as a JSONPatch against the pod it was made for.
 pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
     let mut patch = annotations_patch(pod, &plan.annotations);
-    let label = PointerBuf::from_tokens(["metadata", "labels", PROTECTED_LABEL]);
+    let label = metadata_pointer("labels", PROTECTED_LABEL);
     match plan.protected {
         // Opted-in pods carry labels: the map is there.
         Some(true) => {
@@ -256,7 +256,7 @@ pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
 }
 
 fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
-    let path = |key: &str| PointerBuf::from_tokens(["metadata", "annotations", key]);
+    let path = |key: &str| metadata_pointer("annotations", key);
     let operations = match &pod.metadata.annotations {
         _ if changes.is_empty() => vec![],
         // No annotations map yet: create it whole (there is nothing to remove).
@@ -281,6 +281,24 @@ fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
             .collect(),
     };
     Patch(operations)
+}
+
+/// The JSON pointer to `key` in the pod's `map` (labels or annotations), written into one buffer
+/// with the key encoded (`~` as `~0`, `/` as `~1`): every flip to busy makes several, and the
+/// general builder allocates for each token of each.
+fn metadata_pointer(map: &str, key: &str) -> PointerBuf {
+    let mut path = String::with_capacity("/metadata//".len() + map.len() + key.len() + 4);
+    path.push_str("/metadata/");
+    path.push_str(map);
+    path.push('/');
+    for c in key.chars() {
+        match c {
+            '~' => path.push_str("~0"),
+            '/' => path.push_str("~1"),
+            c => path.push(c),
+        }
+    }
+    PointerBuf::parse(path).expect("a pointer with its key encoded")
 }
 
 /// Changes to a pod's labels and annotations by key (`None` removes): what each of busyguard's
@@ -381,5 +399,17 @@ mod tests {
             Some(json!({"metadata": {"uid": "u-w", "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
                 "annotations": {RELEASED_FROM: "5d8f", DELETE_REQUESTED: asked}}}))
         );
+    }
+
+    #[test]
+    fn a_pointer_to_a_label_or_annotation_has_its_key_encoded() {
+        for key in ["busyguard.io/busy-since", "a~b/c", "plain", ""] {
+            assert_eq!(
+                metadata_pointer("annotations", key),
+                PointerBuf::from_tokens(["metadata", "annotations", key]),
+                "{key}"
+            );
+        }
+        assert_eq!(metadata_pointer("labels", "x/y").as_str(), "/metadata/labels/x~1y");
     }
 }
