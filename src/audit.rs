@@ -23,6 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{error, info};
 
+use crate::json;
 use crate::policy::outcome::AuditRecord;
 
 /// Lines waiting (queued, or held while the sink refuses them): about 5 MiB of typical lines.
@@ -107,14 +108,7 @@ impl AuditLog {
 
     /// Queues the line for the writer; never waits for the sink.
     pub fn record(&self, record: &AuditRecord) {
-        // Room for a typical line at once, rather than growing it three times on the way.
-        let mut line = Vec::with_capacity(1024);
-        if let Err(e) = serde_json::to_writer(&mut line, record) {
-            // Plain strings and timestamps: cannot happen, but an audit line is never skipped quietly.
-            self.shared.metrics.dropped.inc();
-            return error!(error = %e, uid = %record.uid, "audit line could not be encoded");
-        }
-        line.push(b'\n');
+        let line = encode(record);
         let mut queue = self.shared.lock();
         if queue.waiting() >= MAX_HELD_LINES {
             drop(queue);
@@ -224,6 +218,51 @@ impl Shared {
             }
         }
     }
+}
+
+/// The audit line of `record`, newline included: byte for byte what serde_json writes of it (a
+/// test holds the two together), written straight into one buffer (see [`crate::json`]).
+fn encode(record: &AuditRecord) -> Vec<u8> {
+    use std::io::Write as _;
+    let strings = [&record.uid, &record.detail, &record.resource, &record.namespace, &record.name, &record.user];
+    let room =
+        320 + strings.iter().map(|s| s.len()).sum::<usize>() + record.groups.iter().map(|g| g.len() + 3).sum::<usize>();
+    let mut out = Vec::with_capacity(room);
+    let _ = write!(out, r#"{{"time":"{}","uid":"#, record.time);
+    json::string(&mut out, &record.uid);
+    let _ =
+        write!(out, r#","decision":"{}","reason":"{}","detail":"#, record.decision.as_str(), record.reason.as_str());
+    json::string(&mut out, &record.detail);
+    out.extend_from_slice(br#","operation":"#);
+    json::string(&mut out, record.operation);
+    for (key, value) in [
+        (&br#","resource":"#[..], &record.resource),
+        (br#","subresource":"#, &record.subresource),
+        (br#","namespace":"#, &record.namespace),
+        (br#","name":"#, &record.name),
+        (br#","user":"#, &record.user),
+    ] {
+        out.extend_from_slice(key);
+        json::string(&mut out, value);
+    }
+    out.extend_from_slice(br#","groups":["#);
+    for (i, group) in record.groups.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json::string(&mut out, group);
+    }
+    match record.busy_since {
+        Some(since) => _ = write!(out, r#"],"busy_since":"{since}""#),
+        None => out.extend_from_slice(br#"],"busy_since":null"#),
+    }
+    let _ = write!(out, r#","mode":"{}","dry_run":{}"#, record.mode.as_str(), record.dry_run);
+    if let Some(plan) = &record.plan {
+        out.extend_from_slice(br#","plan":"#);
+        serde_json::to_writer(&mut out, plan).expect("a plan of numbers always serializes");
+    }
+    out.extend_from_slice(b"}\n");
+    out
 }
 
 /// The lines the writer took, oldest first; the first `written` bytes of them are out.
@@ -413,6 +452,33 @@ mod tests {
             .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["uid"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(uids, (0..100).map(|i| format!("u-{i}")).collect::<Vec<_>>(), "in order, once each");
+    }
+
+    #[test]
+    fn a_line_is_written_byte_for_byte_as_serde_json_writes_it() {
+        use crate::policy::outcome::ScalePlan;
+        let mut odd = record("odd \"uid\"");
+        odd.detail = "tab\t, newline\n, quote \", é".into();
+        odd.groups = vec![];
+        odd.busy_since = None;
+        odd.mode = Mode::DryRun;
+        odd.dry_run = true;
+        odd.time = "2026-11-21T20:00:00.123456789Z".parse().unwrap();
+        let mut planned = record("u-2");
+        planned.plan = Some(ScalePlan {
+            replicas_from: 5,
+            replicas_to: 2,
+            pods: 5,
+            idle_taken: 2,
+            busy_waited: 1,
+            busy_spared: 2,
+            refreshed: 0,
+        });
+        for line in [record("u-1"), odd, planned] {
+            let mut serde = serde_json::to_vec(&line).unwrap();
+            serde.push(b'\n');
+            assert_eq!(String::from_utf8(encode(&line)).unwrap(), String::from_utf8(serde).unwrap());
+        }
     }
 
     #[test]

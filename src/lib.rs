@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod crypto;
 pub mod duration;
+pub mod json;
 pub mod metrics;
 pub mod policy;
 pub mod registration;

@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 pub use super::objects::InvalidReview;
 use super::objects::{Object, ObjectSeed, Pending};
+use crate::json;
 use crate::policy::outcome::Answer;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -318,9 +319,7 @@ impl AdmissionResponse {
     }
 
     /// The AdmissionReview answer, byte for byte what serde_json writes of it (a test holds the
-    /// two together), written straight into one buffer: the answer is on every review's path,
-    /// and serde_json looks at each byte of every string again to escape it, where a denial's
-    /// message and a uid need nothing escaped.
+    /// two together), written straight into one buffer (see [`crate::json`]).
     pub fn encode(&self) -> Vec<u8> {
         let strings = self.uid.len()
             + self.status.as_ref().map_or(0, |status| status.message.len())
@@ -328,53 +327,40 @@ impl AdmissionResponse {
             + self.warnings.iter().map(|warning| warning.len() + 3).sum::<usize>();
         let mut out = Vec::with_capacity(256 + strings);
         out.extend_from_slice(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#);
-        json_string(&mut out, &self.uid);
+        json::string(&mut out, &self.uid);
         out.extend_from_slice(if self.allowed { br#","allowed":true"# } else { br#","allowed":false"# });
         if let Some(status) = &self.status {
             out.extend_from_slice(br#","status":{"status":"#);
-            json_string(&mut out, status.status);
+            json::string(&mut out, status.status);
             out.extend_from_slice(format!(r#","code":{},"reason":"#, status.code).as_bytes());
-            json_string(&mut out, status.reason);
+            json::string(&mut out, status.reason);
             out.extend_from_slice(br#","message":"#);
-            json_string(&mut out, &status.message);
+            json::string(&mut out, &status.message);
             out.extend_from_slice(br#","details":{"causes":["#);
             for (i, cause) in status.details.causes.iter().enumerate() {
                 out.extend_from_slice(if i == 0 { br#"{"reason":"# } else { br#",{"reason":"# });
-                json_string(&mut out, cause.reason);
+                json::string(&mut out, cause.reason);
                 out.push(b'}');
             }
             out.extend_from_slice(b"]}}");
         }
         if let Some(patch_type) = self.patch_type {
             out.extend_from_slice(br#","patchType":"#);
-            json_string(&mut out, patch_type);
+            json::string(&mut out, patch_type);
         }
         if let Some(patch) = &self.patch {
             out.extend_from_slice(br#","patch":"#);
-            json_string(&mut out, patch);
+            json::string(&mut out, patch);
         }
         for (i, warning) in self.warnings.iter().enumerate() {
             out.extend_from_slice(if i == 0 { br#","warnings":["# } else { b"," });
-            json_string(&mut out, warning);
+            json::string(&mut out, warning);
         }
         if !self.warnings.is_empty() {
             out.push(b']');
         }
         out.extend_from_slice(b"}}");
         out
-    }
-}
-
-/// `text` as a JSON string: as it is when nothing in it needs escaping (checked in one pass
-/// without branches), else escaped by serde_json.
-fn json_string(out: &mut Vec<u8>, text: &str) {
-    let plain = text.bytes().fold(true, |plain, byte| plain & (byte >= 0x20) & (byte != b'"') & (byte != b'\\'));
-    if plain {
-        out.push(b'"');
-        out.extend_from_slice(text.as_bytes());
-        out.push(b'"');
-    } else {
-        serde_json::to_writer(&mut *out, text).expect("a string always serializes");
     }
 }
 

@@ -43,13 +43,20 @@ use busy::MaxBusy;
 use disruption::Exemptions;
 use marks::MutationSettings;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Mode {
     /// Deny disruptions of busy pods.
     Enforce,
     /// Allow everything, warn the requester and audit what would have been denied.
     DryRun,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Everything the decisions depend on besides the request and the clock. Its defaults are the
