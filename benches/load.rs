@@ -150,7 +150,7 @@ fn scenarios() -> Vec<Scenario> {
 }
 
 fn whole_second_now() -> jiff::Timestamp {
-    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap()
+    busyguard::duration::whole_second(jiff::Timestamp::now())
 }
 
 /// The recorded pod, named as the eviction names it, busy or idle, as busyguard's watch lists it

@@ -245,16 +245,13 @@ fn encode(record: &AuditRecord) -> Vec<u8> {
         out.extend_from_slice(key);
         json::string(&mut out, value);
     }
-    out.extend_from_slice(br#","groups":["#);
-    for (i, group) in record.groups.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        json::string(&mut out, group);
-    }
+    out.extend_from_slice(br#","groups":"#);
+    json::strings(&mut out, &record.groups);
     match record.busy_since {
-        Some(since) => _ = write!(out, r#"],"busy_since":"{since}""#),
-        None => out.extend_from_slice(br#"],"busy_since":null"#),
+        Some(since) => {
+            let _ = write!(out, r#","busy_since":"{since}""#);
+        }
+        None => out.extend_from_slice(br#","busy_since":null"#),
     }
     let _ = write!(out, r#","mode":"{}","dry_run":{}"#, record.mode.as_str(), record.dry_run);
     if let Some(plan) = &record.plan {

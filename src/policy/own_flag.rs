@@ -227,12 +227,18 @@ mod tests {
         assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
     }
 
-    #[test]
-    fn busyguards_own_writes_pass_whatever_pod_its_token_is_bound_to() {
+    /// An idle worker, and the same with a delete-requested mark.
+    fn idle_and_marked() -> (Value, Value) {
         let idle = worker(json!({}));
         let mut marked = idle.clone();
         marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
         marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
+        (idle, marked)
+    }
+
+    #[test]
+    fn busyguards_own_writes_pass_whatever_pod_its_token_is_bound_to() {
+        let (idle, marked) = idle_and_marked();
         let mut busyguard = from_pod("busyguard-7d9-abc");
         busyguard.requester.username = BUSYGUARD.unwrap();
         let outcome =
@@ -243,10 +249,7 @@ mod tests {
 
     #[test]
     fn only_busyguard_writes_the_delete_requested_mark() {
-        let idle = worker(json!({}));
-        let mut marked = idle.clone();
-        marked["metadata"]["annotations"][DELETE_REQUESTED] = json!(r#"{"by":"alice"}"#);
-        marked["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
+        let (idle, marked) = idle_and_marked();
         let now = ts("2026-11-21T20:00:00Z");
         for (what, before, known) in [
             ("a new mark", Some(pod(idle.clone())), BUSYGUARD),
