@@ -24,7 +24,7 @@ use crate::cluster::outbox::EffectResult;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
-use crate::policy::outcome::{Effect, Outcome};
+use crate::policy::outcome::{Decision, Effect, Outcome};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
 /// an object and its old version.
@@ -55,8 +55,8 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
         .into_counted_response(&app)
 }
 
-/// One review, in named steps: read it within the limits, admit it, write its audit line, and
-/// respond (with its side effects handed to the outbox, and awaited where the decision says).
+/// One review, in named steps: read it within the limits, admit it, write its audit line, hand
+/// its side effects to the outbox (awaited where the decision says), and respond.
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
     let review = read(app, request).await?;
     let started = Instant::now();
@@ -75,7 +75,14 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
     }
-    let response = respond(app, webhook, &request, outcome, &review).instrument(span).await;
+    // Encoded before the side effects go out: they cannot change it.
+    let encoded = AdmissionResponse::of(&request.uid, &outcome.answer).encode();
+    let waiting = send_effects(app, outcome.effects);
+    if outcome.await_effects && !waiting.is_empty() {
+        let budget = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
+        await_effects(waiting, budget, &request.uid).instrument(span).await;
+    }
+    let response = respond(app, webhook, &request, outcome.decision, encoded, review.http1);
     let labels = WebhookLabels { webhook: webhook.as_str() };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     Ok(response)
@@ -138,33 +145,32 @@ fn judge(app: &App, webhook: Webhook, request: &AdmissionRequest, arrived: Insta
     Ok(outcome)
 }
 
-/// The answer, encoded before the side effects go out (they cannot change it); awaited, where
-/// the decision asks, within what is left of the API server's timeout.
-async fn respond(
+/// Waits for the side effects the answer depends on, within what is left of the API server's
+/// timeout.
+async fn await_effects(waiting: Vec<oneshot::Receiver<EffectResult>>, budget: Duration, uid: &str) {
+    if tokio::time::timeout(budget, futures::future::join_all(waiting)).await.is_err() {
+        warn!(uid, ?budget, "answering before every pod was updated; the updates go on");
+    }
+}
+
+/// The encoded answer as an HTTP response, counted.
+fn respond(
     app: &App,
     webhook: Webhook,
     request: &AdmissionRequest,
-    outcome: Outcome,
-    review: &Received<'_>,
+    decision: Decision,
+    encoded: Vec<u8>,
+    http1: bool,
 ) -> Response {
-    let encoded = AdmissionResponse::of(&request.uid, &outcome.answer).encode();
-    let effects_budget = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
-    let waiting = send_effects(app, outcome.effects);
-    if outcome.await_effects && !waiting.is_empty() {
-        let done = tokio::time::timeout(effects_budget, futures::future::join_all(waiting)).await;
-        if done.is_err() {
-            warn!(uid = %request.uid, budget = ?effects_budget, "answering before every pod was updated; the updates go on");
-        }
-    }
     let labels = ReviewLabels {
         webhook: webhook.as_str(),
         resource: Resource::of(request).label(),
         operation: request.operation.as_str(),
-        result: outcome.decision.as_str(),
+        result: decision.as_str(),
     };
     app.metrics.reviews.get_or_create(&labels).inc();
     let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
-    if review.http1 && !app.is_serving() {
+    if http1 && !app.is_serving() {
         // Draining: the keep-alive client opens its next connection to a replica still ready
         // instead of finding this one gone. HTTP/2 clients get GOAWAY when the port closes.
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
