@@ -297,10 +297,11 @@ impl AdmissionResponse {
         match answer {
             Answer::Allow { warnings } => AdmissionResponse { warnings: warnings.clone(), ..Self::allow(uid) },
             Answer::Patch { patch, warnings } => {
-                let patch = serde_json::to_vec(patch).expect("a JSONPatch always serializes");
+                let mut json = Vec::with_capacity(1024);
+                json::patch(&mut json, patch);
                 AdmissionResponse {
                     patch_type: Some("JSONPatch"),
-                    patch: Some(base64::engine::general_purpose::STANDARD.encode(patch)),
+                    patch: Some(base64::engine::general_purpose::STANDARD.encode(json)),
                     warnings: warnings.clone(),
                     ..Self::allow(uid)
                 }
