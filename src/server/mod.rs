@@ -307,7 +307,9 @@ async fn serve(
     let graceful = GracefulShutdown::new();
     let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
     let mut http = auto::Builder::new(TokioExecutor::new());
-    http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    // Headers trickled are cut off by `Activity::bound` (no request in flight for the header
+    // timeout): hyper's own deadline would arm a timer for every request on a keep-alive connection.
+    http.http1().header_read_timeout(None);
     // The API server opens few streams per connection; a client opening many only holds memory.
     http.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     if matches!(handshake, Handshake::Plain) {
