@@ -1,4 +1,4 @@
-//! Every fixture a real kube-apiserver sent, through busyguard's own router in-process (no TLS,
+//! Every fixture a real kube-apiserver sent, through busyguard's own routes in-process (no TLS,
 //! no sockets): the answer each request needs, on the wire as the API server reads it.
 //! tests/admission_fixtures.rs has the same bodies over real TLS.
 
@@ -16,11 +16,10 @@ use common::invariants::{policy, view_of};
 use common::{fixture, set_busy_label, test_config};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tower::ServiceExt;
 
-/// The router over a listed view holding the pods the delete fixtures carry, so an eviction of
+/// The app over a listed view holding the pods the delete fixtures carry, so an eviction of
 /// one of them is judged.
-fn router() -> axum::Router {
+fn app() -> Arc<App> {
     let deleted: Vec<Value> = ["pod-delete-by-replicaset-controller.json", "pod-delete-by-user.json"]
         .map(|name| fixture(name)["request"]["oldObject"].clone())
         .into();
@@ -33,15 +32,15 @@ fn router() -> axum::Router {
     let cluster = Cluster { view: Arc::new(view), outbox: None };
     let app = App::new(policy(), audit, metrics, limits, cluster);
     app.start_serving();
-    webhook::router(Arc::new(app))
+    Arc::new(app)
 }
 
-async fn post(router: &axum::Router, path: &str, review: &Value) -> (u16, Value) {
+async fn post(app: &App, path: &str, review: &Value) -> (u16, Value) {
     let request = http::Request::post(format!("{path}?timeout=5s"))
         .header("content-type", "application/json")
         .body(Body::from(serde_json::to_vec(review).unwrap()))
         .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
+    let response = webhook::route(app, request).await;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&body).unwrap())
@@ -49,7 +48,7 @@ async fn post(router: &axum::Router, path: &str, review: &Value) -> (u16, Value)
 
 #[tokio::test]
 async fn every_fixture_gets_the_answer_its_request_needs() {
-    let router = router();
+    let app = app();
     // (fixture, path, allowed, patched). The delete by the ReplicaSet controller and the eviction
     // name pods already labelled busy; the rest are idle or not busyguard's to judge.
     let cases = [
@@ -70,7 +69,7 @@ async fn every_fixture_gets_the_answer_its_request_needs() {
     assert_eq!(cases.len(), std::fs::read_dir("tests/fixtures").unwrap().count(), "every fixture has a case");
     for (name, path, allowed, patched) in cases {
         let review = fixture(name);
-        let (status, answer) = post(&router, path, &review).await;
+        let (status, answer) = post(&app, path, &review).await;
         assert_eq!(status, 200, "{name}: {answer}");
         assert_eq!(
             (answer["apiVersion"].as_str(), answer["kind"].as_str()),
@@ -95,7 +94,7 @@ async fn every_fixture_gets_the_answer_its_request_needs() {
 
 #[tokio::test]
 async fn deletes_never_carry_a_patch_and_the_validating_path_never_patches_pod_writes() {
-    let router = router();
+    let app = app();
     let mut busy_delete = fixture("pod-delete-by-user.json");
     set_busy_label(&mut busy_delete, "true");
     let cases = [
@@ -105,7 +104,7 @@ async fn deletes_never_carry_a_patch_and_the_validating_path_never_patches_pod_w
         (busy_delete, "/mutate", false),
     ];
     for (review, path, allowed) in cases {
-        let (status, answer) = post(&router, path, &review).await;
+        let (status, answer) = post(&app, path, &review).await;
         assert_eq!(status, 200);
         assert_eq!(answer["response"]["allowed"], allowed, "{path}: {answer}");
         assert!(answer["response"]["patch"].is_null(), "{path}: {answer}");
@@ -114,12 +113,12 @@ async fn deletes_never_carry_a_patch_and_the_validating_path_never_patches_pod_w
 
 #[tokio::test]
 async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does_not_start() {
-    let router = router();
+    let app = app();
     let mut review = fixture("pod-update-label-busy-by-user.json");
     for field in ["object", "oldObject"] {
         review["request"][field]["metadata"]["deletionTimestamp"] = serde_json::json!("2026-11-21T20:49:00Z");
     }
-    let (status, answer) = post(&router, "/mutate", &review).await;
+    let (status, answer) = post(&app, "/mutate", &review).await;
     assert_eq!(status, 200);
     let response = &answer["response"];
     assert_eq!(response["allowed"], false);
@@ -134,16 +133,16 @@ async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does
 
 #[tokio::test]
 async fn a_pods_own_service_account_may_flip_its_own_flag_but_not_a_neighbours() {
-    let router = router();
+    let app = app();
     let review = |pod_name: &str| {
         let mut review = fixture("pod-update-label-busy-by-user.json");
         review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:capture:worker",
             "extra": {"authentication.kubernetes.io/pod-name": [pod_name]}});
         review
     };
-    let (status, answer) = post(&router, "/validate", &review("worker-6b8958b477-6pv87")).await;
+    let (status, answer) = post(&app, "/validate", &review("worker-6b8958b477-6pv87")).await;
     assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(true)), "{answer}");
-    let (_, answer) = post(&router, "/validate", &review("worker-6b8958b477-other")).await;
+    let (_, answer) = post(&app, "/validate", &review("worker-6b8958b477-other")).await;
     assert_eq!(answer["response"]["allowed"], false);
     assert_eq!(answer["response"]["status"]["code"], 403);
     assert_eq!(answer["response"]["status"]["details"]["causes"][0]["reason"], "BusyguardNotOwnFlag");

@@ -7,6 +7,7 @@ mod slots;
 pub mod tls;
 pub mod webhook;
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use axum::Router;
+use axum::response::Response;
+use hyper::body::Incoming;
+use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -210,7 +213,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     let webhook_task = tokio::spawn(serve(
         listener,
         Handshake::Tls(acceptor),
-        webhook::router(app.clone()),
+        webhook::service(app.clone()),
         config.limits,
         app.metrics.connections_refused.clone(),
         webhook_stopped,
@@ -224,7 +227,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     let admin_task = tokio::spawn(serve(
         admin_listener,
         Handshake::Plain,
-        admin::router(app.clone()),
+        TowerToHyperService::new(admin::router(app.clone())),
         admin_limits,
         app.metrics.admin_connections_refused.clone(),
         admin_stopped,
@@ -291,19 +294,22 @@ enum Handshake {
     Plain,
 }
 
-/// Accepts connections until stopped, each served with `router` within `limits`: at most
+/// Accepts connections until stopped, each served with `service` within `limits`: at most
 /// `max_connections` open, `max_connections_per_peer` of them from one address (one beyond is
 /// closed at once), the handshake within its timeout, a
 /// first request within the header timeout, and no connection left open idle longer than that,
 /// whatever the HTTP version. Then waits for the open connections to finish.
-async fn serve(
+async fn serve<S>(
     listener: TcpListener,
     handshake: Handshake,
-    router: Router,
+    service: S,
     limits: Limits,
     refused: prometheus_client::metrics::counter::Counter,
     mut stopped: watch::Receiver<bool>,
-) {
+) where
+    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
     let mut http = auto::Builder::new(TokioExecutor::new());
@@ -337,14 +343,15 @@ async fn serve(
                 continue;
             }
         };
-        let (handshake, http, router, watcher) = (handshake.clone(), http.clone(), router.clone(), graceful.watcher());
+        let (handshake, http, service, watcher) =
+            (handshake.clone(), http.clone(), service.clone(), graceful.watcher());
         // Answers are small and go out whole: do not hold them back waiting for an ACK.
         if let Err(e) = tcp.set_nodelay(true) {
             debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         tokio::spawn(async move {
             let activity = Arc::new(Activity::new());
-            let service = TowerToHyperService::new(activity.clone().around(router));
+            let service = activity.clone().around(service);
             let result = match handshake {
                 Handshake::Plain => {
                     let connection = http.serve_connection(TokioIo::new(tcp), service);
@@ -393,21 +400,25 @@ impl Activity {
         *self.since.lock() = Instant::now();
     }
 
-    /// `router`, counting the requests it answers on this connection.
-    fn around(
+    /// `service`, counting the requests it answers on this connection.
+    fn around<S>(
         self: Arc<Self>,
-        router: Router,
-    ) -> impl tower::Service<
-        http::Request<hyper::body::Incoming>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
-    > + Clone {
-        tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let (activity, router) = (self.clone(), router.clone());
+        service: S,
+    ) -> impl Service<
+        http::Request<Incoming>,
+        Response = Response,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response, Infallible>> + Send,
+    > + Clone
+    where
+        S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            let (activity, service) = (self.clone(), service.clone());
             async move {
                 activity.in_flight.fetch_add(1, Ordering::Relaxed);
-                let response = tower::ServiceExt::oneshot(router, request).await;
+                let response = service.call(request).await;
                 activity.touch();
                 activity.in_flight.fetch_sub(1, Ordering::Relaxed);
                 response

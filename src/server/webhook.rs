@@ -1,17 +1,16 @@
-//! The webhook routes: `POST /mutate` and `POST /validate`. Each review is read within its
+//! The webhook port: `POST /mutate` and `POST /validate` ([`route`]). Each review is read within its
 //! limits, decoded, judged, audited and answered ([`answer`]). Anything that is not a judgeable
 //! request gets an HTTP 4xx with a JSON error, never an AdmissionReview, so it can never read as
 //! "allowed".
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use http_body_util::BodyExt;
 use jiff::Timestamp;
 use tokio::sync::oneshot;
@@ -30,29 +29,40 @@ use crate::policy::outcome::{Decision, Effect, Outcome};
 /// an object and its old version.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/mutate", post(mutate).fallback(method_not_allowed))
-        .route("/validate", post(validate).fallback(method_not_allowed))
-        .fallback(not_found)
-        .with_state(app)
+/// The webhook port's service: every request to [`route`], over hyper directly (a router's
+/// layers cost more than two paths need).
+pub fn service(
+    app: Arc<App>,
+) -> impl hyper::service::Service<
+    Request<hyper::body::Incoming>,
+    Response = Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response, Infallible>> + Send,
+> + Clone
++ Send
++ Sync
++ 'static {
+    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        async move { Ok(route(&app, request.map(Body::new)).await) }
+    })
 }
 
-async fn mutate(State(app): State<Arc<App>>, request: Request) -> Response {
-    answer(&app, Webhook::Mutating, request).await.unwrap_or_else(|e| e.into_counted_response(&app))
-}
-
-async fn validate(State(app): State<Arc<App>>, request: Request) -> Response {
-    answer(&app, Webhook::Validating, request).await.unwrap_or_else(|e| e.into_counted_response(&app))
-}
-
-async fn method_not_allowed(State(app): State<Arc<App>>) -> Response {
-    HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "AdmissionReviews are sent with POST").into_counted_response(&app)
-}
-
-async fn not_found(State(app): State<Arc<App>>) -> Response {
-    HttpError::new(StatusCode::NOT_FOUND, "no such path: webhooks are served on /mutate and /validate")
-        .into_counted_response(&app)
+/// `POST /mutate` and `POST /validate`; 405 for another method, 404 for another path.
+pub async fn route(app: &App, request: Request) -> Response {
+    let webhook = match request.uri().path() {
+        "/mutate" => Webhook::Mutating,
+        "/validate" => Webhook::Validating,
+        _ => {
+            return HttpError::new(StatusCode::NOT_FOUND, "no such path: webhooks are served on /mutate and /validate")
+                .into_counted_response(app);
+        }
+    };
+    if request.method() != Method::POST {
+        return HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "AdmissionReviews are sent with POST")
+            .into_counted_response(app);
+    }
+    answer(app, webhook, request).await.unwrap_or_else(|e| e.into_counted_response(app))
 }
 
 /// One review, in named steps: read it within the limits, admit it, write its audit line, hand
