@@ -307,7 +307,7 @@ async fn serve<S>(
     refused: prometheus_client::metrics::counter::Counter,
     mut stopped: watch::Receiver<bool>,
 ) where
-    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     let graceful = GracefulShutdown::new();

@@ -40,7 +40,6 @@ pub fn service(
     Future = impl Future<Output = Result<Response, Infallible>> + Send,
 > + Clone
 + Send
-+ Sync
 + 'static {
     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         let app = app.clone();
