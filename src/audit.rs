@@ -363,51 +363,22 @@ mod tests {
         assert_eq!(uids.len(), 400);
     }
 
-    /// A sink that counts the writes it is given.
-    struct Counting {
+    /// A sink that takes nothing until `open` is set (a stalled pipe, a hung network disk), and
+    /// counts the writes it takes.
+    struct Gated {
         written: Arc<Mutex<Vec<u8>>>,
+        open: Arc<(Mutex<bool>, Condvar)>,
         writes: Arc<AtomicUsize>,
     }
 
-    impl Write for Counting {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.writes.fetch_add(1, Ordering::SeqCst);
-            self.written.lock().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_burst_of_lines_reaches_the_sink_in_a_few_writes_not_one_a_line() {
-        let (written, writes) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicUsize::new(0)));
-        let sink = Counting { written: written.clone(), writes: writes.clone() };
-        let log = AuditLog::to(Box::new(sink), AuditMetrics::default());
-        for i in 0..500 {
-            log.record(&record(&format!("u-{i}")));
-        }
-        assert!(log.flush(Duration::from_secs(10)));
-        assert_eq!(String::from_utf8(written.lock().clone()).unwrap().lines().count(), 500);
-        let writes = writes.load(Ordering::SeqCst);
-        assert!(writes <= 10, "500 lines recorded at once took {writes} writes");
-    }
-
-    /// A sink that takes nothing until `open` is set: a stalled pipe, a hung network disk.
-    struct Stalled {
-        written: Arc<Mutex<Vec<u8>>>,
-        open: Arc<(Mutex<bool>, Condvar)>,
-    }
-
-    impl Write for Stalled {
+    impl Write for Gated {
         fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
             let (open, opened) = &*self.open;
             let mut is_open = open.lock();
             while !*is_open {
                 opened.wait(&mut is_open);
             }
+            self.writes.fetch_add(1, Ordering::SeqCst);
             self.written.lock().extend_from_slice(bytes);
             Ok(bytes.len())
         }
@@ -422,7 +393,7 @@ mod tests {
         let written = Arc::new(Mutex::new(Vec::new()));
         let open = Arc::new((Mutex::new(false), Condvar::new()));
         let log = Arc::new(AuditLog::to(
-            Box::new(Stalled { written: written.clone(), open: open.clone() }),
+            Box::new(Gated { written: written.clone(), open: open.clone(), writes: Arc::default() }),
             AuditMetrics::default(),
         ));
         // Answers record their lines and readiness asks for health while the sink is stuck.
@@ -449,6 +420,21 @@ mod tests {
             .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["uid"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(uids, (0..100).map(|i| format!("u-{i}")).collect::<Vec<_>>(), "in order, once each");
+    }
+
+    #[test]
+    fn a_burst_of_lines_reaches_the_sink_in_a_few_writes_not_one_a_line() {
+        let (written, writes) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicUsize::new(0)));
+        let open = Arc::new((Mutex::new(true), Condvar::new()));
+        let sink = Gated { written: written.clone(), open, writes: writes.clone() };
+        let log = AuditLog::to(Box::new(sink), AuditMetrics::default());
+        for i in 0..500 {
+            log.record(&record(&format!("u-{i}")));
+        }
+        assert!(log.flush(Duration::from_secs(10)));
+        assert_eq!(String::from_utf8(written.lock().clone()).unwrap().lines().count(), 500);
+        let writes = writes.load(Ordering::SeqCst);
+        assert!(writes <= 10, "500 lines recorded at once took {writes} writes");
     }
 
     #[test]

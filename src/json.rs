@@ -53,16 +53,12 @@ pub fn patch(out: &mut Vec<u8>, patch: &json_patch::Patch) {
         }
         out.extend_from_slice(br#","path":"#);
         string(out, path.as_str());
-        match value {
-            Some(serde_json::Value::String(text)) => {
-                out.extend_from_slice(br#","value":"#);
-                string(out, text);
+        if let Some(value) = value {
+            out.extend_from_slice(br#","value":"#);
+            match value {
+                serde_json::Value::String(text) => string(out, text),
+                value => serde_json::to_writer(&mut *out, value).expect("a JSON value always serializes"),
             }
-            Some(value) => {
-                out.extend_from_slice(br#","value":"#);
-                serde_json::to_writer(&mut *out, value).expect("a JSON value always serializes");
-            }
-            None => {}
         }
         out.push(b'}');
     }

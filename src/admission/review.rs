@@ -297,11 +297,11 @@ impl AdmissionResponse {
         match answer {
             Answer::Allow { warnings } => AdmissionResponse { warnings: warnings.clone(), ..Self::allow(uid) },
             Answer::Patch { patch, warnings } => {
-                let mut json = Vec::with_capacity(1024);
-                json::patch(&mut json, patch);
+                let mut patch_json = Vec::with_capacity(1024);
+                json::patch(&mut patch_json, patch);
                 AdmissionResponse {
                     patch_type: Some("JSONPatch"),
-                    patch: Some(base64::engine::general_purpose::STANDARD.encode(json)),
+                    patch: Some(base64::engine::general_purpose::STANDARD.encode(patch_json)),
                     warnings: warnings.clone(),
                     ..Self::allow(uid)
                 }
