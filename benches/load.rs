@@ -33,9 +33,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use serde::de::Error as _;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "common/floor_json.rs"]
+mod floor_json;
 
 const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
 const FLOOR_ENV: &str = "BUSYGUARD_BENCH_FLOOR";
@@ -1071,23 +1073,10 @@ fn floor_server(dir: &Path, reads_json: bool) {
     });
 }
 
-#[derive(serde::Deserialize)]
-struct UidOnly {
-    request: UidOnlyRequest,
-}
-
-#[derive(serde::Deserialize)]
-struct UidOnlyRequest {
-    uid: String,
-}
-
-/// The JSON floor's answer: the review's uid allowed, after the whole body is checked as
-/// busyguard checks it: UTF-8 once, then serde_json (the fields not named here are skipped, and
-/// checked, as busyguard skips them).
+/// The JSON floor's answer: the review's uid allowed, once the body is checked (`floor_json`).
 fn allow_uid(body: &[u8]) -> (u16, Bytes) {
-    let text = std::str::from_utf8(body).map_err(serde_json::Error::custom);
-    match text.and_then(serde_json::from_str::<UidOnly>) {
-        Ok(review) => (200, Bytes::from(AdmissionResponse::allow(&review.request.uid).encode())),
+    match floor_json::decode_uid(body) {
+        Ok(uid) => (200, Bytes::from(AdmissionResponse::allow(&uid).encode())),
         Err(e) => (400, Bytes::from(json!({"error": e.to_string(), "code": 400}).to_string())),
     }
 }
