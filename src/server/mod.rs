@@ -294,22 +294,37 @@ enum Handshake {
     Plain,
 }
 
+/// What a port serves each request with: a hyper service, cloned for each connection, that
+/// answers every request (errors are answers too) with a future that can move between threads.
+pub(crate) trait HttpService:
+    Service<http::Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Accepts connections until stopped, each served with `service` within `limits`: at most
 /// `max_connections` open, `max_connections_per_peer` of them from one address (one beyond is
 /// closed at once), the handshake within its timeout, a
 /// first request within the header timeout, and no connection left open idle longer than that,
 /// whatever the HTTP version. Then waits for the open connections to finish.
-async fn serve<S>(
+async fn serve(
     listener: TcpListener,
     handshake: Handshake,
-    service: S,
+    service: impl HttpService,
     limits: Limits,
     refused: prometheus_client::metrics::counter::Counter,
     mut stopped: watch::Receiver<bool>,
-) where
-    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let graceful = GracefulShutdown::new();
     let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
     let mut http = auto::Builder::new(TokioExecutor::new());
@@ -401,19 +416,7 @@ impl Activity {
     }
 
     /// `service`, counting the requests it answers on this connection.
-    fn around<S>(
-        self: Arc<Self>,
-        service: S,
-    ) -> impl Service<
-        http::Request<Incoming>,
-        Response = Response,
-        Error = Infallible,
-        Future = impl Future<Output = Result<Response, Infallible>> + Send,
-    > + Clone
-    where
-        S: Service<http::Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    fn around(self: Arc<Self>, service: impl HttpService) -> impl HttpService {
         hyper::service::service_fn(move |request: http::Request<Incoming>| {
             let (activity, service) = (self.clone(), service.clone());
             async move {

@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
-use super::App;
+use super::{App, HttpService};
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::outbox::EffectResult;
@@ -31,19 +31,10 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
 /// The webhook port's service: every request to [`route`], over hyper directly (a router's
 /// layers cost more than two paths need).
-pub fn service(
-    app: Arc<App>,
-) -> impl hyper::service::Service<
-    Request<hyper::body::Incoming>,
-    Response = Response,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response, Infallible>> + Send,
-> + Clone
-+ Send
-+ 'static {
+pub(crate) fn service(app: Arc<App>) -> impl HttpService {
     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         let app = app.clone();
-        async move { Ok(route(&app, request.map(Body::new)).await) }
+        async move { Ok::<_, Infallible>(route(&app, request.map(Body::new)).await) }
     })
 }
 
