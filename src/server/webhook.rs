@@ -104,12 +104,12 @@ struct Received<'a> {
 async fn read(app: &App, request: Request) -> Result<Received<'_>, HttpError> {
     let arrived = Instant::now();
     let http1 = request.version() < Version::HTTP_2;
-    check_headers(request.headers(), http1)?;
+    let declared = check_headers(request.headers(), http1)?;
     let timeout = api_server_timeout(request.uri().query());
     // Memory for the body, reserved before reading it: its announced length, or the most a body
     // may have, so many large bodies at once cannot exhaust memory.
-    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let reserve = u32::try_from(declared.unwrap_or(MAX_BODY_BYTES).clamp(1, MAX_BODY_BYTES)).unwrap_or(u32::MAX);
+    let reserve = declared.map_or(MAX_BODY_BYTES as u64, |length| length.clamp(1, MAX_BODY_BYTES as u64));
+    let reserve = u32::try_from(reserve).unwrap_or(u32::MAX);
     let Ok(body_memory) = app.body_memory.try_acquire_many(reserve) else {
         app.metrics.reviews_shed.inc();
         return Err(HttpError::new(
@@ -221,9 +221,10 @@ fn effects_budget(timeout: Duration) -> Duration {
     (timeout / 2).min(Duration::from_secs(5))
 }
 
-/// `http1`: a body announced too large is refused before it is read (the connection is closed
-/// after the answer); an HTTP/2 client gets its answer once it has sent it (see [`read_body`]).
-fn check_headers(headers: &HeaderMap, http1: bool) -> Result<(), HttpError> {
+/// The body's announced length, if any, once the headers say it is a review's. `http1`: a body
+/// announced too large is refused before it is read (the connection is closed after the
+/// answer); an HTTP/2 client gets its answer once it has sent it (see [`read_body`]).
+fn check_headers(headers: &HeaderMap, http1: bool) -> Result<Option<u64>, HttpError> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let media_type = content_type.split(';').next().unwrap_or_default().trim();
     if !media_type.eq_ignore_ascii_case("application/json") {
@@ -241,7 +242,7 @@ fn check_headers(headers: &HeaderMap, http1: bool) -> Result<(), HttpError> {
     if declared_length.is_some_and(|length| length > refused_unread as u64) {
         return Err(too_large());
     }
-    Ok(())
+    Ok(declared_length)
 }
 
 /// The body, whole, within `timeout`. One over [`MAX_BODY_BYTES`] is refused 413: at once over
