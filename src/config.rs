@@ -185,11 +185,15 @@ pub struct MaxBusyArgs {
     /// No pod is protected longer than this, whatever its own `busyguard.io/max-busy` says.
     #[arg(long, env = "BUSYGUARD_MAX_BUSY_CEILING", value_parser = parse_positive_duration)]
     pub max_busy_ceiling: Option<SignedDuration>,
+    /// No pod's own `busyguard.io/max-busy` protects it for less: a flip to busy with a shorter
+    /// one is refused, and one set meanwhile counts as this.
+    #[arg(long, env = "BUSYGUARD_MIN_MAX_BUSY", default_value = "1m", value_parser = parse_positive_duration)]
+    pub min_max_busy: SignedDuration,
 }
 
 impl From<&MaxBusyArgs> for MaxBusy {
     fn from(args: &MaxBusyArgs) -> Self {
-        MaxBusy { default: args.max_busy, ceiling: args.max_busy_ceiling }
+        MaxBusy { default: args.max_busy, ceiling: args.max_busy_ceiling, floor: args.min_max_busy }
     }
 }
 

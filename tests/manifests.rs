@@ -134,13 +134,13 @@ fn webhooks_never_see_kube_system_nor_busyguards_namespace_and_a_namespace_can_o
     for webhook in namespaced {
         let namespaces = selector(&webhook["namespaceSelector"]);
         let name = &webhook["name"];
-        // The own-flag rule for idle pods: only where workers flip their own flags.
+        // The own-flag rule for idle pods: everywhere but where no worker may patch pods.
         let own_flags = *name == "idle-pod-flags.busyguard.io";
         assert_eq!(webhook["namespaceSelector"], conditions::guarded_namespaces(own_flags), "{name}");
-        let workers = json!({"kubernetes.io/metadata.name": "workers", "busyguard.io/own-flags": "true"});
-        assert!(selects(&namespaces, &workers), "{name}");
         let plain = json!({"kubernetes.io/metadata.name": "workers"});
-        assert_eq!(selects(&namespaces, &plain), !own_flags, "{name}");
+        assert!(selects(&namespaces, &plain), "{name}: a namespace with no busyguard label");
+        let no_pod_writes = json!({"kubernetes.io/metadata.name": "workers", "busyguard.io/own-flags": "false"});
+        assert_eq!(selects(&namespaces, &no_pod_writes), !own_flags, "{name}");
         assert!(!selects(&namespaces, &json!({"kubernetes.io/metadata.name": "kube-system"})), "{name}");
         assert!(!selects(&namespaces, &own_labels), "{name}");
         let mut own_unlabelled = own_labels.clone();
@@ -185,12 +185,19 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(preemptions), rule(deletes));
     assert_eq!(preemptions["failurePolicy"], "Ignore");
     assert_eq!(preemptions["objectSelector"], conditions::not_idle());
-    // Their twins for idle pods under a workload budget: the same but for the selector.
+    // Their twins for the other pods under a workload budget: the same but for the selector and
+    // the last condition, and failing open, so that while busyguard is down they go unbudgeted.
     for (twin, of) in [("budget-deletes.busyguard.io", deletes), ("budget-preemptions.busyguard.io", preemptions)] {
         let mut twin = webhook(&objects, twin).clone();
-        assert_eq!(twin["objectSelector"], conditions::idle_under_a_budget());
-        twin["objectSelector"] = of["objectSelector"].clone();
-        twin["name"] = of["name"].clone();
+        assert_eq!(twin["objectSelector"], conditions::under_a_budget());
+        assert_eq!(twin["failurePolicy"], "Ignore", "{}", twin["name"]);
+        let last = twin["matchConditions"].as_array_mut().unwrap().last_mut().unwrap();
+        assert_eq!(last["expression"], conditions::pod_delete_counted_by_a_budget());
+        last["expression"] = json!(conditions::pod_delete_may_be_refused());
+        last["name"] = json!("may-be-refused");
+        for key in ["objectSelector", "name", "failurePolicy"] {
+            twin[key] = of[key].clone();
+        }
         assert_eq!(twin, *of);
     }
     let conditions = |webhook: &Value| -> Vec<String> {
@@ -233,22 +240,28 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
     assert_eq!(conditions(scale_downs), [conditions::LOWERS_REPLICAS]);
     let flags = webhook(&objects, "pod-flags.busyguard.io");
-    assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods"])));
+    // Writes through pods/status too: no mutating webhook sees them, so busyguard's keys are held
+    // there by refusal.
+    assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods", "pods/status"])));
     assert_eq!(flags["objectSelector"], conditions::not_idle(), "flips, and busy pods");
     let idle_flags = webhook(&objects, "idle-pod-flags.busyguard.io");
     assert_eq!(idle_flags["objectSelector"], conditions::idle());
+    assert_eq!(
+        rule(idle_flags),
+        (json!([""]), json!(["UPDATE"]), json!(["pods"])),
+        "idle pods' status is the kubelet's"
+    );
     let mut same_rule = idle_flags.clone();
     let kept = same_rule["matchConditions"].as_array_mut().unwrap().pop().unwrap();
     assert_eq!(kept["expression"], conditions::not_for_pod_flags(), "flips are pod-flags' alone");
-    for key in ["rules", "matchConditions", "failurePolicy", "clientConfig", "sideEffects", "timeoutSeconds"] {
+    for key in ["matchConditions", "failurePolicy", "clientConfig", "sideEffects", "timeoutSeconds"] {
         assert_eq!(same_rule[key], flags[key], "{key}");
     }
     assert_eq!(flags["sideEffects"], "None", "it only answers");
-    let condition = flags["matchConditions"][0]["expression"].as_str().unwrap();
-    assert!(condition.contains("'authentication.kubernetes.io/pod-name' in request.userInfo.extra"), "{condition}");
-    assert_eq!(quoted(&conditions(flags)[1]), ["system:serviceaccount:busyguard:busyguard"], "busyguard's own writes");
+    assert_eq!(quoted(&conditions(flags)[0]), ["system:serviceaccount:busyguard:busyguard"], "busyguard's own writes");
+    assert_eq!(conditions(flags)[1], conditions::from_a_pod_or_on_busyguards_keys());
     let marks = webhook(&objects, "pod-marks.busyguard.io");
-    assert_eq!(rule(marks), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods"])));
+    assert_eq!(rule(marks), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods", "pods/status"])));
     assert_eq!(marks["objectSelector"], conditions::marked());
     assert_eq!(marks["failurePolicy"], "Fail", "no mark written while busyguard cannot judge it");
     assert_eq!(quoted(&conditions(marks)[0]), ["system:serviceaccount:busyguard:busyguard"]);

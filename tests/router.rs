@@ -134,9 +134,10 @@ async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does
 #[tokio::test]
 async fn a_pods_own_service_account_may_flip_its_own_flag_but_not_a_neighbours() {
     let app = app();
+    // The fixture's pod runs as the namespace's `default` service account.
     let review = |pod_name: &str| {
         let mut review = fixture("pod-update-label-busy-by-user.json");
-        review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:capture:worker",
+        review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:capture:default",
             "extra": {"authentication.kubernetes.io/pod-name": [pod_name]}});
         review
     };
@@ -146,4 +147,15 @@ async fn a_pods_own_service_account_may_flip_its_own_flag_but_not_a_neighbours()
     assert_eq!(answer["response"]["allowed"], false);
     assert_eq!(answer["response"]["status"]["code"], 403);
     assert_eq!(answer["response"]["status"]["details"]["causes"][0]["reason"], "BusyguardNotOwnFlag");
+}
+
+#[tokio::test]
+async fn a_controller_in_a_pod_of_its_own_labels_a_busy_pod_as_before_busyguard() {
+    let app = app();
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    review["request"]["object"]["metadata"]["labels"]["rollouts-pod-template-hash"] = serde_json::json!("abc");
+    review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:argo-rollouts:argo-rollouts",
+        "extra": {"authentication.kubernetes.io/pod-name": ["argo-rollouts-7c9-x2"]}});
+    let (status, answer) = post(&app, "/validate", &review).await;
+    assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(true)), "{answer}");
 }

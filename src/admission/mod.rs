@@ -36,6 +36,9 @@ impl Webhook {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resource {
     Pods,
+    /// `pods/status`: labels and annotations can be written there too, out of every mutating
+    /// webhook's sight.
+    PodStatus,
     Nodes,
     PodEviction,
     ReplicaSets,
@@ -49,6 +52,7 @@ impl Resource {
     pub fn of(request: &AdmissionRequest) -> Resource {
         match (request.resource.group.as_str(), request.resource.resource.as_str(), request.sub_resource()) {
             ("", "pods", "") => Resource::Pods,
+            ("", "pods", "status") => Resource::PodStatus,
             ("", "nodes", "") => Resource::Nodes,
             ("", "pods", "eviction") => Resource::PodEviction,
             ("apps", "replicasets", "") => Resource::ReplicaSets,
@@ -63,6 +67,7 @@ impl Resource {
     pub fn label(self) -> &'static str {
         match self {
             Resource::Pods => "pods",
+            Resource::PodStatus => "pods/status",
             Resource::Nodes => "nodes",
             Resource::PodEviction => "pods/eviction",
             Resource::ReplicaSets => "replicasets",
@@ -92,7 +97,7 @@ impl Route {
     pub fn of(resource: Resource, operation: Operation) -> Route {
         use Resource::*;
         match (resource, operation) {
-            (Pods, Operation::Create | Operation::Update) => Route::PodWrite,
+            (Pods, Operation::Create | Operation::Update) | (PodStatus, Operation::Update) => Route::PodWrite,
             (Pods, Operation::Delete) => Route::PodDelete,
             (PodEviction, Operation::Create) => Route::PodEviction,
             (ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
@@ -141,20 +146,31 @@ pub fn admit(
                 None => None,
             };
             let ask = ask(request, request.is_dry_run());
+            let through_status = resource == Resource::PodStatus;
             Ok(match webhook {
+                Webhook::Mutating if through_status => Outcome::allow(Decision::Unhandled),
                 Webhook::Mutating => update::mutate_pod(&ask, pod, before, policy, now),
-                // The validating registrations see the writes of pods' own service accounts, and
-                // of busyguard's mark.
-                Webhook::Validating => own_flag::judge_write(&ask, pod, before, inputs.view.own_user(), policy, now),
+                // The validating registrations see the writes of workers, of busyguard's own
+                // keys and of busyguard's mark.
+                Webhook::Validating => {
+                    let guarded = |namespace: &str, name: &str| inputs.view.holds(namespace, name);
+                    let writer = own_flag::writer(&ask.requester, inputs.view.own_user(), ask.namespace, pod, guarded);
+                    own_flag::judge_write(&ask, pod, before, writer, through_status, policy, now)
+                }
             })
         }
         Route::PodDelete => {
             let pod = expect_pod(request.old_object()?, "oldObject")?;
-            let ask = ask(request, request.is_dry_run());
+            let mut ask = ask(request, request.is_dry_run());
+            // A deletecollection's reviews, one per pod, carry no name: the pod has it.
+            if ask.name.is_empty() {
+                ask.name = &pod.metadata.name;
+            }
+            let name = ask.name;
             // Judged on the pod the request carries; the view confirms it for side effects, and
             // counts its workload's unavailable pods for a budget (when it can be trusted).
             let trusted = inputs.view.check(inputs.arrived).is_ok();
-            let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |seen, siblings| {
+            let decided = inputs.view.with_pod_under_budget(&request.namespace, name, |seen, siblings| {
                 let siblings = siblings.filter(|_| trusted);
                 let outcome =
                     disruption::judge_disruption(&ask, Action::Delete, pod, Some(seen), siblings, policy, now);

@@ -9,7 +9,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use serde::{Deserialize, Deserializer};
 
 use crate::policy::NEVER_GUARDED_NAMESPACES;
@@ -304,10 +304,14 @@ impl WatchedPod {
     }
 }
 
-/// Whether `manager` owns the annotation `key`, as the API server's managedFields record it.
+/// Whether `manager` owns the annotation `key` through the pod itself (not its status), as the
+/// API server's managedFields record it.
 fn written_by(meta: &ObjectMeta, manager: &str, key: &str) -> bool {
     let field = format!("f:{key}");
-    (meta.managed_fields.iter().flatten()).filter(|entry| entry.manager.as_deref() == Some(manager)).any(|entry| {
+    let through_the_pod = |entry: &&ManagedFieldsEntry| {
+        entry.manager.as_deref() == Some(manager) && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    };
+    (meta.managed_fields.iter().flatten()).filter(through_the_pod).any(|entry| {
         let fields = entry.fields_v1.as_ref().map(|f| &f.0);
         fields.and_then(|f| f.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some()
     })
@@ -505,6 +509,11 @@ impl View {
             grants.push((namespace.into(), name.into(), Instant::now()));
         }
         Some(answer)
+    }
+
+    /// Whether the view holds that pod: an opted-in pod busyguard guards.
+    pub fn holds(&self, namespace: &str, name: &str) -> bool {
+        self.read().get(namespace).is_some_and(|pods| pods.contains_key(name))
     }
 
     /// The pods of a namespace whose labels pass `keep`, with their names.

@@ -42,23 +42,34 @@ impl BusyState {
     }
 }
 
-/// How long protection lasts: the pod's own `busyguard.io/max-busy` or else the default, never
-/// past the ceiling.
+/// How long protection lasts: the pod's own `busyguard.io/max-busy` (never below the floor) or
+/// else the default, never past the ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxBusy {
     pub default: SignedDuration,
     /// `--max-busy-ceiling`: no pod is protected longer, whatever its annotation says.
     pub ceiling: Option<SignedDuration>,
+    /// `--min-max-busy`: no pod's own annotation protects it for less. Whoever may annotate a
+    /// pod could otherwise end its next task's protection within a second.
+    pub floor: SignedDuration,
 }
+
+/// The floor under a pod's own max-busy unless configured otherwise.
+pub const DEFAULT_MAX_BUSY_FLOOR: SignedDuration = SignedDuration::from_mins(1);
 
 impl MaxBusy {
     pub const fn new(default: SignedDuration) -> Self {
-        MaxBusy { default, ceiling: None }
+        MaxBusy { default, ceiling: None, floor: DEFAULT_MAX_BUSY_FLOOR }
     }
 
     pub fn of(&self, pod: &impl PodFacts) -> SignedDuration {
-        let limit = max_busy(pod).unwrap_or(self.default);
+        let limit = max_busy(pod).map_or(self.default, |own| own.max(self.floor));
         self.ceiling.map_or(limit, |ceiling| limit.min(ceiling))
+    }
+
+    /// The pod's own max-busy, when it is below the floor.
+    pub fn below_floor(&self, pod: &impl PodFacts) -> Option<SignedDuration> {
+        max_busy(pod).filter(|own| *own < self.floor)
     }
 }
 

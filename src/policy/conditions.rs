@@ -21,7 +21,7 @@ use super::keys::{
 use super::node::CLOUD_NODE_LIFECYCLE_USERS;
 use super::{
     NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
-    POD_GC_USER, TAINT_MANAGER_USERS,
+    POD_GC_USER, POD_NAME_CLAIM, TAINT_MANAGER_USERS,
 };
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
@@ -34,31 +34,45 @@ pub fn not_idle() -> Value {
     ]})
 }
 
-/// Idle pods under a workload budget: the deletes busyguard counts although the pod is idle.
-pub fn idle_under_a_budget() -> Value {
+/// Opted-in pods under a workload budget: the deletes busyguard counts although the pod is not
+/// busy ([`pod_delete_counted_by_a_budget`]).
+pub fn under_a_budget() -> Value {
     json!({"matchExpressions": [
-        {"key": BUSY_LABEL, "operator": "In", "values": ["false"]},
+        {"key": BUSY_LABEL, "operator": "Exists"},
         {"key": MAX_UNAVAILABLE, "operator": "Exists"},
     ]})
 }
 
-/// Opted-in pods labelled idle: for the own-flag rule on idle pods, in the namespaces whose
-/// workers flip their own flags ([`own_flags_namespaces`]).
+/// Opted-in pods labelled idle: for the own-flag rule on idle pods.
 pub fn idle() -> Value {
     json!({"matchExpressions": [{"key": BUSY_LABEL, "operator": "In", "values": ["false"]}]})
 }
 
 /// The namespaces busyguard guards ([`NEVER_GUARDED_NAMESPACES`] never, and those that opted
-/// out), and with `own_flags`, of those only the ones labelled [`OWN_FLAGS_NAMESPACE_LABEL`].
+/// out), and with `own_flags`, of those the ones not labelled [`OWN_FLAGS_NAMESPACE_LABEL`]
+/// `"false"`: namespaces that grant their workers no pod write may spare the API server the
+/// own-flag rule's condition on every write to an idle pod.
 pub fn guarded_namespaces(own_flags: bool) -> Value {
     let mut expressions = vec![
         json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": NEVER_GUARDED_NAMESPACES}),
         json!({"key": NAMESPACE_OPT_OUT_LABEL, "operator": "NotIn", "values": ["false"]}),
     ];
     if own_flags {
-        expressions.push(json!({"key": OWN_FLAGS_NAMESPACE_LABEL, "operator": "In", "values": ["true"]}));
+        expressions.push(json!({"key": OWN_FLAGS_NAMESPACE_LABEL, "operator": "NotIn", "values": ["false"]}));
     }
     json!({"matchExpressions": expressions})
+}
+
+/// The own-flag webhooks (`pod-flags`, `idle-pod-flags`): a write by a token bound to a pod (a
+/// worker, or a controller running in a pod: busyguard tells them apart by the view and the
+/// pod's service account), or one that changes busyguard's own keys (busy-since, the protected
+/// label), whoever makes it. Everything else was allowed unchanged before busyguard existed.
+pub fn from_a_pod_or_on_busyguards_keys() -> String {
+    format!(
+        "(has(request.userInfo.extra) && '{POD_NAME_CLAIM}' in request.userInfo.extra) || {} || {}",
+        changed("annotations", &[BUSY_SINCE]),
+        changed("labels", &[PROTECTED_LABEL])
+    )
 }
 
 /// The own-flag rule's webhook for idle pods: a write the one for [`not_idle`] pods does not see,
@@ -80,14 +94,15 @@ pub fn marked() -> Value {
 const ACTING_ANNOTATIONS: [&str; 4] = [BUSY_SINCE, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT];
 
 /// The mutating webhook (pod CREATE and UPDATE of [`not_idle`] pods): a write busyguard could
-/// patch. Sent: a pod busy by its label or by readiness, or carrying busyguard's leftovers; and
-/// on UPDATE, any change of the busy or protected label or of an annotation a decision reads.
+/// patch. Sent: a pod busy by its label or by readiness (not Ready), or carrying busyguard's
+/// leftovers; and on UPDATE, any change of the busy or protected label or of an annotation a
+/// decision reads.
 pub fn pod_write_may_be_patched() -> String {
     let acting = |o: &str| {
         format!(
             "{} || {} || {} || {}",
             is_busy(o),
-            labelled(o, WHEN_UNREADY),
+            busy_by_readiness(o),
             has_key(o, "labels", PROTECTED_LABEL),
             any_key(o, "annotations", &ACTING_ANNOTATIONS)
         )
@@ -100,17 +115,17 @@ pub fn pod_write_may_be_patched() -> String {
     )
 }
 
-/// The fail-closed pod deletes (of [`not_idle`] pods and [`idle_under_a_budget`]): a delete
-/// busyguard could refuse or act on. Sent: a pod busy by its label, busy by readiness, or under
-/// a workload budget (`max-unavailable`, counted for idle pods too). Every other delete of an
-/// opted-in pod is allowed unchanged, so it goes on while busyguard is down.
+/// The fail-closed pod deletes (of [`not_idle`] pods): a delete busyguard could refuse. Sent: a
+/// pod busy by its label, or by readiness (not Ready). Every other delete of an opted-in pod
+/// goes on while busyguard is down: a Ready pod in readiness mode too.
 pub fn pod_delete_may_be_refused() -> String {
-    format!(
-        "{} || {} || {}",
-        is_busy("oldObject"),
-        labelled("oldObject", WHEN_UNREADY),
-        has_key("oldObject", "labels", MAX_UNAVAILABLE)
-    )
+    format!("{} || {}", is_busy("oldObject"), busy_by_readiness("oldObject"))
+}
+
+/// The budget's deletes (of pods [`under_a_budget`], failing open): the rest of them, which
+/// busyguard counts against the workload's budget.
+pub fn pod_delete_counted_by_a_budget() -> String {
+    format!("!({})", pod_delete_may_be_refused())
 }
 
 /// The mark webhook (of [`marked`] pods, busyguard's own writes aside): a write that gives a pod
@@ -154,6 +169,16 @@ fn not_from(users: &[&str]) -> String {
 
 fn is_busy(o: &str) -> String {
     labelled(o, "true")
+}
+
+/// Whether `o` is in readiness mode and not Ready: busy by readiness, unless it never was Ready
+/// since it started (which busyguard tells; the condition only narrows).
+fn busy_by_readiness(o: &str) -> String {
+    format!(
+        "({} && has({o}.status) && has({o}.status.conditions) && {o}.status.conditions.exists(c, c.type == 'Ready' \
+         && c.status != 'True'))",
+        labelled(o, WHEN_UNREADY)
+    )
 }
 
 /// Whether `o`'s busy label says `value`.
@@ -371,19 +396,26 @@ mod tests {
         }
 
         #[test]
-        fn a_pod_delete_the_fail_closed_webhooks_skip_is_one_busyguard_allows_unchanged(
+        fn a_pod_delete_the_fail_closed_webhook_skips_is_one_busyguard_refuses_for_no_busy_pod(
             old in a_pod(),
             unavailable in 0..3u32,
         ) {
-            let selectors = [not_idle(), idle_under_a_budget()];
-            if !reaches(&selectors, &pod_delete_may_be_refused(), "DELETE", &Value::Null, &old) {
+            let fail_closed = reaches(&[not_idle()], &pod_delete_may_be_refused(), "DELETE", &Value::Null, &old);
+            let counted = reaches(&[under_a_budget()], &pod_delete_counted_by_a_budget(), "DELETE", &Value::Null, &old);
+            prop_assert!(!(fail_closed && counted), "sent twice: {old}");
+            if !fail_closed {
                 let old = pod(&old);
                 // As the view counts them: for opted-in pods under a budget only.
                 let siblings = old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| unavailable);
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
                     let outcome = disruption::judge_disruption(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
-                    prop_assert!(unchanged(&outcome), "{user}: skipped, but busyguard answers {:?}", outcome.answer);
+                    // Skipped by both: allowed unchanged; sent to the budget's (fail-open) alone:
+                    // refused, if at all, for the budget only.
+                    match &outcome.answer {
+                        Answer::Deny { denial, .. } => prop_assert!(counted && *denial == crate::policy::outcome::Denial::Budget, "{user}: {:?}", outcome.answer),
+                        _ => prop_assert!(counted || unchanged(&outcome), "{user}: skipped, but busyguard answers {:?}", outcome.answer),
+                    }
                 }
             }
         }
@@ -394,7 +426,7 @@ mod tests {
         let idle = json!({"metadata": {"labels": {BUSY_LABEL: "false", "app": "w"}, "annotations": {"team": "a"}}});
         let mut annotated = idle.clone();
         annotated["metadata"]["annotations"]["team"] = json!("b");
-        for selector in [not_idle(), idle_under_a_budget(), marked()] {
+        for selector in [not_idle(), under_a_budget(), marked()] {
             assert!(!selects(&selector, &idle) && !selects(&selector, &annotated), "{selector}");
         }
     }
@@ -403,19 +435,29 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
         #[test]
-        fn a_workers_write_the_own_flag_rule_refuses_reaches_busyguard_where_workers_flip_their_flags(
+        fn a_write_the_own_flag_rule_refuses_reaches_busyguard_whoever_makes_it(
             (old, new) in an_update(),
+            worker in any::<bool>(),
         ) {
-            // pod-flags, and idle-pod-flags in a namespace labelled own-flags=true; both send only
-            // the writes of tokens bound to a pod, which this one is.
-            let reached = reaches(&[not_idle()], "true", "UPDATE", &new, &old)
-                || reaches(&[idle()], &not_for_pod_flags(), "UPDATE", &new, &old);
+            use crate::policy::own_flag::{Writer, judge_write, marks_anew};
+            // pod-flags, and idle-pod-flags (in every namespace not labelled own-flags=false).
+            let mut user = json!({"username": "system:serviceaccount:jobs:worker"});
+            if worker {
+                user["extra"] = json!({crate::policy::POD_NAME_CLAIM: ["w"]});
+            }
+            let sent = |expression: &str| {
+                holds(expression, &json!({"operation": "UPDATE", "namespace": "jobs", "userInfo": user}), &new, &old)
+            };
+            let by_whom = from_a_pod_or_on_busyguards_keys();
+            let reached = [not_idle()].iter().any(|s| selects(s, &new) || selects(s, &old)) && sent(&by_whom)
+                || [idle()].iter().any(|s| selects(s, &new) || selects(s, &old)) && sent(&by_whom) && sent(&not_for_pod_flags());
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
-            ask.requester.pod = Some("w");
-            let outcome = crate::policy::own_flag::judge_write(&ask, &pod(&new), Some(&pod(&old)), None, &config(), now());
+            ask.requester.pod = worker.then_some("w");
+            let writer = if worker { Writer::Worker { own_pod: "w" } } else { Writer::Other };
+            let outcome = judge_write(&ask, &pod(&new), Some(&pod(&old)), writer, false, &config(), now());
             // Writes of pods that are not opted in, before or after, are not the rule's business.
             let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());
-            if opted_in && !reached && !crate::policy::own_flag::marks_anew(&pod(&new), Some(&pod(&old))) {
+            if opted_in && !reached && !marks_anew(&pod(&new), Some(&pod(&old))) {
                 prop_assert!(outcome.is_allowed(), "refused, but not sent\nold {old}\nnew {new}");
             }
         }
@@ -444,13 +486,21 @@ mod tests {
         assert!(reaches(&selectors, &expression, "UPDATE", &leftover, &leftover), "leftovers to restore");
         assert!(reaches(&selectors, &expression, "CREATE", &busy, &Value::Null), "a pod created busy");
 
-        let deletes = [not_idle(), idle_under_a_budget()];
-        let unready = json!({"metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}}});
+        let deletes = [not_idle()];
+        let readiness = |ready: &str| {
+            json!({"metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}},
+                   "status": {"conditions": [{"type": "Ready", "status": ready}]}})
+        };
         let budget = json!({"metadata": {"labels": {BUSY_LABEL: "false", MAX_UNAVAILABLE: "1"}}});
-        for old in [&busy, &unready, &budget] {
+        for old in [&busy, &readiness("False")] {
             assert!(reaches(&deletes, &pod_delete_may_be_refused(), "DELETE", &Value::Null, old), "{old}");
         }
-        assert!(!reaches(&deletes, &pod_delete_may_be_refused(), "DELETE", &Value::Null, &idle));
+        // While busyguard is down these go on: a Ready pod in readiness mode, an idle one.
+        for old in [&idle, &readiness("True"), &budget] {
+            assert!(!reaches(&deletes, &pod_delete_may_be_refused(), "DELETE", &Value::Null, old), "{old}");
+        }
+        let counted = ([under_a_budget()], pod_delete_counted_by_a_budget());
+        assert!(reaches(&counted.0, &counted.1, "DELETE", &Value::Null, &budget), "an idle pod's, counted");
 
         let mark = |mut pod: Value| {
             pod["metadata"]["labels"][DELETE_REQUESTED] = json!("true");

@@ -86,9 +86,16 @@ impl DeleteRequest {
     }
 }
 
+/// Readiness mode as it was written before 0.2.0: an annotation (`"true"`), with the busy label
+/// `"false"`. No longer read: such pods are idle pods whose deletes busyguard never sees, so each
+/// carrier is warned about (`busyguard status`, the admission answer, a gauge).
+pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
+
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
-/// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list.
-pub const DECIDING_ANNOTATIONS: [&str; 11] = [
+/// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
+/// retired keys are read to warn about them: the workload budget as an annotation
+/// ([`MAX_UNAVAILABLE`], now a label) and [`RETIRED_WHEN_UNREADY`].
+pub const DECIDING_ANNOTATIONS: [&str; 13] = [
     BUSY_SINCE,
     MAX_BUSY,
     TASK_CONTAINER,
@@ -100,4 +107,6 @@ pub const DECIDING_ANNOTATIONS: [&str; 11] = [
     IDLE_DO_NOT_DISRUPT,
     AUTOSCALER_SAFE_TO_EVICT,
     IDLE_SAFE_TO_EVICT,
+    RETIRED_WHEN_UNREADY,
+    MAX_UNAVAILABLE,
 ];

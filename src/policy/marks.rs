@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::Value;
@@ -187,7 +187,7 @@ fn plan_busy(
     let get = |key: &str| pod.annotation(key).map(str::to_string);
     let (since, turning_busy) = match busy_since_to_keep(pod, before, now) {
         Some(kept) => (kept, false),
-        None => (whole_second(now), true),
+        None => (stamp(pod, before, now), true),
     };
     changes.insert(BUSY_SINCE, Some(since.to_string()));
     // Edited by this very write (only known when the request carries the old version).
@@ -229,15 +229,30 @@ fn plan_busy(
 }
 
 /// While busy, the busy-since stamped on the flip stays, whatever the write says (moving or
-/// removing it would renew protection for ever). Turning busy, the write's own is kept if it
-/// is a time already past (it can only shorten protection; and a reinvocation brings the one
-/// stamped a moment ago). `None`: to be stamped now.
+/// removing it would renew protection for ever). Turning busy, the write's own is kept only if
+/// it was stamped a moment ago (a reinvocation, or another replica's answer): a leftover of an
+/// earlier task on the idle pod is not this task's. Without the old version (a create, the
+/// watch, a scale-down), the pod's own stands if it is a time already past. `None`: to be
+/// stamped.
 fn busy_since_to_keep(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: Timestamp) -> Option<Timestamp> {
     let past = |pod: &dyn PodFacts| busy_since(pod).filter(|since| *since <= now);
     match before {
         Some(old) if old.label(BUSY_LABEL) == Some("true") => past(old),
-        _ => past(pod),
+        Some(_) => past(pod).filter(|since| now.duration_since(*since) <= JUST_STAMPED),
+        None => past(pod),
     }
+}
+
+/// How long ago a flip's own busy-since may have been stamped to be kept.
+pub const JUST_STAMPED: SignedDuration = SignedDuration::from_secs(30);
+
+/// A new busy-since: now for a flip to busy (or a pod created busy); for a pod found busy
+/// without one (removed, or a flip made while busyguard was down), its creation, from which
+/// max-busy counts for such a pod anyway, so that losing the stamp never renews protection.
+fn stamp(pod: &impl PodFacts, before: Option<&dyn PodFacts>, now: Timestamp) -> Timestamp {
+    let busy_already = before.is_none_or(|old| old.label(BUSY_LABEL) == Some("true"));
+    let created = pod.created().filter(|created| busy_already && *created <= now);
+    whole_second(created.unwrap_or(now))
 }
 
 /// The plan as a JSONPatch against the pod it was made for.

@@ -96,6 +96,10 @@ pub enum Denial {
     NotOwnFlag,
     /// A delete-requested mark written by anyone but busyguard (403).
     NotBusyguardsMark,
+    /// busy-since, the protected label or a saved idle value written by anyone but busyguard (403).
+    NotBusyguardsKeys,
+    /// A pod's own max-busy below the cluster's floor (422, as the API server's own validation).
+    MaxBusyBelowFloor,
 }
 
 /// The cause busyguard names in a refusal of a busy pod (`status.details.causes[].reason`), as a
@@ -105,6 +109,8 @@ pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
 pub const BUDGET_CAUSE: &str = "BusyguardDisruptionBudget";
 pub const NOT_OWN_FLAG_CAUSE: &str = "BusyguardNotOwnFlag";
 pub const NOT_BUSYGUARDS_MARK_CAUSE: &str = "BusyguardNotBusyguardsMark";
+pub const NOT_BUSYGUARDS_KEYS_CAUSE: &str = "BusyguardNotBusyguardsKeys";
+pub const MAX_BUSY_BELOW_FLOOR_CAUSE: &str = "BusyguardMaxBusyBelowFloor";
 
 impl Denial {
     pub fn code(self) -> u16 {
@@ -112,7 +118,8 @@ impl Denial {
             Denial::PodBusy => 429,
             Denial::PodTerminating => 409,
             Denial::Budget => 429,
-            Denial::NotOwnFlag | Denial::NotBusyguardsMark => 403,
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => 403,
+            Denial::MaxBusyBelowFloor => 422,
         }
     }
 
@@ -121,7 +128,8 @@ impl Denial {
             Denial::PodBusy => "TooManyRequests",
             Denial::PodTerminating => "Conflict",
             Denial::Budget => "TooManyRequests",
-            Denial::NotOwnFlag | Denial::NotBusyguardsMark => "Forbidden",
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => "Forbidden",
+            Denial::MaxBusyBelowFloor => "Invalid",
         }
     }
 
@@ -132,6 +140,8 @@ impl Denial {
             Denial::Budget => BUDGET_CAUSE,
             Denial::NotOwnFlag => NOT_OWN_FLAG_CAUSE,
             Denial::NotBusyguardsMark => NOT_BUSYGUARDS_MARK_CAUSE,
+            Denial::NotBusyguardsKeys => NOT_BUSYGUARDS_KEYS_CAUSE,
+            Denial::MaxBusyBelowFloor => MAX_BUSY_BELOW_FLOOR_CAUSE,
         }
     }
 }
@@ -182,6 +192,10 @@ pub enum Reason {
     NotOwnFlag,
     /// Refused: a delete-requested mark written by anyone but busyguard.
     ForgedMark,
+    /// Refused: busyguard's own keys written by anyone else.
+    ForgedKeys,
+    /// Refused: a pod's own max-busy below the floor.
+    MaxBusyBelowFloor,
     BusyDeleteDeferred,
     /// A busy (not Ready) pod the ReplicaSet controller picked, released from it instead.
     BusyReleased,

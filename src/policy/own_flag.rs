@@ -1,38 +1,77 @@
-//! Who may write opted-in pods (the validating webhook `pod-flags`): busyguard's own writes
-//! always; its delete-requested mark busyguard alone; a pod's own service account only its own
-//! pod's busy flag.
+//! Who may write opted-in pods (the validating webhooks `pod-flags` and `idle-pod-flags`):
+//! busyguard's own writes always; its delete-requested mark, busy-since and the protected label
+//! busyguard alone; a worker only its own pod's busy flag; anyone else everything else, as
+//! before busyguard existed.
 
 use jiff::Timestamp;
 
-use super::PolicyConfig;
-use super::keys::{BUSY_LABEL, DELETE_REQUESTED, PROTECTED_LABEL};
-use super::marks::{GUARDED, flip_keys, plan, written_on_a_flip};
+use super::busy::{busy_since, busy_state};
+use super::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, PROTECTED_LABEL};
+use super::marks::{GUARDED, JUST_STAMPED, flip_keys, plan, written_on_a_flip};
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
+use super::{PolicyConfig, Requester};
 
-/// The validating webhook's rule for writes of opted-in pods (`own`: busyguard's own user,
-/// once known). busyguard's own writes always pass. Only busyguard writes the
-/// `busyguard.io/delete-requested` mark, since busyguard later deletes the pod on its word (the
-/// field manager a client names proves nothing). A pod's own service account (a token bound to
-/// a pod) may change opted-in pods only so far as to flip its own pod's busy label: not another
-/// pod, not a pod of another namespace, and no other label or annotation of its own
-/// (busyguard's annotations aside: the mutating webhook wrote them in this very write). With it,
-/// the worker's Role can grant `patch` on pods and still not let one worker hold or release its
-/// neighbours.
+/// Who writes a pod, as far as these rules go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer<'a> {
+    /// busyguard's own user, once known.
+    Busyguard,
+    /// The token bound to pod `own_pod` (in its service account's namespace) of a pod busyguard
+    /// guards, or of the written pod's own service account: the worker's Role grants `patch` on
+    /// pods, which RBAC cannot narrow to the worker's own pod.
+    Worker { own_pod: &'a str },
+    /// Anyone else: people, controllers (a pod-bound token of their own included), the kubelet.
+    Other,
+}
+
+/// Who `requester` is to the pod it writes in `namespace`. `guarded(namespace, name)`: whether
+/// busyguard guards that pod (an opted-in pod in its view).
+pub fn writer<'a>(
+    requester: &Requester<'a>,
+    own: Option<&str>,
+    namespace: &str,
+    pod: &Pod,
+    guarded: impl FnOnce(&str, &str) -> bool,
+) -> Writer<'a> {
+    if own == Some(requester.username) {
+        return Writer::Busyguard;
+    }
+    let Some(own_pod) = requester.pod else { return Writer::Other };
+    let account = requester.username.strip_prefix("system:serviceaccount:").and_then(|a| a.split_once(':'));
+    let pods_own_account = account == Some((namespace, pod.spec.service_account_name.as_str()));
+    match account {
+        Some((own_namespace, _)) if pods_own_account || guarded(own_namespace, own_pod) => Writer::Worker { own_pod },
+        _ => Writer::Other,
+    }
+}
+
+/// The validating webhooks' rule for writes of opted-in pods (`through_status`: a write of
+/// `pods/status`, which no mutating webhook sees). busyguard's own writes always pass. Only
+/// busyguard writes the `busyguard.io/delete-requested` mark, since busyguard later deletes the
+/// pod on its word (the field manager a client names proves nothing), and busy-since and the
+/// protected label, since they bound and hold the protection. A worker may change opted-in pods only so far as to flip its own pod's busy
+/// label: not another pod, not a pod of another namespace, and no other label or annotation of
+/// its own (busyguard's annotations aside: the mutating webhook wrote them in this very write).
+/// Everyone else writes the rest as before busyguard existed.
 pub fn judge_write(
     ask: &Ask<'_>,
     pod: &Pod,
     before: Option<&Pod>,
-    own: Option<&str>,
+    writer: Writer<'_>,
+    through_status: bool,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
-    if own == Some(ask.requester.username) {
+    if writer == Writer::Busyguard {
         return Outcome::allow(Decision::Unhandled);
     }
+    let forged_key = before.and_then(|old| forged_key(pod, old, through_status, config, now));
     let refusal = if marks_anew(pod, before) {
         Some((Denial::NotBusyguardsMark, Reason::ForgedMark, not_busyguards_mark(ask.namespace, ask.name)))
-    } else if let Some(own_pod) = ask.requester.pod {
+    } else if let Some(key) = forged_key {
+        Some((Denial::NotBusyguardsKeys, Reason::ForgedKeys, not_busyguards_keys(ask.namespace, ask.name, key)))
+    } else if let (Writer::Worker { own_pod }, false) = (writer, through_status) {
         own_flag_only(ask, own_pod, pod, before, config, now)
             .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
     } else {
@@ -54,6 +93,61 @@ pub fn marks_anew(pod: &Pod, before: Option<&Pod>) -> bool {
 /// The annotation of a delete-requested mark whose label is there too.
 fn whole_mark(pod: &Pod) -> Option<&str> {
     pod.label(DELETE_REQUESTED).and(pod.annotation(DELETE_REQUESTED))
+}
+
+/// The first of busyguard's own keys, busy-since and the protected label, that this write sets
+/// otherwise than busyguard leaves it, if any: they hold and bound the pod's protection. Through
+/// `pods/status` nothing of busyguard's runs, so there they must stay as they were. (The saved
+/// idle values stand for the pod's own cost and autoscaler annotations, which anyone but a worker
+/// may write anyway: they are held for workers, below.)
+fn forged_key(
+    pod: &Pod,
+    before: &Pod,
+    through_status: bool,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Option<&'static str> {
+    let protected = |p: &Pod| p.label(PROTECTED_LABEL) == Some("true");
+    let since_kept = pod.annotation(BUSY_SINCE) == before.annotation(BUSY_SINCE)
+        || (!through_status && as_busyguard_leaves_it(BUSY_SINCE, pod, before, config, now));
+    let protected_kept = protected(pod) == protected(before)
+        || (!through_status && protected(pod) == busy_state(pod, config.max_busy, now).is_protected());
+    match (since_kept, protected_kept) {
+        (false, _) => Some(BUSY_SINCE),
+        (_, false) => Some(PROTECTED_LABEL),
+        _ => None,
+    }
+}
+
+/// Whether annotation `key` (busy-since, or one busyguard writes or saves on a flip) is as
+/// busyguard leaves it: without a flip, as it was or as busyguard's own refresh of it in this
+/// write makes it; on a flip, busy-since stamped just now (or gone, turning idle), and no value
+/// but the user's own from before it, saved or restored, so that nobody slips one in to be kept
+/// as the user's. The busy values themselves are the mutating webhook's, which wrote them in
+/// this very write.
+fn as_busyguard_leaves_it(key: &str, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> bool {
+    let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
+        (false, false) | (true, true) => {
+            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
+            let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
+            return pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed;
+        }
+        (was_busy, _) => was_busy,
+    };
+    if key == BUSY_SINCE {
+        let kept_or_gone = [None, before.annotation(BUSY_SINCE)].contains(&pod.annotation(BUSY_SINCE));
+        return match busy_since(pod) {
+            _ if turning_idle => kept_or_gone,
+            None => pod.annotation(BUSY_SINCE).is_none(),
+            Some(since) => now.duration_since(since).abs() <= JUST_STAMPED,
+        };
+    }
+    let Some((guarded, saved_as)) = GUARDED.iter().find(|(guarded, saved_as)| key == *guarded || key == *saved_as)
+    else {
+        return pod.annotation(key) == before.annotation(key);
+    };
+    let users_own = [before.annotation(saved_as), before.annotation(guarded), None];
+    (key != *saved_as && !turning_idle) || users_own.contains(&pod.annotation(key))
 }
 
 /// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
@@ -83,35 +177,12 @@ fn own_flag_only(
         Some(not_own_pod(ask.namespace, ask.name, &own))
     } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
         || theirs(pod) != theirs(before)
-        || !busyguards_own_as_it_leaves_them(pod, before, config, now)
+        || !flip_keys().all(|key| as_busyguard_leaves_it(key, pod, before, config, now))
     {
         Some(more_than_the_flag(ask.namespace, ask.name))
     } else {
         None
     }
-}
-
-/// Whether the annotations busyguard writes on a flip are as busyguard leaves them: without a
-/// flip, as they were or as busyguard's own refresh of them in this write makes them (a worker
-/// may not pin its idle pod with do-not-disrupt or a cost of its own); on a flip, with no value
-/// but the user's own from before it, saved or restored, so that no worker slips one in to be
-/// kept as the user's. The busy values themselves are the mutating webhook's, which wrote them
-/// in this very write.
-fn busyguards_own_as_it_leaves_them(pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> bool {
-    let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
-        (false, false) | (true, true) => {
-            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
-            return flip_keys().all(|key| {
-                let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
-                pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed
-            });
-        }
-        (was_busy, _) => was_busy,
-    };
-    GUARDED.iter().all(|(key, saved_as)| {
-        let users_own = [before.annotation(saved_as), before.annotation(key), None];
-        users_own.contains(&pod.annotation(saved_as)) && (!turning_idle || users_own.contains(&pod.annotation(key)))
-    })
 }
 
 /// `NS` of `system:serviceaccount:NS:NAME`.
@@ -135,6 +206,14 @@ pub fn not_busyguards_mark(namespace: &str, name: &str) -> String {
     )
 }
 
+/// busyguard's own keys written by someone else.
+pub fn not_busyguards_keys(namespace: &str, name: &str, key: &str) -> String {
+    format!(
+        "pod {namespace}/{name}: only busyguard writes {key} (it holds or bounds the pod's protection); flip \
+         {BUSY_LABEL} and busyguard writes it"
+    )
+}
+
 /// A pod's service account changing more of its own pod than the flag.
 pub fn more_than_the_flag(namespace: &str, name: &str) -> String {
     format!("pod {namespace}/{name}: its own service account may change only its {BUSY_LABEL} label")
@@ -147,13 +226,14 @@ mod tests {
     use crate::policy::testing::*;
     use serde_json::{Value, json};
 
-    const BUSYGUARD: Option<&str> = Some("system:serviceaccount:busyguard:busyguard");
+    const BUSYGUARD: &str = "system:serviceaccount:busyguard:busyguard";
+    const WORKER: Writer<'static> = Writer::Worker { own_pod: "w" };
 
     #[test]
     fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
         let now = "2026-11-21T20:00:00Z";
         let judged = |old: &Value, new: &Value| {
-            judge_write(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), BUSYGUARD, &config(), ts(now))
+            judge_write(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), WORKER, false, &config(), ts(now))
         };
         let idle = worker(json!({DELETION_COST: "-5"}));
         for (key, value) in [(KARPENTER_DO_NOT_DISRUPT, "true"), (DELETION_COST, "2147483647"), (IDLE_COST, "9")] {
@@ -181,7 +261,7 @@ mod tests {
         let (_, refreshed) = mutated(&busy, &resent, lapsed_at);
         assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
         let outcome =
-            judge_write(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), BUSYGUARD, &config(), ts(lapsed_at));
+            judge_write(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, false, &config(), ts(lapsed_at));
         assert!(outcome.is_allowed(), "{:?}", outcome.answer);
     }
 
@@ -222,7 +302,7 @@ mod tests {
         let mut elsewhere = from_pod("w");
         elsewhere.requester.username = "system:serviceaccount:other:worker";
         let outcome =
-            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
+            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), WORKER, false, &config(), ts("2026-11-21T20:00:00Z"));
         let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
     }
@@ -240,9 +320,18 @@ mod tests {
     fn busyguards_own_writes_pass_whatever_pod_its_token_is_bound_to() {
         let (idle, marked) = idle_and_marked();
         let mut busyguard = from_pod("busyguard-7d9-abc");
-        busyguard.requester.username = BUSYGUARD.unwrap();
-        let outcome =
-            judge_write(&busyguard, &pod(marked), Some(&pod(idle)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"));
+        busyguard.requester.username = BUSYGUARD;
+        let writer = writer(&busyguard.requester, Some(BUSYGUARD), "ns", &pod(marked.clone()), |_, _| false);
+        assert_eq!(writer, Writer::Busyguard);
+        let outcome = judge_write(
+            &busyguard,
+            &pod(marked),
+            Some(&pod(idle)),
+            writer,
+            false,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
         assert!(outcome.is_allowed());
         assert!(outcome.audit.is_none());
     }
@@ -251,51 +340,174 @@ mod tests {
     fn only_busyguard_writes_the_delete_requested_mark() {
         let (idle, marked) = idle_and_marked();
         let now = ts("2026-11-21T20:00:00Z");
-        for (what, before, known) in [
-            ("a new mark", Some(pod(idle.clone())), BUSYGUARD),
-            ("a pod created with one", None, BUSYGUARD),
-            ("while busyguard does not know its own name yet", Some(pod(idle.clone())), None),
+        for (what, before, through_status) in [
+            ("a new mark", Some(pod(idle.clone())), false),
+            ("a pod created with one", None, false),
+            ("through the pod's status", Some(pod(idle.clone())), true),
         ] {
-            let outcome = judge_write(&worker_write(), &pod(marked.clone()), before.as_ref(), known, &config(), now);
+            let outcome = judge_write(
+                &worker_write(),
+                &pod(marked.clone()),
+                before.as_ref(),
+                Writer::Other,
+                through_status,
+                &config(),
+                now,
+            );
             let Answer::Deny { denial, .. } = &outcome.answer else { panic!("{what}: {:?}", outcome.answer) };
             assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotBusyguardsMark"), "{what}");
             assert_eq!(outcome.audit.unwrap().reason, Reason::ForgedMark, "{what}");
         }
         let mut relabelled = marked.clone();
         relabelled["metadata"]["labels"]["team"] = json!("b");
-        let kept =
-            judge_write(&worker_write(), &pod(relabelled), Some(&pod(marked.clone())), BUSYGUARD, &config(), now);
+        let kept = judge_write(
+            &worker_write(),
+            &pod(relabelled),
+            Some(&pod(marked.clone())),
+            Writer::Other,
+            false,
+            &config(),
+            now,
+        );
         assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
         let mut unlabelled = marked.clone();
         unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let opting_in =
-            judge_write(&worker_write(), &pod(marked.clone()), Some(&pod(unlabelled)), BUSYGUARD, &config(), now);
+        let opting_in = judge_write(
+            &worker_write(),
+            &pod(marked.clone()),
+            Some(&pod(unlabelled)),
+            Writer::Other,
+            false,
+            &config(),
+            now,
+        );
         assert!(!opting_in.is_allowed(), "a pod opting in with a mark already on");
         // Half a mark is never carried out (`PodFacts::delete_request`), so it is anyone's to write.
         let mut half = idle.clone();
         half["metadata"]["annotations"][DELETE_REQUESTED] = marked["metadata"]["annotations"][DELETE_REQUESTED].clone();
         assert!(pod(half.clone()).delete_request().is_none());
-        assert!(judge_write(&worker_write(), &pod(half), Some(&pod(idle)), BUSYGUARD, &config(), now).is_allowed());
+        assert!(
+            judge_write(&worker_write(), &pod(half), Some(&pod(idle)), Writer::Other, false, &config(), now)
+                .is_allowed()
+        );
     }
 
     #[test]
-    fn requesters_that_are_not_a_pods_service_account_are_not_this_rules_business() {
+    fn requesters_that_are_not_workers_change_a_busy_pods_labels_annotations_and_finalizers_as_before() {
+        let now = "2026-11-21T20:00:00Z";
+        let idle = worker(json!({"team": "a"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = mutated(&idle, &flip, now);
+        let mut changed = busy.clone();
+        changed["metadata"]["labels"]["rollouts-pod-template-hash"] = json!("abc");
+        changed["metadata"]["annotations"]["team"] = json!("b");
+        changed["metadata"]["annotations"][DELETION_COST] = json!("-3");
+        changed["metadata"]["finalizers"] = json!([]);
+        // A controller in a pod of its own (Argo Rollouts, Kyverno, Kueue): its token is bound
+        // to its pod, of its own service account.
+        let mut controller = from_pod("rollouts-7c9");
+        controller.requester.username = "system:serviceaccount:argo-rollouts:argo-rollouts";
+        for (who, ask) in [("a controller's pod", controller), ("a person", worker_write())] {
+            let writer = writer(&ask.requester, Some(BUSYGUARD), "ns", &pod(changed.clone()), |_, _| false);
+            assert_eq!(writer, Writer::Other, "{who}");
+            let outcome =
+                judge_write(&ask, &pod(changed.clone()), Some(&pod(busy.clone())), writer, false, &config(), ts(now));
+            assert_eq!(outcome.decision, Decision::Allowed, "{who}: {:?}", outcome.answer);
+            assert!(outcome.audit.is_none(), "{who}");
+        }
+    }
+
+    #[test]
+    fn a_worker_is_a_token_of_the_pods_own_service_account_or_of_a_pod_busyguard_guards() {
+        let target = pod(worker(json!({})));
+        let mut own_account = target;
+        own_account.spec.service_account_name = "worker".into();
+        let token = |username: &'static str| Requester { username, groups: &[], pod: Some("w-2") };
+        let not_guarded = |_: &str, _: &str| false;
+        let cases = [
+            (
+                "the pod's own service account",
+                token("system:serviceaccount:ns:worker"),
+                not_guarded as fn(&str, &str) -> bool,
+                true,
+            ),
+            (
+                "another account, of a guarded pod",
+                token("system:serviceaccount:ns:other"),
+                |ns: &str, pod: &str| (ns, pod) == ("ns", "w-2"),
+                true,
+            ),
+            ("another account of an unguarded pod", token("system:serviceaccount:ns:other"), not_guarded, false),
+            ("the same name in another namespace", token("system:serviceaccount:elsewhere:worker"), not_guarded, false),
+        ];
+        for (what, requester, guarded, is_worker) in cases {
+            let expected = if is_worker { Writer::Worker { own_pod: "w-2" } } else { Writer::Other };
+            assert_eq!(writer(&requester, Some(BUSYGUARD), "ns", &own_account, guarded), expected, "{what}");
+        }
+        let person = Requester { username: "alice", groups: &[], pod: None };
+        assert_eq!(writer(&person, Some(BUSYGUARD), "ns", &own_account, |_, _| true), Writer::Other);
+    }
+
+    #[test]
+    fn busy_since_and_the_protected_label_are_busyguards_whoever_writes_and_however() {
+        let now = "2026-11-21T21:00:00Z";
         let idle = worker(json!({}));
-        let outcome = judge_write(
-            &worker_write(),
-            &pod(idle.clone()),
-            Some(&pod(idle)),
-            BUSYGUARD,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
-        assert_eq!(outcome.decision, Decision::Allowed);
-        assert!(outcome.audit.is_none());
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
+        let judged = |new: &Value, through_status: bool| {
+            judge_write(
+                &worker_write(),
+                &pod(new.clone()),
+                Some(&pod(busy.clone())),
+                Writer::Other,
+                through_status,
+                &config(),
+                ts(now),
+            )
+        };
+        let mut renewed = busy.clone();
+        renewed["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:59:59Z");
+        let mut gone = busy.clone();
+        gone["metadata"]["annotations"].as_object_mut().unwrap().remove(BUSY_SINCE);
+        let mut unprotected = busy.clone();
+        unprotected["metadata"]["labels"].as_object_mut().unwrap().remove(PROTECTED_LABEL);
+        for (what, forged, through_status) in [
+            ("busy-since moved, through the status", &renewed, true),
+            ("busy-since removed", &gone, false),
+            ("busy-since removed, through the status", &gone, true),
+            ("the protected label removed, through the status", &unprotected, true),
+        ] {
+            let outcome = judged(forged, through_status);
+            let Answer::Deny { denial, message } = &outcome.answer else { panic!("{what}: {:?}", outcome.answer) };
+            assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotBusyguardsKeys"), "{what}");
+            assert!(message.starts_with("pod ns/w: only busyguard writes busyguard.io/"), "{what}: {message}");
+            assert_eq!(outcome.audit.unwrap().reason, Reason::ForgedKeys, "{what}");
+        }
+        let mut status_only = busy.clone();
+        status_only["status"]["phase"] = json!("Running");
+        status_only["metadata"]["labels"]["team"] = json!("b");
+        assert!(judged(&status_only, true).is_allowed(), "a status write that leaves busyguard's keys as they were");
+        // The flip to idle as the mutating webhook leaves it: busy-since and the label go.
+        let mut back = busy.clone();
+        set_label(&mut back, "false");
+        let (_, idle_again) = mutated(&busy, &back, now);
+        assert!(judged(&idle_again, false).is_allowed());
     }
 
     /// A write of `new` over `old` by the token bound to pod `own_pod`, busyguard's own name known.
     fn written_by_pod(own_pod: &'static str, new: Value, old: Value) -> Outcome {
-        judge_write(&from_pod(own_pod), &pod(new), Some(&pod(old)), BUSYGUARD, &config(), ts("2026-11-21T20:00:00Z"))
+        let writer = Writer::Worker { own_pod };
+        judge_write(
+            &from_pod(own_pod),
+            &pod(new),
+            Some(&pod(old)),
+            writer,
+            false,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        )
     }
 
     fn from_pod(pod: &'static str) -> Ask<'static> {

@@ -21,7 +21,17 @@ pub struct Pod {
     #[serde(default, deserialize_with = "null_as_default")]
     pub metadata: Metadata,
     #[serde(default, deserialize_with = "null_as_default")]
+    pub spec: PodSpec,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub status: PodStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// Whose tokens are the pod's own workers' (the API server sets it, `default` at least).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub service_account_name: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -45,7 +55,8 @@ pub struct Metadata {
     #[serde(default, deserialize_with = "api_time")]
     pub deletion_timestamp: Option<Timestamp>,
     /// Whether the API server's managedFields show busyguard (its field manager) as the writer
-    /// of the delete-requested mark's annotation; the rest of managedFields is skipped.
+    /// of the delete-requested mark's annotation through the pod itself, not its status (which
+    /// no webhook of the pod's sees); the rest of managedFields is skipped.
     #[serde(default, rename = "managedFields", deserialize_with = "mark_by_busyguard")]
     pub mark_by_busyguard: bool,
 }
@@ -55,6 +66,9 @@ pub struct Metadata {
 struct ManagedFields {
     #[serde(default)]
     manager: Option<String>,
+    /// `status` for a write through `pods/status`; none for the pod itself.
+    #[serde(default)]
+    subresource: Option<String>,
     #[serde(default, rename = "fieldsV1")]
     fields: Option<MetadataFields>,
 }
@@ -82,6 +96,7 @@ fn mark_by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool,
     let entries = Option::<Vec<ManagedFields>>::deserialize(deserializer)?.unwrap_or_default();
     Ok(entries.iter().any(|entry| {
         entry.manager.as_deref() == Some(FIELD_MANAGER)
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
             && (entry.fields.as_ref().and_then(|f| f.metadata.as_ref()?.annotations.as_ref()?.mark.as_ref())).is_some()
     }))
 }

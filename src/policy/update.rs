@@ -9,7 +9,10 @@ use jiff::{SignedDuration, Timestamp};
 use super::PolicyConfig;
 use super::busy::MaxBusy;
 use super::cost::KARPENTER_NOTHING_COST;
-use super::keys::{BUSY_LABEL, DELETION_COST, IDLE_COST, MAX_BUSY, WHEN_UNREADY};
+use super::keys::{
+    BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
+    WHEN_UNREADY,
+};
 use super::marks::{json_patch, plan};
 use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
@@ -17,15 +20,29 @@ use crate::duration::parse_positive_duration;
 
 /// The answer to a pod's create or update (`before`: the version it replaces): the annotation
 /// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
-/// A flip to busy on a pod already being deleted is refused: the task would be killed with it.
+/// A flip to busy on a pod already being deleted is refused: the task would be killed with it;
+/// so is a flip to busy, or a change of max-busy, that leaves the pod's own max-busy below the
+/// floor: whoever set it could end the task's protection within a second.
 pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
-    if let (true, Some(deleting)) = (turning_busy, pod.metadata.deletion_timestamp) {
-        let message = busy_while_terminating(ask.namespace, ask.name, deleting);
-        let audit = ask.audit(Decision::Denied, Reason::Terminating, message.clone(), config.mode, now);
-        return Outcome::answer(Answer::Deny { denial: Denial::PodTerminating, message }, Decision::Denied)
-            .audited(audit);
+    let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
+    let refusal = match (turning_busy, pod.metadata.deletion_timestamp, config.max_busy.below_floor(pod)) {
+        (true, Some(deleting), _) => Some((
+            Denial::PodTerminating,
+            Reason::Terminating,
+            busy_while_terminating(ask.namespace, ask.name, deleting),
+        )),
+        (_, _, Some(own)) if pod.label(BUSY_LABEL) == Some("true") && (turning_busy || max_busy_written) => Some((
+            Denial::MaxBusyBelowFloor,
+            Reason::MaxBusyBelowFloor,
+            max_busy_below_floor(ask.namespace, ask.name, own, config.max_busy.floor),
+        )),
+        _ => None,
+    };
+    if let Some((denial, reason, message)) = refusal {
+        let audit = ask.audit(Decision::Denied, reason, message.clone(), config.mode, now);
+        return Outcome::answer(Answer::Deny { denial, message }, Decision::Denied).audited(audit);
     }
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
@@ -55,7 +72,50 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
         }
         _ => {}
     }
+    warnings.extend(retired_keys(pod).map(retired_key));
     warnings
+}
+
+/// The keys of older versions a pod still carries, which busyguard no longer reads: the
+/// protection they stood for is gone until they are moved.
+pub fn retired_keys(pod: &impl PodFacts) -> impl Iterator<Item = RetiredKey> {
+    [
+        (pod.annotation(RETIRED_WHEN_UNREADY) == Some("true")).then_some(RetiredKey::WhenUnreadyAnnotation),
+        pod.annotation(MAX_UNAVAILABLE).map(|_| RetiredKey::BudgetAnnotation),
+        (pod.annotation(DELETE_REQUESTED).is_some() && pod.label(DELETE_REQUESTED).is_none())
+            .then_some(RetiredKey::MarkWithoutLabel),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// A key of an older version, by what it meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetiredKey {
+    WhenUnreadyAnnotation,
+    BudgetAnnotation,
+    MarkWithoutLabel,
+}
+
+fn retired_key(key: RetiredKey) -> String {
+    match key {
+        RetiredKey::WhenUnreadyAnnotation => format!(
+            "busyguard: annotation {RETIRED_WHEN_UNREADY} is no longer read, so this pod is not protected when not              Ready: set the label {BUSY_LABEL}={WHEN_UNREADY} instead (in the pod template)"
+        ),
+        RetiredKey::BudgetAnnotation => format!(
+            "busyguard: annotation {MAX_UNAVAILABLE} is no longer read, so this pod's workload has no budget: make              it a label of the pod template"
+        ),
+        RetiredKey::MarkWithoutLabel => format!(
+            "busyguard: annotation {DELETE_REQUESTED} without its label is not carried out (a deferred delete of an              older version, or half a mark): delete the pod again once it is idle"
+        ),
+    }
+}
+
+/// A pod's own max-busy below the cluster's floor.
+pub fn max_busy_below_floor(namespace: &str, name: &str, own: SignedDuration, floor: SignedDuration) -> String {
+    format!(
+        "pod {namespace}/{name}: annotation {MAX_BUSY}={own:#} is below the cluster's floor of {floor:#}; set at least          {floor:#} (or remove it for the default)"
+    )
 }
 
 /// A flip to busy refused on a pod being deleted: the app must not start the task.

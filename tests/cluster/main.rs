@@ -90,7 +90,7 @@ async fn wait_until_eviction_allowed_is(server: &TestServer, name: &str, allowed
 }
 
 /// Five workers: `busy` fresh and busy, `busy-stale` labelled busy while busyguard missed the
-/// flip, two idle, and `idle-stale` idle with its busy annotations left behind. The watch's own
+/// flip (created at `missed_created`), two idle, and `idle-stale` idle with its busy annotations left behind. The watch's own
 /// refresh of the two stale ones is refused (403, not retried), so they are still stale when a
 /// test scales down: start the server with `serving_five_workers`.
 fn five_workers(api: &ApiServer, since: Timestamp) {
@@ -100,12 +100,20 @@ fn five_workers(api: &ApiServer, since: Timestamp) {
     api.put_pod(busy_pod("busy", since));
     let mut missed = worker_pod("busy-stale", true);
     missed["metadata"]["annotations"] = json!({"controller.kubernetes.io/pod-deletion-cost": "1"});
+    missed["metadata"]["creationTimestamp"] = json!(missed_created().to_string());
     api.put_pod(missed);
     api.put_pod(worker_pod("idle-1", false));
     api.put_pod(worker_pod("idle-2", false));
     let mut left_behind = busy_pod("idle-stale", since);
     left_behind["metadata"]["labels"]["busyguard.io/busy"] = json!("false");
     api.put_pod(left_behind);
+}
+
+/// When `busy-stale` was created: the busy-since busyguard gives it, since max-busy counts from
+/// there for a flip it missed.
+fn missed_created() -> Timestamp {
+    let ago = Timestamp::now() - jiff::SignedDuration::from_mins(20);
+    Timestamp::from_second(ago.as_second()).unwrap()
 }
 
 fn scale_down_5_to_2() -> Value {

@@ -32,7 +32,7 @@ pub const CEILING: SignedDuration = SignedDuration::from_hours(36);
 pub fn policy() -> PolicyConfig {
     PolicyConfig {
         mode: Mode::Enforce,
-        max_busy: MaxBusy { default: SignedDuration::from_hours(24), ceiling: Some(CEILING) },
+        max_busy: MaxBusy { ceiling: Some(CEILING), ..MaxBusy::new(SignedDuration::from_hours(24)) },
         exemptions: Exemptions {
             users: vec![POD_GC_USER.into(), EXEMPT_USER.into()],
             groups: vec![EXEMPT_GROUP.into()],
