@@ -79,6 +79,7 @@ pub struct Metrics {
     pub controller_manager_shared_identity: Gauge,
     pub workload_pods: Family<WorkloadLabels, Gauge>,
     pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
+    pub workload_retired_keys: Family<WorkloadOnlyLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -203,6 +204,14 @@ impl Default for Metrics {
             "Pods per workload with a delete waiting for them to turn idle",
             workload_deferred_deletes.clone(),
         );
+        let workload_retired_keys = Family::<WorkloadOnlyLabels, Gauge>::default();
+        registry.register(
+            "workload_pods_with_retired_keys",
+            "Pods per workload still carrying a key of an older busyguard that is no longer read (the annotations \
+             busyguard.io/busy-when-unready or busyguard.io/max-unavailable, a delete-requested mark without its \
+             label): the protection it stood for is gone until it is moved (see busyguard status)",
+            workload_retired_keys.clone(),
+        );
         Metrics {
             registry,
             reviews,
@@ -224,6 +233,7 @@ impl Default for Metrics {
             controller_manager_shared_identity,
             workload_pods,
             workload_deferred_deletes,
+            workload_retired_keys,
         }
     }
 }

@@ -106,6 +106,21 @@ async fn busy_pod_created_busy_gets_the_busy_annotations() {
 }
 
 #[tokio::test]
+async fn a_deletecollections_review_names_no_pod_and_is_judged_and_audited_for_the_pod_it_carries() {
+    let server = TestServer::start().await;
+    let mut review = fixture("pod-delete-by-user.json");
+    set_busy_label(&mut review, "true");
+    set_busy_since(&mut review, whole_seconds_ago(600));
+    // As the API server sends each pod of `kubectl delete pods --all`: no name in the request.
+    review["request"]["name"] = json!("");
+    let response = server.review("/validate", &review).await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("pod capture/worker-6b8958b477-df84j is busy since"), "{message}");
+    assert_eq!(server.audit_lines()[0]["name"], "worker-6b8958b477-df84j");
+}
+
+#[tokio::test]
 async fn busy_pod_delete_by_a_person_is_refused_with_429_an_actionable_message_and_an_audit_line() {
     // No cluster here: nothing confirms the pod busy, so the delete is refused but not deferred
     // (tests/cluster/ has the deferred delete).

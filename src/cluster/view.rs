@@ -700,6 +700,24 @@ mod tests {
     }
 
     #[test]
+    fn a_mark_counts_only_as_busyguard_wrote_it_through_the_pod_not_its_status() {
+        let marked = |subresource: Option<&str>| {
+            let mut entry = json!({"manager": "busyguard", "operation": "Update", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:annotations": {"f:busyguard.io/delete-requested": {}}}}});
+            if let Some(subresource) = subresource {
+                entry["subresource"] = json!(subresource);
+            }
+            watched(json!({"metadata": {"name": "w", "namespace": "ns",
+                "labels": {BUSY_LABEL: "false", DELETE_REQUESTED: "true"},
+                "annotations": {DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#},
+                "managedFields": [entry]}}))
+            .record()
+        };
+        assert!(marked(None).delete_request().is_some());
+        assert!(marked(Some("status")).delete_request().is_none(), "written through pods/status");
+    }
+
+    #[test]
     fn malformed_pod_keeps_its_identity_and_says_what_is_wrong() {
         let pod = watched(json!({"metadata": {"name": "w", "namespace": "ns", "resourceVersion": "9"},
                                  "status": {"phase": 42}}));

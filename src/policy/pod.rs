@@ -393,6 +393,10 @@ mod tests {
             {"f:annotations": {"f:controller.kubernetes.io/pod-deletion-cost": {}}}}}]);
         assert!(with(busyguard_wrote_other_fields).delete_request().is_none());
         assert!(with(Value::Null).delete_request().is_none(), "no managedFields");
+        // Through pods/status, which no webhook of the pod's sees, under busyguard's name.
+        let mut through_status = marked_by_busyguard();
+        through_status[0]["subresource"] = json!("status");
+        assert!(with(through_status).delete_request().is_none(), "written through the status");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::pod::PodFacts;
+use super::update::retired_keys;
 
 /// A workload as people name it: `Deployment/worker` for the pods of any of its ReplicaSets,
 /// else the pod's controlling owner (`StatefulSet/db`, `Job/import`), else `Pod/<name>`.
@@ -30,6 +31,8 @@ pub struct Counts {
     pub lapsed: u64,
     /// Pods with a delete waiting for them to turn idle.
     pub delete_requested: u64,
+    /// Pods still carrying keys of an older version, which no longer protect them.
+    pub retired_keys: u64,
 }
 
 impl Counts {
@@ -38,6 +41,7 @@ impl Counts {
         self.idle += other.idle;
         self.lapsed += other.lapsed;
         self.delete_requested += other.delete_requested;
+        self.retired_keys += other.retired_keys;
     }
 }
 
@@ -46,7 +50,11 @@ pub const OTHER_WORKLOADS: &str = "(other)";
 
 /// One pod's part in its workload's counts; `None` for a pod already going away.
 pub fn of_pod(pod: &impl PodFacts, max_busy: MaxBusy, now: Timestamp) -> Option<Counts> {
-    let mut counts = Counts { delete_requested: u64::from(pod.delete_request().is_some()), ..Counts::default() };
+    let mut counts = Counts {
+        delete_requested: u64::from(pod.delete_request().is_some()),
+        retired_keys: u64::from(retired_keys(pod).next().is_some()),
+        ..Counts::default()
+    };
     match busy_state(pod, max_busy, now) {
         BusyState::Busy { .. } => counts.busy = 1,
         BusyState::Idle => counts.idle = 1,
@@ -83,8 +91,8 @@ pub fn count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::keys::{DELETE_REQUESTED, RETIRED_WHEN_UNREADY};
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
     use serde_json::json;
@@ -126,8 +134,16 @@ mod tests {
         let counts = count(counted.map(|c| ("capture".to_string(), "Deployment/worker".to_string(), c)), 100);
         assert_eq!(
             counts[&("capture".into(), "Deployment/worker".into())],
-            Counts { busy: 2, idle: 1, lapsed: 1, delete_requested: 1 }
+            Counts { busy: 2, idle: 1, lapsed: 1, delete_requested: 1, retired_keys: 0 }
         );
+    }
+
+    #[test]
+    fn pods_with_keys_of_an_older_version_are_counted() {
+        let mut old = pod("false", None, false);
+        old.metadata.annotations.get_or_insert_default().insert(RETIRED_WHEN_UNREADY.into(), "true".into());
+        assert_eq!(of_pod(&old, DAY, now()).unwrap().retired_keys, 1);
+        assert_eq!(of_pod(&pod("false", None, true), DAY, now()).unwrap().retired_keys, 0, "a whole mark");
     }
 
     #[test]

@@ -100,13 +100,16 @@ pub enum RetiredKey {
 fn retired_key(key: RetiredKey) -> String {
     match key {
         RetiredKey::WhenUnreadyAnnotation => format!(
-            "busyguard: annotation {RETIRED_WHEN_UNREADY} is no longer read, so this pod is not protected when not              Ready: set the label {BUSY_LABEL}={WHEN_UNREADY} instead (in the pod template)"
+            "busyguard: annotation {RETIRED_WHEN_UNREADY} is no longer read, so this pod is not protected when not \
+             Ready: set the label {BUSY_LABEL}={WHEN_UNREADY} instead (in the pod template)"
         ),
         RetiredKey::BudgetAnnotation => format!(
-            "busyguard: annotation {MAX_UNAVAILABLE} is no longer read, so this pod's workload has no budget: make              it a label of the pod template"
+            "busyguard: annotation {MAX_UNAVAILABLE} is no longer read, so this pod's workload has no budget: make \
+             it a label of the pod template"
         ),
         RetiredKey::MarkWithoutLabel => format!(
-            "busyguard: annotation {DELETE_REQUESTED} without its label is not carried out (a deferred delete of an              older version, or half a mark): delete the pod again once it is idle"
+            "busyguard: annotation {DELETE_REQUESTED} without its label is not carried out (a deferred delete of an \
+             older version, or half a mark): delete the pod again once it is idle"
         ),
     }
 }
@@ -114,7 +117,8 @@ fn retired_key(key: RetiredKey) -> String {
 /// A pod's own max-busy below the cluster's floor.
 pub fn max_busy_below_floor(namespace: &str, name: &str, own: SignedDuration, floor: SignedDuration) -> String {
     format!(
-        "pod {namespace}/{name}: annotation {MAX_BUSY}={own:#} is below the cluster's floor of {floor:#}; set at least          {floor:#} (or remove it for the default)"
+        "pod {namespace}/{name}: annotation {MAX_BUSY}={own:#} is below the cluster's floor of {floor:#}; set at least \
+         {floor:#} (or remove it for the default)"
     )
 }
 
@@ -154,6 +158,7 @@ pub fn cost_counts_as_nothing(cost: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::busy;
     use crate::policy::cost::busy_cost;
     use crate::policy::keys::*;
     use crate::policy::marks::*;
@@ -541,6 +546,81 @@ mod tests {
             assert_eq!(warnings.len(), 1, "{bad}");
             assert!(warnings[0].starts_with("busyguard: annotation busyguard.io/max-busy ignored"), "{warnings:?}");
         }
+    }
+
+    #[test]
+    fn a_flip_to_busy_with_a_max_busy_below_the_floor_is_refused_422_and_an_idle_pods_write_is_not() {
+        let idle = worker(json!({MAX_BUSY: "1s"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (outcome, _) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert_eq!((denial.code(), denial.reason(), denial.cause()), (422, "Invalid", "BusyguardMaxBusyBelowFloor"));
+        assert_eq!(
+            message,
+            "pod ns/w: annotation busyguard.io/max-busy=1s is below the cluster's floor of 1m; set at least 1m (or \
+             remove it for the default)"
+        );
+        assert_eq!(outcome.audit.unwrap().reason, Reason::MaxBusyBelowFloor);
+        let (_, busy) = mutated(
+            &worker(json!({})),
+            &{
+                let mut flip = worker(json!({}));
+                set_label(&mut flip, "true");
+                flip
+            },
+            "2026-11-21T20:00:00Z",
+        );
+        let mut shortened = busy.clone();
+        shortened["metadata"]["annotations"][MAX_BUSY] = json!("10s");
+        assert!(!mutated(&busy, &shortened, "2026-11-21T20:01:00Z").0.is_allowed(), "a busy pod's max-busy shortened");
+        let mut annotated = idle.clone();
+        annotated["metadata"]["annotations"]["team"] = json!("a");
+        assert!(mutated(&idle, &annotated, "2026-11-21T20:00:00Z").0.is_allowed(), "an idle pod's own business");
+        let mut at_the_floor = flip.clone();
+        at_the_floor["metadata"]["annotations"][MAX_BUSY] = json!("1m");
+        assert!(mutated(&idle, &at_the_floor, "2026-11-21T20:00:00Z").0.is_allowed());
+    }
+
+    #[test]
+    fn a_max_busy_that_got_below_the_floor_meanwhile_protects_for_the_floor() {
+        let mut doc = worker(json!({MAX_BUSY: "1s", BUSY_SINCE: "2026-11-21T20:00:00Z"}));
+        set_label(&mut doc, "true");
+        let pod = pod(doc);
+        for (at, protected) in [("2026-11-21T20:00:59Z", true), ("2026-11-21T20:01:00Z", false)] {
+            assert_eq!(busy::busy_state(&pod, DAY, ts(at)).is_protected(), protected, "{at}");
+        }
+    }
+
+    #[test]
+    fn a_flip_to_busy_is_stamped_now_even_over_a_busy_since_left_from_an_earlier_task() {
+        let idle = worker(json!({BUSY_SINCE: "2026-11-21T18:00:00Z"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
+        assert_eq!(busy["metadata"]["annotations"][BUSY_SINCE], "2026-11-21T20:00:00Z");
+        // A reinvocation, or another replica's answer a moment later, keeps the stamp.
+        let (again, _) = mutated(&idle, &busy, "2026-11-21T20:00:03Z");
+        assert!(matches!(again.answer, Answer::Allow { .. }), "{:?}", again.answer);
+    }
+
+    #[test]
+    fn keys_of_older_versions_are_warned_about_for_the_protection_they_no_longer_give() {
+        let mut doc = worker(json!({
+            RETIRED_WHEN_UNREADY: "true",
+            MAX_UNAVAILABLE: "1",
+            DELETE_REQUESTED: r#"{"by":"alice","at":"2026-01-01T00:00:00Z"}"#,
+        }));
+        set_label(&mut doc, "true");
+        let warnings = contract_warnings(&pod(doc.clone()), DAY);
+        assert_eq!(warnings.len(), 3, "{warnings:#?}");
+        assert!(warnings[0].contains("set the label busyguard.io/busy=when-unready instead"), "{}", warnings[0]);
+        assert!(warnings[1].contains("make it a label of the pod template"), "{}", warnings[1]);
+        assert!(warnings[2].contains("delete the pod again once it is idle"), "{}", warnings[2]);
+        doc["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
+        doc["metadata"]["annotations"].as_object_mut().unwrap().remove(RETIRED_WHEN_UNREADY);
+        doc["metadata"]["annotations"].as_object_mut().unwrap().remove(MAX_UNAVAILABLE);
+        assert!(contract_warnings(&pod(doc), DAY).is_empty(), "a whole mark, and none of the old keys");
     }
 
     #[test]

@@ -142,15 +142,22 @@ impl App {
             Some((namespace.to_string(), pod.workload(name), counts))
         });
         let counts = count(pods, MAX_WORKLOADS);
-        let (pods, deletes) = (&self.metrics.workload_pods, &self.metrics.workload_deferred_deletes);
+        let metrics = &self.metrics;
+        let (pods, deletes, retired) =
+            (&metrics.workload_pods, &metrics.workload_deferred_deletes, &metrics.workload_retired_keys);
         pods.clear();
         deletes.clear();
+        retired.clear();
         for ((namespace, workload), counts) in counts {
             for (state, n) in [("busy", counts.busy), ("idle", counts.idle), ("lapsed", counts.lapsed)] {
                 let labels = WorkloadLabels { namespace: namespace.clone(), workload: workload.clone(), state };
                 pods.get_or_create(&labels).set(n as i64);
             }
-            deletes.get_or_create(&WorkloadOnlyLabels { namespace, workload }).set(counts.delete_requested as i64);
+            let labels = WorkloadOnlyLabels { namespace, workload };
+            deletes.get_or_create(&labels).set(counts.delete_requested as i64);
+            if counts.retired_keys > 0 {
+                retired.get_or_create(&labels).set(counts.retired_keys as i64);
+            }
         }
     }
 
