@@ -28,10 +28,10 @@ build:
 	$(CARGO) build --release --locked
 
 # The container image (Dockerfile; BuildKit, or podman), built and pushed:
-# make image IMAGE=registry.example.com/busyguard:0.1.0 [CONTAINER=podman]
+# make image IMAGE=registry.example.com/busyguard:0.2.0 [CONTAINER=podman]
 CONTAINER ?= docker
 image:
-	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.1.0'; exit 2; }
+	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.2.0'; exit 2; }
 	DOCKER_BUILDKIT=1 $(CONTAINER) build -t $(IMAGE) .
 	$(CONTAINER) push $(IMAGE)
 

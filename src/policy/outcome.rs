@@ -96,9 +96,10 @@ pub enum Denial {
     NotOwnFlag,
     /// A delete-requested mark written by anyone but busyguard (403).
     NotBusyguardsMark,
-    /// busy-since, the protected label or a saved idle value written by anyone but busyguard (403).
+    /// busy-since or the protected label written by anyone but busyguard (403).
     NotBusyguardsKeys,
-    /// A pod's own max-busy below the cluster's floor (422, as the API server's own validation).
+    /// A pod's own max-busy below the cluster's floor (400: kubectl shows the message of a
+    /// 400 whole, and of a 422 only its causes' fields).
     MaxBusyBelowFloor,
 }
 
@@ -119,7 +120,7 @@ impl Denial {
             Denial::PodTerminating => 409,
             Denial::Budget => 429,
             Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => 403,
-            Denial::MaxBusyBelowFloor => 422,
+            Denial::MaxBusyBelowFloor => 400,
         }
     }
 
@@ -129,7 +130,7 @@ impl Denial {
             Denial::PodTerminating => "Conflict",
             Denial::Budget => "TooManyRequests",
             Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => "Forbidden",
-            Denial::MaxBusyBelowFloor => "Invalid",
+            Denial::MaxBusyBelowFloor => "BadRequest",
         }
     }
 

@@ -70,6 +70,7 @@ pub fn contract_warnings(pod: &impl PodFacts, max_busy: MaxBusy) -> Vec<String> 
         (Some(Ok(own)), Some(ceiling)) if own > ceiling => {
             warnings.push(max_busy_above_ceiling(own, ceiling));
         }
+        (Some(Ok(own)), _) if own < max_busy.floor => warnings.push(max_busy_under_floor(own, max_busy.floor)),
         _ => {}
     }
     warnings.extend(retired_keys(pod).map(retired_key));
@@ -137,6 +138,13 @@ pub fn max_busy_ignored(error: &str) -> String {
 pub fn max_busy_above_ceiling(own: SignedDuration, ceiling: SignedDuration) -> String {
     format!(
         "busyguard: annotation {MAX_BUSY}={own:#} is above the cluster's ceiling; protection ends after {ceiling:#}"
+    )
+}
+
+pub fn max_busy_under_floor(own: SignedDuration, floor: SignedDuration) -> String {
+    format!(
+        "busyguard: annotation {MAX_BUSY}={own:#} is below the cluster's floor; protection lasts {floor:#} at \
+         least, and a flip to busy is refused until it is raised"
     )
 }
 
@@ -549,13 +557,13 @@ mod tests {
     }
 
     #[test]
-    fn a_flip_to_busy_with_a_max_busy_below_the_floor_is_refused_422_and_an_idle_pods_write_is_not() {
+    fn a_flip_to_busy_with_a_max_busy_below_the_floor_is_refused_400_and_an_idle_pods_write_is_not() {
         let idle = worker(json!({MAX_BUSY: "1s"}));
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
         let (outcome, _) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
-        assert_eq!((denial.code(), denial.reason(), denial.cause()), (422, "Invalid", "BusyguardMaxBusyBelowFloor"));
+        assert_eq!((denial.code(), denial.reason(), denial.cause()), (400, "BadRequest", "BusyguardMaxBusyBelowFloor"));
         assert_eq!(
             message,
             "pod ns/w: annotation busyguard.io/max-busy=1s is below the cluster's floor of 1m; set at least 1m (or \

@@ -157,14 +157,18 @@ impl Rig {
 
     /// AdmissionReviews busyguard's replicas answered so far (`busyguard_admission_reviews_total`).
     pub fn reviews_answered(&self) -> f64 {
-        let admins: Vec<SocketAddr> = self.kubelet.replicas.lock().unwrap().values().map(|r| r.admin).collect();
         let mut total = 0.0;
-        for admin in admins {
-            let Some(metrics) = get_body(admin, "/metrics") else { continue };
+        for metrics in self.metrics() {
             let samples = metrics.lines().filter(|l| l.starts_with("busyguard_admission_reviews_total{"));
             total += samples.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>();
         }
         total
+    }
+
+    /// The `/metrics` page of every replica.
+    pub fn metrics(&self) -> Vec<String> {
+        let admins: Vec<SocketAddr> = self.kubelet.replicas.lock().unwrap().values().map(|r| r.admin).collect();
+        admins.into_iter().filter_map(|admin| get_body(admin, "/metrics")).collect()
     }
 
     /// Takes busyguard's webhook configurations away: the API server calls it no more.

@@ -9,12 +9,11 @@ use crate::rig::{Rig, kubectl, throughout};
 use crate::workers::{self, annotation, label};
 
 /// A worker's token (bound to its pod) may flip its own busy label; not another pod's, not
-/// another label of its own, not busy-since, not do-not-disrupt on an idle pod (in a namespace
-/// labelled own-flags=true; elsewhere that write is not judged). And busyguard's own writes to
-/// that pod go through.
+/// another label of its own, not busy-since, not do-not-disrupt on an idle pod (except in a
+/// namespace labelled own-flags=false, whose workers are said to have no pod write). And
+/// busyguard's own writes to that pod go through.
 pub fn own_flag_only(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("own-flag")?;
-    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/own-flags=true"])?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
     rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
     rig.kubectl(&[
@@ -54,8 +53,8 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
             "{what}: not refused by busyguard: {err}"
         );
     }
-    // Where workers are not said to flip their own flags, writes to idle pods are not judged.
-    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/own-flags-"])?;
+    // Where workers are said to have no pod write, writes to idle pods are not judged.
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/own-flags=false"])?;
     crate::rig::eventually("idle pods' writes no longer judged", Duration::from_secs(10), || {
         Ok(as_me(&["annotate", "pod", "neighbour", "team=b", "--overwrite"])?.0)
     })?;

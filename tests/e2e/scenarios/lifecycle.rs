@@ -9,15 +9,16 @@ use serde_json::json;
 use crate::rig::{Rig, eventually, throughout};
 use crate::workers::{self, annotation, flip, label};
 
-/// With `busyguard.io/max-busy: 3s`, protection lapses: the sweep takes the protected label and
+/// With `busyguard.io/max-busy: 1m`, protection lapses: the sweep takes the protected label and
 /// busyguard's annotations off, and a delete goes through.
 pub fn protection_lapses_after_max_busy(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("lapse")?;
     let mut pod = workers::pod(&ns, "task", None);
-    pod["metadata"]["annotations"] = json!({"busyguard.io/max-busy": "3s"});
+    // The shortest a pod's own max-busy may be (busyguard's --min-max-busy, as shipped).
+    pod["metadata"]["annotations"] = json!({"busyguard.io/max-busy": "1m"});
     workers::start(rig, &pod, "task", 1)?;
     flip(rig, &ns, "task", true)?;
-    eventually("the sweep takes the protected label off", Duration::from_secs(45), || {
+    eventually("the sweep takes the protected label off", Duration::from_secs(110), || {
         Ok(rig.pod(&ns, "task")?.is_some_and(|p| {
             label(&p, "busyguard.io/protected").is_none() && annotation(&p, "karpenter.sh/do-not-disrupt").is_none()
         }))

@@ -4,6 +4,7 @@ mod deletes;
 mod drains;
 mod flags;
 mod lifecycle;
+mod neighbours;
 mod nodes;
 mod outages;
 mod readiness;
@@ -31,6 +32,22 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_busy_pod_lost_without_a_request_is_reported_once", lifecycle::a_loss_is_reported_once),
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
     ("a_delete_requested_mark_only_busyguard_may_write", flags::forged_mark),
+    (
+        "a_controller_removes_its_finalizer_from_a_busy_pod",
+        neighbours::a_controller_removes_its_finalizer_from_a_busy_pod,
+    ),
+    (
+        "a_worker_cannot_shorten_its_neighbours_max_busy_in_a_namespace_without_any_busyguard_label",
+        neighbours::a_worker_cannot_shorten_its_neighbours_max_busy,
+    ),
+    (
+        "a_mark_or_busy_since_written_through_pods_status_is_refused",
+        neighbours::a_mark_or_busy_since_written_through_pods_status_is_refused,
+    ),
+    (
+        "a_pod_with_a_key_of_an_older_version_is_warned_about",
+        neighbours::a_pod_with_a_key_of_an_older_version_is_warned_about,
+    ),
     ("the_fence_keeps_busyguards_own_token_to_the_pods_it_guards", flags::the_fence_keeps_busyguards_token_to_its_pods),
     (
         "a_flip_by_server_side_apply_is_protected_and_restored",
@@ -47,7 +64,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("an_opted_out_namespace_is_left_alone", drains::an_opted_out_namespace_is_left_alone),
     (
-        "while_busyguard_is_down_only_busy_pods_wait_and_recovery_goes_on",
+        "while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down",
         outages::while_busyguard_is_down_only_busy_pods_wait,
     ),
     ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),

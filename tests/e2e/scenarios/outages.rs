@@ -5,15 +5,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use serde_json::json;
 
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, annotation, flip, label};
 
 /// With busyguard scaled to 0, only busy pods wait: a scale-down deletes the idle pods and not
-/// the busy one, a person's delete of the busy pod is refused, the busy-pod PDB still refuses
-/// the busy pod's eviction while the drain takes the idle one; a namespace being deleted
-/// empties (the namespace controller is never sent to the fail-closed webhook), and so do the
-/// pods of a vanished node (pod GC).
+/// the busy one, a readiness-mode Deployment whose pods are all Ready scales down, an idle pod
+/// under a workload budget is deleted, a person's delete of the busy pod is refused, the
+/// busy-pod PDB still refuses the busy pod's eviction while the drain takes the idle one; a
+/// namespace being deleted empties (the namespace controller is never sent to the fail-closed
+/// webhook), and so do the pods of a vanished node (pod GC).
 pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("down")?;
     let doomed = rig.namespace("down-doomed")?;
@@ -31,6 +33,12 @@ pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
     }
     let workers = workers::start(rig, &workers::deployment(&ns, "worker", 4), "worker", 4)?;
     flip(rig, &ns, &workers[0], true)?;
+    let mut readiness = workers::deployment(&ns, "ready", 3);
+    readiness["spec"]["template"]["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
+    workers::start(rig, &readiness, "ready", 3)?;
+    let mut budgeted = workers::pod(&ns, "budgeted", None);
+    budgeted["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+    workers::start(rig, &budgeted, "budgeted", 1)?;
     eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
         Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
     })?;
@@ -41,6 +49,12 @@ pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
         eventually("the scale-down takes the idle pods", Duration::from_secs(30), || {
             Ok(rig.live_pods(&ns, "worker")? == workers[..1])
         })?;
+        rig.kubectl(&["-n", &ns, "scale", "deployment/ready", "--replicas=1"])?;
+        eventually("the readiness-mode Deployment of Ready pods scales down", Duration::from_secs(30), || {
+            Ok(rig.live_pods(&ns, "ready")?.len() == 1)
+        })?;
+        let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "budgeted", "--wait=false"])?;
+        ensure!(ok, "an idle pod under a budget was held while busyguard was down: {err}");
         let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", &workers[0], "--wait=false"])?;
         ensure!(!ok, "a person deleted a busy pod while busyguard was down");
         ensure!(err.contains("pod-deletes.busyguard.io"), "not held by the delete webhook: {err}");
