@@ -1,12 +1,14 @@
 //! `busyguard cleanup`: what an uninstall leaves on the cluster, taken off with the user's own
 //! credentials once busyguard's webhooks are gone: on every opted-in pod, the user's own deletion
 //! cost and autoscaler annotations back in place of the busy ones, and busyguard's marks
-//! (busy-since, the saved values, the protected label, deferred deletes) removed; and every
-//! busy-pod PodDisruptionBudget busyguard kept. The busy label itself is the user's and stays.
+//! (busy-since, the saved values, the protected label, deferred deletes) removed; every
+//! busy-pod PodDisruptionBudget busyguard kept, and the Leases where it recorded the pods let go
+//! under workload budgets. The busy label itself is the user's and stays.
 
 use anyhow::{Context, bail};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -14,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::view::WatchedPod;
 use crate::cluster::{ClusterSource, client_config};
+use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
 use crate::policy::marks::{MutationSettings, plan};
@@ -97,6 +100,22 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
                 .with_context(|| format!("deleting {namespace}/{BUSY_PDB_NAME}"))?;
             let verb = if dry_run { "would delete" } else { "deleted" };
             out.push_str(&format!("poddisruptionbudget {namespace}/{BUSY_PDB_NAME}: {verb}\n"));
+        }
+        let leases: Api<Lease> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
+        let ours = leases.list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1))).await;
+        for lease in ours.context("listing busyguard's Leases")?.items {
+            let (namespace, name) =
+                (lease.metadata.namespace.unwrap_or_default(), lease.metadata.name.unwrap_or_default());
+            if !name.starts_with(LEASE_PREFIX) {
+                continue;
+            }
+            let delete = DeleteParams { dry_run, ..DeleteParams::default() };
+            Api::<Lease>::namespaced(client.clone(), &namespace)
+                .delete(&name, &delete)
+                .await
+                .with_context(|| format!("deleting Lease {namespace}/{name}"))?;
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            out.push_str(&format!("lease {namespace}/{name}: {verb}\n"));
         }
     }
     if out.is_empty() {

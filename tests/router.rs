@@ -29,7 +29,7 @@ fn app() -> Arc<App> {
     let metrics = Arc::new(Metrics::default());
     let audit = Arc::new(AuditLog::to(Box::new(std::io::sink()), metrics.audit.clone()));
     let limits = test_config(std::path::Path::new("/nonexistent")).limits;
-    let cluster = Cluster { view: Arc::new(view), outbox: None };
+    let cluster = Cluster { view: Arc::new(view), outbox: None, budgets: None };
     let app = App::new(policy(), audit, metrics, limits, cluster);
     app.start_serving();
     Arc::new(app)

@@ -172,10 +172,7 @@ pub fn admit(
             let trusted = inputs.view.check(inputs.arrived).is_ok();
             let decided = inputs.view.with_pod_under_budget(&request.namespace, name, |seen, siblings| {
                 let siblings = siblings.filter(|_| trusted);
-                let outcome =
-                    disruption::judge_disruption(&ask, Action::Delete, pod, Some(seen), siblings, policy, now);
-                let let_go = outcome.is_allowed() && !ask.dry_run;
-                (outcome, let_go)
+                disruption::judge_disruption(&ask, Action::Delete, pod, Some(seen), siblings, policy, now)
             });
             Ok(decided.unwrap_or_else(|| {
                 disruption::judge_disruption(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)
@@ -190,9 +187,7 @@ pub fn admit(
             (inputs.view.check(inputs.arrived))
                 .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the eviction: {why}")))?;
             let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
-                let outcome = disruption::judge_disruption(&ask, Action::Evict, pod, Some(pod), siblings, policy, now);
-                let let_go = outcome.is_allowed() && !ask.dry_run;
-                (outcome, let_go)
+                disruption::judge_disruption(&ask, Action::Evict, pod, Some(pod), siblings, policy, now)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))

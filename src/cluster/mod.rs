@@ -1,6 +1,7 @@
 //! busyguard's view of the cluster: a watch of opted-in pods kept in memory for the decisions
 //! whose requests do not carry the pod, and the outbox through which side effects leave.
 
+pub mod budgets;
 pub mod outbox;
 pub mod pdb;
 pub mod view;
@@ -25,6 +26,7 @@ use tracing::{debug, info, warn};
 use crate::audit::AuditLog;
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
+use budgets::Budgets;
 use outbox::{Outbox, OutboxSettings};
 use view::View;
 use watch::Watch;
@@ -57,6 +59,8 @@ pub struct ClusterSettings {
 pub struct Cluster {
     pub view: Arc<View>,
     pub outbox: Option<Outbox>,
+    /// The arbiter of workload budgets across replicas.
+    pub budgets: Option<Budgets>,
 }
 
 impl Cluster {
@@ -69,7 +73,7 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let Some(mut config) = client_config(&settings.source).await? else {
             warn!("no cluster configured: evictions are answered 503, scale-downs are not prepared");
-            return Ok(Cluster { view: Arc::new(View::without_cluster()), outbox: None });
+            return Ok(Cluster { view: Arc::new(View::without_cluster()), outbox: None, budgets: None });
         };
         // busyguard retries its own calls; the client's default retry would also retry the 429
         // busyguard itself answers for a pod that turned busy again.
@@ -109,7 +113,8 @@ impl Cluster {
             }),
         };
         tokio::spawn(watch.run(scopes));
-        Ok(Cluster { view, outbox: Some(outbox) })
+        let budgets = Budgets { client, view: view.clone() };
+        Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
     }
 }
 

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectM
 use serde::{Deserialize, Deserializer};
 
 use crate::policy::NEVER_GUARDED_NAMESPACES;
+use crate::policy::budget::Siblings;
 use crate::policy::disruption::is_available;
 use crate::policy::keys::{
     BUSY_LABEL, DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, MAX_UNAVAILABLE,
@@ -334,9 +335,6 @@ pub struct View {
     own_user: OnceLock<String>,
     /// Namespaces whose pods busyguard leaves alone (besides `NEVER_GUARDED_NAMESPACES`).
     opted_out: RwLock<HashSet<String>>,
-    /// Pods of workloads under a budget this replica let go in the last [`GRANT_HELD_FOR`]
-    /// (namespace and pod name, when): unavailable to the budget until the watch shows them going.
-    budget_grants: Mutex<Vec<BudgetGrant>>,
     /// The label sets, owners and nodes the view's pods share.
     shared: Mutex<Shared>,
 }
@@ -377,13 +375,6 @@ impl<T: ?Sized + Hash + Eq> Interned<T> {
         value
     }
 }
-
-/// A pod let go under its workload's budget: namespace, name, when.
-type BudgetGrant = (Box<str>, Box<str>, Instant);
-
-/// How long a delete or eviction granted under a workload's budget counts its pod as
-/// unavailable without the watch showing it: the request's own round trip and the watch's lag.
-const GRANT_HELD_FOR: Duration = Duration::from_secs(10);
 
 struct Health {
     /// `None`: no cluster configured; the view is never trusted but never blocks readiness.
@@ -427,7 +418,6 @@ impl View {
             stale_after: Duration::ZERO,
             own_user: OnceLock::new(),
             opted_out: RwLock::default(),
-            budget_grants: Mutex::default(),
             shared: Mutex::default(),
         }
     }
@@ -483,32 +473,19 @@ impl View {
         }
     }
 
-    /// `read` applied to the pod's record and its unavailable siblings, under the view's read
-    /// lock (a delete or an eviction judges the record where it lies instead of copying its maps
-    /// out); `read` says whether it lets the pod go. For a workload under a budget, the pods this
-    /// replica let go moments ago count as unavailable too, and requests are judged one at a
-    /// time (under one lock), so that requests for pods of one workload at once (a drain evicts
-    /// a node's pods together) are counted one after another.
+    /// `read` applied to the pod's record and, for a workload under a budget, its unavailable
+    /// siblings, under the view's read lock (a delete or an eviction judges the record where it
+    /// lies instead of copying its maps out).
     pub fn with_pod_under_budget<T>(
         &self,
         namespace: &str,
         name: &str,
-        read: impl FnOnce(&PodRecord, Option<u32>) -> (T, bool),
+        read: impl FnOnce(&PodRecord, Option<Siblings>) -> T,
     ) -> Option<T> {
         let pods = self.read();
         let in_namespace = pods.get(namespace)?;
         let record = in_namespace.get(name)?;
-        if record.label(MAX_UNAVAILABLE).is_none() {
-            return Some(read(record, None).0);
-        }
-        let mut grants = self.budget_grants.lock();
-        grants.retain(|(_, _, at)| at.elapsed() < GRANT_HELD_FOR);
-        let granted: Vec<&str> = grants.iter().filter(|(ns, ..)| &**ns == namespace).map(|(_, n, _)| &**n).collect();
-        let (answer, let_go) = read(record, Self::unavailable_siblings(in_namespace, name, record, &granted));
-        if let_go {
-            grants.push((namespace.into(), name.into(), Instant::now()));
-        }
-        Some(answer)
+        Some(read(record, Self::unavailable_siblings(in_namespace, name, record)))
     }
 
     /// Whether the view holds that pod: an opted-in pod busyguard guards.
@@ -532,16 +509,15 @@ impl View {
         records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
     }
 
-    /// How many other pods of this pod's workload (a Deployment across its ReplicaSets, else
-    /// the controlling owner) are unavailable: not Running and Ready, going away, or just let go
-    /// (`granted`, pods of the namespace). `None` when the pod has no owner, or no budget
-    /// (`busyguard.io/max-unavailable`) to count for: the namespace is scanned only then.
+    /// The other pods of this pod's workload (a Deployment across its ReplicaSets, else the
+    /// controlling owner) that are unavailable: not Running and Ready, or going away. `None`
+    /// when the pod has no owner, or no budget (`busyguard.io/max-unavailable`) to count for:
+    /// the namespace is scanned only then.
     fn unavailable_siblings(
         in_namespace: &HashMap<Box<str>, PodRecord>,
         name: &str,
         record: &PodRecord,
-        granted: &[&str],
-    ) -> Option<u32> {
+    ) -> Option<Siblings> {
         record.label(MAX_UNAVAILABLE)?;
         let owner = record.owner.as_deref()?;
         let workload = record.workload(name);
@@ -553,9 +529,10 @@ impl View {
         };
         let unavailable = (in_namespace.iter())
             .filter(|(other, pod)| &***other != name && same_workload(other, pod))
-            .filter(|(other, pod)| pod.terminating || !is_available(*pod) || granted.contains(&&***other))
-            .count();
-        Some(u32::try_from(unavailable).unwrap_or(u32::MAX))
+            .filter(|(_, pod)| pod.terminating || !is_available(*pod))
+            .map(|(other, _)| other.to_string())
+            .collect();
+        Some(Siblings { workload, unavailable })
     }
 
     /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.

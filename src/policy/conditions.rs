@@ -406,10 +406,10 @@ mod tests {
             if !fail_closed {
                 let old = pod(&old);
                 // As the view counts them: for opted-in pods under a budget only.
-                let siblings = old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| unavailable);
+                let siblings = || old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| crate::policy::testing::unavailable_siblings(unavailable));
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
-                    let outcome = disruption::judge_disruption(&ask, Action::Delete, &old, Some(&old), siblings, &config(), now());
+                    let outcome = disruption::judge_disruption(&ask, Action::Delete, &old, Some(&old), siblings(), &config(), now());
                     // Skipped by both: allowed unchanged; sent to the budget's (fail-open) alone:
                     // refused, if at all, for the budget only.
                     match &outcome.answer {

@@ -4,9 +4,12 @@
 
 use jiff::Timestamp;
 
+use super::budget::Siblings;
 use super::busy::{BusyState, Lapse, busy_state};
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, MAX_UNAVAILABLE, POD_TEMPLATE_HASH, RELEASED_FROM};
-use super::outcome::{Action, Answer, Ask, AuditRecord, Decision, Denial, Effect, Outcome, PodRef, Reason};
+use super::outcome::{
+    Action, Answer, Ask, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason,
+};
 use super::pod::{Phase, PodFacts};
 use super::{
     GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
@@ -118,34 +121,46 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
-/// A refusal when taking `pod` away would leave more pods of its workload unavailable than its
-/// `busyguard.io/max-unavailable` allows: a budget for workloads a PodDisruptionBudget cannot
-/// cover (DaemonSets, direct deletes). `unavailable_siblings` counts the workload's other pods
-/// that are not Ready or already going, as the view holds them (`None`: unknown, no budget).
-/// Exempt requesters and recovery are not held, nor deletes that must not wait: the garbage
-/// collector's (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the
-/// instance goes anyway). A pod itself unavailable may always go.
-fn over_budget(
+/// Whether taking `pod` away stays within its workload's `busyguard.io/max-unavailable`: a
+/// budget for workloads a PodDisruptionBudget cannot cover (DaemonSets, direct deletes).
+/// `siblings` are the workload's other pods that are not Ready or already going, as the view
+/// holds them (`None`: unknown, no budget). Exempt requesters and recovery are not held, nor
+/// deletes that must not wait: the garbage collector's (the owner is gone, every pod goes) and
+/// Karpenter's (its node's deadline: the instance goes anyway). A pod itself unavailable may
+/// always go.
+fn budget(
     ask: &Ask<'_>,
     action: Action,
     pod: &impl PodFacts,
-    unavailable_siblings: Option<u32>,
+    siblings: Option<&Siblings>,
     config: &PolicyConfig,
-) -> Option<String> {
-    let allowed: u32 = pod.label(MAX_UNAVAILABLE)?.trim().parse().ok().filter(|n| *n > 0)?;
-    let unavailable = unavailable_siblings?;
+) -> Budget {
+    let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
+        return Budget::NotHeld;
+    };
+    let Some(siblings) = siblings else { return Budget::NotHeld };
+    let unavailable = u32::try_from(siblings.unavailable.len()).unwrap_or(u32::MAX);
     let itself_unavailable = pod.is_terminating() || !is_available(pod);
     let username = ask.requester.username;
     let must_not_wait = action == Action::Delete
         && (username == GARBAGE_COLLECTOR_USER || config.exemptions.karpenter.iter().any(|k| k == username));
-    if itself_unavailable
-        || unavailable < allowed
-        || must_not_wait
-        || let_through(ask.requester, &config.exemptions).is_some()
-    {
-        return None;
+    if itself_unavailable || must_not_wait || let_through(ask.requester, &config.exemptions).is_some() {
+        Budget::NotHeld
+    } else if unavailable < allowed {
+        Budget::Within { allowed }
+    } else {
+        Budget::UsedUp(budget_used_up(ask.namespace, ask.name, allowed, unavailable))
     }
-    Some(budget_used_up(ask.namespace, ask.name, allowed, unavailable))
+}
+
+/// What a workload's budget says of taking a pod away.
+enum Budget {
+    /// No budget holds it.
+    NotHeld,
+    /// There is a place for it, to be claimed with the arbiter.
+    Within { allowed: u32 },
+    /// The refusal.
+    UsedUp(String),
 }
 
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
@@ -177,7 +192,7 @@ pub fn judge_disruption(
     action: Action,
     pod: &impl PodFacts,
     seen: Option<&impl PodFacts>,
-    unavailable_siblings: Option<u32>,
+    siblings: Option<Siblings>,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
@@ -198,9 +213,26 @@ pub fn judge_disruption(
         verdict => verdict,
     };
     match verdict {
-        Verdict::Allow => match over_budget(ask, action, pod, unavailable_siblings, config) {
-            None => Outcome::allow(Decision::Allowed),
-            Some(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
+        Verdict::Allow => match budget(ask, action, pod, siblings.as_ref(), config) {
+            Budget::NotHeld => Outcome::allow(Decision::Allowed),
+            Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
+            // A dry run lets nothing go: nothing to claim.
+            Budget::Within { .. } if ask.dry_run => Outcome::allow(Decision::Allowed),
+            Budget::Within { allowed } => {
+                // If another replica took the last place meanwhile: as many unavailable as allowed.
+                let message = budget_used_up(namespace, name, allowed, allowed);
+                let refusal = Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit);
+                let Siblings { workload, unavailable } = siblings.unwrap_or_default();
+                let claim = BudgetClaim {
+                    namespace: namespace.to_string(),
+                    pod: name.to_string(),
+                    workload,
+                    unavailable,
+                    allowed,
+                    refusal: Box::new(refusal),
+                };
+                Outcome { budget: Some(claim), ..Outcome::allow(Decision::Allowed) }
+            }
         },
         Verdict::AllowBusy(over) => {
             let decision = over.decision();
@@ -254,6 +286,7 @@ pub fn judge_disruption(
                 effects,
                 // The answer speaks of the mark: give it its chance to land first.
                 await_effects: deferred || hash.is_some(),
+                budget: None,
             }
         }
     }
@@ -402,7 +435,8 @@ mod tests {
 
     /// `user`'s `action` on `pod` in enforce mode, the view holding the same pod.
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
-        judge_disruption(&ask(user, false), action, pod, Some(pod), unavailable_siblings, &config(Mode::Enforce), now())
+        let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
+        judge_disruption(&ask(user, false), action, pod, Some(pod), siblings, &config(Mode::Enforce), now())
     }
 
     /// `ask` of the busy worker, as the view holds it too.
@@ -560,7 +594,8 @@ mod tests {
         let karpenter = "system:serviceaccount:kube-system:karpenter";
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
-            judge_disruption(&ask(user, false), action, &pod, Some(&pod), Some(1), &config, now()).is_allowed()
+            let siblings = Some(crate::policy::testing::unavailable_siblings(1));
+            judge_disruption(&ask(user, false), action, &pod, Some(&pod), siblings, &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
         assert!(decide_with(Action::Delete, karpenter), "its node's deadline");

@@ -19,6 +19,7 @@
 //! as metrics and audit lines name it; an `Outcome` is all of it: the answer, the audit line and
 //! the side effects.
 
+pub mod budget;
 pub mod busy;
 pub mod conditions;
 pub mod cost;

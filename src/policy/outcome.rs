@@ -22,11 +22,28 @@ pub struct Outcome {
     /// The answer waits (within its deadline) for the effects: a scale-down's cost updates
     /// must land before the controller picks pods.
     pub await_effects: bool,
+    /// A pod let go within its workload's budget: the answer stands once the arbiter records it
+    /// (`policy::budget`), else the claim's refusal is the answer.
+    pub budget: Option<BudgetClaim>,
+}
+
+/// A delete or eviction let go within the workload's budget, to be recorded with the arbiter
+/// before it is answered; if the arbiter finds the budget used up after all (another replica's
+/// grant), `refusal` is the answer instead.
+#[derive(Debug)]
+pub struct BudgetClaim {
+    pub namespace: String,
+    pub pod: String,
+    /// Its workload (`Kind/name`) and that workload's other pods unavailable in the view.
+    pub workload: String,
+    pub unavailable: Vec<String>,
+    pub allowed: u32,
+    pub refusal: Box<Outcome>,
 }
 
 impl Outcome {
     pub fn answer(answer: Answer, decision: Decision) -> Self {
-        Outcome { answer, decision, audit: None, effects: Vec::new(), await_effects: false }
+        Outcome { answer, decision, audit: None, effects: Vec::new(), await_effects: false, budget: None }
     }
 
     /// Allowed as it is, with nothing to say.

@@ -554,10 +554,11 @@ mod tests {
             dry_run: false,
         };
         let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
+        let one = || Some(crate::policy::testing::unavailable_siblings(1));
         for pod in &pods {
             let recording = Recording { pod, asked: Default::default() };
-            disruption::judge_disruption(&ask, Action::Evict, &recording, Some(&recording), Some(1), &config, now);
-            disruption::judge_disruption(&ask, Action::Delete, pod, Some(&recording), Some(1), &config, now);
+            disruption::judge_disruption(&ask, Action::Evict, &recording, Some(&recording), one(), &config, now);
+            disruption::judge_disruption(&ask, Action::Delete, pod, Some(&recording), one(), &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::on_change(&target, Some(&recording), None, &config, now);

@@ -90,3 +90,11 @@ pub fn worker(annotations: Value) -> Value {
     json!({"metadata": {"name": "w", "labels": {BUSY_LABEL: "false"}, "annotations": annotations},
            "status": {"phase": "Running"}})
 }
+
+/// A workload's `n` other pods unavailable, as the view counts them for a budget.
+pub fn unavailable_siblings(n: u32) -> super::budget::Siblings {
+    super::budget::Siblings {
+        workload: "DaemonSet/agent".into(),
+        unavailable: (0..n).map(|i| format!("agent-{i}")).collect(),
+    }
+}

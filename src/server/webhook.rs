@@ -55,8 +55,9 @@ pub async fn route(app: &App, request: Request) -> Response {
     answer(app, webhook, request).await.unwrap_or_else(|e| e.into_counted_response(app))
 }
 
-/// One review, in named steps: read it within the limits, admit it, write its audit line, hand
-/// its side effects to the outbox (awaited where the decision says), and respond.
+/// One review, in named steps: read it within the limits, admit it, have the arbiter record a
+/// pod let go under its workload's budget, write its audit line, hand its side effects to the
+/// outbox (awaited where the decision says), and respond.
 async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Response, HttpError> {
     let review = read(app, request).await?;
     let started = Instant::now();
@@ -72,6 +73,8 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         decision = field::Empty,
     );
     let outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
+    let deadline = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
+    let outcome = arbitrate(app, outcome, deadline).instrument(span.clone()).await?;
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
     }
@@ -86,6 +89,24 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     let labels = WebhookLabels { webhook: webhook.as_str() };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     Ok(response)
+}
+
+/// A pod let go within its workload's budget is recorded with the arbiter (`policy::budget`)
+/// before the answer: if another replica took the budget's last place meanwhile, the decision's
+/// own refusal is the answer. Without an answer from the arbiter in time, 503: the API server
+/// applies the webhook's failurePolicy.
+async fn arbitrate(app: &App, mut outcome: Outcome, deadline: Duration) -> Result<Outcome, HttpError> {
+    let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) else { return Ok(outcome) };
+    let unavailable = |why: String| {
+        let message = format!("cannot keep the budget of {} {}: {why}", claim.namespace, claim.workload);
+        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    };
+    match tokio::time::timeout(deadline, budgets.claim(&claim)).await {
+        Ok(Ok(true)) => Ok(outcome),
+        Ok(Ok(false)) => Ok(*claim.refusal),
+        Ok(Err(why)) => Err(unavailable(why)),
+        Err(_) => Err(unavailable(format!("no answer from the API server within {deadline:?}"))),
+    }
 }
 
 /// A review's body, read within the limits, and the permits it holds until it is answered.

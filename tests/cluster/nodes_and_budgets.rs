@@ -99,3 +99,28 @@ async fn a_workload_budget_counts_a_deployment_across_its_replicasets() {
     let server = TestServer::with_cluster(&api).await;
     wait_until_eviction_allowed_is(&server, "worker-old", false).await;
 }
+
+#[tokio::test]
+async fn two_replicas_let_one_of_several_evictions_at_once_go_under_a_budget_of_one() {
+    let api = ApiServer::start().await;
+    let names = ["ds-a", "ds-b", "ds-c", "ds-d", "ds-e", "ds-f"];
+    for name in names {
+        let mut pod = worker_pod(name, false);
+        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+        api.put_pod(pod);
+    }
+    let replicas = [TestServer::with_cluster(&api).await, TestServer::with_cluster(&api).await];
+    // Each replica's view knows nothing of the other's answers: the API server arbitrates, on
+    // the workload's Lease.
+    let reviews = names.map(eviction_of);
+    let asked = reviews.iter().enumerate().map(|(i, review)| replicas[i % 2].review("/validate", review));
+    let answers = futures::future::join_all(asked).await;
+    let allowed: Vec<&str> =
+        (answers.iter().zip(names)).filter(|(a, _)| a["allowed"] == true).map(|(_, n)| n).collect();
+    assert_eq!(allowed.len(), 1, "{answers:#?}");
+    let lease = api.lease("capture", "busyguard-budget-deployment-worker").expect("the workload's Lease");
+    let granted: Value =
+        serde_json::from_str(lease["metadata"]["annotations"]["busyguard.io/granted"].as_str().unwrap()).unwrap();
+    assert_eq!(granted.as_object().unwrap().keys().collect::<Vec<_>>(), allowed, "the pod let go, on record");
+    assert_eq!(lease["metadata"]["labels"]["app.kubernetes.io/managed-by"], "busyguard");
+}

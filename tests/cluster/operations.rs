@@ -17,8 +17,8 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
 }
 
 /// Every call busyguard can make, in one run: list and watch, refreshes, the mark and the
-/// delete of a deferred delete, an Event and its series, and the read of a pod that left the
-/// watch.
+/// delete of a deferred delete, an Event and its series, the read of a pod that left the watch,
+/// and a workload budget's Lease (created, read, replaced).
 #[tokio::test]
 async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let api = ApiServer::start().await;
@@ -52,8 +52,18 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
         pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
     });
     api.wait_for(1, pod_call("GET", "busy")).await;
+    // Two evictions under a workload budget of two: the first creates its Lease, the second
+    // reads and replaces it.
+    for name in ["ds-a", "ds-b"] {
+        let mut pod = worker_pod(name, false);
+        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("2");
+        pod["metadata"]["ownerReferences"][0]["kind"] = json!("DaemonSet");
+        pod["metadata"]["ownerReferences"][0]["name"] = json!("agent");
+        api.put_pod(pod);
+        wait_until_eviction_allowed_is(&server, name, true).await;
+    }
     // Every opted-in pod gone: busyguard's PDB goes too.
-    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat"] {
+    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat", "ds-a", "ds-b"] {
         api.remove_pod("capture", name);
     }
     api.wait_for(1, |c| c.method == "DELETE" && c.path.contains("/poddisruptionbudgets")).await;

@@ -65,6 +65,8 @@ struct Store {
     silent: bool,
     event_names: std::collections::HashSet<String>,
     pdbs: BTreeMap<(String, String), Value>,
+    /// Leases by (namespace, name), each with its own resourceVersion.
+    leases: BTreeMap<(String, String), Value>,
     /// ReplicaSets and Deployments, by (resource, namespace, name), for reads.
     apps: BTreeMap<(String, String, String), Value>,
     /// Restarting: every call gets 503.
@@ -193,6 +195,11 @@ impl ApiServer {
     /// A client configuration for busyguard pointing here.
     pub fn kube_config(&self) -> kube::Config {
         kube::Config::new(self.url().parse().unwrap())
+    }
+
+    /// The Lease `namespace/name`, as stored.
+    pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.store().leases.get(&(namespace.to_string(), name.to_string())).cloned()
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -441,6 +448,9 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
                 None => status(404, "NotFound", &format!("poddisruptionbudgets \"{name}\" not found")),
             }
         }
+        (m, ["apis", "coordination.k8s.io", "v1", "namespaces", namespace, "leases", rest @ ..]) => {
+            lease_call(&api, m, namespace, rest.first().copied(), body)
+        }
         (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             // Names are unique, as in the API server: a second create of a name is a conflict.
             if let Some(name) = body["metadata"]["name"].as_str()
@@ -468,6 +478,38 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
             "status": {"userInfo": {"username": "system:serviceaccount:busyguard:busyguard"}}})),
         _ => status(404, "NotFound", &format!("{method} {path} is not served here")),
+    }
+}
+
+/// Leases as the API server keeps them: created once (409 after), replaced only from the
+/// resourceVersion stored (409 otherwise), each write a new resourceVersion.
+fn lease_call(api: &ApiServer, method: &Method, namespace: &str, name: Option<&str>, mut body: Value) -> Response {
+    let mut store = api.store();
+    let name = name.map(str::to_string).unwrap_or_else(|| body["metadata"]["name"].as_str().unwrap_or_default().into());
+    let key = (namespace.to_string(), name.clone());
+    let conflict = |why: &str| status(409, "Conflict", &format!("leases \"{name}\": {why}"));
+    match *method {
+        Method::GET => match store.leases.get(&key) {
+            Some(lease) => ok(lease.clone()),
+            None => status(404, "NotFound", &format!("leases \"{name}\" not found")),
+        },
+        Method::POST | Method::PUT => {
+            let stored = store.leases.get(&key).map(|l| l["metadata"]["resourceVersion"].clone());
+            match (method == Method::POST, stored) {
+                (true, Some(_)) => return conflict("already exists"),
+                (false, None) => return status(404, "NotFound", &format!("leases \"{name}\" not found")),
+                (false, Some(rv)) if body["metadata"]["resourceVersion"] != rv => {
+                    return conflict("the object has been modified");
+                }
+                _ => {}
+            }
+            store.resource_version += 1;
+            body["metadata"]["resourceVersion"] = json!(store.resource_version.to_string());
+            body["metadata"]["namespace"] = json!(namespace);
+            store.leases.insert(key, body.clone());
+            ok(body)
+        }
+        _ => status(405, "MethodNotAllowed", "not served here"),
     }
 }
 

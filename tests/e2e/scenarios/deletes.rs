@@ -46,3 +46,37 @@ pub fn the_workload_budget_refuses_one_too_many(rig: &Rig) -> Result<()> {
     ensure!(err.contains("busyguard.io/max-unavailable"), "not the budget's refusal: {err}");
     Ok(())
 }
+
+/// Two replicas answer a workload's deletes at once (the API server spreads concurrent webhook
+/// calls over its connections, and the Service over the replicas), and a budget of one never
+/// loses two pods: of four deletes sent together, one goes and the rest are refused, round after
+/// round. The replicas agree through the workload's Lease, which the API server arbitrates.
+pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("budget-race")?;
+    let mut workload = workers::deployment(&ns, "agent", 4);
+    workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/max-unavailable"] = "1".into();
+    workers::start(rig, &workload, "agent", 4)?;
+    for round in 0..3 {
+        eventually("every pod back and Ready", Duration::from_secs(45), || {
+            Ok(workers::ready_pods(rig, &ns, "agent")?.len() == 4 && rig.live_pods(&ns, "agent")?.len() == 4)
+        })?;
+        let pods = workers::ready_pods(rig, &ns, "agent")?;
+        let deletes: Vec<_> = (pods.iter())
+            .map(|pod| rig.kubectl_aside(&["-n", &ns, "delete", "pod", pod, "--wait=false"]))
+            .collect::<Result<_>>()?;
+        let mut gone = 0;
+        for delete in deletes {
+            let output = delete.wait_with_output()?;
+            let err = String::from_utf8_lossy(&output.stderr);
+            if output.status.success() {
+                gone += 1;
+            } else {
+                ensure!(err.contains("busyguard.io/max-unavailable"), "round {round}: not the budget's refusal: {err}");
+            }
+        }
+        ensure!(gone == 1, "round {round}: {gone} of 4 pods went under a budget of one");
+    }
+    let lease = rig.get(&["-n", &ns, "lease", "busyguard-budget-deployment-agent"])?;
+    ensure!(lease["metadata"]["annotations"]["busyguard.io/granted"].is_string(), "no grants on record: {lease}");
+    Ok(())
+}

@@ -21,6 +21,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones", scale::idle_first_then_waits),
     ("a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle", deletes::deferred_once),
     ("a_workload_budget_refuses_a_delete_one_too_many", deletes::the_workload_budget_refuses_one_too_many),
+    (
+        "two_replicas_never_let_a_budget_of_one_lose_two_pods",
+        deletes::two_replicas_never_let_a_budget_of_one_lose_two_pods,
+    ),
     ("a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle", drains::drain_waits_for_the_busy_pod),
     (
         "a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits",

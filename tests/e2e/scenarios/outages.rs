@@ -151,6 +151,11 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
     flip(rig, &ns, "task", true)?;
     let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
     ensure!(!ok, "the busy pod was deleted");
+    // A pod let go under a workload budget: its workload's Lease records it.
+    let mut budgeted = workers::deployment(&ns, "agent", 2);
+    budgeted["spec"]["template"]["metadata"]["labels"]["busyguard.io/max-unavailable"] = "1".into();
+    let agents = workers::start(rig, &budgeted, "agent", 2)?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", &agents[0], "--wait=false"])?;
     eventually("the deferred delete and the busy-pod PDB", Duration::from_secs(45), || {
         let marked = rig.pod(&ns, "task")?.is_some_and(|p| label(&p, "busyguard.io/delete-requested").is_some());
         Ok(marked && rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
@@ -173,6 +178,7 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
         ensure!(ok, "cleanup failed: {said}");
         ensure!(said.contains(&format!("pod {}/task: restored", &*ns)), "{said}");
         ensure!(said.contains(&format!("poddisruptionbudget {}/busyguard-busy: deleted", &*ns)), "{said}");
+        ensure!(said.contains(&format!("lease {}/busyguard-budget-deployment-agent: deleted", &*ns)), "{said}");
         let pod = rig.pod(&ns, "task")?.context("the pod is gone")?;
         let ours = |map: &serde_json::Value| -> Vec<String> {
             let keys = map.as_object().into_iter().flatten().map(|(k, _)| k.clone());

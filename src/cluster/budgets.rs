@@ -1,0 +1,86 @@
+//! The arbiter of workload budgets (`policy::budget`): the pods let go under a workload's budget
+//! recorded on its Lease, written with the Lease's resourceVersion as the precondition, so that
+//! the API server decides which of two replicas' claims comes first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+
+use super::view::View;
+use crate::policy::budget::{GRANTS_ANNOTATION, Grants, lease_name};
+use crate::policy::keys::FIELD_MANAGER;
+use crate::policy::outcome::BudgetClaim;
+// The label on busyguard's objects, for `busyguard cleanup` to find them.
+use crate::policy::pdb::MANAGED_BY;
+
+/// How many times a claim reads and writes again after another claim's write came first.
+const ATTEMPTS: usize = 8;
+
+pub struct Budgets {
+    pub client: kube::Client,
+    pub view: Arc<View>,
+}
+
+impl Budgets {
+    /// Records `claim`'s pod as let go if its workload's budget still has a place for it:
+    /// `Ok(true)` once recorded, `Ok(false)` when the budget is used up (or other claims kept
+    /// coming first: the requester retries), `Err` when the API server could not be asked.
+    pub async fn claim(&self, claim: &BudgetClaim) -> Result<bool, String> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let name = lease_name(&claim.workload);
+        let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+        for _ in 0..ATTEMPTS {
+            let lease = leases.get_opt(&name).await.map_err(|e| format!("reading Lease {name}: {e}"))?;
+            let recorded = lease.as_ref().map(recorded_grants).unwrap_or_default();
+            let still_there = |pod: &str| self.view.holds(&claim.namespace, pod);
+            let Some(grants) = crate::policy::budget::claim(claim, &recorded, still_there, Timestamp::now()) else {
+                return Ok(false);
+            };
+            let written = match lease {
+                None => leases.create(&params, &new_lease(&name, &grants)).await,
+                // The resourceVersion read above is the precondition: a write in between is a 409.
+                Some(mut lease) => {
+                    lease
+                        .metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(GRANTS_ANNOTATION.into(), encode(&grants));
+                    leases.replace(&name, &params, &lease).await
+                }
+            };
+            match written {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => return Err(format!("writing Lease {name}: {e}")),
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The grants a Lease records; unreadable ones count as none (they expire anyway).
+fn recorded_grants(lease: &Lease) -> Grants {
+    let recorded = lease.metadata.annotations.as_ref().and_then(|a| a.get(GRANTS_ANNOTATION));
+    recorded.and_then(|json| serde_json::from_str(json).ok()).unwrap_or_default()
+}
+
+fn encode(grants: &Grants) -> String {
+    serde_json::to_string(grants).expect("names and times always serialize")
+}
+
+fn new_lease(name: &str, grants: &Grants) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([(MANAGED_BY.0.into(), MANAGED_BY.1.into())])),
+            annotations: Some(BTreeMap::from([(GRANTS_ANNOTATION.into(), encode(grants))])),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    }
+}

@@ -1,0 +1,117 @@
+//! The workload budget (`busyguard.io/max-unavailable`) across replicas. Each replica sees the
+//! workload's unavailable pods in its own view, but two replicas answering at the same moment
+//! would each let a pod go. So the pods let go are also recorded on one object per workload that
+//! the API server arbitrates: a Lease written with its resourceVersion as the precondition, as
+//! OpenKruise's PodUnavailableBudget keeps its status. Of two replicas claiming the budget's last
+//! place at once, the second write fails (409), reads the first one's grant and refuses.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::outcome::BudgetClaim;
+
+/// The other pods of a pod's workload that are unavailable now, by name (not Running and
+/// Ready, or going away), as the view holds them, and the workload they count for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Siblings {
+    /// `Kind/name`: a Deployment across its ReplicaSets, else the pod's controlling owner.
+    pub workload: String,
+    pub unavailable: Vec<String>,
+}
+
+/// Pods let go under a workload's budget, by name, with when.
+pub type Grants = BTreeMap<String, Timestamp>;
+
+/// The Lease annotation that holds a workload's [`Grants`] (JSON).
+pub const GRANTS_ANNOTATION: &str = "busyguard.io/granted";
+
+/// How long a pod let go counts as unavailable by its grant alone: until the watch shows it
+/// going (then the view counts it), or the delete did not happen after all (refused further down
+/// the admission chain, or never sent).
+pub const GRANT_HELD_FOR: SignedDuration = SignedDuration::from_secs(30);
+
+/// What the name of every Lease of grants starts with.
+pub const LEASE_PREFIX: &str = "busyguard-budget-";
+
+/// The Lease of `workload`'s grants, in the pods' namespace (`DaemonSet/agent` →
+/// `busyguard-budget-daemonset-agent`: owner names are DNS subdomains already).
+pub fn lease_name(workload: &str) -> String {
+    format!("{LEASE_PREFIX}{}", workload.to_ascii_lowercase().replace('/', "-"))
+}
+
+/// The arbiter's rule for `claim` against the grants on record: the grants to record instead
+/// (this pod's added, the expired ones and those of pods gone from the view dropped), or `None`
+/// when the workload's unavailable pods (the view's and those let go) leave no place for it.
+pub fn claim(
+    claim: &BudgetClaim,
+    recorded: &Grants,
+    still_there: impl Fn(&str) -> bool,
+    now: Timestamp,
+) -> Option<Grants> {
+    let mut grants: Grants = (recorded.iter())
+        .filter(|(pod, at)| **pod != claim.pod && now.duration_since(**at) < GRANT_HELD_FOR && still_there(pod))
+        .map(|(pod, at)| (pod.clone(), *at))
+        .collect();
+    let unavailable: BTreeSet<&str> = claim.unavailable.iter().chain(grants.keys()).map(String::as_str).collect();
+    if u32::try_from(unavailable.len()).unwrap_or(u32::MAX) >= claim.allowed {
+        return None;
+    }
+    grants.insert(claim.pod.clone(), now);
+    Some(grants)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::outcome::{Decision, Outcome};
+    use crate::policy::testing::ts;
+
+    fn claiming(pod: &str, allowed: u32, unavailable: &[&str]) -> BudgetClaim {
+        BudgetClaim {
+            namespace: "ns".into(),
+            pod: pod.into(),
+            allowed,
+            workload: "DaemonSet/agent".into(),
+            unavailable: unavailable.iter().map(|s| s.to_string()).collect(),
+            refusal: Box::new(Outcome::allow(Decision::Denied)),
+        }
+    }
+
+    #[test]
+    fn of_two_claims_on_a_budget_of_one_the_second_finds_the_firsts_grant_and_is_refused() {
+        let now = ts("2026-11-21T20:00:00Z");
+        let first = claim(&claiming("a", 1, &[]), &Grants::new(), |_| true, now).expect("the first fits");
+        assert_eq!(first, Grants::from([("a".to_string(), now)]));
+        assert_eq!(claim(&claiming("b", 1, &[]), &first, |_| true, now), None, "the second does not");
+        let two = claim(&claiming("b", 2, &[]), &first, |_| true, now).expect("a budget of two");
+        assert_eq!(two.len(), 2);
+    }
+
+    #[test]
+    fn a_pod_counted_unavailable_by_the_view_and_by_its_grant_counts_once() {
+        let now = ts("2026-11-21T20:00:00Z");
+        let recorded = Grants::from([("a".to_string(), now)]);
+        assert!(claim(&claiming("b", 2, &["a"]), &recorded, |_| true, now).is_some());
+        assert!(claim(&claiming("b", 2, &["a", "c"]), &recorded, |_| true, now).is_none());
+    }
+
+    #[test]
+    fn grants_expire_and_those_of_pods_gone_are_dropped() {
+        let then = ts("2026-11-21T20:00:00Z");
+        let recorded =
+            Grants::from([("old".to_string(), then), ("gone".to_string(), then + SignedDuration::from_secs(25))]);
+        let now = then + SignedDuration::from_secs(31);
+        let kept = claim(&claiming("b", 1, &[]), &recorded, |pod| pod != "gone", now).expect("nothing counts any more");
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["b"]);
+        // The same pod claimed again (a retried delete) replaces its own grant.
+        let again = claim(&claiming("b", 1, &[]), &kept, |_| true, now).expect("its own grant is no sibling");
+        assert_eq!(again.len(), 1);
+    }
+
+    #[test]
+    fn a_workloads_lease_is_named_for_it() {
+        assert_eq!(lease_name("DaemonSet/node-agent"), "busyguard-budget-daemonset-node-agent");
+        assert_eq!(lease_name("Deployment/worker"), "busyguard-budget-deployment-worker");
+    }
+}
