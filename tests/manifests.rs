@@ -204,13 +204,16 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         let list = webhook["matchConditions"].as_array().unwrap();
         list.iter().map(|c| c["expression"].as_str().unwrap().to_string()).collect()
     };
+    let serve = Cli::parse_from(["busyguard", "serve"]);
+    let BusyguardCommand::Serve(serve) = serve.command else { unreachable!() };
+    let karpenter = serve.into_config().policy.exemptions.karpenter;
     // Nor, while busyguard is down, the requesters it always lets through, nor deletes it would
     // allow unchanged: the conditions of src/policy/conditions.rs, to the letter.
     assert_eq!(
         conditions(deletes),
         [
             "!has(oldObject.metadata.deletionTimestamp)".to_string(),
-            "request.userInfo.username != 'system:kube-scheduler'".to_string(),
+            conditions::not_from_a_delete_that_must_not_wait(&karpenter),
             conditions::pod_deletes_let_through(),
             conditions::pod_delete_may_be_refused(),
         ]
@@ -222,7 +225,7 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         conditions(preemptions),
         [
             "!has(oldObject.metadata.deletionTimestamp)".to_string(),
-            "request.userInfo.username == 'system:kube-scheduler'".to_string(),
+            conditions::from_a_delete_that_must_not_wait(&karpenter),
             conditions::pod_delete_may_be_refused(),
         ]
     );
@@ -270,9 +273,6 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
-    let serve = Cli::parse_from(["busyguard", "serve"]);
-    let BusyguardCommand::Serve(serve) = serve.command else { unreachable!() };
-    let karpenter = serve.into_config().policy.exemptions.karpenter;
     assert_eq!(conditions(nodes), [conditions::node_deletes_let_through(&karpenter)], "let through, not sent");
     for webhook in webhooks(&objects).into_iter().filter(|w| w.get("namespaceSelector").is_some()) {
         let values = &webhook["namespaceSelector"]["matchExpressions"][0]["values"];
@@ -587,6 +587,20 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
     );
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence")["spec"];
     assert_eq!((&binding["policyName"], &binding["validationActions"]), (&json!("busyguard-fence"), &json!(["Deny"])));
+    // Its busy-pod PDB and the budgets' Leases, the other objects it writes.
+    let objects_policy = &find(&objects, "ValidatingAdmissionPolicy", "busyguard-fence-objects")["spec"];
+    assert_eq!(objects_policy["matchConditions"], policy["matchConditions"]);
+    assert_eq!(objects_policy["failurePolicy"], "Fail");
+    let resources: Vec<&Value> = objects_policy["matchConstraints"]["resourceRules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["resources"])
+        .collect();
+    assert_eq!(resources, [&json!(["poddisruptionbudgets"]), &json!(["leases"])]);
+    assert_eq!(objects_policy["validations"][0]["expression"], conditions::busyguards_own_objects());
+    let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-objects")["spec"];
+    assert_eq!(binding["policyName"], "busyguard-fence-objects");
 }
 
 #[test]

@@ -56,6 +56,15 @@ impl Watch {
         let opted_out = watcher::Config::default().labels(&format!("{NAMESPACE_OPT_OUT_LABEL}=false"));
         let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), opted_out).default_backoff().boxed();
         let mut namespaces_listing: Option<HashSet<String>> = None;
+        // The opted-out namespaces are listed before any pod is looked at: until then, a pod of
+        // one would be taken for a guarded one (refreshed, or given a busy-pod PDB).
+        while let Some(event) = namespaces.next().await {
+            let listed = matches!(event, Ok(watcher::Event::InitDone));
+            self.namespace_event(event, &mut namespaces_listing).await;
+            if listed {
+                break;
+            }
+        }
         // Per scope being listed: the pods the list had so far.
         let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
         let mut malformed_seen: HashSet<String> = HashSet::new();

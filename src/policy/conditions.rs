@@ -14,11 +14,13 @@
 
 use serde_json::{Value, json};
 
+use super::budget::LEASE_PREFIX;
 use super::keys::{
     BUSY_LABEL, BUSY_SINCE, DECIDING_ANNOTATIONS, DELETE_REQUESTED, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT,
     MAX_UNAVAILABLE, PROTECTED_LABEL, WHEN_UNREADY,
 };
 use super::node::CLOUD_NODE_LIFECYCLE_USERS;
+use super::pdb::BUSY_PDB_NAME;
 use super::{
     NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
     POD_GC_USER, POD_NAME_CLAIM, TAINT_MANAGER_USERS,
@@ -148,6 +150,24 @@ pub fn pod_write_marks_anew() -> String {
 pub const LOWERS_REPLICAS: &str =
     "has(object.spec.replicas) && has(oldObject.spec.replicas) && object.spec.replicas < oldObject.spec.replicas";
 
+/// The scheduler, whose preemptions place the cluster's critical pods (busyguard's among them).
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";
+
+/// Pod deletes sent to the fail-open hooks (`pod-preemptions`, `budget-preemptions`) rather than
+/// the fail-closed ones: the scheduler's preemptions, and Karpenter's deletes (`karpenter`), which
+/// busyguard lets through anyway (at its node's deadline the instance goes: better a graceful
+/// delete than a hard kill), so that busyguard being down never holds them.
+pub fn from_a_delete_that_must_not_wait(karpenter: &[String]) -> String {
+    let mut users = vec![SCHEDULER_USER];
+    users.extend(karpenter.iter().map(String::as_str));
+    format!("request.userInfo.username in {}", list(&users))
+}
+
+/// The fail-closed hooks' side of [`from_a_delete_that_must_not_wait`].
+pub fn not_from_a_delete_that_must_not_wait(karpenter: &[String]) -> String {
+    format!("!({})", from_a_delete_that_must_not_wait(karpenter))
+}
+
 /// Pod deletes never sent: the requesters busyguard always lets through (recovery), so that
 /// busyguard being down never holds them. The pod garbage collector is the default exempt user.
 pub fn pod_deletes_let_through() -> String {
@@ -199,6 +219,22 @@ pub fn busyguards_own_pods() -> String {
         list(&NEVER_GUARDED_NAMESPACES),
         carries("labels"),
         carries("annotations")
+    )
+}
+
+/// What busyguard's own token may create or update besides pods (the `manifests/fence` policy's
+/// second half): its busy-pod PodDisruptionBudget, by its one name and selecting protected
+/// opted-in pods only, and the Leases of workload budgets, by their prefix; outside the
+/// namespaces it never guards.
+pub fn busyguards_own_objects() -> String {
+    format!(
+        "!(request.namespace in {}) && (request.resource.resource == 'leases' ? \
+         object.metadata.name.startsWith('{LEASE_PREFIX}') : (object.metadata.name == '{BUSY_PDB_NAME}' && \
+         has(object.spec.selector) && has(object.spec.selector.matchLabels) && \
+         object.spec.selector.matchLabels == {{'{PROTECTED_LABEL}': 'true'}} && \
+         has(object.spec.selector.matchExpressions) && object.spec.selector.matchExpressions.all(e, e.key == \
+         '{BUSY_LABEL}' && e.operator == 'Exists')))",
+        list(&NEVER_GUARDED_NAMESPACES)
     )
 }
 
@@ -542,6 +578,31 @@ mod tests {
         for user in CLOUD_NODE_LIFECYCLE_USERS.iter().copied().chain(["system:serviceaccount:karpenter:karpenter"]) {
             assert!(!sent(&node_deletes_let_through(&karpenter), "DELETE", user, &Value::Null, &Value::Null), "{user}");
         }
+    }
+
+    #[test]
+    fn the_fence_keeps_busyguards_token_to_its_own_pdb_and_leases() {
+        let lets = |resource: &str, namespace: &str, object: Value| {
+            let request = json!({"operation": "CREATE", "namespace": namespace, "resource": {"resource": resource}});
+            holds(&busyguards_own_objects(), &request, &object, &Value::Null)
+        };
+        let ours = serde_json::to_value(crate::policy::pdb::busy_pdb("jobs")).unwrap();
+        assert!(lets("poddisruptionbudgets", "jobs", ours.clone()), "busyguard's own, as it writes it");
+        let mut every_pod = ours.clone();
+        every_pod["spec"]["selector"] = json!({"matchLabels": {}});
+        let mut renamed = ours.clone();
+        renamed["metadata"]["name"] = json!("payments");
+        for (what, pdb, namespace) in [
+            ("selecting every pod", every_pod, "jobs"),
+            ("another name", renamed, "jobs"),
+            ("in kube-system", ours, "kube-system"),
+        ] {
+            assert!(!lets("poddisruptionbudgets", namespace, pdb), "{what}");
+        }
+        let lease = |name: &str| json!({"metadata": {"name": name}});
+        assert!(lets("leases", "jobs", lease("busyguard-budget-daemonset-agent")));
+        assert!(!lets("leases", "jobs", lease("kube-scheduler")), "another's Lease");
+        assert!(!lets("leases", "kube-system", lease("busyguard-budget-x")), "in kube-system");
     }
 
     /// Whether the fence lets busyguard's token write or delete `pod` in `namespace`.

@@ -154,7 +154,8 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
 
 /// With `manifests/fence`, the API server itself refuses busyguard's own service account any
 /// write or delete of a pod that is not busyguard's (none of its labels or annotations), or in
-/// kube-system; busyguard's own writes go through (every scenario runs with the fence).
+/// kube-system, and any PodDisruptionBudget or Lease but its own; busyguard's own writes go
+/// through (every scenario runs with the fence).
 pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("fence")?;
     let mut plain = workers::pod(&ns, "plain", None);
@@ -180,5 +181,18 @@ pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
     let (ok, _, err) = rig.try_kubectl_as(busyguard, &args)?;
     rig.kubectl(&["-n", "kube-system", "delete", "pod", "e2e-fence", "--wait=false"])?;
     ensure!(!ok && err.contains("busyguard-fence"), "busyguard's token could delete a pod in kube-system: {err}");
+    let everything =
+        ["-n", &ns, "create", "pdb", "payments", "--selector=app=plain", "--min-available=1", "--dry-run=server"];
+    let (ok, _, err) = rig.try_kubectl_as(busyguard, &everything)?;
+    ensure!(
+        !ok && err.contains("busyguard-fence-objects"),
+        "busyguard's token could create a PDB of its own choosing: {err}"
+    );
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "kube-scheduler", "namespace": &*ns}});
+    let path = rig.work.join(format!("{}-lease.json", &*ns));
+    std::fs::write(&path, lease.to_string())?;
+    let file = path.to_string_lossy().to_string();
+    let (ok, _, err) = rig.try_kubectl_as(busyguard, &["create", "-f", &file, "--dry-run=server"])?;
+    ensure!(!ok && err.contains("busyguard-fence-objects"), "busyguard's token could create another's Lease: {err}");
     Ok(())
 }
