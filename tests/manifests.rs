@@ -164,7 +164,7 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
 
     let pods = webhook(&objects, "pods.busyguard.io");
     assert_eq!(find(&objects, "MutatingWebhookConfiguration", "busyguard")["webhooks"][0], *pods);
-    assert_eq!(rule(pods), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods"])));
+    assert_eq!(rule(pods), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods", "pods/resize"])));
     assert_eq!(
         (&pods["failurePolicy"], &pods["clientConfig"]["service"]["path"]),
         (&json!("Ignore"), &json!("/mutate"))

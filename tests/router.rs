@@ -159,3 +159,32 @@ async fn a_controller_in_a_pod_of_its_own_labels_a_busy_pod_as_before_busyguard(
     let (status, answer) = post(&app, "/validate", &review).await;
     assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(true)), "{answer}");
 }
+
+#[tokio::test]
+async fn a_resize_that_restarts_a_busy_pods_container_is_refused_429_and_one_in_place_is_allowed_unpatched() {
+    let app = app();
+    let since = (jiff::Timestamp::now() - jiff::SignedDuration::from_mins(5)).round(jiff::Unit::Second).unwrap();
+    let review = |memory_policy: &str| {
+        let mut review = fixture("pod-update-label-busy-by-user.json");
+        let request = &mut review["request"];
+        request["subResource"] = serde_json::json!("resize");
+        request["requestSubResource"] = serde_json::json!("resize");
+        for (field, memory) in [("oldObject", "1Gi"), ("object", "2Gi")] {
+            let pod = &mut request[field];
+            pod["metadata"]["labels"]["busyguard.io/busy"] = serde_json::json!("true");
+            pod["metadata"]["annotations"]["busyguard.io/busy-since"] = serde_json::json!(since.to_string());
+            let container = &mut pod["spec"]["containers"][0];
+            container["resources"] = serde_json::json!({"requests": {"memory": memory}});
+            container["resizePolicy"] = serde_json::json!([{"resourceName": "memory", "restartPolicy": memory_policy}]);
+        }
+        review
+    };
+    let (status, answer) = post(&app, "/mutate", &review("RestartContainer")).await;
+    assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(false)), "{answer}");
+    assert_eq!(answer["response"]["status"]["code"], 429);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("this update would restart its container \"app\""), "{message}");
+    let (_, answer) = post(&app, "/mutate", &review("NotRequired")).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"]["patch"].is_null(), "a resize is never patched: {answer}");
+}

@@ -39,6 +39,8 @@ pub enum Resource {
     /// `pods/status`: labels and annotations can be written there too, out of every mutating
     /// webhook's sight.
     PodStatus,
+    /// `pods/resize` (Kubernetes 1.33 and later): a container's resources changed in place.
+    PodResize,
     Nodes,
     PodEviction,
     ReplicaSets,
@@ -53,6 +55,7 @@ impl Resource {
         match (request.resource.group.as_str(), request.resource.resource.as_str(), request.sub_resource()) {
             ("", "pods", "") => Resource::Pods,
             ("", "pods", "status") => Resource::PodStatus,
+            ("", "pods", "resize") => Resource::PodResize,
             ("", "nodes", "") => Resource::Nodes,
             ("", "pods", "eviction") => Resource::PodEviction,
             ("apps", "replicasets", "") => Resource::ReplicaSets,
@@ -68,6 +71,7 @@ impl Resource {
         match self {
             Resource::Pods => "pods",
             Resource::PodStatus => "pods/status",
+            Resource::PodResize => "pods/resize",
             Resource::Nodes => "nodes",
             Resource::PodEviction => "pods/eviction",
             Resource::ReplicaSets => "replicasets",
@@ -97,7 +101,9 @@ impl Route {
     pub fn of(resource: Resource, operation: Operation) -> Route {
         use Resource::*;
         match (resource, operation) {
-            (Pods, Operation::Create | Operation::Update) | (PodStatus, Operation::Update) => Route::PodWrite,
+            (Pods, Operation::Create | Operation::Update) | (PodStatus | PodResize, Operation::Update) => {
+                Route::PodWrite
+            }
             (Pods, Operation::Delete) => Route::PodDelete,
             (PodEviction, Operation::Create) => Route::PodEviction,
             (ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
@@ -147,12 +153,17 @@ pub fn admit(
             };
             let ask = ask(request, request.is_dry_run());
             let through_status = resource == Resource::PodStatus;
-            Ok(match webhook {
-                Webhook::Mutating if through_status => Outcome::allow(Decision::Unhandled),
-                Webhook::Mutating => update::mutate_pod(&ask, pod, before, policy, now),
+            Ok(match (webhook, resource) {
+                (Webhook::Mutating, Resource::PodStatus) => Outcome::allow(Decision::Unhandled),
+                // A resize changes resources alone: judged for the restart it may cause, not patched.
+                (Webhook::Mutating, Resource::PodResize) => match before {
+                    Some(before) => update::judge_resize(&ask, pod, before, policy, now),
+                    None => Outcome::allow(Decision::Unhandled),
+                },
+                (Webhook::Mutating, _) => update::mutate_pod(&ask, pod, before, policy, now),
                 // The validating registrations see the writes of workers, of busyguard's own
                 // keys and of busyguard's mark.
-                Webhook::Validating => {
+                (Webhook::Validating, _) => {
                     let guarded = |namespace: &str, name: &str| inputs.view.holds(namespace, name);
                     let writer = own_flag::writer(&ask.requester, inputs.view.own_user(), ask.namespace, pod, guarded);
                     own_flag::judge_write(&ask, pod, before, writer, through_status, policy, now)

@@ -214,6 +214,8 @@ pub enum Reason {
     ForgedKeys,
     /// Refused: a pod's own max-busy below the floor.
     MaxBusyBelowFloor,
+    /// Refused: an update that would restart a busy pod's task container.
+    RestartWhileBusy,
     BusyDeleteDeferred,
     /// A busy (not Ready) pod the ReplicaSet controller picked, released from it instead.
     BusyReleased,

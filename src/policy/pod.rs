@@ -32,6 +32,70 @@ pub struct PodSpec {
     /// Whose tokens are the pod's own workers' (the API server sets it, `default` at least).
     #[serde(default, deserialize_with = "null_as_default")]
     pub service_account_name: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub containers: Vec<ContainerSpec>,
+}
+
+/// What of a container says whether an update restarts it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub name: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub image: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resources: ContainerResources,
+    /// Per resource, whether a resize restarts the container (`RestartContainer`) or not.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resize_policy: Vec<ResizePolicy>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct ContainerResources {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub requests: BTreeMap<String, serde_json::Value>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub limits: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizePolicy {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_name: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub restart_policy: String,
+}
+
+impl Pod {
+    /// The container whose task this update would end by restarting it, if any: its image
+    /// changed, or a resource whose resize policy is `RestartContainer`. Only the task container
+    /// counts, as for a restart that makes the flag stale (`busyguard.io/task-container`, else
+    /// `kubectl.kubernetes.io/default-container`, else any container).
+    pub fn restarted_container(&self, before: &Pod) -> Option<&str> {
+        let task = self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER));
+        let candidates = self.spec.containers.iter().filter(|c| task.is_none_or(|task| c.name == task));
+        candidates
+            .filter(|new| {
+                let Some(old) = before.spec.containers.iter().find(|old| old.name == new.name) else { return false };
+                old.image != new.image || restarting_resize(old, new)
+            })
+            .map(|c| c.name.as_str())
+            .next()
+    }
+}
+
+/// Whether a resource of the container changed whose resize policy restarts it.
+fn restarting_resize(old: &ContainerSpec, new: &ContainerSpec) -> bool {
+    let restarts = |resource: &str| {
+        new.resize_policy.iter().any(|p| p.resource_name == resource && p.restart_policy == "RestartContainer")
+    };
+    let changed = |resource: &str| {
+        old.resources.requests.get(resource) != new.resources.requests.get(resource)
+            || old.resources.limits.get(resource) != new.resources.limits.get(resource)
+    };
+    ["cpu", "memory"].into_iter().any(|resource| changed(resource) && restarts(resource))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -7,14 +7,14 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::PolicyConfig;
-use super::busy::MaxBusy;
+use super::busy::{BusyState, MaxBusy, busy_state};
 use super::cost::KARPENTER_NOTHING_COST;
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
     WHEN_UNREADY,
 };
 use super::marks::{json_patch, plan};
-use super::outcome::{Answer, Ask, Decision, Denial, Outcome, Reason};
+use super::outcome::{Answer, Ask, AuditRecord, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::parse_positive_duration;
 
@@ -27,6 +27,9 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
     let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
+    if let Some(outcome) = before.and_then(|old| restart_refused(ask, pod, old, config, now)) {
+        return outcome;
+    }
     let refusal = match (turning_busy, pod.metadata.deletion_timestamp, config.max_busy.below_floor(pod)) {
         (true, Some(deleting), _) => Some((
             Denial::PodTerminating,
@@ -51,6 +54,42 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
     Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
+}
+
+/// A `pods/resize` of a busy pod: refused if its resize policy restarts the task container.
+pub fn judge_resize(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    restart_refused(ask, pod, before, config, now).unwrap_or_else(|| Outcome::allow(Decision::Allowed))
+}
+
+/// An update that would restart a busy pod's task container (a new image, or a resize its
+/// resize policy restarts it for) is refused as its delete would be: 429, until it is idle.
+/// Anything else about a busy pod may still change.
+fn restart_refused(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Option<Outcome> {
+    let BusyState::Busy { since, until } = busy_state(before, config.max_busy, now) else { return None };
+    let container = pod.restarted_container(before)?;
+    let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
+    let audit = |decision, reason, detail| AuditRecord {
+        busy_since: since,
+        ..ask.audit(decision, reason, detail, config.mode, now)
+    };
+    Some(Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit))
+}
+
+/// An update refused because it would restart the container of a busy pod's task.
+pub fn restart_while_busy(
+    namespace: &str,
+    name: &str,
+    container: &str,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+) -> String {
+    let since = since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
+    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    format!(
+        "pod {namespace}/{name} is busy since {since}{until}: this update would restart its container {container:?} \
+         and end the task; retry once the pod is idle (to force: kubectl label pod {name} -n {namespace} \
+         {BUSY_LABEL}=false --overwrite)"
+    )
 }
 
 /// What is wrong with how a pod uses the contract, said back to whoever wrote it.
@@ -629,6 +668,62 @@ mod tests {
         doc["metadata"]["annotations"].as_object_mut().unwrap().remove(RETIRED_WHEN_UNREADY);
         doc["metadata"]["annotations"].as_object_mut().unwrap().remove(MAX_UNAVAILABLE);
         assert!(contract_warnings(&pod(doc), DAY).is_empty(), "a whole mark, and none of the old keys");
+    }
+
+    /// A busy worker with a task container and a sidecar, as stored after its flip.
+    fn busy_with_containers() -> Value {
+        let mut idle = worker(json!({}));
+        idle["spec"] = json!({"containers": [
+            {"name": "worker", "image": "example.com/worker:1",
+             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+             "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
+                              {"resourceName": "memory", "restartPolicy": "RestartContainer"}]},
+            {"name": "proxy", "image": "example.com/proxy:1"}]});
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        mutated(&idle, &flip, "2026-11-21T20:00:00Z").1
+    }
+
+    #[test]
+    fn an_update_that_would_restart_a_busy_pods_container_is_refused_429_until_idle() {
+        let busy = busy_with_containers();
+        let now = "2026-11-21T20:30:00Z";
+        let change = |edit: &dyn Fn(&mut Value)| {
+            let mut new = busy.clone();
+            edit(&mut new);
+            mutated(&busy, &new, now).0
+        };
+        let image = change(&|p| p["spec"]["containers"][0]["image"] = json!("example.com/worker:2"));
+        let Answer::Deny { denial, message } = &image.answer else { panic!("{:?}", image.answer) };
+        assert_eq!((denial.code(), denial.cause()), (429, "BusyguardPodBusy"));
+        assert_eq!(
+            message,
+            "pod ns/w is busy since 2026-11-21T20:00:00Z (protection lapses at 2026-11-22T20:00:00Z at the latest): \
+             this update would restart its container \"worker\" and end the task; retry once the pod is idle (to \
+             force: kubectl label pod w -n ns busyguard.io/busy=false --overwrite)"
+        );
+        assert_eq!(image.audit.unwrap().reason, Reason::RestartWhileBusy);
+        let memory = change(&|p| p["spec"]["containers"][0]["resources"]["requests"]["memory"] = json!("2Gi"));
+        assert!(!memory.is_allowed(), "a resize its policy restarts the container for");
+        let cpu = change(&|p| p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("2"));
+        assert!(cpu.is_allowed(), "a resize in place");
+        let label = change(&|p| p["metadata"]["labels"]["team"] = json!("b"));
+        assert!(label.is_allowed(), "anything else about a busy pod");
+    }
+
+    #[test]
+    fn only_the_task_containers_restart_counts_and_an_idle_pod_changes_freely() {
+        let mut busy = busy_with_containers();
+        busy["metadata"]["annotations"][TASK_CONTAINER] = json!("worker");
+        let mut sidecar = busy.clone();
+        sidecar["spec"]["containers"][1]["image"] = json!("example.com/proxy:2");
+        assert!(mutated(&busy, &sidecar, "2026-11-21T20:30:00Z").0.is_allowed(), "a sidecar's restart");
+        let mut idle = busy.clone();
+        set_label(&mut idle, "false");
+        let (_, idle) = mutated(&busy, &idle, "2026-11-21T20:30:00Z");
+        let mut new_image = idle.clone();
+        new_image["spec"]["containers"][0]["image"] = json!("example.com/worker:2");
+        assert!(mutated(&idle, &new_image, "2026-11-21T20:31:00Z").0.is_allowed(), "an idle pod's");
     }
 
     #[test]

@@ -345,10 +345,12 @@ impl ControlPlane {
         // A terminating busyguard pod stays until its process exits (the rig finishes it then),
         // as with a real kubelet; worker pods here have a grace period of 1 s.
         up.env("K8S_DIR", &dir).env("RIG_MAX_GRACE", "60");
-        // ValidatingAdmissionPolicy (beta in 1.28), for the fence around busyguard's own token.
+        // ValidatingAdmissionPolicy (beta in 1.28), for the fence around busyguard's own token;
+        // InPlacePodVerticalScaling (alpha in 1.28), for resizes of a busy pod's containers.
         up.env(
             "APISERVER_EXTRA",
-            "--feature-gates=ValidatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true",
+            "--feature-gates=ValidatingAdmissionPolicy=true,InPlacePodVerticalScaling=true \
+             --runtime-config=admissionregistration.k8s.io/v1beta1=true",
         );
         run(&mut up).context("starting the control plane")?;
         Ok(ControlPlane { harness, dir })

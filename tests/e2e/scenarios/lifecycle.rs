@@ -126,3 +126,36 @@ pub fn preemption_of_a_busy_pod_waits(rig: &Rig) -> Result<()> {
     })?;
     Ok(())
 }
+
+/// An update that would restart a busy pod's task container is refused until the pod is idle:
+/// a new image (`kubectl set image`), and a resize its resize policy restarts the container for
+/// (InPlacePodVerticalScaling, on in this control plane); a resize in place and any other change
+/// go through, and an idle pod changes freely.
+pub fn a_container_restarting_update_of_a_busy_pod_is_refused(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("restart")?;
+    let mut pod = workers::pod(&ns, "task", None);
+    pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m", "memory": "64Mi"}});
+    pod["spec"]["containers"][0]["resizePolicy"] = json!([
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "RestartContainer"}]);
+    workers::start(rig, &pod, "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let resize = |resource: &str, value: &str| {
+        let patch = json!({"spec": {"containers": [{"name": "worker", "resources": {"requests": {resource: value}}}]}});
+        rig.try_kubectl(&["-n", &ns, "patch", "pod", "task", "-p", &patch.to_string()])
+    };
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "set", "image", "pod/task", "worker=example.com/worker:2"])?;
+    ensure!(!ok && err.contains("would restart its container"), "a busy pod's image changed: {err}");
+    let (ok, _, err) = resize("memory", "128Mi")?;
+    ensure!(
+        !ok && err.contains("would restart its container"),
+        "a restarting resize of a busy pod went through: {err}"
+    );
+    let (ok, _, err) = resize("cpu", "200m")?;
+    ensure!(ok, "a resize in place of a busy pod was refused: {err}");
+    rig.kubectl(&["-n", &ns, "label", "pod", "task", "team=b"])?;
+    flip(rig, &ns, "task", false)?;
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "set", "image", "pod/task", "worker=example.com/worker:2"])?;
+    ensure!(ok, "an idle pod's image could not change: {err}");
+    Ok(())
+}

@@ -32,6 +32,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("a_flip_to_busy_on_a_terminating_pod_is_refused", lifecycle::a_flip_on_a_terminating_pod_is_refused),
     ("removing_the_busy_label_of_a_busy_pod_restores_it", lifecycle::removing_the_label_restores_the_pod),
+    (
+        "an_update_that_would_restart_a_busy_pods_container_is_refused",
+        lifecycle::a_container_restarting_update_of_a_busy_pod_is_refused,
+    ),
     ("protection_lapses_after_max_busy_and_the_pod_goes", lifecycle::protection_lapses_after_max_busy),
     ("a_busy_pod_lost_without_a_request_is_reported_once", lifecycle::a_loss_is_reported_once),
     ("a_workers_own_token_flips_its_own_label_and_nothing_else", flags::own_flag_only),
