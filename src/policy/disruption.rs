@@ -6,7 +6,10 @@ use jiff::Timestamp;
 
 use super::budget::Siblings;
 use super::busy::{BusyState, Lapse, busy_state};
-use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, MAX_UNAVAILABLE, POD_TEMPLATE_HASH, RELEASED_FROM};
+use super::keys::{
+    BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
+    POD_TEMPLATE_HASH, RELEASED_FROM, REQUEST_EVICT_ONLY,
+};
 use super::outcome::{
     Action, Answer, Ask, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason,
 };
@@ -248,7 +251,10 @@ pub fn judge_disruption(
             let confirmed = seen
                 .is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
             let acts = confirmed && !ask.dry_run;
-            let deferred = acts && action == Action::Delete && defers_delete(ask.requester);
+            // The descheduler asks some evictions to start an evacuation instead: the pod goes
+            // once idle, as a person's delete does, and the descheduler is told it is under way.
+            let in_background = action == Action::Evict && pod.annotation(REQUEST_EVICT_ONLY).is_some();
+            let deferred = acts && ((action == Action::Delete && defers_delete(ask.requester)) || in_background);
             // Busy by readiness, the ReplicaSet controller keeps picking this pod first (it ranks
             // NotReady pods first) and the scale-down never ends: take the pod out of its
             // ReplicaSet instead, so the scale-down completes, and delete it once it is Ready.
@@ -257,6 +263,9 @@ pub fn judge_disruption(
             });
             if deferred {
                 message.push_str(&delete_deferred());
+            }
+            if deferred && in_background {
+                message.push_str(&evacuation_triggered());
             }
             if hash.is_some() {
                 message.push_str(&released());
@@ -269,7 +278,7 @@ pub fn judge_disruption(
             }
             let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
             if deferred && pod.delete_request().is_none() {
-                effects.push(Effect::MarkDeleteRequested { pod: target.clone(), request: request() });
+                effects.push(Effect::MarkDeleteRequested { pod: target.clone(), request: request(), in_background });
             }
             if let Some(hash) = hash {
                 effects.push(Effect::Release { pod: target, hash: hash.to_string(), request: request() });
@@ -343,6 +352,12 @@ pub fn delete_deferred() -> String {
         "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
          (if the annotation does not appear, delete again later)"
     )
+}
+
+/// Added to a refusal of an eviction the descheduler asked to run in the background: its words
+/// for an evacuation under way.
+pub fn evacuation_triggered() -> String {
+    format!("; {EVACUATION_TRIGGERED}: the pod is marked {EVICTION_IN_PROGRESS} and goes once idle")
 }
 
 /// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked.
@@ -642,6 +657,29 @@ mod tests {
     }
 
     #[test]
+    fn a_descheduler_eviction_in_the_background_of_a_busy_pod_is_refused_as_under_way_and_marked() {
+        let descheduler = "system:serviceaccount:kube-system:descheduler";
+        let mut asking = busy_worker();
+        asking.metadata.annotations.get_or_insert_default().insert(REQUEST_EVICT_ONLY.into(), "".into());
+        let outcome = judged(descheduler, Action::Evict, &asking, None);
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert_eq!(denial.code(), 429);
+        assert!(message.contains("; Eviction triggered evacuation: the pod is marked"), "{message}");
+        let mark = outcome.effects.iter().find_map(|e| match e {
+            Effect::MarkDeleteRequested { request, in_background, .. } => Some((request.by.as_str(), *in_background)),
+            _ => None,
+        });
+        assert_eq!(mark, Some((descheduler, true)));
+        assert!(outcome.await_effects, "marked under way before the descheduler reads the answer");
+        assert_eq!(outcome.effects[1].pod_patch().unwrap()["metadata"]["annotations"][EVICTION_IN_PROGRESS], "true");
+        // Without the request, the descheduler's eviction is refused as any other: no mark.
+        let plain = judged(descheduler, Action::Evict, &busy_worker(), None);
+        assert!(!plain.effects.iter().any(|e| matches!(e, Effect::MarkDeleteRequested { .. })));
+        let Answer::Deny { message, .. } = &plain.answer else { panic!() };
+        assert!(!message.contains(EVACUATION_TRIGGERED));
+    }
+
+    #[test]
     fn a_release_goes_ahead_only_on_a_replicaset_scaling_down_and_never_under_recreate() {
         assert_eq!(release_confirmed(Some(1), Some(2), Some("RollingUpdate")), Ok(()));
         assert_eq!(release_confirmed(Some(1), Some(2), None), Ok(()), "a ReplicaSet of its own");
@@ -679,7 +717,8 @@ mod tests {
                 Effect::Event { pod: pod.clone(), action: Action::Delete, note: message.clone() },
                 Effect::MarkDeleteRequested {
                     pod,
-                    request: DeleteRequest { by: "alice".into(), at: ts("2026-11-21T21:00:00Z") }
+                    request: DeleteRequest { by: "alice".into(), at: ts("2026-11-21T21:00:00Z") },
+                    in_background: false,
                 },
             ]
         );

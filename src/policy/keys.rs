@@ -86,6 +86,18 @@ impl DeleteRequest {
     }
 }
 
+/// The descheduler's "evictions in background" (its KEP-1397): a pod carrying this annotation
+/// asks that an eviction of it start an evacuation rather than end it at once. busyguard answers
+/// such an eviction of a busy pod with [`EVACUATION_TRIGGERED`] in its 429, marks the pod
+/// [`EVICTION_IN_PROGRESS`], and deletes it once idle.
+pub const REQUEST_EVICT_ONLY: &str = "descheduler.alpha.kubernetes.io/request-evict-only";
+
+/// Set on a pod whose evacuation is under way: the descheduler counts it as going.
+pub const EVICTION_IN_PROGRESS: &str = "descheduler.alpha.kubernetes.io/eviction-in-progress";
+
+/// The words by which the descheduler tells a refusal that started an evacuation.
+pub const EVACUATION_TRIGGERED: &str = "Eviction triggered evacuation";
+
 /// Readiness mode as it was written before 0.2.0: an annotation (`"true"`), with the busy label
 /// `"false"`. No longer read: such pods are idle pods whose deletes busyguard never sees, so each
 /// carrier is warned about (`busyguard status`, the admission answer, a gauge).
@@ -95,7 +107,7 @@ pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
 /// retired keys are read to warn about them: the workload budget as an annotation
 /// ([`MAX_UNAVAILABLE`], now a label) and [`RETIRED_WHEN_UNREADY`].
-pub const DECIDING_ANNOTATIONS: [&str; 13] = [
+pub const DECIDING_ANNOTATIONS: [&str; 14] = [
     BUSY_SINCE,
     MAX_BUSY,
     TASK_CONTAINER,
@@ -109,4 +121,5 @@ pub const DECIDING_ANNOTATIONS: [&str; 13] = [
     IDLE_SAFE_TO_EVICT,
     RETIRED_WHEN_UNREADY,
     MAX_UNAVAILABLE,
+    REQUEST_EVICT_ONLY,
 ];

@@ -13,9 +13,9 @@ use serde_json::Value;
 use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
 use super::keys::{
-    AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DeleteRequest, IDLE_COST,
-    IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT, POD_TEMPLATE_HASH, PROTECTED_LABEL,
-    RELEASED_FROM,
+    AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DeleteRequest,
+    EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
+    POD_TEMPLATE_HASH, PROTECTED_LABEL, RELEASED_FROM,
 };
 use super::pod::{Pod, PodFacts};
 use crate::duration::whole_second;
@@ -354,17 +354,18 @@ impl Plan {
 }
 
 /// A deferred delete recorded on the pod: the mark's label and its annotation.
-pub fn mark(request: &DeleteRequest) -> PodChanges {
-    PodChanges {
-        labels: Changes::from([(DELETE_REQUESTED, Some("true".into()))]),
-        annotations: Changes::from([(DELETE_REQUESTED, Some(request.to_annotation()))]),
+pub fn mark(request: &DeleteRequest, in_background: bool) -> PodChanges {
+    let mut annotations = Changes::from([(DELETE_REQUESTED, Some(request.to_annotation()))]);
+    if in_background {
+        annotations.insert(EVICTION_IN_PROGRESS, Some("true".into()));
     }
+    PodChanges { labels: Changes::from([(DELETE_REQUESTED, Some("true".into()))]), annotations }
 }
 
 /// A busy pod taken out of its ReplicaSet (its `pod-template-hash` kept in
 /// [`RELEASED_FROM`]), with the mark that has it deleted once idle.
 pub fn release(hash: &str, request: &DeleteRequest) -> PodChanges {
-    let mut changes = mark(request);
+    let mut changes = mark(request, false);
     changes.labels.insert(POD_TEMPLATE_HASH, None);
     changes.annotations.insert(RELEASED_FROM, Some(hash.into()));
     changes
@@ -402,7 +403,7 @@ mod tests {
             only_the_label.pod_patch(),
             Some(json!({"metadata": {"uid": "u-w", "resourceVersion": "8", "labels": {PROTECTED_LABEL: "true"}}}))
         );
-        let marked = Effect::MarkDeleteRequested { pod: pod.clone(), request: request.clone() };
+        let marked = Effect::MarkDeleteRequested { pod: pod.clone(), request: request.clone(), in_background: false };
         assert_eq!(
             marked.pod_patch(),
             Some(json!({"metadata": {"uid": "u-w", "labels": {DELETE_REQUESTED: "true"},

@@ -377,7 +377,9 @@ pub enum Effect {
     Refresh { pod: PodRef, resource_version: String, plan: Plan },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
     #[strum(serialize = "mark-delete")]
-    MarkDeleteRequested { pod: PodRef, request: DeleteRequest },
+    /// `in_background`: an eviction the descheduler asked to run in the background, which the
+    /// pod is marked as under way too.
+    MarkDeleteRequested { pod: PodRef, request: DeleteRequest, in_background: bool },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in
     /// `busyguard.io/released-from`) and mark it for deletion once idle, in one patch.
     Release { pod: PodRef, hash: String, request: DeleteRequest },
@@ -401,7 +403,9 @@ impl Effect {
     pub fn pod_patch(&self) -> Option<serde_json::Value> {
         let (pod, changes, resource_version) = match self {
             Effect::Refresh { pod, resource_version, plan } => (pod, plan.changes(), Some(resource_version)),
-            Effect::MarkDeleteRequested { pod, request } => (pod, marks::mark(request), None),
+            Effect::MarkDeleteRequested { pod, request, in_background } => {
+                (pod, marks::mark(request, *in_background), None)
+            }
             Effect::Release { pod, hash, request } => (pod, marks::release(hash, request), None),
             _ => return None,
         };
@@ -532,7 +536,7 @@ mod tests {
         }
         let pod = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
         let request = crate::policy::keys::DeleteRequest { by: "alice".into(), at: jiff::Timestamp::UNIX_EPOCH };
-        assert_eq!(Effect::MarkDeleteRequested { pod, request }.kind(), "mark-delete");
+        assert_eq!(Effect::MarkDeleteRequested { pod, request, in_background: false }.kind(), "mark-delete");
         assert_eq!(Effect::CreateBusyPdb { namespace: "ns".into() }.kind(), "create-busy-pdb");
         assert_eq!((Action::Delete.as_str(), Action::Evict.as_str()), ("Delete", "Evict"));
     }

@@ -80,3 +80,46 @@ pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result
     ensure!(lease["metadata"]["annotations"]["busyguard.io/granted"].is_string(), "no grants on record: {lease}");
     Ok(())
 }
+
+/// The descheduler's evictions in background (its KEP-1397), the descheduler's side played here:
+/// the eviction of a busy pod that carries `descheduler.alpha.kubernetes.io/request-evict-only`
+/// is answered 429 with "Eviction triggered evacuation", the pod is marked
+/// `descheduler.alpha.kubernetes.io/eviction-in-progress` (so the descheduler counts it as going
+/// and evicts no other in its place), a second eviction is refused the same, and the pod is
+/// deleted once idle, exactly once across the two replicas.
+pub fn the_deschedulers_eviction_in_background_goes_once_idle(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("descheduler")?;
+    let mut pod = workers::pod(&ns, "task", None);
+    pod["metadata"]["annotations"] = serde_json::json!({"descheduler.alpha.kubernetes.io/request-evict-only": ""});
+    workers::start(rig, &pod, "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "task", "namespace": &*ns}});
+    let path = rig.work.join(format!("{}-eviction.json", &*ns));
+    std::fs::write(&path, eviction.to_string())?;
+    let evict = || {
+        let raw = format!("/api/v1/namespaces/{}/pods/task/eviction", &*ns);
+        rig.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])
+    };
+    for attempt in 0..2 {
+        let (ok, _, err) = evict()?;
+        ensure!(!ok, "eviction {attempt} of the busy pod went through");
+        ensure!(
+            err.contains("Eviction triggered evacuation"),
+            "eviction {attempt}: not the descheduler's words: {err}"
+        );
+        eventually("the pod marked as under way", Duration::from_secs(10), || {
+            Ok(rig.pod(&ns, "task")?.is_some_and(|p| {
+                annotation(&p, "descheduler.alpha.kubernetes.io/eviction-in-progress").is_some()
+                    && annotation(&p, "busyguard.io/delete-requested").is_some()
+            }))
+        })?;
+    }
+    ensure!(rig.pod(&ns, "task")?.is_some_and(|p| p["metadata"]["deletionTimestamp"].is_null()), "evicted while busy");
+    flip(rig, &ns, "task", false)?;
+    eventually("the idle pod is deleted", Duration::from_secs(20), || Ok(rig.pod(&ns, "task")?.is_none()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let carried_out = rig.audited(&ns, "task", "deleted-when-idle");
+    ensure!(carried_out.len() == 1, "the evacuation was carried out {} times, not once", carried_out.len());
+    Ok(())
+}

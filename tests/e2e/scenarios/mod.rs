@@ -22,6 +22,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle", deletes::deferred_once),
     ("a_workload_budget_refuses_a_delete_one_too_many", deletes::the_workload_budget_refuses_one_too_many),
     (
+        "the_deschedulers_eviction_in_background_of_a_busy_pod_goes_once_idle",
+        deletes::the_deschedulers_eviction_in_background_goes_once_idle,
+    ),
+    (
         "two_replicas_never_let_a_budget_of_one_lose_two_pods",
         deletes::two_replicas_never_let_a_budget_of_one_lose_two_pods,
     ),
