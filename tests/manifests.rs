@@ -107,7 +107,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 11);
+    assert_eq!(all.len(), 14);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -134,6 +134,14 @@ fn webhooks_never_see_kube_system_nor_busyguards_namespace_and_a_namespace_can_o
     for webhook in namespaced {
         let namespaces = selector(&webhook["namespaceSelector"]);
         let name = &webhook["name"];
+        // Run-to-completion pods only where the namespace says so.
+        if name.as_str().is_some_and(|n| n.starts_with("run-to-completion-")) {
+            assert_eq!(webhook["namespaceSelector"], conditions::run_to_completion_namespaces(), "{name}");
+            let said = json!({"kubernetes.io/metadata.name": "batch", "busyguard.io/run-to-completion": "true"});
+            assert!(selects(&namespaces, &said), "{name}");
+            assert!(!selects(&namespaces, &json!({"kubernetes.io/metadata.name": "batch"})), "{name}");
+            continue;
+        }
         // The own-flag rule for idle pods: everywhere but where no worker may patch pods.
         let own_flags = *name == "idle-pod-flags.busyguard.io";
         assert_eq!(webhook["namespaceSelector"], conditions::guarded_namespaces(own_flags), "{name}");
@@ -174,6 +182,24 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     let objects_of = selector(&pods["objectSelector"]);
     let busy = json!({"busyguard.io/busy": "true"});
     assert!(selects(&objects_of, &busy) && !selects(&objects_of, &opted_in) && !selects(&objects_of, &not_opted_in));
+
+    // Pods of run-to-completion owners, made busy at their creation, picked by labels alone.
+    for (name, owner_label) in conditions::RUN_TO_COMPLETION {
+        let hook = webhook(&objects, name);
+        assert_eq!(rule(hook), (json!([""]), json!(["CREATE"]), json!(["pods"])), "{name}");
+        assert_eq!(hook["objectSelector"], conditions::run_to_completion(owner_label), "{name}");
+        assert!(hook.get("matchConditions").is_none(), "{name}: no condition to evaluate");
+        assert_eq!(
+            (&hook["failurePolicy"], &hook["clientConfig"]["service"]["path"]),
+            (&json!("Ignore"), &json!("/mutate"))
+        );
+        let selected = selector(&hook["objectSelector"]);
+        assert!(selects(&selected, &json!({owner_label: "import"})), "{name}");
+        assert!(
+            !selects(&selected, &json!({owner_label: "import", "busyguard.io/busy": "false"})),
+            "its own opt-in wins"
+        );
+    }
 
     let deletes = webhook(&objects, "pod-deletes.busyguard.io");
     assert_eq!(rule(deletes), (json!([""]), json!(["DELETE"]), json!(["pods"])));

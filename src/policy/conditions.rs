@@ -23,7 +23,7 @@ use super::node::CLOUD_NODE_LIFECYCLE_USERS;
 use super::pdb::BUSY_PDB_NAME;
 use super::{
     NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
-    POD_GC_USER, POD_NAME_CLAIM, TAINT_MANAGER_USERS,
+    POD_GC_USER, POD_NAME_CLAIM, RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
 };
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
@@ -43,6 +43,34 @@ pub fn under_a_budget() -> Value {
         {"key": BUSY_LABEL, "operator": "Exists"},
         {"key": MAX_UNAVAILABLE, "operator": "Exists"},
     ]})
+}
+
+/// The labels by which run-to-completion owners mark their pods, each with its webhook: a Job's
+/// (the Job controller, Kubernetes 1.27 and later), an Argo Workflow's, a Tekton TaskRun's. A
+/// webhook of the same shape with another owner's label protects that owner's pods too.
+pub const RUN_TO_COMPLETION: [(&str, &str); 3] = [
+    ("run-to-completion-jobs.busyguard.io", "batch.kubernetes.io/job-name"),
+    ("run-to-completion-workflows.busyguard.io", "workflows.argoproj.io/workflow"),
+    ("run-to-completion-taskruns.busyguard.io", "tekton.dev/taskRun"),
+];
+
+/// Pods created by a run-to-completion owner (`owner_label`) that did not opt in themselves:
+/// busyguard makes them busy for their whole run (`update::mutate_pod`). Selected by labels
+/// alone, so the API server pays nothing for any other pod.
+pub fn run_to_completion(owner_label: &str) -> Value {
+    json!({"matchExpressions": [
+        {"key": BUSY_LABEL, "operator": "DoesNotExist"},
+        {"key": owner_label, "operator": "Exists"},
+    ]})
+}
+
+/// The namespaces whose run-to-completion pods are busy while they run: those labelled
+/// [`RUN_TO_COMPLETION_NAMESPACE_LABEL`] `"true"`, among those busyguard guards.
+pub fn run_to_completion_namespaces() -> Value {
+    let mut selector = guarded_namespaces(false);
+    let expressions = selector["matchExpressions"].as_array_mut().expect("an array");
+    expressions.push(json!({"key": RUN_TO_COMPLETION_NAMESPACE_LABEL, "operator": "In", "values": ["true"]}));
+    selector
 }
 
 /// Opted-in pods labelled idle: for the own-flag rule on idle pods.
@@ -414,7 +442,10 @@ mod tests {
                 prop_assert!(allowed && outcome.audit.is_none() && outcome.effects.is_empty(), "skipped, but {:?}", outcome.answer);
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, and no one repairs it\nold {old}\nnew {new}");
             }
-            if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
+            // A pod created without the busy label reaches /mutate through a run-to-completion
+            // webhook alone (by its owner's label: `run_to_completion`), and is made busy there.
+            let opted_in = new["metadata"]["labels"].get(BUSY_LABEL).is_some();
+            if opted_in && !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
                 let outcome = update::mutate_pod(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
             }

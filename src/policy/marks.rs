@@ -301,7 +301,7 @@ fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
 /// The JSON pointer to `key` in the pod's `map` (labels or annotations), written into one buffer
 /// with the key encoded (`~` as `~0`, `/` as `~1`): every flip to busy makes several, and the
 /// general builder allocates for each token of each.
-fn metadata_pointer(map: &str, key: &str) -> PointerBuf {
+pub fn metadata_pointer(map: &str, key: &str) -> PointerBuf {
     let mut path = String::with_capacity("/metadata//".len() + map.len() + key.len() + 4);
     path.push_str("/metadata/");
     path.push_str(map);

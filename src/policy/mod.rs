@@ -93,6 +93,10 @@ pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
 /// write to an idle pod there (see `conditions`).
 pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
 
+/// The namespace label (`"true"`) under which the pods of run-to-completion owners (Jobs, Argo
+/// Workflows, Tekton TaskRuns) are busy while they run, with no label in their templates.
+pub const RUN_TO_COMPLETION_NAMESPACE_LABEL: &str = "busyguard.io/run-to-completion";
+
 /// Where the API server names the pod a bound service-account token belongs to.
 pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
 

@@ -16,7 +16,7 @@ use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANA
 
 pub type Labels = BTreeMap<String, String>;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct Pod {
     #[serde(default, deserialize_with = "null_as_default")]
     pub metadata: Metadata,
@@ -26,7 +26,7 @@ pub struct Pod {
     pub status: PodStatus,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     /// Whose tokens are the pod's own workers' (the API server sets it, `default` at least).
@@ -37,7 +37,7 @@ pub struct PodSpec {
 }
 
 /// What of a container says whether an update restarts it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerSpec {
     #[serde(default, deserialize_with = "null_as_default")]
@@ -51,7 +51,7 @@ pub struct ContainerSpec {
     pub resize_policy: Vec<ResizePolicy>,
 }
 
-#[derive(Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct ContainerResources {
     #[serde(default, deserialize_with = "null_as_default")]
     pub requests: BTreeMap<String, serde_json::Value>,
@@ -59,7 +59,7 @@ pub struct ContainerResources {
     pub limits: BTreeMap<String, serde_json::Value>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResizePolicy {
     #[serde(default, deserialize_with = "null_as_default")]
@@ -98,7 +98,7 @@ fn restarting_resize(old: &ContainerSpec, new: &ContainerSpec) -> bool {
     ["cpu", "memory"].into_iter().any(|resource| changed(resource) && restarts(resource))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Metadata {
     #[serde(default, deserialize_with = "null_as_default")]

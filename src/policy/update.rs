@@ -13,10 +13,11 @@ use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
     WHEN_UNREADY,
 };
-use super::marks::{json_patch, plan};
+use super::marks::{json_patch, metadata_pointer, plan};
 use super::outcome::{Answer, Ask, AuditRecord, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 use crate::duration::parse_positive_duration;
+use json_patch::{AddOperation, PatchOperation};
 
 /// The answer to a pod's create or update (`before`: the version it replaces): the annotation
 /// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
@@ -26,6 +27,9 @@ use crate::duration::parse_positive_duration;
 pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
+    if before.is_none() && pod.label(BUSY_LABEL).is_none() {
+        return busy_from_creation(pod, config, now);
+    }
     let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
     if let Some(outcome) = before.and_then(|old| restart_refused(ask, pod, old, config, now)) {
         return outcome;
@@ -54,6 +58,22 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
     Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
+}
+
+/// A pod created without the busy label reaches busyguard only through a run-to-completion
+/// webhook (`conditions::run_to_completion`: its namespace labelled
+/// `busyguard.io/run-to-completion=true`, and its owner's label on it, a Job's, an Argo
+/// Workflow's, a Tekton TaskRun's): it is busy from its creation to its end, where it is free at
+/// once (a finished pod is not protected), with max-busy as the bound. Nothing in its template
+/// needs to change.
+fn busy_from_creation(pod: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let mut busy = pod.clone();
+    busy.metadata.labels.insert(BUSY_LABEL.into(), "true".into());
+    let mut patch = json_patch(pod, &plan(&busy, None, config.mutation, config.max_busy, now));
+    // Such pods carry their owner's label, so the labels map is there.
+    let label = AddOperation { path: metadata_pointer("labels", BUSY_LABEL), value: "true".into() };
+    patch.0.insert(0, PatchOperation::Add(label));
+    Outcome::answer(Answer::Patch { patch, warnings: Vec::new() }, Decision::Patched)
 }
 
 /// A `pods/resize` of a busy pod: refused if its resize policy restarts the task container.
@@ -724,6 +744,32 @@ mod tests {
         let mut new_image = idle.clone();
         new_image["spec"]["containers"][0]["image"] = json!("example.com/worker:2");
         assert!(mutated(&idle, &new_image, "2026-11-21T20:31:00Z").0.is_allowed(), "an idle pod's");
+    }
+
+    #[test]
+    fn a_run_to_completion_pod_created_without_the_label_is_busy_from_its_creation_to_its_end() {
+        let job_pod = json!({"metadata": {"name": "import-x2", "labels": {"batch.kubernetes.io/job-name": "import"}},
+                             "spec": {"containers": [{"name": "main", "image": "example.com/import:1"}]}});
+        let outcome = mutate_pod(
+            &ask("CREATE", "system:serviceaccount:kube-system:job-controller"),
+            &pod(job_pod.clone()),
+            None,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
+        let Answer::Patch { patch, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        let mut created = job_pod.clone();
+        json_patch::patch(&mut created, patch).unwrap();
+        assert_eq!(created["metadata"]["labels"][BUSY_LABEL], "true");
+        assert_eq!(created["metadata"]["labels"][PROTECTED_LABEL], "true");
+        assert_eq!(created["metadata"]["annotations"][BUSY_SINCE], "2026-11-21T20:00:00Z");
+        assert_eq!(created["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
+        assert_eq!(created["metadata"]["annotations"][AUTOSCALER_SAFE_TO_EVICT], "false");
+        let mut running = created.clone();
+        running["status"] = json!({"phase": "Running"});
+        assert!(busy::busy_state(&pod(running.clone()), DAY, ts("2026-11-21T21:00:00Z")).is_protected());
+        running["status"]["phase"] = json!("Succeeded");
+        assert!(!busy::busy_state(&pod(running), DAY, ts("2026-11-21T21:00:00Z")).is_protected(), "free once done");
     }
 
     #[test]

@@ -159,3 +159,54 @@ pub fn a_container_restarting_update_of_a_busy_pod_is_refused(rig: &Rig) -> Resu
     ensure!(ok, "an idle pod's image could not change: {err}");
     Ok(())
 }
+
+/// In a namespace labelled `busyguard.io/run-to-completion=true`, a Job's pod is busy for its
+/// whole run with nothing in the Job's template: busyguard labels it busy at its creation and
+/// writes Karpenter's and cluster-autoscaler's annotations, so its eviction is refused; once it
+/// has finished it goes at once. A Job's pod in a namespace without the label is left alone.
+pub fn a_jobs_pod_is_busy_while_it_runs_by_the_namespaces_say(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("jobs")?;
+    let plain = rig.namespace("jobs-plain")?;
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/run-to-completion=true"])?;
+    let job = |namespace: &str| {
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "import", "namespace": namespace},
+            "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "example.com/worker"}]}}}})
+    };
+    let running = |namespace: &str| -> Result<Option<serde_json::Value>> {
+        let pods = rig.get(&["-n", namespace, "pods", "-l", "batch.kubernetes.io/job-name=import"])?;
+        let pod = pods["items"].as_array().and_then(|p| p.first()).cloned();
+        Ok(pod.filter(|p| p["status"]["phase"] == "Running"))
+    };
+    for namespace in [&*ns, &*plain] {
+        rig.apply(&job(namespace))?;
+    }
+    let mut pod = serde_json::Value::Null;
+    eventually("the Job's pod runs", Duration::from_secs(60), || {
+        pod = running(&ns)?.unwrap_or_default();
+        Ok(!pod.is_null())
+    })?;
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    ensure!(label(&pod, "busyguard.io/busy").as_deref() == Some("true"), "not busy: {}", pod["metadata"]);
+    ensure!(annotation(&pod, "karpenter.sh/do-not-disrupt").is_some(), "{}", pod["metadata"]);
+    ensure!(annotation(&pod, "cluster-autoscaler.kubernetes.io/safe-to-evict").as_deref() == Some("false"));
+    let eviction =
+        json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": &name, "namespace": &*ns}});
+    let path = rig.work.join(format!("{}-eviction.json", &*ns));
+    std::fs::write(&path, eviction.to_string())?;
+    let raw = format!("/api/v1/namespaces/{}/pods/{name}/eviction", &*ns);
+    let (ok, _, err) = rig.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])?;
+    ensure!(!ok && err.contains("is busy since"), "a running Job's pod was evicted: {err}");
+    let mut other = serde_json::Value::Null;
+    eventually("the other namespace's Job pod runs", Duration::from_secs(60), || {
+        other = running(&plain)?.unwrap_or_default();
+        Ok(!other.is_null())
+    })?;
+    ensure!(label(&other, "busyguard.io/busy").is_none(), "a Job's pod was made busy where no one said so");
+    // The task finishes (as its kubelet would say): the pod is free at once.
+    let done = json!({"status": {"phase": "Succeeded"}});
+    rig.kubectl(&["-n", &ns, "patch", "pod", &name, "--subresource=status", "--type=merge", "-p", &done.to_string()])?;
+    eventually("the finished pod is deletable", Duration::from_secs(20), || {
+        Ok(rig.try_kubectl(&["-n", &ns, "delete", "pod", &name, "--dry-run=server"])?.0)
+    })
+}

@@ -37,6 +37,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_flip_to_busy_on_a_terminating_pod_is_refused", lifecycle::a_flip_on_a_terminating_pod_is_refused),
     ("removing_the_busy_label_of_a_busy_pod_restores_it", lifecycle::removing_the_label_restores_the_pod),
     (
+        "a_jobs_pod_is_busy_while_it_runs_where_the_namespace_says_so",
+        lifecycle::a_jobs_pod_is_busy_while_it_runs_by_the_namespaces_say,
+    ),
+    (
         "an_update_that_would_restart_a_busy_pods_container_is_refused",
         lifecycle::a_container_restarting_update_of_a_busy_pod_is_refused,
     ),
