@@ -17,7 +17,7 @@ use crate::policy::budget::Siblings;
 use crate::policy::disruption::is_available;
 use crate::policy::keys::{
     BUSY_LABEL, DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, MAX_UNAVAILABLE,
-    POD_TEMPLATE_HASH, TASK_CONTAINER,
+    TASK_CONTAINER,
 };
 use crate::policy::pod::{Phase, PodFacts, PodStatus, Readiness};
 use crate::policy::signals::workload;
@@ -90,7 +90,7 @@ impl PodRecord {
 
     /// The workload of the pod named `name`, as people name it (see [`workload`]).
     pub fn workload(&self, name: &str) -> String {
-        workload(self.owner.as_deref(), self.label(POD_TEMPLATE_HASH), name)
+        workload(self.owner.as_deref(), self.template_hash(), name)
     }
 }
 

@@ -8,7 +8,7 @@ use super::budget::Siblings;
 use super::busy::{BusyState, Lapse, busy_state};
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
-    POD_TEMPLATE_HASH, RELEASED_FROM, REQUEST_EVICT_ONLY,
+    RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{
     Action, Answer, Ask, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason,
@@ -258,7 +258,7 @@ pub fn judge_disruption(
             // Busy by readiness, the ReplicaSet controller keeps picking this pod first (it ranks
             // NotReady pods first) and the scale-down never ends: take the pod out of its
             // ReplicaSet instead, so the scale-down completes, and delete it once it is Ready.
-            let hash = pod.label(POD_TEMPLATE_HASH).filter(|_| {
+            let hash = pod.template_hash().filter(|_| {
                 acts && by_readiness && action == Action::Delete && ask.requester.username == REPLICASET_CONTROLLER_USER
             });
             if deferred {
@@ -267,8 +267,8 @@ pub fn judge_disruption(
             if deferred && in_background {
                 message.push_str(&evacuation_triggered());
             }
-            if hash.is_some() {
-                message.push_str(&released());
+            if let Some((label, _)) = hash {
+                message.push_str(&released(label));
             }
             let target =
                 PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
@@ -281,7 +281,8 @@ pub fn judge_disruption(
                 effects.push(Effect::MarkDeleteRequested { pod: target.clone(), request: request(), in_background });
             }
             if let Some(hash) = hash {
-                effects.push(Effect::Release { pod: target, hash: hash.to_string(), request: request() });
+                let (label, hash) = hash;
+                effects.push(Effect::Release { pod: target, label, hash: hash.to_string(), request: request() });
             }
             let reason = match (deferred, hash.is_some()) {
                 (_, true) => Reason::BusyReleased,
@@ -360,10 +361,11 @@ pub fn evacuation_triggered() -> String {
     format!("; {EVACUATION_TRIGGERED}: the pod is marked {EVICTION_IN_PROGRESS} and goes once idle")
 }
 
-/// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked.
-pub fn released() -> String {
+/// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked; `label` is the
+/// one its ReplicaSet selects it by.
+pub fn released(label: &str) -> String {
     format!(
-        "; busyguard takes it out of its ReplicaSet (label {POD_TEMPLATE_HASH} kept in {RELEASED_FROM}), so the \
+        "; busyguard takes it out of its ReplicaSet (label {label} kept in {RELEASED_FROM}), so the \
          scale-down completes without it, and deletes it once it is Ready again"
     )
 }
@@ -654,6 +656,14 @@ mod tests {
         let bare = compat(None);
         let bare = judged(replicaset, Action::Delete, &bare, None);
         assert!(!bare.effects.iter().any(|e| matches!(e, Effect::Release { .. })));
+        // An Argo Rollout's ReplicaSet selects its pods by rollouts-pod-template-hash: that goes.
+        let mut argo = compat(None);
+        argo.metadata.labels.insert("rollouts-pod-template-hash".into(), "7d9c4f".into());
+        let outcome = judged(replicaset, Action::Delete, &argo, None);
+        let release = outcome.effects.iter().find(|e| matches!(e, Effect::Release { .. })).expect("released");
+        let patch = release.pod_patch().unwrap();
+        assert_eq!(patch["metadata"]["labels"].get("rollouts-pod-template-hash"), Some(&serde_json::Value::Null));
+        assert_eq!(patch["metadata"]["annotations"][RELEASED_FROM], "7d9c4f");
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub const RELEASED_FROM: &str = "busyguard.io/released-from";
 /// The label by which a Deployment's ReplicaSet selects its pods.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
+/// The label by which an Argo Rollout's ReplicaSet selects its pods.
+pub const ROLLOUTS_POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
+
 /// The field manager busyguard writes as: the API server records it in `managedFields`.
 pub const FIELD_MANAGER: &str = "busyguard";
 

@@ -15,7 +15,7 @@ use super::cost::{BUSY_COST_FLOOR, busy_cost};
 use super::keys::{
     AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DeleteRequest,
     EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
-    POD_TEMPLATE_HASH, PROTECTED_LABEL, RELEASED_FROM,
+    PROTECTED_LABEL, RELEASED_FROM,
 };
 use super::pod::{Pod, PodFacts};
 use crate::duration::whole_second;
@@ -362,11 +362,11 @@ pub fn mark(request: &DeleteRequest, in_background: bool) -> PodChanges {
     PodChanges { labels: Changes::from([(DELETE_REQUESTED, Some("true".into()))]), annotations }
 }
 
-/// A busy pod taken out of its ReplicaSet (its `pod-template-hash` kept in
+/// A busy pod taken out of its ReplicaSet (the `label` it selects by taken off, its value kept in
 /// [`RELEASED_FROM`]), with the mark that has it deleted once idle.
-pub fn release(hash: &str, request: &DeleteRequest) -> PodChanges {
+pub fn release(label: &'static str, hash: &str, request: &DeleteRequest) -> PodChanges {
     let mut changes = mark(request, false);
-    changes.labels.insert(POD_TEMPLATE_HASH, None);
+    changes.labels.insert(label, None);
     changes.annotations.insert(RELEASED_FROM, Some(hash.into()));
     changes
 }
@@ -374,6 +374,7 @@ pub fn release(hash: &str, request: &DeleteRequest) -> PodChanges {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::keys::POD_TEMPLATE_HASH;
     use crate::policy::outcome::{Effect, PodRef};
     use crate::policy::testing::ts;
     use serde_json::json;
@@ -409,7 +410,7 @@ mod tests {
             Some(json!({"metadata": {"uid": "u-w", "labels": {DELETE_REQUESTED: "true"},
                 "annotations": {DELETE_REQUESTED: asked}}}))
         );
-        let released = Effect::Release { pod: pod.clone(), hash: "5d8f".into(), request };
+        let released = Effect::Release { pod: pod.clone(), label: POD_TEMPLATE_HASH, hash: "5d8f".into(), request };
         assert_eq!(
             released.pod_patch(),
             Some(json!({"metadata": {"uid": "u-w", "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},

@@ -382,7 +382,7 @@ pub enum Effect {
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest, in_background: bool },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in
     /// `busyguard.io/released-from`) and mark it for deletion once idle, in one patch.
-    Release { pod: PodRef, hash: String, request: DeleteRequest },
+    Release { pod: PodRef, label: &'static str, hash: String, request: DeleteRequest },
     /// Carry out a deferred delete: the pod, as of `resource_version`, is no longer protected.
     /// `audit` is written once it is done.
     DeleteIdle { pod: PodRef, resource_version: String, request: DeleteRequest, audit: Box<AuditRecord> },
@@ -406,7 +406,7 @@ impl Effect {
             Effect::MarkDeleteRequested { pod, request, in_background } => {
                 (pod, marks::mark(request, *in_background), None)
             }
-            Effect::Release { pod, hash, request } => (pod, marks::release(hash, request), None),
+            Effect::Release { pod, label, hash, request } => (pod, marks::release(label, hash, request), None),
             _ => return None,
         };
         let mut patch = changes.merge_patch();

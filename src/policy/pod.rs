@@ -12,7 +12,10 @@ use serde::{Deserialize, Deserializer};
 
 use crate::duration::api_time;
 
-use super::keys::{DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, TASK_CONTAINER};
+use super::keys::{
+    DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, POD_TEMPLATE_HASH, ROLLOUTS_POD_TEMPLATE_HASH,
+    TASK_CONTAINER,
+};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -286,6 +289,12 @@ pub trait PodFacts {
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
         matches!(self.phase(), Phase::Succeeded | Phase::Failed)
+    }
+
+    /// The label by which its ReplicaSet selects it, and its value: an Argo Rollout's
+    /// (`rollouts-pod-template-hash`), else a Deployment's (`pod-template-hash`).
+    fn template_hash(&self) -> Option<(&'static str, &str)> {
+        [ROLLOUTS_POD_TEMPLATE_HASH, POD_TEMPLATE_HASH].into_iter().find_map(|key| Some((key, self.label(key)?)))
     }
 
     /// The delete busyguard deferred on this pod, if any: marked by the label (which the API

@@ -7,17 +7,21 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::busy::{BusyState, MaxBusy, busy_state};
+use super::keys::ROLLOUTS_POD_TEMPLATE_HASH;
 use super::pod::PodFacts;
 use super::update::retired_keys;
 
-/// A workload as people name it: `Deployment/worker` for the pods of any of its ReplicaSets,
-/// else the pod's controlling owner (`StatefulSet/db`, `Job/import`), else `Pod/<name>`.
-pub fn workload(owner: Option<&str>, pod_template_hash: Option<&str>, pod_name: &str) -> String {
+/// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
+/// of any of its ReplicaSets, by the label its ReplicaSets select with (`template_hash`: the
+/// label and its value), else the pod's controlling owner (`StatefulSet/db`, `Job/import`), else
+/// `Pod/<name>`.
+pub fn workload(owner: Option<&str>, template_hash: Option<(&str, &str)>, pod_name: &str) -> String {
     let Some(owner) = owner else { return format!("Pod/{pod_name}") };
-    if let (Some(replica_set), Some(hash)) = (owner.strip_prefix("ReplicaSet/"), pod_template_hash)
-        && let Some(deployment) = replica_set.strip_suffix(hash).and_then(|name| name.strip_suffix('-'))
+    if let (Some(replica_set), Some((label, hash))) = (owner.strip_prefix("ReplicaSet/"), template_hash)
+        && let Some(name) = replica_set.strip_suffix(hash).and_then(|name| name.strip_suffix('-'))
     {
-        return format!("Deployment/{deployment}");
+        let kind = if label == ROLLOUTS_POD_TEMPLATE_HASH { "Rollout" } else { "Deployment" };
+        return format!("{kind}/{name}");
     }
     owner.to_string()
 }
@@ -92,7 +96,7 @@ pub fn count(
 mod tests {
     use super::*;
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
-    use crate::policy::keys::{DELETE_REQUESTED, RETIRED_WHEN_UNREADY};
+    use crate::policy::keys::{DELETE_REQUESTED, POD_TEMPLATE_HASH, RETIRED_WHEN_UNREADY};
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
     use serde_json::json;
@@ -116,7 +120,10 @@ mod tests {
 
     #[test]
     fn a_deployments_pods_count_under_the_deployment_whatever_their_replica_set() {
-        assert_eq!(workload(Some("ReplicaSet/worker-6b8958b477"), Some("6b8958b477"), "p"), "Deployment/worker");
+        let hash = Some((POD_TEMPLATE_HASH, "6b8958b477"));
+        assert_eq!(workload(Some("ReplicaSet/worker-6b8958b477"), hash, "p"), "Deployment/worker");
+        let argo = Some((ROLLOUTS_POD_TEMPLATE_HASH, "7d9c4f"));
+        assert_eq!(workload(Some("ReplicaSet/worker-7d9c4f"), argo, "p"), "Rollout/worker");
         assert_eq!(workload(Some("ReplicaSet/plain"), None, "p"), "ReplicaSet/plain");
         assert_eq!(workload(Some("StatefulSet/db"), None, "db-0"), "StatefulSet/db");
         assert_eq!(workload(None, None, "lonely"), "Pod/lonely");

@@ -78,6 +78,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         "a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once",
         readiness::a_busy_unready_pod_is_released_then_reaped,
     ),
+    (
+        "an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments",
+        readiness::an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments,
+    ),
     ("an_opted_out_namespace_is_left_alone", drains::an_opted_out_namespace_is_left_alone),
     (
         "while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down",
