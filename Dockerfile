@@ -4,6 +4,9 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
+# The commit, for `busyguard --version` and busyguard_build_info (.git is not copied in).
+ARG BUSYGUARD_COMMIT=unknown
+ENV BUSYGUARD_COMMIT=${BUSYGUARD_COMMIT}
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

@@ -32,7 +32,7 @@ build:
 CONTAINER ?= docker
 image:
 	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.2.0'; exit 2; }
-	DOCKER_BUILDKIT=1 $(CONTAINER) build -t $(IMAGE) .
+	DOCKER_BUILDKIT=1 $(CONTAINER) build --build-arg BUSYGUARD_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
 	$(CONTAINER) push $(IMAGE)
 
 # The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve;

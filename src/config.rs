@@ -21,7 +21,7 @@ use crate::server::{Limits, ServeConfig};
 #[derive(Debug, Parser)]
 #[command(
     name = "busyguard",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("BUSYGUARD_COMMIT"), ")"),
     about = "Admission webhook that keeps busy pods alive through voluntary disruption"
 )]
 pub struct Cli {

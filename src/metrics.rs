@@ -5,6 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::audit::AuditMetrics;
@@ -85,6 +86,9 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("busyguard");
+        // `busyguard_build_info{version,commit} 1`: which replica runs what, during a rollout.
+        let build = Info::new(vec![("version", crate::VERSION), ("commit", crate::COMMIT)]);
+        registry.register("build", "The version busyguard is and the commit it was built from", build);
         let reviews = Family::<ReviewLabels, Counter>::default();
         registry.register(
             "admission_reviews",

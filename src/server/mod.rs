@@ -240,7 +240,14 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
         admin_stopped,
     ));
     app.start_serving();
-    info!(webhook = %webhook_addr, admin = %admin_addr, mode = ?app.policy.mode, "busyguard serving");
+    info!(
+        version = crate::VERSION,
+        commit = crate::COMMIT,
+        webhook = %webhook_addr,
+        admin = %admin_addr,
+        mode = ?app.policy.mode,
+        "busyguard serving"
+    );
     Ok(Server {
         webhook_addr,
         admin_addr,

@@ -116,3 +116,13 @@ fn kubectl_runs_it_as_its_plugin_kubectl_busyguard() {
     let line = error_line(&output);
     assert!(line.starts_with("error: cannot read kubeconfig nope.yaml: "), "{line}");
 }
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = busyguard(dir.path(), &["--version"]);
+    let said = String::from_utf8_lossy(&output.stdout);
+    let expected = format!("busyguard {} (commit {})", busyguard::VERSION, busyguard::COMMIT);
+    assert_eq!(said.trim(), expected);
+    assert!(busyguard::COMMIT.len() >= 7 || busyguard::COMMIT == "unknown", "{}", busyguard::COMMIT);
+}

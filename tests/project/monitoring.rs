@@ -111,3 +111,11 @@ fn a_metric_or_label_busyguard_does_not_export_is_caught() {
     assert!(!exported["busyguard_workload_pods"].contains("node"));
     assert_eq!(grouped_by("sum by (namespace, workload) (x)"), ["namespace", "workload"]);
 }
+
+#[test]
+fn every_replica_says_its_version_and_commit() {
+    let encoded = Metrics::default().encode();
+    let expected =
+        format!("busyguard_build_info{{version=\"{}\",commit=\"{}\"}} 1", busyguard::VERSION, busyguard::COMMIT);
+    assert!(encoded.lines().any(|l| l == expected), "{expected} not in:\n{encoded}");
+}
