@@ -50,10 +50,11 @@ pub fn writer<'a>(
 /// `pods/status`, which no mutating webhook sees). busyguard's own writes always pass. Only
 /// busyguard writes the `busyguard.io/delete-requested` mark, since busyguard later deletes the
 /// pod on its word (the field manager a client names proves nothing), and busy-since and the
-/// protected label, since they bound and hold the protection. A worker may change opted-in pods only so far as to flip its own pod's busy
-/// label: not another pod, not a pod of another namespace, and no other label or annotation of
-/// its own (busyguard's annotations aside: the mutating webhook wrote them in this very write).
-/// Everyone else writes the rest as before busyguard existed.
+/// protected label, since they bound and hold the protection. A worker may change opted-in pods
+/// only so far as to flip its own pod's busy label: not another pod, not a pod of another
+/// namespace, and no other label or annotation of its own (busyguard's annotations aside: the
+/// mutating webhook wrote them in this very write). Everyone else writes the rest as before
+/// busyguard existed.
 pub fn judge_write(
     ask: &Ask<'_>,
     pod: &Pod,
