@@ -17,10 +17,12 @@ use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DeleteReques
 use crate::policy::outcome::NOT_BUSYGUARDS_MARK_CAUSE;
 
 /// Tries every `every` until both answers are right or `timeout` passes; what it saw.
-pub async fn run(source: &ClusterSource, namespace: &str, timeout: Duration) -> anyhow::Result<String> {
+pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Duration) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(NO_CLUSTER)?;
+    // As kubectl: the context's namespace, unless one is given.
+    let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let deadline = Instant::now() + timeout;
     loop {
         match attempt(&pods).await {

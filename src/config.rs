@@ -80,6 +80,9 @@ pub struct UsersCluster {
     /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
     #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use, as `kubectl --context`; its current one without it.
+    #[arg(long)]
+    pub context: Option<String>,
     /// Namespaces to look at (comma-separated, or repeated); all without it.
     #[arg(long = "namespace", short = 'n', env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
@@ -87,7 +90,16 @@ pub struct UsersCluster {
 
 impl UsersCluster {
     pub fn source(&self) -> ClusterSource {
-        self.kubeconfig.clone().map_or(ClusterSource::Infer, ClusterSource::Kubeconfig)
+        users_source(self.kubeconfig.clone(), self.context.clone())
+    }
+}
+
+/// The cluster a person's command reaches: a kubeconfig's context, else its current one.
+pub fn users_source(kubeconfig: Option<PathBuf>, context: Option<String>) -> ClusterSource {
+    match (kubeconfig, context) {
+        (kubeconfig, Some(context)) => ClusterSource::Context { kubeconfig, context },
+        (Some(path), None) => ClusterSource::Kubeconfig(path),
+        (None, None) => ClusterSource::Infer,
     }
 }
 
@@ -105,9 +117,12 @@ pub struct CheckArgs {
     /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
     #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// A namespace busyguard guards, to try the dry runs in.
-    #[arg(long, short = 'n', default_value = "default")]
-    pub namespace: String,
+    /// The kubeconfig context to use, as `kubectl --context`; its current one without it.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// A namespace busyguard guards, to try the dry runs in; the context's without it, as kubectl.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
     /// How long to keep trying before giving up (exit 1).
     #[arg(long, default_value = "2m", value_parser = std_duration)]
     pub timeout: Duration,

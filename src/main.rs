@@ -8,7 +8,6 @@ use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use busyguard::certs::{self, CertsOutcome, CertsRequest};
-use busyguard::cluster::ClusterSource;
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
 use busyguard::{check, cleanup, registration, server, status};
 
@@ -49,8 +48,8 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Check(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let source = args.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
-            print!("{}", runtime.block_on(check::run(&source, &args.namespace, args.timeout))?);
+            let source = busyguard::config::users_source(args.kubeconfig, args.context);
+            print!("{}", runtime.block_on(check::run(&source, args.namespace.as_deref(), args.timeout))?);
             Ok(())
         }),
         Command::Cleanup(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {

@@ -32,6 +32,7 @@ pub struct Listed {
 /// Lists the opted-in pods (all namespaces, or those given) and renders the report.
 pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBusy) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
+    let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let apis: Vec<Api<WatchedPod>> = if namespaces.is_empty() {
         vec![Api::all(client.clone())]
@@ -40,7 +41,8 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
     };
     let mut listed = Vec::new();
     for api in apis {
-        let pods = api.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
+        let listed_pods = api.list(&ListParams::default().labels(BUSY_LABEL)).await;
+        let pods = listed_pods.with_context(|| format!("listing opted-in pods from the API server at {server}"))?;
         for pod in pods.items.into_iter().filter(|p| p.malformed.is_none()) {
             let (namespace, name) = (pod.namespace().into(), pod.name().into());
             listed.push(Listed {

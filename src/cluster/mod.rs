@@ -39,6 +39,12 @@ pub enum ClusterSource {
     /// In-cluster service account, or `KUBECONFIG` / `~/.kube/config`; none found means `None`.
     Infer,
     Kubeconfig(PathBuf),
+    /// A context of a kubeconfig (the given one, else `KUBECONFIG` or `~/.kube/config`), as
+    /// `kubectl --context`.
+    Context {
+        kubeconfig: Option<PathBuf>,
+        context: String,
+    },
     Config(Box<kube::Config>),
 }
 
@@ -166,6 +172,18 @@ async fn found_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Con
             let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot use kubeconfig {}: {}", path.display(), innermost(&e)))?;
+            Ok(Some(config))
+        }
+        ClusterSource::Context { kubeconfig, context } => {
+            let read = match kubeconfig {
+                Some(path) => Kubeconfig::read_from(path),
+                None => Kubeconfig::read(),
+            };
+            let kubeconfig = read.map_err(|e| anyhow::anyhow!("cannot read the kubeconfig: {}", innermost(&e)))?;
+            let options = KubeConfigOptions { context: Some(context.clone()), ..KubeConfigOptions::default() };
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot use context {context}: {}", innermost(&e)))?;
             Ok(Some(config))
         }
         ClusterSource::Infer => match kube::Config::infer().await {

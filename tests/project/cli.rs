@@ -126,3 +126,30 @@ fn version_names_the_commit_it_was_built_from() {
     assert_eq!(said.trim(), expected);
     assert!(busyguard::COMMIT.len() >= 7 || busyguard::COMMIT == "unknown", "{}", busyguard::COMMIT);
 }
+
+#[test]
+fn status_takes_a_kubeconfig_context_as_kubectl_does_and_names_the_server_it_could_not_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster =
+        |port: u16| format!("{{\"name\": \"c{port}\", \"cluster\": {{\"server\": \"https://127.0.0.1:{port}\"}}}}");
+    let context = |name: &str, port: u16| {
+        format!("{{\"name\": \"{name}\", \"context\": {{\"cluster\": \"c{port}\", \"user\": \"u\"}}}}")
+    };
+    let kubeconfig = format!(
+        "{{\"apiVersion\": \"v1\", \"kind\": \"Config\", \"clusters\": [{}, {}], \"contexts\": [{}, {}], \
+         \"users\": [{{\"name\": \"u\", \"user\": {{\"token\": \"t\"}}}}], \"current-context\": \"a\"}}",
+        cluster(1),
+        cluster(2),
+        context("a", 1),
+        context("b", 2)
+    );
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, kubeconfig).unwrap();
+    let path = path.to_str().unwrap();
+    let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path, "--context", "b"]));
+    assert!(line.contains("the API server at https://127.0.0.1:2/"), "{line}");
+    let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path]));
+    assert!(line.contains("the API server at https://127.0.0.1:1/"), "the current context without it: {line}");
+    let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path, "--context", "nope"]));
+    assert!(line.starts_with("error: cannot use context nope: "), "{line}");
+}
