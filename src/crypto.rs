@@ -12,6 +12,56 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// When a certificate (DER) expires: its `tbsCertificate.validity.notAfter`, read by walking the
+/// few DER elements before it. `None` when it does not read as a certificate.
+pub fn not_after(certificate: &[u8]) -> Option<jiff::Timestamp> {
+    let (0x30, certificate, _) = element(certificate)? else { return None };
+    let (0x30, tbs, _) = element(certificate)? else { return None };
+    // [0] version (absent in v1), serialNumber, signature, issuer, then validity.
+    let (tag, _, after_version) = element(tbs)?;
+    let mut rest = if tag == 0xa0 { after_version } else { tbs };
+    for _ in 0..3 {
+        rest = element(rest)?.2;
+    }
+    let (0x30, validity, _) = element(rest)? else { return None };
+    let (tag, time, _) = element(element(validity)?.2)?;
+    let time = std::str::from_utf8(time).ok()?;
+    // UTCTime YYMMDDHHMMSSZ (years 1950-2049), or GeneralizedTime YYYYMMDDHHMMSSZ.
+    let time = match (tag, time.get(..2)?.parse::<u8>().ok()?) {
+        (0x17, year) => format!("{}{time}", if year >= 50 { "19" } else { "20" }),
+        (0x18, _) => time.to_string(),
+        _ => return None,
+    };
+    let field = |from: usize, to: usize| time.get(from..to);
+    let iso = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        field(0, 4)?,
+        field(4, 6)?,
+        field(6, 8)?,
+        field(8, 10)?,
+        field(10, 12)?,
+        field(12, 14)?
+    );
+    iso.parse().ok()
+}
+
+/// One DER element of `input`: its tag, its contents, and what follows it.
+fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (length, rest) = match first {
+        short @ 0..0x80 => (usize::from(short), rest),
+        long => {
+            let bytes = usize::from(long & 0x7f);
+            if bytes == 0 || bytes > 4 || rest.len() < bytes {
+                return None;
+            }
+            (rest[..bytes].iter().fold(0, |length, b| (length << 8) | usize::from(*b)), &rest[bytes..])
+        }
+    };
+    (rest.len() >= length).then(|| (tag, &rest[..length], &rest[length..]))
+}
+
 /// A certificate chain (PEM, leaf first) and its private key (PEM), checked to belong together.
 pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
@@ -22,4 +72,27 @@ pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, St
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
     CertifiedKey::from_der(chain, key, &provider()).map_err(|e| format!("certificate and key: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificates_expiry_is_read_from_its_der() {
+        for (year, month, day) in [(2027, 11, 25), (2051, 2, 3)] {
+            let mut params = rcgen::CertificateParams::new(vec!["busyguard.busyguard.svc".into()]).unwrap();
+            params.not_after = rcgen::date_time_ymd(year, month, day);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let certificate = params.self_signed(&key).unwrap();
+            let expected: jiff::Timestamp = format!("{year}-{month:02}-{day:02}T00:00:00Z").parse().unwrap();
+            assert_eq!(
+                not_after(certificate.der()),
+                Some(expected),
+                "{year}: UTCTime before 2050, GeneralizedTime after"
+            );
+        }
+        assert_eq!(not_after(b"not a certificate"), None);
+        assert_eq!(not_after(&[0x30, 0x82, 0xff]), None, "a length past the end");
+    }
 }

@@ -81,6 +81,7 @@ pub struct Metrics {
     pub workload_pods: Family<WorkloadLabels, Gauge>,
     pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
     pub workload_retired_keys: Family<WorkloadOnlyLabels, Gauge>,
+    pub tls_certificate_expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -216,6 +217,12 @@ impl Default for Metrics {
              label): the protection it stood for is gone until it is moved (see busyguard status)",
             workload_retired_keys.clone(),
         );
+        let tls_certificate_expiry = Gauge::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (Unix seconds): the API server's calls fail after it",
+            tls_certificate_expiry.clone(),
+        );
         Metrics {
             registry,
             reviews,
@@ -238,6 +245,7 @@ impl Default for Metrics {
             workload_pods,
             workload_deferred_deletes,
             workload_retired_keys,
+            tls_certificate_expiry,
         }
     }
 }

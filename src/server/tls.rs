@@ -22,7 +22,7 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use tracing::{info, warn};
 
-use crate::crypto::{certified_key, provider};
+use crate::crypto::{certified_key, not_after, provider};
 use crate::metrics::{Metrics, ResultLabels};
 
 fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
@@ -92,6 +92,7 @@ pub fn load_and_watch(
     let key = certified_key(&contents.0, &contents.1)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("loading {} and {}", files.cert.display(), files.key.display()))?;
+    record_expiry(&key, &metrics);
     let cert = Arc::new(ReloadingCert { current: RwLock::new(Arc::new(key)) });
     let watcher = tokio::spawn(watch(files, cert.clone(), contents, interval, metrics));
     Ok((cert, watcher))
@@ -124,6 +125,7 @@ async fn watch(
         }
         match certified_key(&contents.0, &contents.1) {
             Ok(key) => {
+                record_expiry(&key, &metrics);
                 cert.set(key);
                 metrics.tls_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
                 info!(cert = %files.cert.display(), "serving certificate reloaded");
@@ -136,6 +138,13 @@ async fn watch(
         // A rejected pair is not retried until the files change again.
         last = contents;
     }
+}
+
+/// When the serving certificate expires, for the alert that comes weeks before: after it the
+/// API server's calls fail, and the fail-closed webhooks refuse every delete they are sent.
+fn record_expiry(key: &CertifiedKey, metrics: &Metrics) {
+    let expiry = key.cert.first().and_then(|leaf| not_after(leaf));
+    metrics.tls_certificate_expiry.set(expiry.map_or(0, |t| t.as_second()));
 }
 
 /// With `client_ca`, only clients presenting a certificate issued by one of its CAs finish the

@@ -28,6 +28,7 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
     metrics.workload_pods.get_or_create(&workload("busy")).set(1);
     let only = WorkloadOnlyLabels { namespace: "jobs".into(), workload: "Deployment/w".into() };
     metrics.workload_deferred_deletes.get_or_create(&only).set(1);
+    metrics.workload_retired_keys.get_or_create(&only).set(1);
     let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in metrics.encode().lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         let name = line.split(['{', ' ']).next().unwrap().to_string();
@@ -118,4 +119,35 @@ fn every_replica_says_its_version_and_commit() {
     let expected =
         format!("busyguard_build_info{{version=\"{}\",commit=\"{}\"}} 1", busyguard::VERSION, busyguard::COMMIT);
     assert!(encoded.lines().any(|l| l == expected), "{expected} not in:\n{encoded}");
+}
+
+/// The alerts an operator needs first, by what they watch: every one with a runbook in
+/// docs/troubleshooting.md, under the heading its link names.
+#[test]
+fn the_first_alerts_are_there_each_with_its_runbook() {
+    let rules = std::fs::read_to_string(Path::new(ROOT).join("manifests/monitoring/prometheusrule.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&rules).unwrap();
+    let rules = rules["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let runbooks = std::fs::read_to_string(Path::new(ROOT).join("docs/troubleshooting.md")).unwrap();
+    let expr_of = |alert: &str| {
+        let rule = rules.iter().find(|r| r["alert"] == alert).unwrap_or_else(|| panic!("no alert {alert}"));
+        rule["expr"].as_str().unwrap().to_string()
+    };
+    assert_eq!(expr_of("BusyguardDown"), "absent(busyguard_build_info)", "fires when every replica is gone");
+    for (alert, reads) in [
+        ("BusyguardCertificateExpiresSoon", "busyguard_tls_certificate_expiry_timestamp_seconds"),
+        ("BusyguardAuditLinesDropped", "busyguard_audit_lines_dropped_total"),
+        ("BusyguardSideEffectsFailing", "busyguard_side_effects_total"),
+        ("BusyguardTlsReloadFailed", "busyguard_tls_reloads_total"),
+        ("BusyguardBusyPdbConflicts", "busyguard_busy_pdb_conflicts"),
+    ] {
+        assert!(expr_of(alert).contains(reads), "{alert} reads {reads}");
+    }
+    for rule in rules {
+        let alert = rule["alert"].as_str().unwrap();
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{alert} has no runbook"));
+        let anchor = url.strip_prefix("docs/troubleshooting.md#").unwrap_or_else(|| panic!("{alert}: {url}"));
+        assert_eq!(anchor, alert.to_lowercase(), "{alert}");
+        assert!(runbooks.lines().any(|l| l == format!("### {alert}")), "no runbook heading for {alert}");
+    }
 }
