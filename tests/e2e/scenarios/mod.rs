@@ -93,5 +93,8 @@ pub const ALL: &[(&str, Scenario)] = &[
         "busyguard_check_tells_an_install_that_works_from_one_that_does_not",
         outages::busyguard_check_tells_an_install_that_works_from_one_that_does_not,
     ),
-    ("cleanup_after_an_uninstall_leaves_nothing_behind", outages::cleanup_after_an_uninstall_leaves_nothing_behind),
+    (
+        "the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_behind",
+        outages::cleanup_after_an_uninstall_leaves_nothing_behind,
+    ),
 ];

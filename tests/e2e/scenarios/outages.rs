@@ -77,6 +77,15 @@ pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
     outcome
 }
 
+/// The command of docs/operations.md's "Uninstall" block that holds `word`.
+fn uninstall_command(word: &str) -> Result<String> {
+    let doc = std::fs::read_to_string(format!("{}/docs/operations.md", crate::rig::ROOT))?;
+    let section = doc.split("## Uninstall").nth(1).context("no Uninstall section")?;
+    let block = section.split("```sh").nth(1).and_then(|b| b.split("```").next()).context("no sh block")?;
+    let line = block.lines().find(|l| l.contains(word)).context("no such command")?;
+    Ok(line.split(" #").next().unwrap_or(line).trim().to_string())
+}
+
 /// Requests that need busyguard's answer keep getting it while `change` runs: a dry-run delete
 /// of a busy pod (fail-closed webhook) is refused 429 by busyguard every time, never "failed
 /// calling webhook".
@@ -139,10 +148,12 @@ pub fn certificate_rotation_fails_no_admission(rig: &Rig) -> Result<()> {
     })
 }
 
-/// After an uninstall, `busyguard cleanup` leaves nothing of busyguard's: a busy pod someone
-/// asked to delete gets its user's own deletion cost back and loses busy-since, the saved values,
-/// the protected label and the deferred delete; the busy-pod PDB goes. While the webhooks are
-/// still registered it refuses, since busyguard would put it all back.
+/// The uninstall of docs/operations.md, as written: its command removes both webhook
+/// configurations and no delete is refused afterwards, a busy pod's neither; then `busyguard
+/// cleanup` leaves nothing of busyguard's: a busy pod someone asked to delete gets its user's own
+/// deletion cost back and loses busy-since, the saved values, the protected label and the
+/// deferred delete; the busy-pod PDB and the budgets' Leases go. While the webhooks are still
+/// registered it refuses, since busyguard would put it all back.
 pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("cleanup")?;
     let mut task = workers::pod(&ns, "task", None);
@@ -171,9 +182,18 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
     let (ok, said) = cleanup()?;
     ensure!(!ok && said.contains("still registered"), "cleanup ran with the webhooks registered: {said}");
 
-    rig.unregister()?;
+    // docs/operations.md's uninstall, its own first command, as written.
+    let remove_webhooks = uninstall_command("mutatingwebhookconfiguration")?;
+    let removed =
+        std::process::Command::new("bash").arg("-c").arg(&remove_webhooks).env("KUBECONFIG", &rig.admin).output()?;
+    ensure!(removed.status.success(), "{remove_webhooks}: {}", String::from_utf8_lossy(&removed.stderr));
+    let left = rig.kubectl(&["get", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "-o", "name"])?;
+    ensure!(!left.contains("/busyguard\n") && !left.ends_with("/busyguard"), "left after the uninstall: {left}");
     rig.scale_busyguard(0)?;
     let outcome = (|| -> Result<()> {
+        // Nothing refuses a delete once it is uninstalled, of a busy pod neither.
+        let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--dry-run=server"])?;
+        ensure!(ok, "a delete was refused after the uninstall: {err}");
         let (ok, said) = cleanup()?;
         ensure!(ok, "cleanup failed: {said}");
         ensure!(said.contains(&format!("pod {}/task: restored", &*ns)), "{said}");
