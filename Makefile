@@ -21,19 +21,29 @@ help:
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
 	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt and clippy'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
-	@echo 'make image IMAGE=registry/busyguard:tag   build and push the container image'
+	@echo 'make image IMAGE=registry/busyguard:tag   build (amd64, arm64) and push the container image'
 	@echo 'make bench     benchmarks (BENCHMARKS.md);  make cluster-certs  certificates for manifests/self-managed'
 
 build:
 	$(CARGO) build --release --locked
 
-# The container image (Dockerfile; BuildKit, or podman), built and pushed:
-# make image IMAGE=registry.example.com/busyguard:0.2.0 [CONTAINER=podman]
+# The container image (Dockerfile), built for every platform of PLATFORMS and pushed as one
+# multi-arch image: make image IMAGE=registry.example.com/busyguard:0.2.0 [CONTAINER=podman]
+# Docker builds with buildx; the other platform runs under emulation (QEMU binfmt, e.g. Docker
+# Desktop's, or `docker run --privileged --rm tonistiigi/binfmt --install arm64`) or on a buildx
+# node of that architecture. Podman builds a manifest list the same way.
 CONTAINER ?= docker
+PLATFORMS ?= linux/amd64,linux/arm64
+COMMIT = $$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 image:
 	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.2.0'; exit 2; }
-	DOCKER_BUILDKIT=1 $(CONTAINER) build --build-arg BUSYGUARD_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
-	$(CONTAINER) push $(IMAGE)
+	@if [ "$(CONTAINER)" = podman ]; then \
+		set -e; \
+		podman build --platform $(PLATFORMS) --build-arg BUSYGUARD_COMMIT=$(COMMIT) --manifest $(IMAGE) .; \
+		podman manifest push $(IMAGE); \
+	else \
+		$(CONTAINER) buildx build --platform $(PLATFORMS) --build-arg BUSYGUARD_COMMIT=$(COMMIT) -t $(IMAGE) --push .; \
+	fi
 
 # The `busyguard` command on your PATH (~/.cargo/bin): status, certs, cleanup, agent, serve;
 # also as the kubectl plugin `kubectl busyguard`.

@@ -481,6 +481,27 @@ fn fake_kubectl(dir: &Path) -> PathBuf {
 }
 
 #[test]
+fn make_image_builds_one_image_for_amd64_and_arm64_and_pushes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let docker = dir.path().join("docker");
+    let script = format!("#!/bin/sh\necho \"$@\" >> {log}\n", log = dir.path().join("docker.log").display());
+    std::fs::write(&docker, script).unwrap();
+    run(Command::new("chmod").arg("+x").arg(&docker));
+    make(&["image", "IMAGE=registry.example.com/busyguard:0.2.0"], &[("CONTAINER", &docker)]);
+    let log = std::fs::read_to_string(dir.path().join("docker.log")).unwrap();
+    let commit = String::from_utf8(run(Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(ROOT)).stdout)
+        .unwrap();
+    assert_eq!(
+        log.trim(),
+        format!(
+            "buildx build --platform linux/amd64,linux/arm64 --build-arg BUSYGUARD_COMMIT={} -t \
+             registry.example.com/busyguard:0.2.0 --push .",
+            commit.trim()
+        )
+    );
+}
+
+#[test]
 fn make_dev_register_applies_url_webhooks_trusting_the_local_ca_and_dev_unregister_removes_them() {
     let dir = tempfile::tempdir().unwrap();
     let kubectl = fake_kubectl(dir.path());
