@@ -70,7 +70,9 @@ unit:
 	python3 -m unittest discover -s helpers/python
 
 # The end-to-end suite (tests/e2e): starts the control plane of K8S_HARNESS (default
-# ../shared/k8s; K8S_BIN passed through) and installs busyguard from manifests/base on it, or
+# tests/e2e/k8s: Kubernetes' own binaries, from K8S_BIN, else ../shared/k8s's tarball, else the
+# upstream release downloaded into target/k8s and checked against its SHA-256; Debian's etcd)
+# and installs busyguard from manifests/base on it, or
 # uses the control plane of BUSYGUARD_E2E_KUBECONFIG (it must reach this machine's loopback).
 # E2E_ONLY=word runs the scenarios whose name holds it; BUSYGUARD_E2E_KEEP=1 keeps the plane.
 e2e:

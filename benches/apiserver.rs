@@ -1,5 +1,5 @@
 //! API server throughput with and without busyguard (`make bench-apiserver`): on the control
-//! plane of the end-to-end suite (`K8S_HARNESS`, default `../shared/k8s`), with busyguard
+//! plane of the end-to-end suite (`K8S_HARNESS`, default `tests/e2e/k8s`), with busyguard
 //! installed as shipped (two replicas, its own identity), 16 keep-alive clients as the cluster
 //! admin run each write for `BENCH_SECONDS` (15), alternating with and without busyguard's
 //! webhook configurations registered (its replicas run throughout, watching, as they would on

@@ -489,8 +489,9 @@ fn make_image_builds_one_image_for_amd64_and_arm64_and_pushes_it() {
     run(Command::new("chmod").arg("+x").arg(&docker));
     make(&["image", "IMAGE=registry.example.com/busyguard:0.2.0"], &[("CONTAINER", &docker)]);
     let log = std::fs::read_to_string(dir.path().join("docker.log")).unwrap();
-    let commit = String::from_utf8(run(Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(ROOT)).stdout)
-        .unwrap();
+    let commit =
+        String::from_utf8(run(Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(ROOT)).stdout)
+            .unwrap();
     assert_eq!(
         log.trim(),
         format!(

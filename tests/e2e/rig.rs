@@ -1,4 +1,4 @@
-//! The rig: a real control plane (`../shared/k8s`, or the cluster of `BUSYGUARD_E2E_KUBECONFIG`),
+//! The rig: a real control plane (`tests/e2e/k8s`, or the cluster of `BUSYGUARD_E2E_KUBECONFIG`),
 //! busyguard installed on it as shipped, and the helpers the scenarios speak through.
 //!
 //! As shipped: `manifests/base` rendered by `kubectl kustomize` and applied whole, with only the
@@ -326,20 +326,22 @@ impl Drop for Rig {
 }
 
 impl ControlPlane {
-    /// `up.sh` of `K8S_HARNESS` (default `../shared/k8s`), with `K8S_BIN` passed through.
+    /// `up.sh` of `K8S_HARNESS` (default the project's own, `tests/e2e/k8s`), with `K8S_BIN`
+    /// passed through: the binaries of `../shared/k8s` where there are, else the upstream
+    /// release's, downloaded once into `target/k8s`.
     fn start() -> Result<ControlPlane> {
         let harness = std::env::var("K8S_HARNESS")
             .map(PathBuf::from)
-            .unwrap_or_else(|_| Path::new(ROOT).join("..").join("shared").join("k8s"));
+            .unwrap_or_else(|_| Path::new(ROOT).join("tests").join("e2e").join("k8s"));
         ensure!(
             harness.join("up.sh").exists(),
-            "no control plane: {} has no up.sh; set K8S_HARNESS to the folder of shared/k8s, or \
+            "no control plane: {} has no up.sh; set K8S_HARNESS to a folder that has, or \
              BUSYGUARD_E2E_KUBECONFIG to a cluster that reaches this machine's loopback",
             harness.display()
         );
         let dir = PathBuf::from(std::env::var("K8S_DIR").unwrap_or_else(|_| "/tmp/busyguard-e2e-k8s".into()));
         if TcpStream::connect("127.0.0.1:6443").is_ok() && !dir.join("apiserver.pid").exists() {
-            bail!("port 6443 is taken by another control plane: stop it (shared/k8s/down.sh) and run again");
+            bail!("port 6443 is taken by another control plane: stop it (its down.sh) and run again");
         }
         let mut up = Command::new(harness.join("up.sh"));
         // A terminating busyguard pod stays until its process exits (the rig finishes it then),

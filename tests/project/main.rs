@@ -7,5 +7,6 @@ mod common;
 
 mod cli;
 mod docs;
+mod harness;
 mod layout;
 mod monitoring;
