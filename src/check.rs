@@ -21,6 +21,7 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
     let config = client_config(source).await?.context(NO_CLUSTER)?;
     // As kubectl: the context's namespace, unless one is given.
     let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
+    let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let deadline = Instant::now() + timeout;
@@ -32,7 +33,10 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
                      annotations, and a delete-requested mark busyguard did not write is refused\n"
                 ));
             }
-            Err(why) if Instant::now() + EVERY >= deadline => {
+            Err(Failure::Unreachable(why)) if Instant::now() + EVERY >= deadline => {
+                anyhow::bail!("cannot reach the API server at {server} (for {timeout:?}): {why}")
+            }
+            Err(Failure::Busyguard(why)) if Instant::now() + EVERY >= deadline => {
                 anyhow::bail!("busyguard is not answering as it should after {timeout:?}: {why}")
             }
             Err(_) => tokio::time::sleep(EVERY).await,
@@ -42,16 +46,33 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
 
 const EVERY: Duration = Duration::from_secs(2);
 
-async fn attempt(pods: &Api<Pod>) -> Result<(), String> {
+/// Why an attempt failed: the API server could not be reached (busyguard is not to blame), or it
+/// answered, and busyguard's part is missing.
+enum Failure {
+    Unreachable(String),
+    Busyguard(String),
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Self {
+        Failure::Busyguard(why)
+    }
+}
+
+async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
     let busy = pod(json!({BUSY_LABEL: "true"}), json!({}));
-    let created =
-        pods.create(&dry_run, &busy).await.map_err(|e| format!("a dry-run create of a busy pod failed: {e}"))?;
+    let created = pods.create(&dry_run, &busy).await.map_err(|e| match e {
+        kube::Error::Api(status) => Failure::Busyguard(format!("a dry-run create of a busy pod failed: {status}")),
+        other => Failure::Unreachable(other.to_string()),
+    })?;
     let annotated = created.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(BUSY_SINCE));
     if !annotated {
-        return Err("a busy pod came back without busyguard's annotations: the API server does not call its \
-                    mutating webhook (not registered, or the namespace is not guarded)"
-            .into());
+        return Err(Failure::Busyguard(
+            "a busy pod came back without busyguard's annotations: the API server does not call its mutating \
+             webhook (not registered, or the namespace is not guarded)"
+                .into(),
+        ));
     }
     let request = DeleteRequest { by: "busyguard check".into(), at: Timestamp::now() };
     let forged =
@@ -65,10 +86,12 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), String> {
         {
             Ok(())
         }
-        Err(e) => Err(format!("a forged delete-requested mark was refused, but not by busyguard: {e}")),
-        Ok(_) => Err("a forged delete-requested mark was let through: the API server does not call busyguard's \
-                      pod-marks webhook"
-            .into()),
+        Err(e) => Err(format!("a forged delete-requested mark was refused, but not by busyguard: {e}").into()),
+        Ok(_) => Err(Failure::Busyguard(
+            "a forged delete-requested mark was let through: the API server does not call busyguard's pod-marks \
+             webhook"
+                .into(),
+        )),
     }
 }
 

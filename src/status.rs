@@ -92,8 +92,10 @@ pub fn render(pods: &[Listed], budgets: &Result<Vec<Budget>, String>, max_busy: 
             _ => None,
         })
         .collect();
-    let _ =
-        writeln!(out, "{} opted-in pods in {} workloads, {} busy, at {now}", pods.len(), workloads.len(), busy.len());
+    let counted = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let (opted_in, in_workloads) =
+        (counted(pods.len(), "opted-in pod", "opted-in pods"), counted(workloads.len(), "workload", "workloads"));
+    let _ = writeln!(out, "{opted_in} in {in_workloads}, {} busy, at {now}", busy.len());
 
     let _ = writeln!(out, "\n{:<48} {:>5} {:>5} {:>7} {:>16}", "WORKLOAD", "BUSY", "IDLE", "LAPSED", "DELETES WAITING");
     for ((namespace, workload), c) in &workloads {
@@ -201,7 +203,7 @@ mod tests {
         let report = render(&pods, &Ok(Vec::new()), day, "2026-11-23T10:05:00Z".parse().unwrap());
         assert_eq!(
             report,
-            "3 opted-in pods in 1 workloads, 1 busy, at 2026-11-23T10:05:00Z\n\
+            "3 opted-in pods in 1 workload, 1 busy, at 2026-11-23T10:05:00Z\n\
              \n\
              WORKLOAD                                          BUSY  IDLE  LAPSED  DELETES WAITING\n\
              capture/Deployment/worker                            1     2       0                1\n\

@@ -128,7 +128,7 @@ fn version_names_the_commit_it_was_built_from() {
 }
 
 #[test]
-fn status_takes_a_kubeconfig_context_as_kubectl_does_and_names_the_server_it_could_not_reach() {
+fn status_and_check_take_a_kubeconfig_context_as_kubectl_does_and_name_the_server_they_could_not_reach() {
     let dir = tempfile::tempdir().unwrap();
     let cluster =
         |port: u16| format!("{{\"name\": \"c{port}\", \"cluster\": {{\"server\": \"https://127.0.0.1:{port}\"}}}}");
@@ -152,4 +152,8 @@ fn status_takes_a_kubeconfig_context_as_kubectl_does_and_names_the_server_it_cou
     assert!(line.contains("the API server at https://127.0.0.1:1/"), "the current context without it: {line}");
     let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path, "--context", "nope"]));
     assert!(line.starts_with("error: cannot use context nope: "), "{line}");
+    // busyguard check does not blame busyguard for an API server it cannot reach.
+    let check = ["check", "--kubeconfig", path, "--context", "b", "--timeout", "1s"];
+    let line = error_line(&busyguard(dir.path(), &check));
+    assert!(line.starts_with("error: cannot reach the API server at https://127.0.0.1:2/ (for 1s): "), "{line}");
 }
