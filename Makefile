@@ -65,7 +65,8 @@ test: unit e2e
 unit:
 	$(CARGO) nextest --version >/dev/null 2>&1 || { echo 'installing cargo-nextest (built from source: a few minutes, once)'; $(CARGO) install --locked cargo-nextest; }
 	@# The README's quick start is run as written (tests/project/docs.rs): it uses curl.
-	command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
+	command -v curl >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq curl; } \
+		|| { echo 'make unit: the README tests need curl: install it'; exit 2; }
 	$(CARGO) nextest run --locked --no-fail-fast
 	python3 -m unittest discover -s helpers/python
 

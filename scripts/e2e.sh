@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# busyguard end to end, against the cluster KUBECONFIG points at (`make e2e`).
+# A smoke run of busyguard against the cluster KUBECONFIG points at (`make e2e-cluster`).
 #
 # Uses the busyguard registered in that cluster (deployed from manifests/, or `make run` plus
 # `make dev-register`); when none is registered, starts one here from this checkout and
@@ -56,7 +56,7 @@ cleanup() {
     [[ -n $DRAIN_PID ]] && kill "$DRAIN_PID" 2>/dev/null
     [[ -n $CORDONED ]] && k uncordon "$CORDONED" >/dev/null
     if [[ -n $NAMESPACE_CREATED ]]; then
-        # Idle first: busyguard would refuse the namespace controller's deletes of busy pods.
+        # Idle first, so that nothing is left busy behind the namespace's deletion.
         kn label pods --all busyguard.io/busy=false --overwrite >/dev/null 2>&1
         k delete namespace "$NS" --wait=false >/dev/null && say "deleting namespace $NS"
     fi

@@ -128,10 +128,28 @@ pub struct CheckArgs {
     pub timeout: Duration,
 }
 
+/// An address to listen on, `IP:PORT`, with a hint for the forms people try first.
+fn listen_address(value: &str) -> Result<SocketAddr, String> {
+    value.parse().map_err(|_| {
+        format!("{value:?} is not IP:PORT: give an address and a port, e.g. 127.0.0.1:8443 (this machine only) or 0.0.0.0:8443 (every interface)")
+    })
+}
+
+/// The app's endpoint: plain HTTP, as a pod's own containers talk to each other.
+fn app_url(value: &str) -> Result<http::Uri, String> {
+    let url: http::Uri = value.parse().map_err(|e| format!("{value:?} is not a URL: {e}"))?;
+    match (url.scheme_str(), url.host()) {
+        (Some("http"), Some(_)) => Ok(url),
+        _ => Err(format!(
+            "{value:?}: give the app's endpoint as http://HOST:PORT/PATH (plain HTTP, on the pod's own network)"
+        )),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// The app's endpoint, plain HTTP on the pod's own network, e.g. `http://127.0.0.1:8080/busy`.
-    #[arg(long, env = "BUSYGUARD_AGENT_URL")]
+    #[arg(long, env = "BUSYGUARD_AGENT_URL", value_parser = app_url)]
     pub url: http::Uri,
     #[command(flatten)]
     pub busy_when: BusyWhenArgs,
@@ -155,7 +173,7 @@ pub struct AgentArgs {
 pub struct BusyWhenArgs {
     /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
     /// busy); any other means idle.
-    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_STATUS")]
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_STATUS", value_parser = clap::value_parser!(u16).range(100..=599))]
     pub busy_status: Option<u16>,
     /// Text whose presence in the body means busy; its absence means idle.
     #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
@@ -231,11 +249,11 @@ pub struct ServeArgs {
 #[command(next_help_heading = "Ports and certificates")]
 pub struct PortArgs {
     /// Address of the HTTPS webhook port.
-    #[arg(long, env = "BUSYGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    #[arg(long, env = "BUSYGUARD_LISTEN", default_value = "0.0.0.0:8443", value_parser = listen_address)]
     pub listen: SocketAddr,
     /// Address of the plain-HTTP admin port: /healthz, /readyz (serving), /metrics, and /status
     /// (the view of opted-in pods and the audit log: ok, or what is wrong).
-    #[arg(long, env = "BUSYGUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "BUSYGUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080", value_parser = listen_address)]
     pub admin_listen: SocketAddr,
     /// Serving certificate (PEM, leaf first); reloaded when the file changes.
     #[arg(long, env = "BUSYGUARD_TLS_CERT", default_value = "certs/tls.crt")]

@@ -157,3 +157,27 @@ fn status_and_check_take_a_kubeconfig_context_as_kubectl_does_and_name_the_serve
     let line = error_line(&busyguard(dir.path(), &check));
     assert!(line.starts_with("error: cannot reach the API server at https://127.0.0.1:2/ (for 1s): "), "{line}");
 }
+
+#[test]
+fn a_listen_address_without_an_ip_says_what_to_give() {
+    let dir = tempfile::tempdir().unwrap();
+    for given in ["localhost:8443", "8443"] {
+        let output = busyguard(dir.path(), &["serve", "--no-cluster", "--listen", given]);
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success());
+        assert!(said.contains("is not IP:PORT: give an address and a port, e.g. 127.0.0.1:8443"), "{given}: {said}");
+    }
+}
+
+#[test]
+fn the_agent_takes_a_plain_http_endpoint_and_a_real_status_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |url: &str, status: &str| {
+        let args = ["agent", "--url", url, "--busy-status", status, "--pod", "w", "--namespace", "ns"];
+        let output = busyguard(dir.path(), &args);
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    assert!(agent("https://127.0.0.1:8080/busy", "503").contains("plain HTTP"));
+    assert!(agent("http://127.0.0.1:8080/busy", "999").contains("999 is not in 100..=599"));
+}
