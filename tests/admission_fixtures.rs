@@ -26,7 +26,7 @@ async fn eviction_without_a_cluster_is_503_with_the_reason_and_status_says_so() 
     assert_eq!(answer.status, 503);
     assert_eq!(
         answer.json(),
-        json!({"code": 503, "error": "cannot judge the eviction: busyguard runs without a cluster connection (no kubeconfig)"})
+        json!({"code": 503, "error": "cannot judge the eviction: busyguard runs without a cluster connection (--no-cluster, or no kubeconfig found)"})
     );
     assert_eq!(server.metric(r#"busyguard_http_errors_total{status="503"}"#).await, Some(1.0));
     assert_eq!(server.admin_get("/readyz").await.status, 200, "the pod paths still work without a cluster");
@@ -36,7 +36,7 @@ async fn eviction_without_a_cluster_is_503_with_the_reason_and_status_says_so() 
         (status.status, status.text()),
         (
             503,
-            "busyguard runs without a cluster connection (no kubeconfig): evictions and node deletes are answered \
+            "busyguard runs without a cluster connection (--no-cluster, or no kubeconfig found): evictions and node deletes are answered \
              503, scale-downs go unprepared\n"
                 .to_string()
         )
@@ -56,7 +56,7 @@ async fn scale_down_without_a_cluster_is_allowed_and_audited_as_unprepared() {
     );
     assert_eq!(
         audit[0]["detail"],
-        "deployments/scale capture/worker 4→2: pods not prepared, busyguard runs without a cluster connection (no kubeconfig)"
+        "deployments/scale capture/worker 4→2: pods not prepared, busyguard runs without a cluster connection (--no-cluster, or no kubeconfig found)"
     );
 }
 

@@ -393,7 +393,9 @@ pub enum Unavailable {
 impl std::fmt::Display for Unavailable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unavailable::NoCluster => f.write_str("busyguard runs without a cluster connection (no kubeconfig)"),
+            Unavailable::NoCluster => {
+                f.write_str("busyguard runs without a cluster connection (--no-cluster, or no kubeconfig found)")
+            }
             Unavailable::NotListed => f.write_str("busyguard has not finished listing the opted-in pods yet"),
             Unavailable::Stale { for_secs } => {
                 write!(f, "busyguard's watch of the opted-in pods has shown no sign of life for {for_secs}s")
