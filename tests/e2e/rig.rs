@@ -254,6 +254,18 @@ impl Rig {
         Ok(serde_json::from_str(&self.kubectl(&all)?)?)
     }
 
+    /// An eviction of `namespace/pod` through the Eviction API, as a drain or an autoscaler
+    /// sends it: whether it went through, and what the API server said.
+    pub fn evict(&self, namespace: &str, pod: &str) -> Result<(bool, String)> {
+        let eviction =
+            json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}});
+        let path = self.work.join(format!("{namespace}-{pod}-eviction.json"));
+        std::fs::write(&path, eviction.to_string())?;
+        let raw = format!("/api/v1/namespaces/{namespace}/pods/{pod}/eviction");
+        let (ok, _, err) = self.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])?;
+        Ok((ok, err))
+    }
+
     /// A pod, or None once it is gone.
     pub fn pod(&self, ns: &str, name: &str) -> Result<Option<Value>> {
         let (ok, out, err) = self.try_kubectl(&["-n", ns, "get", "pod", name, "-o", "json"])?;

@@ -93,16 +93,8 @@ pub fn the_deschedulers_eviction_in_background_goes_once_idle(rig: &Rig) -> Resu
     pod["metadata"]["annotations"] = serde_json::json!({"descheduler.alpha.kubernetes.io/request-evict-only": ""});
     workers::start(rig, &pod, "task", 1)?;
     flip(rig, &ns, "task", true)?;
-    let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": "task", "namespace": &*ns}});
-    let path = rig.work.join(format!("{}-eviction.json", &*ns));
-    std::fs::write(&path, eviction.to_string())?;
-    let evict = || {
-        let raw = format!("/api/v1/namespaces/{}/pods/task/eviction", &*ns);
-        rig.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])
-    };
     for attempt in 0..2 {
-        let (ok, _, err) = evict()?;
+        let (ok, err) = rig.evict(&ns, "task")?;
         ensure!(!ok, "eviction {attempt} of the busy pod went through");
         ensure!(
             err.contains("Eviction triggered evacuation"),

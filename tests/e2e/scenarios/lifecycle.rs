@@ -190,12 +190,7 @@ pub fn a_jobs_pod_is_busy_while_it_runs_by_the_namespaces_say(rig: &Rig) -> Resu
     ensure!(label(&pod, "busyguard.io/busy").as_deref() == Some("true"), "not busy: {}", pod["metadata"]);
     ensure!(annotation(&pod, "karpenter.sh/do-not-disrupt").is_some(), "{}", pod["metadata"]);
     ensure!(annotation(&pod, "cluster-autoscaler.kubernetes.io/safe-to-evict").as_deref() == Some("false"));
-    let eviction =
-        json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": &name, "namespace": &*ns}});
-    let path = rig.work.join(format!("{}-eviction.json", &*ns));
-    std::fs::write(&path, eviction.to_string())?;
-    let raw = format!("/api/v1/namespaces/{}/pods/{name}/eviction", &*ns);
-    let (ok, _, err) = rig.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])?;
+    let (ok, err) = rig.evict(&ns, &name)?;
     ensure!(!ok && err.contains("is busy since"), "a running Job's pod was evicted: {err}");
     let mut other = serde_json::Value::Null;
     eventually("the other namespace's Job pod runs", Duration::from_secs(60), || {

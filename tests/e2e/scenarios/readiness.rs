@@ -8,6 +8,17 @@ use serde_json::json;
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, annotation, label};
 
+/// Turns a Ready pod NotReady, and so busy in readiness mode. This kubelet turns a pod Ready as
+/// it starts it; a real one only after a probe, and NotReady again a probe period (at least a
+/// second) later. Busy is NotReady after having been Ready.
+fn turn_not_ready(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
+    std::thread::sleep(Duration::from_millis(1100));
+    rig.kubectl(&["-n", ns, "annotate", "pod", pod, "k8s-local/ready=false", "--overwrite"])?;
+    eventually("the pod turns NotReady", Duration::from_secs(20), || {
+        Ok(rig.pod(ns, pod)?.is_some_and(|p| !workers::is_ready(&p)))
+    })
+}
+
 /// A scale-down that picks a busy (NotReady) pod completes: busyguard releases the pod from its
 /// ReplicaSet, and deletes it once it is Ready again, exactly once.
 pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
@@ -15,14 +26,8 @@ pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
     let mut workload = workers::deployment(&ns, "worker", 2);
     workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");
     let pods = workers::start(rig, &workload, "worker", 2)?;
-    // This kubelet turns a pod Ready as it starts it; a real one only after a probe, and NotReady
-    // again a probe period (at least a second) later. Busy is NotReady after having been Ready.
-    std::thread::sleep(Duration::from_millis(1100));
     let busy = &pods[0];
-    rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=false", "--overwrite"])?;
-    eventually("the pod turns NotReady", Duration::from_secs(20), || {
-        Ok(rig.pod(&ns, busy)?.is_some_and(|p| !workers::is_ready(&p)))
-    })?;
+    turn_not_ready(rig, &ns, busy)?;
     rig.kubectl(&["-n", &ns, "scale", "deployment/worker", "--replicas=1"])?;
     eventually("busyguard releases the busy pod from its ReplicaSet", Duration::from_secs(30), || {
         Ok(rig.pod(&ns, busy)?.is_some_and(|p| {
@@ -72,12 +77,8 @@ pub fn an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments(rig: &R
             "template": {"metadata": {"labels": labels},
                 "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "worker", "image": "example.com/worker"}]}}}});
     let pods = workers::start(rig, &replica_set, "worker", 2)?;
-    std::thread::sleep(Duration::from_millis(1100));
     let busy = &pods[0];
-    rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=false", "--overwrite"])?;
-    eventually("the pod turns NotReady", Duration::from_secs(20), || {
-        Ok(rig.pod(&ns, busy)?.is_some_and(|p| !workers::is_ready(&p)))
-    })?;
+    turn_not_ready(rig, &ns, busy)?;
     // Argo scales its ReplicaSets itself, with an update of the ReplicaSet.
     rig.kubectl(&["-n", &ns, "scale", "replicaset/worker-7d9c4f", "--replicas=1"])?;
     eventually("busyguard releases the busy pod from the Rollout's ReplicaSet", Duration::from_secs(30), || {
