@@ -66,6 +66,78 @@ impl Drop for Release {
     }
 }
 
+/// An etcd release laid out as upstream's: `v3.5.9/etcd-v3.5.9-linux-amd64.tar.gz` and
+/// `v3.5.9/SHA256SUMS` (with `tampered`, a sum that is not the tarball's).
+fn etcd_release(root: &Path, tampered: bool) {
+    let dir = root.join("v3.5.9");
+    let unpacked = root.join("build/etcd-v3.5.9-linux-amd64");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(unpacked.join("etcd"), "#!/bin/sh\necho etcd\n").unwrap();
+    let tarball = "etcd-v3.5.9-linux-amd64.tar.gz";
+    let packed = Command::new("tar")
+        .args([
+            "-czf",
+            &dir.join(tarball).to_string_lossy(),
+            "-C",
+            &root.join("build").to_string_lossy(),
+            "etcd-v3.5.9-linux-amd64",
+        ])
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    let sum = Command::new("sha256sum").arg(dir.join(tarball)).output().unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap().split_whitespace().next().unwrap().to_string();
+    let sum = if tampered { "1".repeat(64) } else { sum };
+    std::fs::write(
+        dir.join("SHA256SUMS"),
+        format!("{}  etcd-v3.5.9-darwin-amd64.zip\n{sum}  {tarball}\n", "2".repeat(64)),
+    )
+    .unwrap();
+}
+
+#[test]
+fn etcd_is_downloaded_with_them_where_none_is_there_and_kept_only_with_its_published_sha256() {
+    for tampered in [false, true] {
+        let release = Release::serve(None);
+        let etcd = tempfile::tempdir().unwrap();
+        etcd_release(etcd.path(), tampered);
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut server = Command::new("python3")
+            .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+            .arg(etcd.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the file server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let dest = tempfile::tempdir().unwrap();
+        let fetched = Command::new(Path::new(ROOT).join("tests/e2e/k8s/fetch.sh"))
+            .arg(dest.path())
+            .arg("--etcd")
+            .env("K8S_RELEASE_URL", &release.url)
+            .env("K8S_ARCH", "amd64")
+            .env("ETCD_RELEASE_URL", format!("http://127.0.0.1:{port}"))
+            .output()
+            .unwrap();
+        let _ = server.kill();
+        let _ = server.wait();
+        let said = String::from_utf8_lossy(&fetched.stderr);
+        if tampered {
+            assert!(!fetched.status.success() && said.contains("not the one in the release's SHA256SUMS"), "{said}");
+            assert!(!dest.path().join("etcd").exists());
+        } else {
+            assert!(fetched.status.success(), "{said}");
+            let run = Command::new(dest.path().join("etcd")).output().unwrap();
+            assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "etcd");
+        }
+    }
+}
+
 #[test]
 fn the_release_binaries_are_downloaded_and_kept_only_with_their_published_sha256() {
     let release = Release::serve(None);

@@ -9,8 +9,8 @@
 # tarball in K8S_TARBALLS, default ../shared/k8s beside the project, where there is one, else the
 # upstream release of K8S_VERSION downloaded into K8S_CACHE, default the project's
 # target/k8s, by fetch.sh: checked against their published SHA-256), NODES (default "node-a
-# node-b node-c"), APISERVER_EXTRA, KCM_EXTRA. etcd is Debian's etcd-server, installed when
-# missing.
+# node-b node-c"), APISERVER_EXTRA, KCM_EXTRA. etcd: the PATH's, else Debian's etcd-server
+# (installed when missing, as root), else the etcd release's, downloaded with the binaries.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 K8S_DIR=${K8S_DIR:-/tmp/k8s-local}
@@ -24,9 +24,13 @@ if [[ -z ${K8S_BIN:-} ]]; then
     [[ -x $K8S_BIN/kube-apiserver ]] || { mkdir -p "$K8S_BIN"; tar -xJf "$tarballs"/k8s-v*-linux-amd64.tar.xz -C "$K8S_BIN"; }
   else
     K8S_BIN=${K8S_CACHE:-$ROOT/target/k8s}/${K8S_VERSION:-v1.28.4}
-    "$HERE/fetch.sh" "$K8S_BIN"
+    # etcd: the PATH's, else Debian's where it can be installed, else the release's.
+    etcd_too=
+    command -v etcd >/dev/null || { [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; } || etcd_too=--etcd
+    "$HERE/fetch.sh" "$K8S_BIN" $etcd_too
   fi
 fi
+[[ -x $K8S_BIN/etcd ]] && PATH=$K8S_BIN:$PATH
 command -v etcd >/dev/null || { apt-get update -qq && apt-get install -y -qq etcd-server >/dev/null; }
 command -v kubectl >/dev/null || { echo "up.sh: kubectl is needed" >&2; exit 2; }
 cd "$K8S_DIR/pki"
