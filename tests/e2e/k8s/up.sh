@@ -3,7 +3,7 @@
 # kube-apiserver, admission chain, RBAC, ReplicaSet/Deployment/disruption/GC controllers and the
 # scheduler: etcd + kube-apiserver + kube-controller-manager + kube-scheduler, controllers with
 # their own service-account credentials, 3 fake nodes and a fake kubelet (fake-kubelet.py).
-# No container runs: the fake kubelet marks bound pods Running and Ready (see README.md).
+# No container runs: the fake kubelet marks bound pods Running and Ready (docs/development.md).
 # Usage: tests/e2e/k8s/up.sh   then: export KUBECONFIG=$K8S_DIR/admin.kubeconfig
 # Env: K8S_DIR (state, default /tmp/k8s-local), K8S_BIN (the binaries; without it, those of the
 # tarball in K8S_TARBALLS, default ../shared/k8s beside the project, where there is one, else the
