@@ -520,7 +520,7 @@ mod tests {
                 || [idle()].iter().any(|s| selects(s, &new) || selects(s, &old)) && sent(&by_whom) && sent(&not_for_pod_flags());
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
             ask.requester.pod = worker.then_some("w");
-            let writer = if worker { Writer::Worker { own_pod: "w" } } else { Writer::Other };
+            let writer = if worker { Writer::Worker { namespace: "jobs", own_pod: "w" } } else { Writer::Other };
             let outcome = judge_write(&ask, &pod(&new), Some(&pod(&old)), writer, false, &config(), now());
             // Writes of pods that are not opted in, before or after, are not the rule's business.
             let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());

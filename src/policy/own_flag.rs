@@ -17,10 +17,11 @@ use super::{PolicyConfig, Requester};
 pub enum Writer<'a> {
     /// busyguard's own user, once known.
     Busyguard,
-    /// The token bound to pod `own_pod` (in its service account's namespace) of a pod busyguard
-    /// guards, or of the written pod's own service account: the worker's Role grants `patch` on
-    /// pods, which RBAC cannot narrow to the worker's own pod.
-    Worker { own_pod: &'a str },
+    /// The token bound to pod `namespace/own_pod` (a bound token's pod lives in its service
+    /// account's namespace) of a pod busyguard guards, or of the written pod's own service
+    /// account: the worker's Role grants `patch` on pods, which RBAC cannot narrow to the
+    /// worker's own pod.
+    Worker { namespace: &'a str, own_pod: &'a str },
     /// Anyone else: people, controllers (a pod-bound token of their own included), the kubelet.
     Other,
 }
@@ -41,7 +42,9 @@ pub fn writer<'a>(
     let account = requester.username.strip_prefix("system:serviceaccount:").and_then(|a| a.split_once(':'));
     let pods_own_account = account == Some((namespace, pod.spec.service_account_name.as_str()));
     match account {
-        Some((own_namespace, _)) if pods_own_account || guarded(own_namespace, own_pod) => Writer::Worker { own_pod },
+        Some((own_namespace, _)) if pods_own_account || guarded(own_namespace, own_pod) => {
+            Writer::Worker { namespace: own_namespace, own_pod }
+        }
         _ => Writer::Other,
     }
 }
@@ -72,8 +75,8 @@ pub fn judge_write(
         Some((Denial::NotBusyguardsMark, Reason::ForgedMark, not_busyguards_mark(ask.namespace, ask.name)))
     } else if let Some(key) = forged_key {
         Some((Denial::NotBusyguardsKeys, Reason::ForgedKeys, not_busyguards_keys(ask.namespace, ask.name, key)))
-    } else if let (Writer::Worker { own_pod }, false) = (writer, through_status) {
-        own_flag_only(ask, own_pod, pod, before, config, now)
+    } else if let (Writer::Worker { namespace, own_pod }, false) = (writer, through_status) {
+        own_flag_only(ask, (namespace, own_pod), pod, before, config, now)
             .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
     } else {
         None
@@ -151,10 +154,11 @@ fn as_busyguard_leaves_it(key: &str, pod: &Pod, before: &Pod, config: &PolicyCon
     (key != *saved_as && !turning_idle) || users_own.contains(&pod.annotation(key))
 }
 
-/// The own-flag rule's refusal, if any, of a write by the token bound to pod `own_pod`.
+/// The own-flag rule's refusal, if any, of a write by the token bound to pod `own`
+/// (namespace, name).
 fn own_flag_only(
     ask: &Ask<'_>,
-    own_pod: &str,
+    (own_namespace, own_pod): (&str, &str),
     pod: &Pod,
     before: Option<&Pod>,
     config: &PolicyConfig,
@@ -171,11 +175,8 @@ fn own_flag_only(
         let annotations = pod.metadata.annotations.iter().flatten();
         annotations.filter(|(k, _)| !written_on_a_flip(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
     };
-    // A bound token's pod lives in its service account's namespace.
-    let own_namespace = service_account_namespace(ask.requester.username);
-    if own_pod != ask.name || own_namespace != Some(ask.namespace) {
-        let own = format!("{}/{own_pod}", own_namespace.unwrap_or("?"));
-        Some(not_own_pod(ask.namespace, ask.name, &own))
+    if own_pod != ask.name || own_namespace != ask.namespace {
+        Some(not_own_pod(ask.namespace, ask.name, &format!("{own_namespace}/{own_pod}")))
     } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
         || theirs(pod) != theirs(before)
         || !flip_keys().all(|key| as_busyguard_leaves_it(key, pod, before, config, now))
@@ -184,11 +185,6 @@ fn own_flag_only(
     } else {
         None
     }
-}
-
-/// `NS` of `system:serviceaccount:NS:NAME`.
-fn service_account_namespace(username: &str) -> Option<&str> {
-    username.strip_prefix("system:serviceaccount:")?.split(':').next()
 }
 
 /// A pod's service account writing another pod.
@@ -228,7 +224,7 @@ mod tests {
     use serde_json::{Value, json};
 
     const BUSYGUARD: &str = "system:serviceaccount:busyguard:busyguard";
-    const WORKER: Writer<'static> = Writer::Worker { own_pod: "w" };
+    const WORKER: Writer<'static> = Writer::Worker { namespace: "ns", own_pod: "w" };
 
     #[test]
     fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
@@ -302,8 +298,11 @@ mod tests {
         set_label(&mut flip, "true");
         let mut elsewhere = from_pod("w");
         elsewhere.requester.username = "system:serviceaccount:other:worker";
+        // A pod busyguard guards there: a worker, of namespace other.
+        let writer = writer(&elsewhere.requester, Some(BUSYGUARD), "ns", &pod(flip.clone()), |_, _| true);
+        assert_eq!(writer, Writer::Worker { namespace: "other", own_pod: "w" });
         let outcome =
-            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), WORKER, false, &config(), ts("2026-11-21T20:00:00Z"));
+            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), writer, false, &config(), ts("2026-11-21T20:00:00Z"));
         let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
     }
@@ -443,7 +442,7 @@ mod tests {
             ("the same name in another namespace", token("system:serviceaccount:elsewhere:worker"), not_guarded, false),
         ];
         for (what, requester, guarded, is_worker) in cases {
-            let expected = if is_worker { Writer::Worker { own_pod: "w-2" } } else { Writer::Other };
+            let expected = if is_worker { Writer::Worker { namespace: "ns", own_pod: "w-2" } } else { Writer::Other };
             assert_eq!(writer(&requester, Some(BUSYGUARD), "ns", &own_account, guarded), expected, "{what}");
         }
         let person = Requester { username: "alice", groups: &[], pod: None };
@@ -499,7 +498,7 @@ mod tests {
 
     /// A write of `new` over `old` by the token bound to pod `own_pod`, busyguard's own name known.
     fn written_by_pod(own_pod: &'static str, new: Value, old: Value) -> Outcome {
-        let writer = Writer::Worker { own_pod };
+        let writer = Writer::Worker { namespace: "ns", own_pod };
         judge_write(
             &from_pod(own_pod),
             &pod(new),

@@ -18,6 +18,24 @@ struct Release {
     _files: tempfile::TempDir,
 }
 
+/// A plain HTTP server of the files under `root` on a loopback port, once it answers, and its URL.
+fn serve(root: &Path) -> (Child, String) {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = Command::new("python3")
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the file server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, format!("http://127.0.0.1:{port}"))
+}
+
 impl Release {
     fn serve(wrong: Option<&str>) -> Release {
         let files = tempfile::tempdir().unwrap();
@@ -32,20 +50,8 @@ impl Release {
             }
             std::fs::write(dir.join(format!("{name}.sha256")), sum).unwrap();
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let server = Command::new("python3")
-            .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
-            .arg(files.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the file server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Release { server, url: format!("http://127.0.0.1:{port}"), _files: files }
+        let (server, url) = serve(files.path());
+        Release { server, url, _files: files }
     }
 
     fn fetch(&self, dest: &Path) -> std::process::Output {
@@ -102,26 +108,14 @@ fn etcd_is_downloaded_with_them_where_none_is_there_and_kept_only_with_its_publi
         let release = Release::serve(None);
         let etcd = tempfile::tempdir().unwrap();
         etcd_release(etcd.path(), tampered);
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut server = Command::new("python3")
-            .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
-            .arg(etcd.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the file server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (mut server, etcd_url) = serve(etcd.path());
         let dest = tempfile::tempdir().unwrap();
         let fetched = Command::new(Path::new(ROOT).join("tests/e2e/k8s/fetch.sh"))
             .arg(dest.path())
             .arg("--etcd")
             .env("K8S_RELEASE_URL", &release.url)
             .env("K8S_ARCH", "amd64")
-            .env("ETCD_RELEASE_URL", format!("http://127.0.0.1:{port}"))
+            .env("ETCD_RELEASE_URL", etcd_url)
             .output()
             .unwrap();
         let _ = server.kill();
