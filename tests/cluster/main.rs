@@ -100,7 +100,7 @@ fn five_workers(api: &ApiServer, since: Timestamp) {
     api.put_pod(busy_pod("busy", since));
     let mut missed = worker_pod("busy-stale", true);
     missed["metadata"]["annotations"] = json!({"controller.kubernetes.io/pod-deletion-cost": "1"});
-    missed["metadata"]["creationTimestamp"] = json!(missed_created().to_string());
+    missed["metadata"]["creationTimestamp"] = json!(missed_created(since).to_string());
     api.put_pod(missed);
     api.put_pod(worker_pod("idle-1", false));
     api.put_pod(worker_pod("idle-2", false));
@@ -109,11 +109,10 @@ fn five_workers(api: &ApiServer, since: Timestamp) {
     api.put_pod(left_behind);
 }
 
-/// When `busy-stale` was created: the busy-since busyguard gives it, since max-busy counts from
-/// there for a flip it missed.
-fn missed_created() -> Timestamp {
-    let ago = Timestamp::now() - jiff::SignedDuration::from_mins(20);
-    Timestamp::from_second(ago.as_second()).unwrap()
+/// When `busy-stale` was created, ten minutes after `since`: the busy-since busyguard gives it,
+/// since max-busy counts from there for a flip it missed.
+fn missed_created(since: Timestamp) -> Timestamp {
+    since + jiff::SignedDuration::from_mins(10)
 }
 
 fn scale_down_5_to_2() -> Value {

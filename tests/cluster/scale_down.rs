@@ -27,7 +27,7 @@ async fn scale_down_5_to_2_with_2_busy_patches_only_stale_annotations_before_all
     let stamped: Timestamp =
         busy_stale.body["metadata"]["annotations"]["busyguard.io/busy-since"].as_str().unwrap().parse().unwrap();
     // A flip busyguard missed counts from the pod's creation: never a protection renewed.
-    assert_eq!(stamped, missed_created());
+    assert_eq!(stamped, missed_created(since));
     assert_eq!(busy_stale.method, "PATCH");
     assert_eq!(
         busy_stale.body,
