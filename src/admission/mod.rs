@@ -12,6 +12,8 @@ use objects::Object;
 use review::{AdmissionRequest, InvalidReview, Operation};
 
 use crate::cluster::view::View;
+use crate::policy::budget::Siblings;
+use crate::policy::disruption::Disruption;
 use crate::policy::outcome::{Action, Ask, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
@@ -181,13 +183,15 @@ pub fn admit(
             // Judged on the pod the request carries; the view confirms it for side effects, and
             // counts its workload's unavailable pods for a budget (when it can be trusted).
             let trusted = inputs.view.check(inputs.arrived).is_ok();
-            let decided = inputs.view.with_pod_under_budget(&request.namespace, name, |seen, siblings| {
+            let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
                 let siblings = siblings.filter(|_| trusted);
-                disruption::judge_disruption(&ask, Action::Delete, pod, Some(seen), siblings, policy, now)
-            });
-            Ok(decided.unwrap_or_else(|| {
-                disruption::judge_disruption(&ask, Action::Delete, pod, None::<&Pod>, None, policy, now)
-            }))
+                let delete = Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings };
+                disruption::judge_disruption(&delete, policy, now)
+            };
+            let decided = inputs
+                .view
+                .with_pod_under_budget(&request.namespace, name, |seen, siblings| delete(Some(seen), siblings));
+            Ok(decided.unwrap_or_else(|| delete(None, None)))
         }
         Route::PodEviction => {
             let eviction = match request.object()? {
@@ -198,7 +202,8 @@ pub fn admit(
             (inputs.view.check(inputs.arrived))
                 .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the eviction: {why}")))?;
             let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
-                disruption::judge_disruption(&ask, Action::Evict, pod, Some(pod), siblings, policy, now)
+                let evict = Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings };
+                disruption::judge_disruption(&evict, policy, now)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))

@@ -62,18 +62,18 @@ impl MaxBusy {
         MaxBusy { default, ceiling: None, floor: DEFAULT_MAX_BUSY_FLOOR }
     }
 
-    pub fn of(&self, pod: &impl PodFacts) -> SignedDuration {
+    pub fn of(&self, pod: &(impl PodFacts + ?Sized)) -> SignedDuration {
         let limit = max_busy(pod).map_or(self.default, |own| own.max(self.floor));
         self.ceiling.map_or(limit, |ceiling| limit.min(ceiling))
     }
 
     /// The pod's own max-busy, when it is below the floor.
-    pub fn below_floor(&self, pod: &impl PodFacts) -> Option<SignedDuration> {
+    pub fn below_floor(&self, pod: &(impl PodFacts + ?Sized)) -> Option<SignedDuration> {
         max_busy(pod).filter(|own| *own < self.floor)
     }
 }
 
-pub fn busy_state(pod: &impl PodFacts, max_busy: MaxBusy, now: Timestamp) -> BusyState {
+pub fn busy_state(pod: &(impl PodFacts + ?Sized), max_busy: MaxBusy, now: Timestamp) -> BusyState {
     let Some(label) = pod.label(BUSY_LABEL) else {
         return BusyState::NotOptedIn;
     };
@@ -96,7 +96,12 @@ pub fn busy_state(pod: &impl PodFacts, max_busy: MaxBusy, now: Timestamp) -> Bus
 }
 
 /// A pod busy since `since` (`None`: unknown), protected or lapsed.
-pub fn busy_from(pod: &impl PodFacts, since: Option<Timestamp>, max_busy: MaxBusy, now: Timestamp) -> BusyState {
+pub fn busy_from(
+    pod: &(impl PodFacts + ?Sized),
+    since: Option<Timestamp>,
+    max_busy: MaxBusy,
+    now: Timestamp,
+) -> BusyState {
     if let Some(since) = since
         && let Some(at) = pod.last_restart().filter(|at| *at > since)
     {
@@ -126,7 +131,7 @@ fn protection(
 /// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready;
 /// one that has not been Ready since it started has taken no task (still starting, or a probe
 /// that never passes, as in a rollout being rolled back) and is not busy.
-fn unready_since(pod: &impl PodFacts) -> Option<Option<Timestamp>> {
+fn unready_since(pod: &(impl PodFacts + ?Sized)) -> Option<Option<Timestamp>> {
     if pod.label(BUSY_LABEL) != Some(WHEN_UNREADY) || pod.phase() != Phase::Running {
         return None;
     }
@@ -152,7 +157,7 @@ pub fn busy_since(pod: &(impl PodFacts + ?Sized)) -> Option<Timestamp> {
 }
 
 /// The pod's own max-busy, when it is a positive duration such as `2h` or `90m`.
-pub fn max_busy(pod: &impl PodFacts) -> Option<SignedDuration> {
+pub fn max_busy(pod: &(impl PodFacts + ?Sized)) -> Option<SignedDuration> {
     parse_positive_duration(pod.annotation(MAX_BUSY)?).ok()
 }
 

@@ -15,28 +15,10 @@ use super::outcome::{
 };
 use super::pod::{Phase, PodFacts};
 use super::{
-    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
+    Exempt, Exemptions, GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
     REPLICASET_CONTROLLER_USER, Requester, TAINT_MANAGER_USERS,
 };
 use crate::duration::whole_second;
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Exemptions {
-    pub users: Vec<String>,
-    pub groups: Vec<String>,
-    /// Karpenter's users: their *deletes* of busy pods go through (see `Override::KarpenterDeadline`).
-    pub karpenter: Vec<String>,
-}
-
-impl Exemptions {
-    /// The exemption `requester` holds as a configured user or group, if any.
-    pub fn of(&self, requester: Requester<'_>) -> Option<Override> {
-        if self.users.iter().any(|u| u == requester.username) {
-            return Some(Override::ExemptUser(requester.username.to_string()));
-        }
-        requester.groups.iter().find(|g| self.groups.contains(g)).map(|g| Override::ExemptGroup(g.clone()))
-    }
-}
 
 /// The busy rule's answer for one pod and one requester.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +37,8 @@ pub enum Override {
         since: Timestamp,
         lapse: Lapse,
     },
-    ExemptUser(String),
-    ExemptGroup(String),
+    /// A configured user or group.
+    Exempt(Exempt),
     /// Recovery is never blocked: the taint manager clears a dead node (the work there is lost
     /// either way; refusing only keeps the ReplicaSet from replacing the pod), and the namespace
     /// controller empties a namespace being deleted (as a PodDisruptionBudget lets both through).
@@ -72,8 +54,7 @@ impl Override {
     pub fn decision(&self) -> Decision {
         match self {
             Override::Lapsed { .. } => Decision::Lapsed,
-            Override::ExemptUser(_)
-            | Override::ExemptGroup(_)
+            Override::Exempt(_)
             | Override::NodeTaintEviction
             | Override::NamespaceDeleted
             | Override::KarpenterDeadline => Decision::Exempted,
@@ -84,8 +65,7 @@ impl Override {
         match self {
             Override::Lapsed { lapse: Lapse::MaxBusy { .. }, .. } => Reason::MaxBusyExceeded,
             Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => Reason::StaleAfterRestart,
-            Override::ExemptUser(_) => Reason::ExemptUser,
-            Override::ExemptGroup(_) => Reason::ExemptGroup,
+            Override::Exempt(exempt) => exempt.reason(),
             Override::NodeTaintEviction => Reason::NodeTaintEviction,
             Override::NamespaceDeleted => Reason::NamespaceDeleted,
             Override::KarpenterDeadline => Reason::KarpenterDeadline,
@@ -113,7 +93,7 @@ fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Over
     if requester.username == NAMESPACE_CONTROLLER_USER {
         return Some(Override::NamespaceDeleted);
     }
-    exemptions.of(requester)
+    exemptions.of(requester).map(Override::Exempt)
 }
 
 /// A refused delete is carried out later only for people and the garbage collector: they ask
@@ -124,35 +104,29 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
-/// Whether taking `pod` away stays within its workload's `busyguard.io/max-unavailable`: a
-/// budget for workloads a PodDisruptionBudget cannot cover (DaemonSets, direct deletes).
-/// `siblings` are the workload's other pods that are not Ready or already going, as the view
-/// holds them (`None`: unknown, no budget). Exempt requesters and recovery are not held, nor
-/// deletes that must not wait: the garbage collector's (the owner is gone, every pod goes) and
-/// Karpenter's (its node's deadline: the instance goes anyway). A pod itself unavailable may
-/// always go.
-fn budget(
-    ask: &Ask<'_>,
-    action: Action,
-    pod: &impl PodFacts,
-    siblings: Option<&Siblings>,
-    config: &PolicyConfig,
-) -> Budget {
+/// Whether taking the pod away stays within its workload's `busyguard.io/max-unavailable`: a
+/// budget for workloads a PodDisruptionBudget cannot cover (DaemonSets, direct deletes), counted
+/// in the view's unavailable siblings (`None`: unknown, no budget). Exempt requesters and
+/// recovery are not held, nor deletes that must not wait: the garbage collector's (the owner is
+/// gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway). A pod
+/// itself unavailable may always go.
+fn budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Budget {
+    let pod = d.pod;
     let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
         return Budget::NotHeld;
     };
-    let Some(siblings) = siblings else { return Budget::NotHeld };
+    let Some(siblings) = &d.siblings else { return Budget::NotHeld };
     let unavailable = u32::try_from(siblings.unavailable.len()).unwrap_or(u32::MAX);
     let itself_unavailable = pod.is_terminating() || !is_available(pod);
-    let username = ask.requester.username;
-    let must_not_wait = action == Action::Delete
-        && (username == GARBAGE_COLLECTOR_USER || config.exemptions.karpenter.iter().any(|k| k == username));
-    if itself_unavailable || must_not_wait || let_through(ask.requester, &config.exemptions).is_some() {
+    let username = d.ask.requester.username;
+    let must_not_wait =
+        d.action == Action::Delete && (username == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(username));
+    if itself_unavailable || must_not_wait || let_through(d.ask.requester, &config.exemptions).is_some() {
         Budget::NotHeld
     } else if unavailable < allowed {
         Budget::Within { allowed }
     } else {
-        Budget::UsedUp(budget_used_up(ask.namespace, ask.name, allowed, unavailable))
+        Budget::UsedUp(budget_used_up(d.ask.namespace, d.ask.name, allowed, unavailable))
     }
 }
 
@@ -182,123 +156,182 @@ pub fn release_confirmed(wanted: Option<i32>, has: Option<i32>, strategy: Option
 }
 
 /// Running and Ready: what counts as available for a budget.
-pub fn is_available(pod: &impl PodFacts) -> bool {
+pub fn is_available(pod: &(impl PodFacts + ?Sized)) -> bool {
     pod.phase() == Phase::Running && pod.readiness().is_some_and(|r| r.ready)
 }
 
-/// The answer to `ask`, a delete or an eviction of `pod`. `seen` is the pod as busyguard's own
-/// view holds it: side effects (the Event, the delete-requested mark) follow only when the view
-/// confirms the same pod busy, so a forged review cannot make busyguard act on a pod. The
-/// answer itself goes to whoever asked, and stands on the request alone.
-pub fn judge_disruption(
-    ask: &Ask<'_>,
-    action: Action,
-    pod: &impl PodFacts,
-    seen: Option<&impl PodFacts>,
-    siblings: Option<Siblings>,
-    config: &PolicyConfig,
-    now: Timestamp,
-) -> Outcome {
-    let state = busy_state(pod, config.max_busy, now);
+/// A delete or an eviction of one pod, as [`judge_disruption`] reads it.
+pub struct Disruption<'a, P: PodFacts + ?Sized> {
+    pub ask: &'a Ask<'a>,
+    pub action: Action,
+    /// The pod the request carries (a delete) or the view holds (an eviction): the answer,
+    /// which goes to whoever asked, stands on it alone.
+    pub pod: &'a P,
+    /// The same pod as busyguard's own view holds it, if it does: side effects (the Event, the
+    /// delete-requested mark, a release) follow only when the view confirms it busy, so a
+    /// forged review cannot make busyguard act on a pod.
+    pub seen: Option<&'a dyn PodFacts>,
+    /// The workload's other unavailable pods, for its `busyguard.io/max-unavailable` (`None`:
+    /// unknown, no budget).
+    pub siblings: Option<Siblings>,
+}
+
+/// What refusing a busy pod sets in motion besides the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consequence<'p> {
+    /// Nothing: the view does not confirm the pod busy, or the request is a dry run.
+    Nothing,
+    /// An Event on the pod: the requester retries, and chooses again, by itself.
+    Told,
+    /// The delete carried out once the pod is idle (a person's or the garbage collector's, who
+    /// ask once; `in_background`: an eviction the descheduler asked to start an evacuation).
+    Deferred { in_background: bool },
+    /// Busy by readiness and picked by the ReplicaSet controller, which ranks NotReady pods
+    /// first and so would never end its scale-down: the pod is taken out of its ReplicaSet by
+    /// the label `label` (value `hash`), and deleted once Ready.
+    Released { label: &'static str, hash: &'p str },
+}
+
+impl<'p> Consequence<'p> {
+    fn of(
+        d: &Disruption<'p, impl PodFacts + ?Sized>,
+        by_readiness: bool,
+        config: &PolicyConfig,
+        now: Timestamp,
+    ) -> Self {
+        let (pod, action, requester) = (d.pod, d.action, d.ask.requester);
+        let confirmed =
+            d.seen.is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
+        if !confirmed || d.ask.dry_run {
+            return Consequence::Nothing;
+        }
+        let in_background = action == Action::Evict && pod.annotation(REQUEST_EVICT_ONLY).is_some();
+        if in_background || (action == Action::Delete && defers_delete(requester)) {
+            return Consequence::Deferred { in_background };
+        }
+        let picked_by_replicaset = action == Action::Delete && requester.username == REPLICASET_CONTROLLER_USER;
+        match pod.template_hash() {
+            Some((label, hash)) if by_readiness && picked_by_replicaset => Consequence::Released { label, hash },
+            _ => Consequence::Told,
+        }
+    }
+}
+
+/// The answer to a delete or an eviction, with its audit line, side effects and budget claim.
+pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let state = busy_state(d.pod, config.max_busy, now);
     let busy_since = match state {
         BusyState::Busy { since, .. } => since,
         BusyState::Lapsed { since, .. } => Some(since),
         _ => None,
     };
-    let audit =
-        |decision, reason, detail| AuditRecord { busy_since, ..ask.audit(decision, reason, detail, config.mode, now) };
-    let (namespace, name) = (ask.namespace, ask.name);
-    let karpenter = config.exemptions.karpenter.iter().any(|user| user == ask.requester.username);
-    let verdict = match judge(state, ask.requester, &config.exemptions) {
-        Verdict::Deny { .. } if karpenter && action == Action::Delete => {
-            Verdict::AllowBusy(Override::KarpenterDeadline)
-        }
-        verdict => verdict,
+    let audit = |decision, reason, detail| AuditRecord {
+        busy_since,
+        ..d.ask.audit(decision, reason, detail, config.mode, now)
     };
-    match verdict {
-        Verdict::Allow => match budget(ask, action, pod, siblings.as_ref(), config) {
-            Budget::NotHeld => Outcome::allow(Decision::Allowed),
-            Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
-            // A dry run lets nothing go: nothing to claim.
-            Budget::Within { .. } if ask.dry_run => Outcome::allow(Decision::Allowed),
-            Budget::Within { allowed } => {
-                // If another replica took the last place meanwhile: as many unavailable as allowed.
-                let message = budget_used_up(namespace, name, allowed, allowed);
-                let refusal = Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit);
-                let Siblings { workload, unavailable } = siblings.unwrap_or_default();
-                let claim = BudgetClaim {
-                    namespace: namespace.to_string(),
-                    pod: name.to_string(),
-                    workload,
-                    unavailable,
-                    allowed,
-                    refusal: Box::new(refusal),
-                };
-                Outcome { budget: Some(claim), ..Outcome::allow(Decision::Allowed) }
-            }
-        },
-        Verdict::AllowBusy(over) => {
-            let decision = over.decision();
-            Outcome::allow(decision).audited(audit(decision, over.reason(), override_detail(&over, namespace, name)))
-        }
-        Verdict::Deny { since, until } => {
-            let by_readiness = pod.label(BUSY_LABEL) != Some("true");
-            let enforced = config.mode != Mode::DryRun;
-            let mut message = busy_denial(namespace, name, since, until, by_readiness, enforced);
-            if config.mode == Mode::DryRun {
-                return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
-            }
-            let confirmed = seen
-                .is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
-            let acts = confirmed && !ask.dry_run;
-            // The descheduler asks some evictions to start an evacuation instead: the pod goes
-            // once idle, as a person's delete does, and the descheduler is told it is under way.
-            let in_background = action == Action::Evict && pod.annotation(REQUEST_EVICT_ONLY).is_some();
-            let deferred = acts && ((action == Action::Delete && defers_delete(ask.requester)) || in_background);
-            // Busy by readiness, the ReplicaSet controller keeps picking this pod first (it ranks
-            // NotReady pods first) and the scale-down never ends: take the pod out of its
-            // ReplicaSet instead, so the scale-down completes, and delete it once it is Ready.
-            let hash = pod.template_hash().filter(|_| {
-                acts && by_readiness && action == Action::Delete && ask.requester.username == REPLICASET_CONTROLLER_USER
-            });
-            if deferred {
-                message.push_str(&delete_deferred());
-            }
-            if deferred && in_background {
-                message.push_str(&evacuation_triggered());
-            }
-            if let Some((label, _)) = hash {
-                message.push_str(&released(label));
-            }
-            let target =
-                PodRef { namespace: namespace.to_string(), name: name.to_string(), uid: pod.uid().to_string() };
-            let mut effects = Vec::new();
-            if acts {
-                effects.push(Effect::Event { pod: target.clone(), action, note: message.clone() });
-            }
-            let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
-            if deferred && pod.delete_request().is_none() {
-                effects.push(Effect::MarkDeleteRequested { pod: target.clone(), request: request(), in_background });
-            }
-            if let Some(hash) = hash {
-                let (label, hash) = hash;
-                effects.push(Effect::Release { pod: target, label, hash: hash.to_string(), request: request() });
-            }
-            let reason = match (deferred, hash.is_some()) {
-                (_, true) => Reason::BusyReleased,
-                (true, false) => Reason::BusyDeleteDeferred,
-                (false, false) => Reason::Busy,
+    let deadline = d.action == Action::Delete && config.exemptions.is_karpenter(d.ask.requester.username);
+    match judge(state, d.ask.requester, &config.exemptions) {
+        Verdict::Allow => within_budget(d, config, audit),
+        Verdict::Deny { .. } if deadline => let_busy_go(d, Override::KarpenterDeadline, audit),
+        Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
+        Verdict::Deny { since, until } => refuse_busy(d, since, until, config, now, audit),
+    }
+}
+
+/// A pod nothing busy holds: its workload's budget, if any, has the last word.
+fn within_budget(
+    d: &Disruption<'_, impl PodFacts + ?Sized>,
+    config: &PolicyConfig,
+    audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
+) -> Outcome {
+    let (namespace, name) = (d.ask.namespace, d.ask.name);
+    match budget(d, config) {
+        Budget::NotHeld => Outcome::allow(Decision::Allowed),
+        Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
+        // A dry run lets nothing go: nothing to claim.
+        Budget::Within { .. } if d.ask.dry_run => Outcome::allow(Decision::Allowed),
+        Budget::Within { allowed } => {
+            // If another replica took the last place meanwhile: as many unavailable as allowed.
+            let message = budget_used_up(namespace, name, allowed, allowed);
+            let refusal = Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit);
+            let Siblings { workload, unavailable } = d.siblings.clone().unwrap_or_default();
+            let claim = BudgetClaim {
+                namespace: namespace.to_string(),
+                pod: name.to_string(),
+                workload,
+                unavailable,
+                allowed,
+                refusal: Box::new(refusal),
             };
-            Outcome {
-                answer: Answer::Deny { denial: Denial::PodBusy, message: message.clone() },
-                decision: Decision::Denied,
-                audit: Some(audit(Decision::Denied, reason, message)),
-                effects,
-                // The answer speaks of the mark: give it its chance to land first.
-                await_effects: deferred || hash.is_some(),
-                budget: None,
-            }
+            Outcome { budget: Some(claim), ..Outcome::allow(Decision::Allowed) }
         }
+    }
+}
+
+/// A busy pod that goes all the same, audited with why.
+fn let_busy_go(
+    d: &Disruption<'_, impl PodFacts + ?Sized>,
+    over: Override,
+    audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
+) -> Outcome {
+    let decision = over.decision();
+    Outcome::allow(decision).audited(audit(
+        decision,
+        over.reason(),
+        override_detail(&over, d.ask.namespace, d.ask.name),
+    ))
+}
+
+/// A busy pod kept: the refusal, and what it sets in motion.
+fn refuse_busy(
+    d: &Disruption<'_, impl PodFacts + ?Sized>,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+    config: &PolicyConfig,
+    now: Timestamp,
+    audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
+) -> Outcome {
+    let (ask, pod) = (d.ask, d.pod);
+    let by_readiness = pod.label(BUSY_LABEL) != Some("true");
+    let enforced = config.mode != Mode::DryRun;
+    let mut message = busy_denial(ask.namespace, ask.name, since, until, by_readiness, enforced);
+    if !enforced {
+        return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
+    }
+    let consequence = Consequence::of(d, by_readiness, config, now);
+    let target =
+        PodRef { namespace: ask.namespace.to_string(), name: ask.name.to_string(), uid: pod.uid().to_string() };
+    let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
+    let (suffix, then, reason) = match consequence {
+        Consequence::Nothing | Consequence::Told => (String::new(), None, Reason::Busy),
+        Consequence::Deferred { in_background } => {
+            let suffix = if in_background { delete_deferred() + &evacuation_triggered() } else { delete_deferred() };
+            let mark = (pod.delete_request().is_none()).then(|| Effect::MarkDeleteRequested {
+                pod: target.clone(),
+                request: request(),
+                in_background,
+            });
+            (suffix, mark, Reason::BusyDeleteDeferred)
+        }
+        Consequence::Released { label, hash } => {
+            let release = Effect::Release { pod: target.clone(), label, hash: hash.to_string(), request: request() };
+            (released(label), Some(release), Reason::BusyReleased)
+        }
+    };
+    message.push_str(&suffix);
+    let told = (consequence != Consequence::Nothing).then(|| Effect::Event {
+        pod: target,
+        action: d.action,
+        note: message.clone(),
+    });
+    Outcome {
+        answer: Answer::Deny { denial: Denial::PodBusy, message: message.clone() },
+        decision: Decision::Denied,
+        audit: Some(audit(Decision::Denied, reason, message)),
+        effects: told.into_iter().chain(then).collect(),
+        // The answer speaks of the mark: give it its chance to land first.
+        await_effects: matches!(consequence, Consequence::Deferred { .. } | Consequence::Released { .. }),
+        budget: None,
     }
 }
 
@@ -380,8 +413,8 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
             format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
         }
-        Override::ExemptUser(user) => format!("{pod} is busy; user {user} is exempt"),
-        Override::ExemptGroup(group) => format!("{pod} is busy; group {group} is exempt"),
+        Override::Exempt(Exempt::User(user)) => format!("{pod} is busy; user {user} is exempt"),
+        Override::Exempt(Exempt::Group(group)) => format!("{pod} is busy; group {group} is exempt"),
         Override::NodeTaintEviction => format!(
             "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
              the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
@@ -453,12 +486,21 @@ mod tests {
     /// `user`'s `action` on `pod` in enforce mode, the view holding the same pod.
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
         let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
-        judge_disruption(&ask(user, false), action, pod, Some(pod), siblings, &config(Mode::Enforce), now())
+        judge_disruption(
+            &Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings },
+            &config(Mode::Enforce),
+            now(),
+        )
     }
 
     /// `ask` of the busy worker, as the view holds it too.
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
-        judge_disruption(&ask, action, &busy_worker(), Some(&busy_worker()), None, &config(mode), now)
+        let pod = busy_worker();
+        judge_disruption(
+            &Disruption { ask: &ask, action, pod: &pod, seen: Some(&pod), siblings: None },
+            &config(mode),
+            now,
+        )
     }
 
     fn reason_of(outcome: &Outcome) -> Option<Reason> {
@@ -508,7 +550,8 @@ mod tests {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let outcome = judge_disruption(&ask(user, false), action, pod, Some(pod), None, &config, now());
+            let disruption = Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings: None };
+            let outcome = judge_disruption(&disruption, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
                 _ => None,
@@ -540,12 +583,12 @@ mod tests {
         let exemptions =
             Exemptions { users: vec!["gc".into()], groups: vec!["ops:breakglass".into()], ..Exemptions::default() };
         let gc = Requester { username: "gc", groups: NO_GROUPS, pod: None };
-        assert_eq!(judge(busy(), gc, &exemptions), Verdict::AllowBusy(Override::ExemptUser("gc".into())));
+        assert_eq!(judge(busy(), gc, &exemptions), Verdict::AllowBusy(Override::Exempt(Exempt::User("gc".into()))));
         let groups = vec!["system:authenticated".to_string(), "ops:breakglass".to_string()];
         let person = Requester { username: "alice", groups: &groups, pod: None };
         assert_eq!(
             judge(busy(), person, &exemptions),
-            Verdict::AllowBusy(Override::ExemptGroup("ops:breakglass".into()))
+            Verdict::AllowBusy(Override::Exempt(Exempt::Group("ops:breakglass".into())))
         );
         assert!(matches!(judge(busy(), admin(), &exemptions), Verdict::Deny { .. }));
     }
@@ -612,7 +655,8 @@ mod tests {
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
             let siblings = Some(crate::policy::testing::unavailable_siblings(1));
-            judge_disruption(&ask(user, false), action, &pod, Some(&pod), siblings, &config, now()).is_allowed()
+            let disruption = Disruption { ask: &ask(user, false), action, pod: &pod, seen: Some(&pod), siblings };
+            judge_disruption(&disruption, &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
         assert!(decide_with(Action::Delete, karpenter), "its node's deadline");
@@ -757,16 +801,11 @@ mod tests {
         let idle = worker("false", json!({}), json!({"phase": "Running"}));
         let mut other = busy_worker();
         other.metadata.uid = "u-other".into();
-        for seen in [None, Some(&idle), Some(&other)] {
-            let outcome = judge_disruption(
-                &ask("alice", false),
-                Action::Delete,
-                &busy_worker(),
-                seen,
-                None,
-                &config(Mode::Enforce),
-                now(),
-            );
+        let busy = busy_worker();
+        for seen in [None, Some(&idle as &dyn PodFacts), Some(&other)] {
+            let disruption =
+                Disruption { ask: &ask("alice", false), action: Action::Delete, pod: &busy, seen, siblings: None };
+            let outcome = judge_disruption(&disruption, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);
             let Answer::Deny { message, .. } = &outcome.answer else { panic!() };

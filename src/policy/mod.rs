@@ -41,8 +41,8 @@ pub mod testing;
 pub mod update;
 
 use busy::MaxBusy;
-use disruption::Exemptions;
 use marks::MutationSettings;
+use outcome::Reason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
@@ -70,6 +70,47 @@ pub struct PolicyConfig {
     pub mutation: MutationSettings,
 }
 
+/// Who may take busy pods away, as configured (`--exempt-user`, `--exempt-group`,
+/// `--karpenter-user`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exemptions {
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    /// Karpenter's users: their *deletes* of busy pods go through, and their node deletes
+    /// (Karpenter deletes a pod, or its node, only when the node's deadline is running out).
+    pub karpenter: Vec<String>,
+}
+
+impl Exemptions {
+    /// The exemption `requester` holds as a configured user or group, if any.
+    pub fn of(&self, requester: Requester<'_>) -> Option<Exempt> {
+        if self.users.iter().any(|u| u == requester.username) {
+            return Some(Exempt::User(requester.username.to_string()));
+        }
+        requester.groups.iter().find(|g| self.groups.contains(g)).map(|g| Exempt::Group(g.clone()))
+    }
+
+    pub fn is_karpenter(&self, username: &str) -> bool {
+        self.karpenter.iter().any(|user| user == username)
+    }
+}
+
+/// A configured exemption, by the user or the group that holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exempt {
+    User(String),
+    Group(String),
+}
+
+impl Exempt {
+    pub fn reason(&self) -> Reason {
+        match self {
+            Exempt::User(_) => Reason::ExemptUser,
+            Exempt::Group(_) => Reason::ExemptGroup,
+        }
+    }
+}
+
 /// Who asks, as the API server authenticated them.
 #[derive(Debug, Clone, Copy)]
 pub struct Requester<'a> {
@@ -88,9 +129,9 @@ pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
 pub const SHARED_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 /// The namespace label that opts a namespace out (`"false"`).
 pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
-/// The namespace label that says its workers flip their own flags (`"true"`): the own-flag rule
-/// then guards their writes to idle pods too, which costs the API server a condition on every
-/// write to an idle pod there (see `conditions`).
+/// The namespace label that says no worker there writes pods (`"false"`): the own-flag rule
+/// then skips writes to its idle pods, sparing the API server the condition it evaluates on each
+/// of them (see `conditions`).
 pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
 
 /// The namespace label (`"true"`) under which the pods of run-to-completion owners (Jobs, Argo

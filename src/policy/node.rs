@@ -48,7 +48,7 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     let requester = ask.requester;
     let exempt = if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
         Some(Reason::NodeGone)
-    } else if config.exemptions.karpenter.iter().any(|user| user == requester.username) {
+    } else if config.exemptions.is_karpenter(requester.username) {
         Some(Reason::KarpenterTermination)
     } else {
         config.exemptions.of(requester).map(|exempt| exempt.reason())

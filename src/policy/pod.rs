@@ -630,8 +630,11 @@ mod tests {
         let one = || Some(crate::policy::testing::unavailable_siblings(1));
         for pod in &pods {
             let recording = Recording { pod, asked: Default::default() };
-            disruption::judge_disruption(&ask, Action::Evict, &recording, Some(&recording), one(), &config, now);
-            disruption::judge_disruption(&ask, Action::Delete, pod, Some(&recording), one(), &config, now);
+            let (seen, siblings) = (Some(&recording as &dyn PodFacts), one());
+            let evict = disruption::Disruption { ask: &ask, action: Action::Evict, pod: &recording, seen, siblings };
+            disruption::judge_disruption(&evict, &config, now);
+            let delete = disruption::Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings: one() };
+            disruption::judge_disruption(&delete, &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::on_change(&target, Some(&recording), None, &config, now);

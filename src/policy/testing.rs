@@ -3,8 +3,8 @@
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
+use super::Exemptions;
 use super::busy::MaxBusy;
-use super::disruption::Exemptions;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
 use super::outcome::{Answer, Ask, Outcome};
