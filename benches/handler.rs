@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use busyguard::admission::review::{AdmissionResponse, decode};
 use busyguard::admission::{DecisionInputs, Webhook, admit};
-use busyguard::cluster::view::{View, WatchedPod};
+use busyguard::cluster::view::{ApiPod, View};
 use busyguard::config::{Cli, Command};
 use clap::Parser;
 use jiff::Timestamp;
@@ -32,7 +32,7 @@ fn view_with_busy_pod() -> View {
     let mut pod = delete["request"]["oldObject"].clone();
     pod["metadata"]["name"] = eviction["request"]["name"].clone();
     pod["metadata"]["annotations"] = json!({"busyguard.io/busy-since": Timestamp::now().to_string()});
-    let watched: WatchedPod = serde_json::from_value(pod).unwrap();
+    let watched: ApiPod = serde_json::from_value(pod).unwrap();
     let scope = None;
     let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60));
     view.insert(watched.namespace(), watched.name(), watched.record());

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use busyguard::cluster::view::{View, WatchedPod};
+use busyguard::cluster::view::{ApiPod, View};
 use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::marks::MutationSettings;
 use busyguard::policy::outcome::{Ask, PodRef};
@@ -91,7 +91,7 @@ fn fill(count: usize) -> (View, isize, Duration) {
     let started = Instant::now();
     for i in 0..count {
         let text = pod(i).to_string();
-        let watched: WatchedPod = serde_json::from_str(&text).expect("pod decodes");
+        let watched: ApiPod = serde_json::from_str(&text).expect("pod decodes");
         view.insert(watched.namespace(), watched.name(), watched.record());
     }
     (view, LIVE.load(Ordering::Relaxed) - before, started.elapsed())
@@ -173,7 +173,7 @@ fn scale_down_of_2000_by_1000() {
                     && !key.starts_with("cluster-autoscaler")
             });
         }
-        let watched: WatchedPod = serde_json::from_value(pod).unwrap();
+        let watched: ApiPod = serde_json::from_value(pod).unwrap();
         view.insert(watched.namespace(), watched.name(), watched.record());
     }
     let selector = serde_json::from_value(json!({"matchLabels": {"app": "worker"}})).unwrap();

@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tracing::{info, warn};
 
-use crate::cluster::view::WatchedPod;
+use crate::cluster::view::ApiPod;
 use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER};
 
 /// How the app's answer says busy.
@@ -49,7 +49,7 @@ impl Agent {
     /// Runs until the process stops, setting the label through the API server of `config`.
     pub async fn run(self, config: kube::Config) -> anyhow::Result<()> {
         let api_server = config.cluster_url.to_string();
-        let pods: Api<WatchedPod> = Api::namespaced(kube::Client::try_from(config)?, &self.namespace);
+        let pods: Api<ApiPod> = Api::namespaced(kube::Client::try_from(config)?, &self.namespace);
         let mut flagged: Option<bool> = None;
         let mut failures = 0u32;
         loop {
@@ -102,7 +102,7 @@ impl Agent {
     }
 }
 
-async fn flag(pods: &Api<WatchedPod>, pod: &str, busy: bool) -> Result<(), kube::Error> {
+async fn flag(pods: &Api<ApiPod>, pod: &str, busy: bool) -> Result<(), kube::Error> {
     let value = if busy { "true" } else { "false" };
     let patch = serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}});
     let params = PatchParams { field_manager: Some(format!("{FIELD_MANAGER}-agent")), ..PatchParams::default() };

@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::cluster::view::WatchedPod;
+use crate::cluster::view::ApiPod;
 use crate::cluster::{ClusterSource, client_config};
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
@@ -33,7 +33,7 @@ const EVERYTHING: MutationSettings = MutationSettings {
 
 /// The merge patch that leaves `pod` as if busyguard had never seen it (its busy label aside),
 /// or `None` when nothing of busyguard's is on it.
-pub fn restore_patch(pod: &WatchedPod, now: Timestamp) -> Option<Value> {
+pub fn restore_patch(pod: &ApiPod, now: Timestamp) -> Option<Value> {
     let marks = [DELETE_REQUESTED, RELEASED_FROM];
     let meta = &pod.metadata;
     let marked = meta.labels.as_ref().is_some_and(|l| l.contains_key(DELETE_REQUESTED))
@@ -72,14 +72,13 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), dry_run, ..PatchParams::default() };
     let verb = if dry_run { "would restore" } else { "restored" };
     for scope in scopes {
-        let pods: Api<WatchedPod> =
-            scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
+        let pods: Api<ApiPod> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
         let listed = pods.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
         for pod in listed.items.iter().filter(|p| p.malformed.is_none()) {
             let Some(mut patch) = restore_patch(pod, now) else { continue };
             patch["metadata"]["uid"] = json!(pod.metadata.uid);
             let (namespace, name) = (pod.namespace(), pod.name());
-            Api::<WatchedPod>::namespaced(client.clone(), namespace)
+            Api::<ApiPod>::namespaced(client.clone(), namespace)
                 .patch(name, &params, &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("restoring pod {namespace}/{name}"))?;
@@ -131,7 +130,7 @@ mod tests {
     use crate::policy::keys::DELETION_COST;
     use crate::policy::keys::{IDLE_COST, IDLE_SAFE_TO_EVICT};
 
-    fn record(labels: Value, annotations: Value) -> WatchedPod {
+    fn record(labels: Value, annotations: Value) -> ApiPod {
         serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "jobs",
             "uid": "u", "labels": labels, "annotations": annotations}, "status": {"phase": "Running"}}))
         .unwrap()

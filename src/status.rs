@@ -11,7 +11,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::cluster::view::{PodRecord, WatchedPod};
+use crate::cluster::view::{ApiPod, PodRecord};
 use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
 use crate::policy::busy::{BusyState, MaxBusy, busy_state};
@@ -34,7 +34,7 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    let apis: Vec<Api<WatchedPod>> = if namespaces.is_empty() {
+    let apis: Vec<Api<ApiPod>> = if namespaces.is_empty() {
         vec![Api::all(client.clone())]
     } else {
         namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
@@ -170,7 +170,7 @@ mod tests {
     use serde_json::json;
 
     fn listed(name: &str, node: &str, label: &str, annotations: serde_json::Value) -> Listed {
-        let pod: WatchedPod = serde_json::from_value(json!({
+        let pod: ApiPod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "capture", "uid": format!("uid-{name}"),
                 "creationTimestamp": "2026-11-23T08:00:00Z",
                 // busyguard wrote the mark, as the API server records it.

@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use super::view::WatchedPod;
+use super::view::ApiPod;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
@@ -317,7 +317,7 @@ impl Worker {
         self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop)
     }
 
-    fn pods(&self, pod: &PodRef) -> Api<WatchedPod> {
+    fn pods(&self, pod: &PodRef) -> Api<ApiPod> {
         Api::namespaced(self.client.clone(), &pod.namespace)
     }
 

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::outbox::{EffectResult, Outbox};
 use super::pdb::BusyPdbs;
-use super::view::{PodRecord, Scope, View, WatchedPod};
+use super::view::{ApiPod, PodRecord, Scope, View};
 use crate::metrics::Metrics;
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::observed::{self, Observed};
@@ -43,7 +43,7 @@ impl Watch {
     pub async fn run(self, scopes: Vec<Scope>) {
         let client = self.client.clone();
         let streams = scopes.into_iter().map(|scope| {
-            let api: Api<WatchedPod> = match &scope {
+            let api: Api<ApiPod> = match &scope {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
                 None => Api::all(client.clone()),
             };
@@ -123,7 +123,7 @@ impl Watch {
         }
     }
 
-    async fn apply(&self, pod: WatchedPod, malformed_seen: &mut HashSet<String>) {
+    async fn apply(&self, pod: ApiPod, malformed_seen: &mut HashSet<String>) {
         let (namespace, name) = (pod.namespace(), pod.name());
         if let Some(error) = &pod.malformed {
             // An older version that did decode no longer says anything about this pod.
@@ -185,7 +185,7 @@ impl Watch {
             }
             return;
         }
-        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<ApiPod> = Api::namespaced(self.client.clone(), namespace);
         match api.list(&ListParams::default().labels(BUSY_LABEL)).await {
             Ok(pods) => {
                 let mut malformed_seen = HashSet::new();
@@ -270,7 +270,7 @@ const LEFT_POD_ATTEMPTS: usize = 3;
 /// The pod, if it still exists (same uid) though the watch of opted-in pods let it go: the
 /// watch says "deleted" as well when a pod merely stops matching the label selector.
 async fn left_the_watch(client: Client, pod: &PodRef) -> Option<PodRecord> {
-    let api: Api<WatchedPod> = Api::namespaced(client, &pod.namespace);
+    let api: Api<ApiPod> = Api::namespaced(client, &pod.namespace);
     match tokio::time::timeout(Duration::from_secs(5), api.get_opt(&pod.name)).await {
         Ok(Ok(Some(found))) if found.metadata.uid.as_deref() == Some(&pod.uid) && found.malformed.is_none() => {
             Some(found.record())

@@ -310,49 +310,6 @@ pub trait PodFacts {
     }
 }
 
-/// A pod borrowed answers as the pod.
-impl<P: PodFacts> PodFacts for &P {
-    fn uid(&self) -> &str {
-        (*self).uid()
-    }
-    fn resource_version(&self) -> &str {
-        (*self).resource_version()
-    }
-    fn label(&self, key: &str) -> Option<&str> {
-        (*self).label(key)
-    }
-    fn annotation(&self, key: &str) -> Option<&str> {
-        (*self).annotation(key)
-    }
-    fn phase(&self) -> Phase {
-        (*self).phase()
-    }
-    fn is_terminating(&self) -> bool {
-        (*self).is_terminating()
-    }
-    fn created(&self) -> Option<Timestamp> {
-        (*self).created()
-    }
-    fn started(&self) -> Option<Timestamp> {
-        (*self).started()
-    }
-    fn last_restart(&self) -> Option<Timestamp> {
-        (*self).last_restart()
-    }
-    fn readiness(&self) -> Option<Readiness> {
-        (*self).readiness()
-    }
-    fn status_reason(&self) -> Option<&str> {
-        (*self).status_reason()
-    }
-    fn disruption(&self) -> Option<&str> {
-        (*self).disruption()
-    }
-    fn mark_by_busyguard(&self) -> bool {
-        (*self).mark_by_busyguard()
-    }
-}
-
 impl PodFacts for Pod {
     fn uid(&self) -> &str {
         &self.metadata.uid
@@ -538,9 +495,10 @@ mod tests {
     }
 
     /// A pod that notes every annotation a decision asks it for.
+    #[derive(Clone, Copy)]
     struct Recording<'a> {
         pod: &'a Pod,
-        asked: std::cell::RefCell<std::collections::BTreeSet<String>>,
+        asked: &'a std::cell::RefCell<std::collections::BTreeSet<String>>,
     }
 
     impl PodFacts for Recording<'_> {
@@ -629,7 +587,8 @@ mod tests {
         let target = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
         let one = || Some(crate::policy::testing::unavailable_siblings(1));
         for pod in &pods {
-            let recording = Recording { pod, asked: Default::default() };
+            let asked = Default::default();
+            let recording = Recording { pod, asked: &asked };
             let (seen, siblings) = (Some(&recording as &dyn PodFacts), one());
             let evict = disruption::Disruption { ask: &ask, action: Action::Evict, pod: &recording, seen, siblings };
             disruption::judge_disruption(&evict, &config, now);
@@ -638,10 +597,10 @@ mod tests {
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
             observed::on_change(&target, Some(&recording), None, &config, now);
-            let select = |_: &_| Ok(vec![("w".to_string(), &recording)]);
+            let select = |_: &_| Ok(vec![("w".to_string(), recording)]);
             let request = scale::ScaleRequest { from: Some(2), to: Some(1), selector: Some("app=w".parse()) };
             scale::prepare_scale_down(&ask, "deployments ns/w", request, select, &config, now);
-            let asked = recording.asked.into_inner();
+            let asked = asked.into_inner();
             let unkept: Vec<&String> =
                 asked.iter().filter(|key| !DECIDING_ANNOTATIONS.contains(&key.as_str())).collect();
             assert!(unkept.is_empty(), "read by a decision but dropped by the view: {unkept:?}");

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use busyguard::admission::review::{AdmissionResponse, decode};
 use busyguard::admission::{DecisionInputs, Unanswerable, Webhook, admit};
-use busyguard::cluster::view::{View, WatchedPod};
+use busyguard::cluster::view::{ApiPod, View};
 use busyguard::duration::parse_positive_duration;
 use busyguard::policy::Exemptions;
 use busyguard::policy::busy::MaxBusy;
@@ -48,8 +48,8 @@ pub fn policy() -> PolicyConfig {
 }
 
 /// The pod as busyguard's watch reads it, unless it does not decode (the watch skips those).
-fn watched(pod: &Value) -> Option<WatchedPod> {
-    serde_json::from_value::<WatchedPod>(pod.clone()).ok().filter(|watched| watched.malformed.is_none())
+fn watched(pod: &Value) -> Option<ApiPod> {
+    serde_json::from_value::<ApiPod>(pod.clone()).ok().filter(|watched| watched.malformed.is_none())
 }
 
 /// A listed, fresh view holding these pods (as the API would list them).

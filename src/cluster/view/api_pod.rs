@@ -1,0 +1,239 @@
+//! A pod as the API sends it, decoded in one pass into what busyguard reads: the view's
+//! records (lists and watch events), and the pods the outbox, the agent and the cleanup write.
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use serde::{Deserialize, Deserializer};
+
+use super::record::{Annotations, PodRecord, Second, boxed, get};
+use crate::policy::keys::{DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER};
+use crate::policy::pod::{Phase, PodStatus};
+
+/// A pod as the API sends it (lists, watch events, the answers to writes), decoded into the
+/// fields busyguard reads. A pod that does not decode is kept as `malformed` with its identity, so one bad
+/// object cannot stop the whole list.
+#[derive(Debug, Clone)]
+pub struct ApiPod {
+    pub metadata: ObjectMeta,
+    pub node_name: Option<String>,
+    /// A toleration with no key and operator `Exists` (every taint, or every taint of an effect
+    /// that evicts): Karpenter then never evicts the pod.
+    pub tolerates_every_taint: bool,
+    pub status: PodStatus,
+    pub malformed: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ApiPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Full {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Option<Spec>,
+            #[serde(default)]
+            status: Option<PodStatus>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            #[serde(default)]
+            node_name: Option<String>,
+            #[serde(default)]
+            tolerations: Option<Vec<Toleration>>,
+        }
+        #[derive(Deserialize)]
+        struct Toleration {
+            #[serde(default)]
+            key: Option<String>,
+            #[serde(default)]
+            operator: Option<String>,
+            #[serde(default)]
+            effect: Option<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Identity {
+            #[serde(default)]
+            name: Option<String>,
+            #[serde(default)]
+            namespace: Option<String>,
+            #[serde(default)]
+            uid: Option<String>,
+            #[serde(default)]
+            resource_version: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct IdentityOnly {
+            metadata: Identity,
+        }
+
+        // Through a generic value first: watch events arrive inside a tagged enum, where only
+        // self-describing values can be taken apart a second time.
+        let value = serde_json::Value::deserialize(deserializer)?;
+        match Full::deserialize(&value) {
+            Ok(full) => Ok(ApiPod {
+                metadata: full.metadata,
+                tolerates_every_taint: (full.spec.as_ref().and_then(|s| s.tolerations.as_ref()).into_iter().flatten())
+                    .any(|t| {
+                        t.key.as_deref().unwrap_or_default().is_empty()
+                            && t.operator.as_deref() == Some("Exists")
+                            && matches!(t.effect.as_deref().unwrap_or_default(), "" | "NoExecute")
+                    }),
+                node_name: full.spec.and_then(|s| s.node_name),
+                status: full.status.unwrap_or_default(),
+                malformed: None,
+            }),
+            Err(error) => {
+                let identity = IdentityOnly::deserialize(&value).map_err(serde::de::Error::custom)?;
+                let Identity { name, namespace, uid, resource_version } = identity.metadata;
+                Ok(ApiPod {
+                    metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
+                    node_name: None,
+                    tolerates_every_taint: false,
+                    status: PodStatus::default(),
+                    malformed: Some(error.to_string()),
+                })
+            }
+        }
+    }
+}
+
+impl k8s_openapi::Resource for ApiPod {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Pod";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "pods";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for ApiPod {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl ApiPod {
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn record(&self) -> PodRecord {
+        let meta = &self.metadata;
+        let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
+        let annotations: Annotations = (meta.annotations.iter().flatten())
+            .filter_map(|(k, v)| Some((*DECIDING_ANNOTATIONS.iter().find(|key| **key == k.as_str())?, boxed(v))))
+            .collect();
+        let owner = (meta.owner_references.iter().flatten())
+            .find(|o| o.controller == Some(true))
+            .map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
+        let readiness = self.status.readiness();
+        PodRecord {
+            uid: boxed(meta.uid.as_deref().unwrap_or_default()),
+            resource_version: boxed(meta.resource_version.as_deref().unwrap_or_default()),
+            owner,
+            node: self.node_name.as_deref().map(Arc::from),
+            phase: Phase::parse(self.status.phase.as_deref()),
+            status_reason: self.status.reason.as_deref().map(boxed),
+            disruption: self.status.disruption().map(boxed),
+            ready: readiness.map(|r| r.ready),
+            ready_since: Second::of(readiness.and_then(|r| r.since)),
+            terminating: meta.deletion_timestamp.is_some(),
+            created: Second::of(meta.creation_timestamp.as_ref().map(|t| t.0)),
+            started: Second::of(self.status.start_time),
+            last_restart: Second::of(
+                self.status.last_restart(get(&annotations, TASK_CONTAINER).or(get(&annotations, DEFAULT_CONTAINER))),
+            ),
+            labels,
+            annotations,
+            mark_by_busyguard: written_by(meta, FIELD_MANAGER, DELETE_REQUESTED),
+        }
+    }
+}
+
+/// Whether `manager` owns the annotation `key` through the pod itself (not its status), as the
+/// API server's managedFields record it.
+fn written_by(meta: &ObjectMeta, manager: &str, key: &str) -> bool {
+    let field = format!("f:{key}");
+    let through_the_pod = |entry: &&ManagedFieldsEntry| {
+        entry.manager.as_deref() == Some(manager) && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    };
+    (meta.managed_fields.iter().flatten()).filter(through_the_pod).any(|entry| {
+        let fields = entry.fields_v1.as_ref().map(|f| &f.0);
+        fields.and_then(|f| f.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
+    use crate::policy::pod::{PodFacts, Readiness};
+    use serde_json::json;
+
+    fn api_pod(value: serde_json::Value) -> ApiPod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn record_keeps_what_decisions_read_and_drops_the_rest() {
+        let pod = api_pod(json!({
+            "metadata": {"name": "w-1", "namespace": "capture", "uid": "u-1", "resourceVersion": "7",
+                "labels": {"app": "worker", BUSY_LABEL: "true"},
+                "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z",
+                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(5000)},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w", "uid": "r",
+                    "controller": true}],
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}));
+        let record = pod.record();
+        assert_eq!(record.label("app"), Some("worker"));
+        assert_eq!(record.annotation(BUSY_SINCE), Some("2026-11-21T20:00:00Z"));
+        assert_eq!(record.annotations.len(), 1, "unrelated annotations are not kept");
+        assert_eq!(record.owner.as_deref(), Some("ReplicaSet/w"));
+        assert_eq!(record.node.as_deref(), Some("node-1"));
+        assert_eq!(record.phase, Phase::Running);
+        assert_eq!(record.readiness(), Some(Readiness { ready: true, since: None }));
+        assert_eq!(&*record.resource_version, "7");
+    }
+
+    #[test]
+    fn a_mark_counts_only_as_busyguard_wrote_it_through_the_pod_not_its_status() {
+        let marked = |subresource: Option<&str>| {
+            let mut entry = json!({"manager": "busyguard", "operation": "Update", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:annotations": {"f:busyguard.io/delete-requested": {}}}}});
+            if let Some(subresource) = subresource {
+                entry["subresource"] = json!(subresource);
+            }
+            api_pod(json!({"metadata": {"name": "w", "namespace": "ns",
+                "labels": {BUSY_LABEL: "false", DELETE_REQUESTED: "true"},
+                "annotations": {DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#},
+                "managedFields": [entry]}}))
+            .record()
+        };
+        assert!(marked(None).delete_request().is_some());
+        assert!(marked(Some("status")).delete_request().is_none(), "written through pods/status");
+    }
+
+    #[test]
+    fn malformed_pod_keeps_its_identity_and_says_what_is_wrong() {
+        let pod = api_pod(json!({"metadata": {"name": "w", "namespace": "ns", "resourceVersion": "9"},
+                                 "status": {"phase": 42}}));
+        assert_eq!(pod.name(), "w");
+        assert_eq!(pod.metadata.resource_version.as_deref(), Some("9"));
+        assert!(pod.malformed.as_deref().unwrap().contains("invalid type"));
+    }
+}

@@ -1,0 +1,359 @@
+//! The cluster view: every opted-in pod, kept as a [`PodRecord`], and whether the view can be
+//! trusted right now.
+
+mod api_pod;
+mod record;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub use api_pod::ApiPod;
+pub use record::{PodRecord, Second};
+use record::{Shared, boxed};
+
+use crate::policy::NEVER_GUARDED_NAMESPACES;
+use crate::policy::budget::Siblings;
+use crate::policy::disruption::is_available;
+use crate::policy::keys::MAX_UNAVAILABLE;
+use crate::policy::pod::PodFacts;
+
+/// Pods by namespace, then name.
+type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
+
+/// Which pods a watch covers: one namespace, or all of them.
+pub type Scope = Option<String>;
+
+/// The view is trusted once every watch delivered its first full list, and as long as the API
+/// server gave a sign of life (an event, or a successful list or watch request) within
+/// `stale_after`. Errors alone would not tell: a connection that died silently reports none.
+pub struct View {
+    pods: RwLock<Pods>,
+    health: Mutex<Health>,
+    stale_after: Duration,
+    /// The user busyguard's own requests are made as, once the API server said.
+    own_user: OnceLock<String>,
+    /// Namespaces whose pods busyguard leaves alone (besides `NEVER_GUARDED_NAMESPACES`).
+    opted_out: RwLock<HashSet<String>>,
+    /// The label sets, owners and nodes the view's pods share.
+    shared: Mutex<Shared>,
+}
+
+struct Health {
+    /// `None`: no cluster configured; the view is never trusted but never blocks readiness.
+    unlisted: Option<HashSet<Scope>>,
+    last_sign_of_life: Instant,
+}
+
+/// Why the view cannot answer right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    NoCluster,
+    NotListed,
+    Stale { for_secs: u64 },
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::NoCluster => {
+                f.write_str("busyguard runs without a cluster connection (--no-cluster, or no kubeconfig found)")
+            }
+            Unavailable::NotListed => f.write_str("busyguard has not finished listing the opted-in pods yet"),
+            Unavailable::Stale { for_secs } => {
+                write!(f, "busyguard's watch of the opted-in pods has shown no sign of life for {for_secs}s")
+            }
+        }
+    }
+}
+
+impl View {
+    /// A view fed by watches over `scopes`.
+    pub fn watching(scopes: &[Scope], stale_after: Duration) -> View {
+        let unlisted = Some(scopes.iter().cloned().collect());
+        let health = Health { unlisted, last_sign_of_life: Instant::now() };
+        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, ..View::without_cluster() }
+    }
+
+    /// A view with no cluster behind it: evictions cannot be judged, everything else works.
+    pub fn without_cluster() -> View {
+        View {
+            pods: RwLock::default(),
+            health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now() }),
+            stale_after: Duration::ZERO,
+            own_user: OnceLock::new(),
+            opted_out: RwLock::default(),
+            shared: Mutex::default(),
+        }
+    }
+
+    /// The user busyguard's own requests are made as, once known.
+    pub fn own_user(&self) -> Option<&str> {
+        self.own_user.get().map(String::as_str)
+    }
+
+    pub fn set_own_user(&self, user: String) {
+        let _ = self.own_user.set(user);
+    }
+
+    /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
+    pub fn is_opted_out(&self, namespace: &str) -> bool {
+        NEVER_GUARDED_NAMESPACES.contains(&namespace) || self.opted_out.read().contains(namespace)
+    }
+
+    /// Records whether `namespace` opted out; true when that changed.
+    pub fn set_opted_out(&self, namespace: &str, out: bool) -> bool {
+        let mut opted_out = self.opted_out.write();
+        if out { opted_out.insert(namespace.to_string()) } else { opted_out.remove(namespace) }
+    }
+
+    /// The namespaces opted out by label, as recorded.
+    pub fn opted_out(&self) -> HashSet<String> {
+        self.opted_out.read().clone()
+    }
+
+    /// Whether decisions may rely on the view now.
+    pub fn check(&self, now: Instant) -> Result<(), Unavailable> {
+        let health = self.health.lock();
+        match &health.unlisted {
+            None => Err(Unavailable::NoCluster),
+            Some(unlisted) if !unlisted.is_empty() => Err(Unavailable::NotListed),
+            Some(_) => match now.duration_since(health.last_sign_of_life) {
+                quiet if quiet > self.stale_after => Err(Unavailable::Stale { for_secs: quiet.as_secs() }),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The API server answered a read of pods, or a watch brought an event.
+    pub fn alive(&self, now: Instant) {
+        let mut health = self.health.lock();
+        health.last_sign_of_life = health.last_sign_of_life.max(now);
+    }
+
+    pub fn listed(&self, scope: &Scope) {
+        let mut health = self.health.lock();
+        if let Some(unlisted) = &mut health.unlisted {
+            unlisted.remove(scope);
+        }
+    }
+
+    /// `read` applied to the pod's record and, for a workload under a budget, its unavailable
+    /// siblings, under the view's read lock (a delete or an eviction judges the record where it
+    /// lies instead of copying its maps out).
+    pub fn with_pod_under_budget<T>(
+        &self,
+        namespace: &str,
+        name: &str,
+        read: impl FnOnce(&PodRecord, Option<Siblings>) -> T,
+    ) -> Option<T> {
+        let pods = self.read();
+        let in_namespace = pods.get(namespace)?;
+        let record = in_namespace.get(name)?;
+        Some(read(record, Self::unavailable_siblings(in_namespace, name, record)))
+    }
+
+    /// Whether the view holds that pod: an opted-in pod busyguard guards.
+    pub fn holds(&self, namespace: &str, name: &str) -> bool {
+        self.read().get(namespace).is_some_and(|pods| pods.contains_key(name))
+    }
+
+    /// The pods of a namespace whose labels pass `keep`, with their names.
+    pub fn select(&self, namespace: &str, keep: impl Fn(&PodRecord) -> bool) -> Vec<(String, PodRecord)> {
+        let pods = self.read();
+        let Some(in_namespace) = pods.get(namespace) else { return Vec::new() };
+        in_namespace.iter().filter(|(_, pod)| keep(pod)).map(|(name, pod)| (name.to_string(), pod.clone())).collect()
+    }
+
+    /// `each` applied to every pod under the read lock, its results gathered.
+    pub fn flat_map<I: IntoIterator>(&self, each: impl Fn(&str, &str, &PodRecord) -> I) -> Vec<I::Item> {
+        let pods = self.read();
+        let records = pods
+            .iter()
+            .flat_map(|(namespace, in_namespace)| in_namespace.iter().map(move |(name, pod)| (namespace, name, pod)));
+        records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
+    }
+
+    /// The other pods of this pod's workload (a Deployment across its ReplicaSets, else the
+    /// controlling owner) that are unavailable: not Running and Ready, or going away. `None`
+    /// when the pod has no owner, or no budget (`busyguard.io/max-unavailable`) to count for:
+    /// the namespace is scanned only then.
+    fn unavailable_siblings(
+        in_namespace: &HashMap<Box<str>, PodRecord>,
+        name: &str,
+        record: &PodRecord,
+    ) -> Option<Siblings> {
+        record.label(MAX_UNAVAILABLE)?;
+        let owner = record.owner.as_deref()?;
+        let workload = record.workload(name);
+        // The same owner is the same workload; only another owner needs its workload worked out
+        // (a Deployment's other ReplicaSet).
+        let same_workload = |other: &str, pod: &PodRecord| match pod.owner.as_deref() {
+            Some(theirs) => theirs == owner || pod.workload(other) == workload,
+            None => false,
+        };
+        let unavailable = (in_namespace.iter())
+            .filter(|(other, pod)| &***other != name && same_workload(other, pod))
+            .filter(|(_, pod)| pod.terminating || !is_available(*pod))
+            .map(|(other, _)| other.to_string())
+            .collect();
+        Some(Siblings { workload, unavailable })
+    }
+
+    /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.
+    pub fn on_node<T>(&self, node: &str, read: impl FnOnce(Vec<(String, &PodRecord)>) -> T) -> T {
+        let pods = self.read();
+        let on_node = (pods.iter())
+            .flat_map(|(namespace, in_namespace)| {
+                in_namespace.iter().map(move |(name, pod)| (format!("{namespace}/{name}"), pod))
+            })
+            .filter(|(_, pod)| pod.node.as_deref() == Some(node))
+            .collect();
+        read(on_node)
+    }
+
+    /// Stores the pod, returning what was stored before.
+    pub fn insert(&self, namespace: &str, name: &str, mut pod: PodRecord) -> Option<PodRecord> {
+        {
+            let mut shared = self.shared.lock();
+            pod.labels = shared.labels.intern(pod.labels);
+            pod.owner = pod.owner.map(|owner| shared.names.intern(owner));
+            pod.node = pod.node.map(|node| shared.names.intern(node));
+        }
+        self.write().entry(boxed(namespace)).or_default().insert(boxed(name), pod)
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) -> Option<PodRecord> {
+        let mut pods = self.write();
+        let in_namespace = pods.get_mut(namespace)?;
+        let removed = in_namespace.remove(name);
+        if in_namespace.is_empty() {
+            pods.remove(namespace);
+        }
+        removed
+    }
+
+    /// After a full list of `scope`: drops the pods the list no longer had, and returns them.
+    pub fn keep_only(&self, scope: &Scope, listed: &HashSet<(String, String)>) -> Vec<(String, String, PodRecord)> {
+        let mut pods = self.write();
+        let mut gone = Vec::new();
+        for (namespace, in_namespace) in pods.iter_mut() {
+            if scope.as_deref().is_some_and(|s| s != &**namespace) {
+                continue;
+            }
+            in_namespace.retain(|name, pod| {
+                let keep = listed.contains(&(namespace.to_string(), name.to_string()));
+                if !keep {
+                    gone.push((namespace.to_string(), name.to_string(), pod.clone()));
+                }
+                keep
+            });
+        }
+        pods.retain(|_, in_namespace| !in_namespace.is_empty());
+        gone
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().values().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Pods> {
+        self.pods.read()
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Pods> {
+        self.pods.write()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::keys::BUSY_LABEL;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn api_pod(value: serde_json::Value) -> ApiPod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// A pod of workload `app` on `node`.
+    fn workload_pod(name: &str, app: &str, node: &str) -> PodRecord {
+        api_pod(json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": app, BUSY_LABEL: "true"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": "u", "controller": true}]},
+            "spec": {"nodeName": node}}))
+        .record()
+    }
+
+    #[test]
+    fn pods_of_a_workload_share_one_copy_of_their_labels_owner_and_node() {
+        let view = View::without_cluster();
+        for name in ["a", "b"] {
+            view.insert("ns", name, workload_pod(name, "worker", "node-1"));
+        }
+        view.insert("ns", "c", workload_pod("c", "other", "node-1"));
+        let pods = view.select("ns", |_| true);
+        let pod = |name: &str| &pods.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(Arc::ptr_eq(&pod("a").labels, &pod("b").labels));
+        assert!(Arc::ptr_eq(pod("a").owner.as_ref().unwrap(), pod("b").owner.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(pod("a").node.as_ref().unwrap(), pod("c").node.as_ref().unwrap()));
+        assert!(!Arc::ptr_eq(&pod("a").labels, &pod("c").labels), "another workload, other labels");
+        assert_eq!(pod("c").label("app"), Some("other"));
+    }
+
+    #[test]
+    fn copies_no_pod_holds_any_more_are_let_go() {
+        let view = View::without_cluster();
+        // One pod relabelled again and again: the view keeps a bounded number of label sets.
+        for i in 0..10_000 {
+            view.insert("ns", "a", workload_pod("a", &format!("app-{i}"), "node-1"));
+        }
+        let shared = view.shared.lock();
+        assert!(shared.labels.values.len() <= 2048, "{} label sets kept", shared.labels.values.len());
+        assert!(shared.names.values.len() <= 2048, "{} names kept", shared.names.values.len());
+        let held = view.select("ns", |_| true).remove(0).1.labels;
+        assert!(shared.labels.values.contains(&held), "the pod's own set is kept");
+    }
+
+    #[test]
+    fn view_is_trusted_after_every_list_and_until_silent_too_long() {
+        let scopes = [Some("a".to_string()), Some("b".to_string())];
+        let view = View::watching(&scopes, Duration::from_secs(30));
+        let t0 = Instant::now();
+        assert_eq!(view.check(t0), Err(Unavailable::NotListed));
+        view.listed(&scopes[0]);
+        assert_eq!(view.check(t0), Err(Unavailable::NotListed));
+        view.listed(&scopes[1]);
+        assert_eq!(view.check(t0), Ok(()));
+        view.alive(t0);
+        assert_eq!(view.check(t0 + Duration::from_secs(30)), Ok(()), "a short silence is tolerated");
+        assert_eq!(view.check(t0 + Duration::from_secs(31)), Err(Unavailable::Stale { for_secs: 31 }));
+        view.alive(t0 + Duration::from_secs(31));
+        assert_eq!(view.check(t0 + Duration::from_secs(31)), Ok(()));
+    }
+
+    #[test]
+    fn view_without_cluster_cannot_answer() {
+        let view = View::without_cluster();
+        assert_eq!(view.check(Instant::now()), Err(Unavailable::NoCluster));
+    }
+
+    #[test]
+    fn a_new_list_drops_pods_deleted_while_the_watch_was_down() {
+        let view = View::watching(&[None], Duration::from_secs(30));
+        let record = api_pod(json!({"metadata": {"name": "x", "namespace": "a"}})).record();
+        view.insert("a", "kept", record.clone());
+        view.insert("b", "gone", record.clone());
+        let listed = HashSet::from([("a".to_string(), "kept".to_string())]);
+        let gone = view.keep_only(&None, &listed);
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].0.as_str(), gone[0].1.as_str()), ("b", "gone"));
+        assert_eq!(view.len(), 1);
+    }
+}
