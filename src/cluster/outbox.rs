@@ -4,18 +4,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use super::view::ApiPod;
@@ -23,7 +24,7 @@ use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::disruption;
 use crate::policy::keys::FIELD_MANAGER;
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause, PodRef};
+use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause, PodRef, PodWrite};
 use crate::policy::pdb::busy_pdb;
 
 #[derive(Debug, Clone, Copy)]
@@ -72,82 +73,107 @@ struct Job {
     done: Option<oneshot::Sender<EffectResult>>,
 }
 
+/// What the outbox and its worker both hold.
+struct Shared {
+    settings: OutboxSettings,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    /// Jobs queued or being carried out, and the wake-up once there are none.
+    pending: AtomicUsize,
+    idle: Notify,
+    /// Pods with a deferred delete in flight or carried out: never deleted twice.
+    deletes: Mutex<HashSet<String>>,
+    events: Mutex<EventLimits>,
+}
+
+impl Shared {
+    fn finished_one(&self) {
+        if self.pending.fetch_sub(1, SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    fn count(&self, kind: &'static str, result: EffectResult) {
+        self.metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
+    }
+
+    /// A busy pod's loss, written to the audit log and the metric once it is reported.
+    fn report_loss(&self, cause: &LossCause, audit: &AuditRecord) {
+        if cause.is_loss() {
+            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
+        } else {
+            self.metrics.busy_pods_unaccounted.inc();
+        }
+        warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause = cause.label(), "{}", audit.detail);
+        self.audit.record(audit);
+    }
+}
+
 #[derive(Clone)]
 pub struct Outbox {
     jobs: mpsc::Sender<Job>,
-    /// Jobs queued or being carried out.
-    pending: Arc<std::sync::atomic::AtomicUsize>,
-    reports: LossReports,
-    metrics: Arc<Metrics>,
-    /// Pods with a deferred delete in flight or carried out: never deleted twice.
-    deletes: Arc<Mutex<HashSet<String>>>,
-    events: Arc<Mutex<EventLimits>>,
-    event_interval: Duration,
+    shared: Arc<Shared>,
 }
 
 impl Outbox {
     pub fn start(client: Client, audit: Arc<AuditLog>, metrics: Arc<Metrics>, settings: OutboxSettings) -> Outbox {
         let (jobs, queue) = mpsc::channel(settings.queue);
-        let outbox = Outbox {
-            jobs,
-            pending: Arc::default(),
-            reports: LossReports { audit: audit.clone(), metrics: metrics.clone() },
-            metrics: metrics.clone(),
-            deletes: Arc::default(),
-            events: Arc::new(Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 })),
-            event_interval: settings.event_interval,
-        };
+        let shared = Arc::new(Shared {
+            settings,
+            audit,
+            metrics,
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            deletes: Mutex::default(),
+            events: Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 }),
+        });
         let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
         let worker = Arc::new(Worker {
             client,
             instance: instance.unwrap_or_else(|| FIELD_MANAGER.into()),
-            reports: outbox.reports.clone(),
-            audit,
-            metrics,
-            settings,
-            deletes: outbox.deletes.clone(),
-            pending: outbox.pending.clone(),
+            shared: shared.clone(),
         });
         tokio::spawn(worker.run(queue));
-        outbox
+        Outbox { jobs, shared }
     }
 
     /// Queues a side effect; the receiver tells when it is done. A deferred delete already in
     /// flight and an Event within the rate limit are not queued again.
     pub fn send(&self, effect: Effect) -> oneshot::Receiver<EffectResult> {
+        let shared = &self.shared;
         let (done, receiver) = oneshot::channel();
         let kind = effect.kind();
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
-                let in_flight = !self.deletes.lock().insert(pod.uid.clone());
+                let in_flight = !shared.deletes.lock().insert(pod.uid.clone());
                 in_flight.then_some(EffectResult::Moot)
             }
             Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(EffectResult::RateLimited),
             _ => None,
         };
         if let Some(result) = skipped {
-            count(&self.metrics, kind, result);
+            shared.count(kind, result);
             let _ = done.send(result);
             return receiver;
         }
-        self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        shared.pending.fetch_add(1, SeqCst);
         if let Err(e) = self.jobs.try_send(Job { effect, done: Some(done) }) {
-            self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             let job = match e {
                 mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
             };
             error!(kind, subject = %job.effect, "side-effect queue is full: dropped");
             if let Effect::ReportLoss { cause, audit, .. } = &job.effect {
                 // A loss is never left unreported: here, at worst, by more than one replica.
-                self.reports.report(cause, audit);
+                shared.report_loss(cause, audit);
             }
             if let Effect::DeleteIdle { pod, .. } = &job.effect {
-                self.deletes.lock().remove(&pod.uid);
+                shared.deletes.lock().remove(&pod.uid);
             }
-            count(&self.metrics, kind, EffectResult::Dropped);
+            shared.count(kind, EffectResult::Dropped);
             if let Some(done) = job.done {
                 let _ = done.send(EffectResult::Dropped);
             }
+            shared.finished_one();
         }
         receiver
     }
@@ -155,31 +181,35 @@ impl Outbox {
     /// Waits (at most `within`) until every queued side effect is carried out or given up:
     /// on shutdown, a mark promised to a person, or a loss to report, is not dropped.
     pub async fn drained(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while self.pending.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            if Instant::now() >= deadline {
-                return false;
+        let none_pending = async {
+            loop {
+                // Registered before the count is read: a last job finishing in between wakes it.
+                let idle = self.shared.idle.notified();
+                if self.shared.pending.load(SeqCst) == 0 {
+                    return;
+                }
+                idle.await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        true
+        };
+        tokio::time::timeout(within, none_pending).await.is_ok()
     }
 
     /// The pod is gone from the cluster: nothing about it needs remembering.
     pub fn forget(&self, uid: &str) {
-        self.deletes.lock().remove(uid);
-        self.events.lock().last.remove(uid);
+        self.shared.deletes.lock().remove(uid);
+        self.shared.events.lock().last.remove(uid);
     }
 
     /// One Event per pod per interval, and at most `EVENTS_PER_SECOND` in all: Events go to
     /// etcd, and no burst of refusals should flood it.
     fn event_rate_limited(&self, uid: &str) -> bool {
         let now = Instant::now();
-        let mut events = self.events.lock();
+        let interval = self.shared.settings.event_interval;
+        let mut events = self.shared.events.lock();
         if events.last.len() > 10_000 {
-            events.last.retain(|_, at| now.duration_since(*at) < self.event_interval);
+            events.last.retain(|_, at| now.duration_since(*at) < interval);
         }
-        if events.last.get(uid).is_some_and(|at| now.duration_since(*at) < self.event_interval) {
+        if events.last.get(uid).is_some_and(|at| now.duration_since(*at) < interval) {
             return true;
         }
         if now.duration_since(events.window) >= Duration::from_secs(1) {
@@ -204,20 +234,11 @@ struct EventLimits {
     in_window: u32,
 }
 
-fn count(metrics: &Metrics, kind: &'static str, result: EffectResult) {
-    metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
-}
-
 struct Worker {
     client: Client,
     /// Names this replica in the Events it creates.
     instance: String,
-    audit: Arc<AuditLog>,
-    metrics: Arc<Metrics>,
-    reports: LossReports,
-    settings: OutboxSettings,
-    deletes: Arc<Mutex<HashSet<String>>>,
-    pending: Arc<std::sync::atomic::AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 /// One attempt's verdict.
@@ -230,40 +251,42 @@ enum Attempt {
 
 impl Worker {
     async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<Job>) {
-        let slots = Arc::new(Semaphore::new(self.settings.concurrency));
+        let slots = Arc::new(Semaphore::new(self.shared.settings.concurrency));
         while let Some(job) = queue.recv().await {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let worker = self.clone();
             tokio::spawn(async move {
+                let shared = &worker.shared;
                 let kind = job.effect.kind();
                 let result = worker.carry_out(&job.effect).await;
                 match &job.effect {
                     Effect::DeleteIdle { pod, .. } if result != EffectResult::Ok => {
                         // Not carried out: the next change of the pod may try again.
-                        worker.deletes.lock().remove(&pod.uid);
+                        shared.deletes.lock().remove(&pod.uid);
                     }
                     // The API server could not take the Event: report the loss here all the same.
                     Effect::ReportLoss { cause, audit, .. } if result == EffectResult::Failed => {
-                        worker.reports.report(cause, audit);
+                        shared.report_loss(cause, audit);
                     }
                     _ => {}
                 }
-                count(&worker.metrics, kind, result);
+                shared.count(kind, result);
                 if let Some(done) = job.done {
                     let _ = done.send(result);
                 }
-                worker.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                shared.finished_one();
                 drop(slot);
             });
         }
     }
 
     async fn carry_out(&self, effect: &Effect) -> EffectResult {
+        let OutboxSettings { attempts, call_timeout, .. } = self.shared.settings;
         let mut pause = Duration::from_millis(200);
-        for attempt in 1..=self.settings.attempts {
-            let outcome = match tokio::time::timeout(self.settings.call_timeout, self.attempt(effect)).await {
+        for attempt in 1..=attempts {
+            let outcome = match tokio::time::timeout(call_timeout, self.attempt(effect)).await {
                 Ok(outcome) => outcome,
-                Err(_) => Attempt::Retry(format!("no answer within {:?}", self.settings.call_timeout)),
+                Err(_) => Attempt::Retry(format!("no answer within {call_timeout:?}")),
             };
             match outcome {
                 Attempt::Done(done) => {
@@ -274,7 +297,7 @@ impl Worker {
                     error!(kind = effect.kind(), subject = %effect, error = %why, "side effect failed");
                     return EffectResult::Failed;
                 }
-                Attempt::Retry(why) if attempt < self.settings.attempts => {
+                Attempt::Retry(why) if attempt < attempts => {
                     warn!(kind = effect.kind(), subject = %effect, attempt, error = %why, "side effect will be retried");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(5));
@@ -285,6 +308,75 @@ impl Worker {
             }
         }
         EffectResult::Failed
+    }
+
+    async fn attempt(&self, effect: &Effect) -> Attempt {
+        if let Effect::Release { pod, .. } = effect {
+            match self.confirm_release(pod).await {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => {
+                    info!(%pod, why, "busy pod not released from its ReplicaSet");
+                    return Attempt::Done(EffectResult::Moot);
+                }
+                Err(e) => return classify(e),
+            }
+        }
+        match self.call(effect).await {
+            Ok(()) => {
+                self.after(effect);
+                Attempt::Done(EffectResult::Ok)
+            }
+            Err(kube::Error::Api(status)) if moot(effect, &status) => Attempt::Done(EffectResult::Moot),
+            Err(e) => classify(e),
+        }
+    }
+
+    /// The effect's API call, alone.
+    async fn call(&self, effect: &Effect) -> kube::Result<()> {
+        if let Some(PodWrite { pod, patch }) = effect.pod_write() {
+            let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+            return self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop);
+        }
+        let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
+        match effect {
+            Effect::DeleteIdle { pod, resource_version, .. } => {
+                // Exactly once: only the pod as it was seen idle, by whichever replica is first.
+                let preconditions =
+                    Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
+                let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+                self.pods(pod).delete(&pod.name, &params).await.map(drop)
+            }
+            Effect::CreateBusyPdb { namespace } => {
+                let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
+                pdbs(namespace).create(&params, &busy_pdb(namespace)).await.map(drop)
+            }
+            Effect::DeleteBusyPdb { namespace, name } => {
+                pdbs(namespace).delete(name, &DeleteParams::default()).await.map(drop)
+            }
+            Effect::Event { pod, action, note } => {
+                let name = blocked_event_name(&pod.uid, Timestamp::now(), self.shared.settings.event_interval);
+                self.create_event(pod, name, "DisruptionBlocked", action.as_str(), note).await
+            }
+            Effect::ReportLoss { pod, cause, audit } => {
+                // Named for the pod's uid, so only one replica creates it and reports the loss.
+                let name = format!("busyguard-lost-{}", pod.uid);
+                self.create_event(pod, name, cause.event_reason(), "Observe", &audit.detail).await
+            }
+            // Patched above.
+            Effect::Refresh { .. } | Effect::MarkDeleteRequested { .. } | Effect::Release { .. } => Ok(()),
+        }
+    }
+
+    /// What follows an effect carried out: the deferred delete's audit line, the loss reported.
+    fn after(&self, effect: &Effect) {
+        match effect {
+            Effect::DeleteIdle { pod, request, audit, .. } => {
+                info!(%pod, requested_by = %request.by, "deferred delete carried out");
+                self.shared.audit.record(&AuditRecord { time: Timestamp::now(), ..(**audit).clone() });
+            }
+            Effect::ReportLoss { cause, audit, .. } => self.shared.report_loss(cause, audit),
+            _ => {}
+        }
     }
 
     /// What the API server says now of the pod's ReplicaSet and Deployment, judged by
@@ -310,125 +402,20 @@ impl Worker {
         Ok(disruption::release_confirmed(wanted, has, strategy.as_deref()))
     }
 
-    /// Writes the effect's merge patch (`Effect::pod_patch`) on its pod.
-    async fn patch_pod(&self, pod: &PodRef, patch: Option<serde_json::Value>) -> kube::Result<()> {
-        let patch = patch.expect("an effect that writes its pod has a patch");
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
-        self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop)
-    }
-
     fn pods(&self, pod: &PodRef) -> Api<ApiPod> {
         Api::namespaced(self.client.clone(), &pod.namespace)
     }
 
-    async fn attempt(&self, effect: &Effect) -> Attempt {
-        let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
-        match effect {
-            Effect::Refresh { pod, .. } => match self.patch_pod(pod, effect.pod_patch()).await {
-                Ok(()) => Attempt::Done(EffectResult::Ok),
-                // The pod changed since the view saw it: its watch event decides again.
-                Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                Err(e) => classify(e),
-            },
-            Effect::MarkDeleteRequested { pod, .. } => match self.patch_pod(pod, effect.pod_patch()).await {
-                Ok(()) => Attempt::Done(EffectResult::Ok),
-                Err(e) => classify(e),
-            },
-            Effect::Release { pod, .. } => {
-                match self.confirm_release(pod).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(why)) => {
-                        info!(%pod, why, "busy pod not released from its ReplicaSet");
-                        return Attempt::Done(EffectResult::Moot);
-                    }
-                    Err(e) => return classify(e),
-                }
-                match self.patch_pod(pod, effect.pod_patch()).await {
-                    Ok(()) => Attempt::Done(EffectResult::Ok),
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::DeleteIdle { pod, resource_version, request, audit } => {
-                // Exactly once: only the pod as it was seen idle, by whichever replica is first.
-                let preconditions =
-                    Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
-                let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
-                match self.pods(pod).delete(&pod.name, &params).await {
-                    Ok(_) => {
-                        info!(%pod, requested_by = %request.by, "deferred delete carried out");
-                        self.audit.record(&AuditRecord { time: Timestamp::now(), ..(**audit).clone() });
-                        Attempt::Done(EffectResult::Ok)
-                    }
-                    // Changed since (busy again, already deleted by another replica): the next
-                    // change of the pod decides again.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                    // Refused by busyguard itself: the pod turned busy again.
-                    Err(kube::Error::Api(status)) if status.code == 429 && names_cause(&status, BUSY_CAUSE) => {
-                        Attempt::Done(EffectResult::Moot)
-                    }
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::CreateBusyPdb { namespace } => {
-                let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-                match pdbs(namespace).create(&params, &busy_pdb(namespace)).await {
-                    Ok(_) => Attempt::Done(EffectResult::Ok),
-                    // The other replica keeps the same PDBs: made there first.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::DeleteBusyPdb { namespace, name } => {
-                match pdbs(namespace).delete(name, &DeleteParams::default()).await {
-                    Ok(_) => Attempt::Done(EffectResult::Ok),
-                    // Taken away first by the other replica.
-                    Err(kube::Error::Api(status)) if status.code == 404 => Attempt::Done(EffectResult::Moot),
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::Event { pod, action, note } => {
-                let name = blocked_event_name(&pod.uid, Timestamp::now(), self.settings.event_interval);
-                let event = self.event(pod, name, "DisruptionBlocked", action.as_str(), note);
-                match self.create_event(pod, &event).await {
-                    Ok(()) => Attempt::Done(EffectResult::Ok),
-                    // Another replica raised this pod's Event for this interval.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                    Err(e) => classify(e),
-                }
-            }
-            Effect::ReportLoss { pod, cause, audit } => {
-                // Named for the pod's uid, so only one replica creates it and reports the loss.
-                let name = format!("busyguard-lost-{}", pod.uid);
-                let event = self.event(pod, name, cause.event_reason(), "Observe", &audit.detail);
-                match self.create_event(pod, &event).await {
-                    Ok(()) => {
-                        self.reports.report(cause, audit);
-                        Attempt::Done(EffectResult::Ok)
-                    }
-                    // Another replica reported this loss first.
-                    Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Done(EffectResult::Moot),
-                    Err(e) => classify(e),
-                }
-            }
-        }
-    }
-
-    async fn create_event(&self, pod: &PodRef, event: &k8s_openapi::api::events::v1::Event) -> kube::Result<()> {
-        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &pod.namespace);
-        events.create(&Default::default(), event).await.map(drop)
-    }
-
-    /// A Warning Event about `pod`, named so that every replica creating it names it alike.
-    fn event(
+    /// Creates a Warning Event about `pod`, named so that every replica creating it names it alike.
+    async fn create_event(
         &self,
         pod: &PodRef,
         name: String,
         reason: &str,
         action: &str,
         note: &str,
-    ) -> k8s_openapi::api::events::v1::Event {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-        k8s_openapi::api::events::v1::Event {
+    ) -> kube::Result<()> {
+        let event = Event {
             metadata: ObjectMeta { name: Some(name), namespace: Some(pod.namespace.clone()), ..ObjectMeta::default() },
             event_time: Some(MicroTime(Timestamp::now())),
             action: Some(action.into()),
@@ -439,7 +426,25 @@ impl Worker {
             reporting_instance: Some(self.instance.clone()),
             regarding: Some(reference_to(pod)),
             ..Default::default()
-        }
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        events.create(&Default::default(), &event).await.map(drop)
+    }
+}
+
+/// Whether the API server's refusal means there is nothing left to do.
+fn moot(effect: &Effect, status: &kube::core::Status) -> bool {
+    match (effect, status.code) {
+        // The pod changed since the view saw it (a refresh: its watch event decides again; a
+        // deferred delete: busy again, or deleted by another replica), or another replica got
+        // there first (this interval's Event, the loss report, the PDB).
+        (Effect::Refresh { .. } | Effect::DeleteIdle { .. }, 409)
+        | (Effect::Event { .. } | Effect::ReportLoss { .. } | Effect::CreateBusyPdb { .. }, 409) => true,
+        // Refused by busyguard itself: the pod turned busy again.
+        (Effect::DeleteIdle { .. }, 429) => names_cause(status, BUSY_CAUSE),
+        // Taken away first by the other replica.
+        (Effect::DeleteBusyPdb { .. }, 404) => true,
+        _ => false,
     }
 }
 
@@ -459,25 +464,6 @@ fn reference_to(pod: &PodRef) -> ObjectReference {
         namespace: Some(pod.namespace.clone()),
         uid: Some(pod.uid.clone()),
         ..ObjectReference::default()
-    }
-}
-
-/// Where a busy pod's loss is written: the audit log and the metric, once it is reported.
-#[derive(Clone)]
-struct LossReports {
-    audit: Arc<AuditLog>,
-    metrics: Arc<Metrics>,
-}
-
-impl LossReports {
-    fn report(&self, cause: &LossCause, audit: &AuditRecord) {
-        if cause.is_loss() {
-            self.metrics.busy_pods_lost.get_or_create(&CauseLabels { cause: cause.label() }).inc();
-        } else {
-            self.metrics.busy_pods_unaccounted.inc();
-        }
-        warn!(pod = %format!("{}/{}", audit.namespace, audit.name), cause = cause.label(), "{}", audit.detail);
-        self.audit.record(audit);
     }
 }
 

@@ -705,7 +705,7 @@ mod tests {
         argo.metadata.labels.insert("rollouts-pod-template-hash".into(), "7d9c4f".into());
         let outcome = judged(replicaset, Action::Delete, &argo, None);
         let release = outcome.effects.iter().find(|e| matches!(e, Effect::Release { .. })).expect("released");
-        let patch = release.pod_patch().unwrap();
+        let patch = release.pod_write().unwrap().patch;
         assert_eq!(patch["metadata"]["labels"].get("rollouts-pod-template-hash"), Some(&serde_json::Value::Null));
         assert_eq!(patch["metadata"]["annotations"][RELEASED_FROM], "7d9c4f");
     }
@@ -725,7 +725,10 @@ mod tests {
         });
         assert_eq!(mark, Some((descheduler, true)));
         assert!(outcome.await_effects, "marked under way before the descheduler reads the answer");
-        assert_eq!(outcome.effects[1].pod_patch().unwrap()["metadata"]["annotations"][EVICTION_IN_PROGRESS], "true");
+        assert_eq!(
+            outcome.effects[1].pod_write().unwrap().patch["metadata"]["annotations"][EVICTION_IN_PROGRESS],
+            "true"
+        );
         // Without the request, the descheduler's eviction is refused as any other: no mark.
         let plain = judged(descheduler, Action::Evict, &busy_worker(), None);
         assert!(!plain.effects.iter().any(|e| matches!(e, Effect::MarkDeleteRequested { .. })));

@@ -391,7 +391,7 @@ mod tests {
             plan: Plan { annotations, protected: Some(false) },
         };
         assert_eq!(
-            refresh.pod_patch(),
+            refresh.pod_write().map(|write| write.patch),
             Some(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
                 "annotations": {DELETION_COST: "5", IDLE_COST: null}, "labels": {PROTECTED_LABEL: null}}}))
         );
@@ -401,18 +401,18 @@ mod tests {
             plan: Plan { protected: Some(true), ..Plan::default() },
         };
         assert_eq!(
-            only_the_label.pod_patch(),
+            only_the_label.pod_write().map(|write| write.patch),
             Some(json!({"metadata": {"uid": "u-w", "resourceVersion": "8", "labels": {PROTECTED_LABEL: "true"}}}))
         );
         let marked = Effect::MarkDeleteRequested { pod: pod.clone(), request: request.clone(), in_background: false };
         assert_eq!(
-            marked.pod_patch(),
+            marked.pod_write().map(|write| write.patch),
             Some(json!({"metadata": {"uid": "u-w", "labels": {DELETE_REQUESTED: "true"},
                 "annotations": {DELETE_REQUESTED: asked}}}))
         );
         let released = Effect::Release { pod: pod.clone(), label: POD_TEMPLATE_HASH, hash: "5d8f".into(), request };
         assert_eq!(
-            released.pod_patch(),
+            released.pod_write().map(|write| write.patch),
             Some(json!({"metadata": {"uid": "u-w", "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
                 "annotations": {RELEASED_FROM: "5d8f", DELETE_REQUESTED: asked}}}))
         );

@@ -397,10 +397,17 @@ pub enum Effect {
     DeleteBusyPdb { namespace: String, name: String },
 }
 
+/// A pod an effect writes, and the merge patch it writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodWrite<'a> {
+    pub pod: &'a PodRef,
+    pub patch: serde_json::Value,
+}
+
 impl Effect {
-    /// The merge patch of an effect that writes the pod, with the pod's uid (and, for a refresh,
-    /// the resourceVersion its plan was made on) as preconditions.
-    pub fn pod_patch(&self) -> Option<serde_json::Value> {
+    /// The pod an effect writes, if it writes one, and its merge patch, with the pod's uid (and,
+    /// for a refresh, the resourceVersion its plan was made on) as preconditions.
+    pub fn pod_write(&self) -> Option<PodWrite<'_>> {
         let (pod, changes, resource_version) = match self {
             Effect::Refresh { pod, resource_version, plan } => (pod, plan.changes(), Some(resource_version)),
             Effect::MarkDeleteRequested { pod, request, in_background } => {
@@ -414,7 +421,7 @@ impl Effect {
         if let Some(resource_version) = resource_version {
             patch["metadata"]["resourceVersion"] = resource_version.clone().into();
         }
-        Some(patch)
+        Some(PodWrite { pod, patch })
     }
 
     /// The metric's `kind` label.

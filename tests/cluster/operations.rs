@@ -1,4 +1,4 @@
-//! What an operator relies on: RBAC that grants exactly the calls made, busyguard status, the per-workload gauges, failed side effects counted.
+//! What an operator relies on: RBAC that grants exactly the calls made, busyguard status, the per-workload gauges, failed side effects counted, side effects in flight carried out at shutdown.
 
 use super::*;
 
@@ -135,4 +135,18 @@ async fn per_workload_gauges_count_busy_idle_and_lapsed_pods_and_waiting_deletes
     server.review("/validate", &review).await;
     let waiting = r#"busyguard_workload_deferred_deletes{namespace="capture",workload="Deployment/worker"}"#;
     eventually("the mark counted", async || (server.metric(waiting).await == Some(1.0)).then_some(())).await;
+}
+
+#[tokio::test]
+async fn a_side_effect_still_in_flight_at_shutdown_is_carried_out_before_busyguard_stops() {
+    let api = ApiServer::start().await;
+    // Busy by its label, without busyguard's annotations: the watch refreshes it.
+    api.put_pod(worker_pod("missed", true));
+    api.fault("PATCH", &format!("{POD_PATH}/missed"), [Fault::Delay(Duration::from_secs(1))]);
+    let mut server = TestServer::with_cluster(&api).await;
+    api.wait_for(1, pod_call("PATCH", "missed")).await;
+
+    server.running.take().unwrap().shutdown().await;
+    let annotations = &api.pod("capture", "missed").unwrap()["metadata"]["annotations"];
+    assert!(annotations.get("busyguard.io/busy-since").is_some(), "the refresh landed before the stop: {annotations}");
 }
