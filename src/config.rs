@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use jiff::SignedDuration;
 
-use crate::certs::CertsRequest;
 use crate::cluster::outbox::OutboxSettings;
 use crate::cluster::{ClusterSettings, ClusterSource};
+use crate::commands::certs::CertsRequest;
 use crate::duration::parse_positive_duration;
 use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
@@ -181,14 +181,14 @@ pub struct BusyWhenArgs {
 }
 
 impl AgentArgs {
-    pub fn into_agent(self) -> (crate::agent::Agent, ClusterSource) {
+    pub fn into_agent(self) -> (crate::commands::agent::Agent, ClusterSource) {
         // clap requires one of the two.
         let busy_when = match self.busy_when.busy_status {
-            Some(code) => crate::agent::BusyWhen::Status(code),
-            None => crate::agent::BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
+            Some(code) => crate::commands::agent::BusyWhen::Status(code),
+            None => crate::commands::agent::BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
         };
         let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
-        let agent = crate::agent::Agent {
+        let agent = crate::commands::agent::Agent {
             url: self.url,
             busy_when,
             interval: self.interval,
@@ -398,7 +398,7 @@ pub struct CertsArgs {
         env = "BUSYGUARD_CERTS_DNS",
         value_delimiter = ',',
         default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local",
-        value_parser = crate::certs::dns_name
+        value_parser = crate::commands::certs::dns_name
     )]
     pub dns_names: Vec<String>,
     /// IP addresses of the serving certificate.

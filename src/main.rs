@@ -7,9 +7,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
-use busyguard::certs::{self, CertsOutcome, CertsRequest};
+use busyguard::commands::certs::{self, CertsOutcome, CertsRequest};
+use busyguard::commands::{check, cleanup, dev_webhooks, status};
 use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
-use busyguard::{check, cleanup, registration, server, status};
+use busyguard::server;
 
 /// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
 #[global_allocator]
@@ -21,43 +22,30 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, &cli.log_level);
     let json_logs = matches!(cli.log_format, LogFormat::Json);
     let result = match cli.command {
-        Command::Serve(args) => tokio::runtime::Runtime::new()
-            .map_err(anyhow::Error::from)
-            .and_then(|runtime| runtime.block_on(serve(*args))),
+        Command::Serve(args) => block_on(serve(*args)),
         Command::Certs(args) => write_certs(args.into()),
         Command::DevWebhooks(args) => print_dev_webhooks(&args),
         Command::Sleep(args) => {
             std::thread::sleep(args.duration);
             Ok(())
         }
-        Command::Agent(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            runtime.block_on(async {
-                let (agent, source) = args.into_agent();
-                let config =
-                    busyguard::cluster::client_config(&source).await?.context(busyguard::cluster::NO_CLUSTER)?;
-                agent.run(config).await
-            })
+        Command::Agent(args) => block_on(async {
+            let (agent, source) = args.into_agent();
+            let config = busyguard::cluster::client_config(&source).await?.context(busyguard::cluster::NO_CLUSTER)?;
+            agent.run(config).await
         }),
-        Command::Status(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let report = runtime.block_on(status::run(
-                &args.cluster.source(),
-                &args.cluster.namespaces,
-                (&args.max_busy).into(),
-            ))?;
-            print!("{report}");
-            Ok(())
-        }),
-        Command::Check(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
+        Command::Status(args) => {
+            let (source, max_busy) = (args.cluster.source(), (&args.max_busy).into());
+            block_on(status::run(&source, &args.cluster.namespaces, max_busy)).map(|report| print!("{report}"))
+        }
+        Command::Check(args) => {
             let source = busyguard::config::users_source(args.kubeconfig, args.context);
-            print!("{}", runtime.block_on(check::run(&source, args.namespace.as_deref(), args.timeout))?);
-            Ok(())
-        }),
-        Command::Cleanup(args) => tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|runtime| {
-            let report =
-                runtime.block_on(cleanup::run(&args.cluster.source(), &args.cluster.namespaces, args.dry_run))?;
-            print!("{report}");
-            Ok(())
-        }),
+            block_on(check::run(&source, args.namespace.as_deref(), args.timeout)).map(|report| print!("{report}"))
+        }
+        Command::Cleanup(args) => {
+            let source = args.cluster.source();
+            block_on(cleanup::run(&source, &args.cluster.namespaces, args.dry_run)).map(|report| print!("{report}"))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -71,6 +59,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a command's work on a runtime of its own.
+fn block_on<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Runtime::new()?.block_on(work)
 }
 
 /// Where transparent huge pages are "always" on, mimalloc's arenas fill 2 MiB pages: an idle
@@ -151,6 +144,6 @@ fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
 
 fn print_dev_webhooks(args: &DevWebhooksArgs) -> anyhow::Result<()> {
     let ca = std::fs::read(&args.ca_file).with_context(|| format!("reading {}", args.ca_file.display()))?;
-    print!("{}", registration::dev_webhooks(&args.url, &ca)?);
+    print!("{}", dev_webhooks::dev_webhooks(&args.url, &ca)?);
     Ok(())
 }

@@ -45,7 +45,7 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
-/// One workload's pods in one state; workloads are bounded (see `policy::signals`).
+/// One workload's pods in one state; workloads are bounded (see `policy::workloads`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkloadLabels {
     pub namespace: String,

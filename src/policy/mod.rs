@@ -35,10 +35,10 @@ pub mod pdb;
 pub mod pod;
 pub mod scale;
 pub mod selector;
-pub mod signals;
 #[cfg(test)]
 pub mod testing;
 pub mod update;
+pub mod workloads;
 
 use busy::MaxBusy;
 use marks::MutationSettings;

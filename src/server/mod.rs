@@ -135,7 +135,7 @@ impl App {
     /// Sets the per-workload gauges from the view, as of now.
     pub fn count_workloads(&self) {
         use crate::metrics::{WorkloadLabels, WorkloadOnlyLabels};
-        use crate::policy::signals::{count, of_pod};
+        use crate::policy::workloads::{count, of_pod};
         let now = jiff::Timestamp::now();
         let pods = self.cluster.view.flat_map(|namespace, name, pod| {
             let counts = of_pod(pod, self.policy.max_busy, now)?;

@@ -76,9 +76,9 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
         }),
     );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let agent = busyguard::agent::Agent {
+    let agent = busyguard::commands::agent::Agent {
         url: format!("http://{app_addr}/ready").parse().unwrap(),
-        busy_when: busyguard::agent::BusyWhen::Status(503),
+        busy_when: busyguard::commands::agent::BusyWhen::Status(503),
         interval: Duration::from_millis(100),
         namespace: "capture".into(),
         pod: "worker-a".into(),

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED};
 use crate::policy::pod::{Phase, PodFacts, Readiness};
-use crate::policy::signals::workload;
+use crate::policy::workloads::workload;
 
 /// A pod's labels in one slice, shared by every pod of the view with the same ones (the pods of
 /// a workload carry the same few labels, but for the busy one).

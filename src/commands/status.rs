@@ -19,7 +19,7 @@ use crate::policy::hazards::{Budget, Opted, hazards};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
-use crate::policy::signals::{count, of_pod};
+use crate::policy::workloads::{count, of_pod};
 
 /// One opted-in pod as listed.
 pub struct Listed {

@@ -8,7 +8,7 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
-const BASE_WEBHOOKS: &str = include_str!("../manifests/base/webhooks.yaml");
+const BASE_WEBHOOKS: &str = include_str!("../../manifests/base/webhooks.yaml");
 
 /// Name of both dev configurations, distinct from the deployed ones so each can go on its own.
 pub const DEV_NAME: &str = "busyguard-dev";
