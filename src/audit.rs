@@ -113,7 +113,8 @@ impl AuditLog {
         if queue.waiting() >= MAX_HELD_LINES {
             drop(queue);
             self.shared.metrics.dropped.inc();
-            return error!(decision = record.decision.as_str(), uid = %record.uid, "audit line dropped: {MAX_HELD_LINES} lines already wait to be written");
+            error!(decision = record.decision.as_str(), uid = %record.uid, "audit line dropped: {MAX_HELD_LINES} lines already wait to be written");
+            return;
         }
         let first = queue.lines.count == 0;
         queue.lines.bytes.extend_from_slice(&line);
@@ -208,10 +209,8 @@ impl Shared {
                     queue.failing = Some(e.to_string());
                     if stopping {
                         self.metrics.dropped.inc_by(queue.waiting() as u64);
-                        return error!(
-                            lines = queue.waiting(),
-                            "audit lines dropped at shutdown: the sink still refuses them"
-                        );
+                        error!(lines = queue.waiting(), "audit lines dropped at shutdown: the sink still refuses them");
+                        return;
                     }
                     self.queued.wait_for(&mut queue, RETRY_AFTER);
                 }

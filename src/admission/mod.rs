@@ -137,6 +137,15 @@ pub struct DecisionInputs<'a> {
     pub arrived: Instant,
 }
 
+impl DecisionInputs<'_> {
+    /// The view, when decisions may rely on it now; otherwise why `what` cannot be judged (503).
+    fn trusted_view(&self, what: &str) -> Result<&View, Unanswerable> {
+        let why = |why| Unanswerable::Unavailable(format!("cannot judge {what}: {why}"));
+        self.view.check(self.arrived).map_err(why)?;
+        Ok(self.view)
+    }
+}
+
 pub fn admit(
     request: &AdmissionRequest,
     webhook: Webhook,
@@ -199,12 +208,14 @@ pub fn admit(
                 other => return Err(other.mismatch("object", "an Eviction").into()),
             };
             let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
-            (inputs.view.check(inputs.arrived))
-                .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the eviction: {why}")))?;
-            let decided = inputs.view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
-                let evict = Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings };
-                disruption::judge_disruption(&evict, policy, now)
-            });
+            let decided = inputs.trusted_view("the eviction")?.with_pod_under_budget(
+                &request.namespace,
+                &request.name,
+                |pod, siblings| {
+                    let evict = Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings };
+                    disruption::judge_disruption(&evict, policy, now)
+                },
+            );
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
         }
@@ -218,10 +229,9 @@ pub fn admit(
             Ok(scale::prepare_scale_down(&ask(request, request.is_dry_run()), &object, scale, select, policy, now))
         }
         Route::NodeDelete => {
-            (inputs.view.check(inputs.arrived))
-                .map_err(|why| Unanswerable::Unavailable(format!("cannot judge the node delete: {why}")))?;
+            let view = inputs.trusted_view("the node delete")?;
             let ask = ask(request, request.is_dry_run());
-            Ok(inputs.view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, policy, now)))
+            Ok(view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, policy, now)))
         }
         Route::Other => Ok(Outcome::allow(Decision::Unhandled)),
     }
@@ -239,7 +249,7 @@ fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
         requester: Requester {
             username: &request.user_info.username,
             groups: &request.user_info.groups,
-            pod: (request.user_info.extra.get(POD_NAME_CLAIM)).and_then(|names| names.first()).map(String::as_str),
+            pod: request.user_info.extra.get(POD_NAME_CLAIM).and_then(|names| names.first()).map(String::as_str),
         },
         dry_run,
     }

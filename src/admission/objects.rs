@@ -52,7 +52,7 @@ pub struct DeleteOptions {
 impl Eviction {
     /// An eviction's dry run is asked for in its body, not (only) in the request.
     pub fn is_dry_run(&self) -> bool {
-        (self.delete_options.as_ref()).and_then(|o| o.dry_run.as_ref()).is_some_and(|modes| !modes.is_empty())
+        self.delete_options.as_ref().and_then(|o| o.dry_run.as_ref()).is_some_and(|modes| !modes.is_empty())
     }
 }
 

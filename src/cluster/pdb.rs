@@ -34,11 +34,15 @@ impl BusyPdbs {
     /// None while another round of this replica's is still under way.
     pub async fn keep(&self, view: &View) {
         let Ok(_round) = self.round.try_lock() else {
-            return debug!("the last busy-pod PDB round is still under way; this one is skipped");
+            debug!("the last busy-pod PDB round is still under way; this one is skipped");
+            return;
         };
         let existing = match self.list().await {
             Ok(existing) => existing,
-            Err(e) => return warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait"),
+            Err(e) => {
+                warn!(error = %e, "cannot list PodDisruptionBudgets; the busy-pod PDBs wait");
+                return;
+            }
         };
         // Opted in: pods of namespaces that opted out are kept without the busy label.
         let opted_in = |pod: &PodRecord| pod.label(BUSY_LABEL).is_some();
@@ -84,7 +88,8 @@ impl BusyPdbs {
             for pdb in api.list(&ListParams::default()).await?.items {
                 let meta = &pdb.metadata;
                 let ours = meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1);
-                let selector = (pdb.spec.as_ref().and_then(|s| s.selector.as_ref()))
+                let selector = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
+                let selector = selector
                     .and_then(|s| Selector::from_label_selector(s).ok())
                     // An empty selector selects every pod of the namespace: as good as unknown.
                     .filter(|s| !s.is_empty());

@@ -393,8 +393,14 @@ async fn serve(
                             let connection = http.serve_connection(TokioIo::new(stream), service);
                             activity.bound(watcher.watch(connection), limits.header_read_timeout).await
                         }
-                        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => return debug!(%peer, "TLS handshake timed out"),
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
                     }
                 }
             };

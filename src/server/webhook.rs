@@ -229,7 +229,8 @@ fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<oneshot::Receiver<Effect
 
 /// The API server's `?timeout=` for this call; 10s (its default) when it sent none.
 fn api_server_timeout(query: Option<&str>) -> Duration {
-    (query.unwrap_or_default().split('&'))
+    let mut pairs = query.unwrap_or_default().split('&');
+    pairs
         .find_map(|pair| pair.strip_prefix("timeout="))
         .and_then(|value| parse_positive_duration(value).ok())
         .and_then(|timeout| Duration::try_from(timeout).ok())

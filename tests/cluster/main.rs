@@ -44,8 +44,7 @@ fn busy_pod(name: &str, since: Timestamp) -> Value {
     pod
 }
 
-/// Karpenter's do-not-disrupt as busyguard writes it: the seconds from the pod's start to the
-/// end of its protection (a day of max-busy).
+/// A person's eviction of the pod `name`.
 fn eviction_of(name: &str) -> Value {
     let mut review = fixture("pod-eviction-by-user.json");
     review["request"]["name"] = json!(name);

@@ -133,12 +133,12 @@ impl ApiPod {
     pub fn record(&self) -> PodRecord {
         let meta = &self.metadata;
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
-        let annotations: Annotations = (meta.annotations.iter().flatten())
+        let all_annotations = meta.annotations.iter().flatten();
+        let annotations: Annotations = all_annotations
             .filter_map(|(k, v)| Some((*DECIDING_ANNOTATIONS.iter().find(|key| **key == k.as_str())?, boxed(v))))
             .collect();
-        let owner = (meta.owner_references.iter().flatten())
-            .find(|o| o.controller == Some(true))
-            .map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
+        let mut owners = meta.owner_references.iter().flatten();
+        let owner = owners.find(|o| o.controller == Some(true)).map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
         let readiness = self.status.readiness();
         PodRecord {
             uid: boxed(meta.uid.as_deref().unwrap_or_default()),
@@ -170,7 +170,8 @@ fn written_by(meta: &ObjectMeta, manager: &str, key: &str) -> bool {
     let through_the_pod = |entry: &&ManagedFieldsEntry| {
         entry.manager.as_deref() == Some(manager) && entry.subresource.as_deref().unwrap_or_default().is_empty()
     };
-    (meta.managed_fields.iter().flatten()).filter(through_the_pod).any(|entry| {
+    let entries = meta.managed_fields.iter().flatten();
+    entries.filter(through_the_pod).any(|entry| {
         let fields = entry.fields_v1.as_ref().map(|f| &f.0);
         fields.and_then(|f| f.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some()
     })

@@ -194,7 +194,8 @@ impl View {
             Some(theirs) => theirs == owner || pod.workload(other) == workload,
             None => false,
         };
-        let unavailable = (in_namespace.iter())
+        let unavailable = in_namespace
+            .iter()
             .filter(|(other, pod)| &***other != name && same_workload(other, pod))
             .filter(|(_, pod)| pod.terminating || !is_available(*pod))
             .map(|(other, _)| other.to_string())
@@ -205,7 +206,8 @@ impl View {
     /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.
     pub fn on_node<T>(&self, node: &str, read: impl FnOnce(Vec<(String, &PodRecord)>) -> T) -> T {
         let pods = self.read();
-        let on_node = (pods.iter())
+        let on_node = pods
+            .iter()
             .flat_map(|(namespace, in_namespace)| {
                 in_namespace.iter().map(move |(name, pod)| (format!("{namespace}/{name}"), pod))
             })
