@@ -179,7 +179,7 @@ fn scale_down_of_2000_by_1000() {
     let selector = serde_json::from_value(json!({"matchLabels": {"app": "worker"}})).unwrap();
     let ask = Ask {
         uid: "u",
-        operation: "UPDATE",
+        operation: busyguard::policy::outcome::Operation::Update,
         resource: "deployments",
         subresource: "scale",
         namespace: "jobs",

@@ -24,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tracing::{error, info};
 
 use crate::json;
-use crate::policy::outcome::AuditRecord;
+use crate::policy::outcome::{AuditRecord, Operation};
 
 /// Lines waiting (queued, or held while the sink refuses them): about 5 MiB of typical lines.
 const MAX_HELD_LINES: usize = 10_000;
@@ -233,7 +233,7 @@ fn encode(record: &AuditRecord) -> Vec<u8> {
         write!(out, r#","decision":"{}","reason":"{}","detail":"#, record.decision.as_str(), record.reason.as_str());
     json::string(&mut out, &record.detail);
     out.extend_from_slice(br#","operation":"#);
-    json::string(&mut out, record.operation);
+    json::string(&mut out, record.operation.map_or("", Operation::as_str));
     for (key, value) in [
         (&br#","resource":"#[..], &record.resource),
         (br#","subresource":"#, &record.subresource),
@@ -322,7 +322,7 @@ mod tests {
             decision: Decision::Denied,
             reason: Reason::Busy,
             detail: "pod capture/w is busy".into(),
-            operation: "DELETE",
+            operation: Some(Operation::Delete),
             resource: "pods".into(),
             subresource: String::new(),
             namespace: "capture".into(),

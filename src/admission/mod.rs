@@ -241,7 +241,7 @@ pub fn admit(
 fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
     Ask {
         uid: &request.uid,
-        operation: request.operation.as_str(),
+        operation: request.operation,
         resource: &request.resource.resource,
         subresource: request.sub_resource(),
         namespace: &request.namespace,

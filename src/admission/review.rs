@@ -55,21 +55,7 @@ pub struct GroupVersionResource {
     pub resource: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, strum::IntoStaticStr)]
-#[serde(rename_all = "UPPERCASE")]
-#[strum(serialize_all = "UPPERCASE")]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
-}
-
-impl Operation {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
+pub use crate::policy::outcome::Operation;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct UserInfo {

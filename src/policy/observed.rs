@@ -2,14 +2,13 @@
 //! ahead, busyguard's annotations gone stale (a flip busyguard missed, a lapse of protection),
 //! or a busy pod lost without any request busyguard could refuse.
 
-use super::outcome::LossCause;
 use jiff::Timestamp;
 
 use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::keys::DeleteRequest;
 use super::marks::plan;
-use super::outcome::{AuditRecord, Decision, Effect, PodRef, Reason};
+use super::outcome::{AuditRecord, Decision, Effect, LossCause, Operation, PodRef, Reason, Subject};
 use super::pod::{Phase, PodFacts};
 
 /// A busy pod lost, to be reported once: its cause, and the audit line to write.
@@ -30,7 +29,7 @@ impl Loss {
         let detail = lost(pod, &cause);
         let audit = AuditRecord {
             busy_since,
-            ..AuditRecord::of_pod(pod, cause.decision(), cause.reason(), detail, config.mode, now)
+            ..AuditRecord::new(Subject::Pod(pod), cause.decision(), cause.reason(), detail, config.mode, now)
         };
         Loss { cause, audit }
     }
@@ -103,9 +102,16 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
     {
         let detail = deleted_when_idle(pod, &request);
         let audit = AuditRecord {
-            operation: "DELETE",
+            operation: Some(Operation::Delete),
             user: request.by.clone(),
-            ..AuditRecord::of_pod(pod, Decision::DeletedWhenIdle, Reason::DeleteRequested, detail, config.mode, now)
+            ..AuditRecord::new(
+                Subject::Pod(pod),
+                Decision::DeletedWhenIdle,
+                Reason::DeleteRequested,
+                detail,
+                config.mode,
+                now,
+            )
         };
         let resource_version = now_seen.resource_version().to_string();
         return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];

@@ -257,7 +257,9 @@ pub struct AuditRecord {
     pub reason: Reason,
     /// The same in words, with the names and times involved.
     pub detail: String,
-    pub operation: &'static str,
+    /// `None` (written `""`) for a pod no request named.
+    #[serde(serialize_with = "operation_or_empty")]
+    pub operation: Option<Operation>,
     pub resource: String,
     pub subresource: String,
     pub namespace: String,
@@ -273,34 +275,65 @@ pub struct AuditRecord {
     pub plan: Option<ScalePlan>,
 }
 
+fn operation_or_empty<S: serde::Serializer>(operation: &Option<Operation>, to: S) -> Result<S::Ok, S::Error> {
+    to.serialize_str(operation.map_or("", Operation::as_str))
+}
+
+/// What an audit line is about: a request, or a pod no request named (the watch saw it).
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    Request(&'a Ask<'a>),
+    Pod(&'a PodRef),
+}
+
 impl AuditRecord {
-    /// A line about a pod that no request named (the watch saw it), for the caller to fill in.
-    pub fn of_pod(
-        pod: &PodRef,
+    pub fn new(
+        subject: Subject<'_>,
         decision: Decision,
         reason: Reason,
         detail: String,
         mode: Mode,
         now: Timestamp,
     ) -> Self {
+        let (request, namespace, name) = match subject {
+            Subject::Request(ask) => (Some(ask), ask.namespace, ask.name),
+            Subject::Pod(pod) => (None, pod.namespace.as_str(), pod.name.as_str()),
+        };
         AuditRecord {
             time: now,
-            uid: String::new(),
+            uid: request.map_or("", |ask| ask.uid).to_string(),
             decision,
             reason,
             detail,
-            operation: "",
-            resource: "pods".into(),
-            subresource: String::new(),
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            user: String::new(),
-            groups: Vec::new(),
+            operation: request.map(|ask| ask.operation),
+            resource: request.map_or("pods", |ask| ask.resource).to_string(),
+            subresource: request.map_or("", |ask| ask.subresource).to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            user: request.map_or("", |ask| ask.requester.username).to_string(),
+            groups: request.map(|ask| ask.requester.groups.to_vec()).unwrap_or_default(),
             busy_since: None,
             mode,
-            dry_run: false,
+            dry_run: request.is_some_and(|ask| ask.dry_run),
             plan: None,
         }
+    }
+}
+
+/// A request's operation, as the AdmissionReview names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, strum::IntoStaticStr, strum::EnumString)]
+#[serde(rename_all = "UPPERCASE")]
+#[strum(serialize_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -308,7 +341,7 @@ impl AuditRecord {
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {
     pub uid: &'a str,
-    pub operation: &'static str,
+    pub operation: Operation,
     pub resource: &'a str,
     pub subresource: &'a str,
     pub namespace: &'a str,
@@ -321,24 +354,7 @@ pub struct Ask<'a> {
 impl Ask<'_> {
     /// An audit line naming this request.
     pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
-        AuditRecord {
-            time: now,
-            uid: self.uid.to_string(),
-            decision,
-            reason,
-            detail,
-            operation: self.operation,
-            resource: self.resource.to_string(),
-            subresource: self.subresource.to_string(),
-            namespace: self.namespace.to_string(),
-            name: self.name.to_string(),
-            user: self.requester.username.to_string(),
-            groups: self.requester.groups.to_vec(),
-            busy_since: None,
-            mode,
-            dry_run: self.dry_run,
-            plan: None,
-        }
+        AuditRecord::new(Subject::Request(self), decision, reason, detail, mode, now)
     }
 }
 

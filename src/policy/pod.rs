@@ -576,7 +576,7 @@ mod tests {
         let requester = Requester { username: "alice", groups: &[], pod: None };
         let ask = Ask {
             uid: "u",
-            operation: "DELETE",
+            operation: crate::policy::outcome::Operation::Delete,
             resource: "pods",
             subresource: "",
             namespace: "ns",

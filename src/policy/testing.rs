@@ -49,7 +49,7 @@ pub fn pod(value: Value) -> Pod {
 pub fn ask(operation: &'static str, username: &'static str) -> Ask<'static> {
     Ask {
         uid: "u",
-        operation,
+        operation: operation.parse().unwrap(),
         resource: "pods",
         subresource: "",
         namespace: "capture",
