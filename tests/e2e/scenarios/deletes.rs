@@ -56,7 +56,11 @@ pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result
     let mut workload = workers::deployment(&ns, "agent", 4);
     workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/max-unavailable"] = "1".into();
     workers::start(rig, &workload, "agent", 4)?;
-    for round in 0..3 {
+    // A round where the views of both replicas still lag behind the replaced pod refuses all
+    // four (the safe side): it is sent again, up to three such rounds in all.
+    let (mut rounds, mut cautious) = (0, 0);
+    while rounds < 3 {
+        let round = rounds + cautious;
         eventually("every pod back and Ready", Duration::from_secs(45), || {
             Ok(workers::ready_pods(rig, &ns, "agent")?.len() == 4 && rig.live_pods(&ns, "agent")?.len() == 4)
         })?;
@@ -74,7 +78,13 @@ pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result
                 ensure!(err.contains("busyguard.io/max-unavailable"), "round {round}: not the budget's refusal: {err}");
             }
         }
-        ensure!(gone == 1, "round {round}: {gone} of 4 pods went under a budget of one");
+        ensure!(gone <= 1, "round {round}: {gone} of 4 pods went under a budget of one");
+        if gone == 1 {
+            rounds += 1;
+        } else {
+            cautious += 1;
+            ensure!(cautious <= 3, "round {round}: {cautious} rounds where no pod went under a budget of one");
+        }
     }
     let lease = rig.get(&["-n", &ns, "lease", "busyguard-budget-deployment-agent"])?;
     ensure!(lease["metadata"]["annotations"]["busyguard.io/granted"].is_string(), "no grants on record: {lease}");
