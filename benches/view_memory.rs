@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use busyguard::cluster::view::{ApiPod, View};
 use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::marks::MutationSettings;
-use busyguard::policy::outcome::{Ask, PodRef};
+use busyguard::policy::outcome::PodRef;
 use busyguard::policy::scale::{ScaleRequest, prepare_scale_down};
 use busyguard::policy::selector::Selector;
-use busyguard::policy::{Mode, PolicyConfig, Requester, observed};
+use busyguard::policy::{Ask, Mode, PolicyConfig, Requester, observed};
 use serde_json::json;
 
 /// Counts the bytes live on the heap.
@@ -179,7 +179,7 @@ fn scale_down_of_2000_by_1000() {
     let selector = serde_json::from_value(json!({"matchLabels": {"app": "worker"}})).unwrap();
     let ask = Ask {
         uid: "u",
-        operation: busyguard::policy::outcome::Operation::Update,
+        operation: busyguard::policy::Operation::Update,
         resource: "deployments",
         subresource: "scale",
         namespace: "jobs",

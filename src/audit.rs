@@ -24,7 +24,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use tracing::{error, info};
 
 use crate::json;
-use crate::policy::outcome::{AuditRecord, Operation};
+use crate::policy::Operation;
+use crate::policy::outcome::AuditRecord;
 
 /// Lines waiting (queued, or held while the sink refuses them): about 5 MiB of typical lines.
 const MAX_HELD_LINES: usize = 10_000;

@@ -14,7 +14,7 @@ use crate::duration::parse_positive_duration;
 use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
 use crate::policy::marks::MutationSettings;
-use crate::policy::{Mode, POD_GC_USER, PolicyConfig};
+use crate::policy::{KARPENTER_USERS, Mode, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
 
@@ -329,7 +329,7 @@ pub struct PolicyArgs {
         long = "karpenter-user",
         env = "BUSYGUARD_KARPENTER_USERS",
         value_delimiter = ',',
-        default_value = "system:serviceaccount:kube-system:karpenter,system:serviceaccount:karpenter:karpenter"
+        default_value = KARPENTER_USERS
     )]
     pub karpenter_users: Vec<String>,
     /// Set `karpenter.sh/do-not-disrupt` on busy pods (`"true"`, or the time left with

@@ -14,11 +14,11 @@ use review::{AdmissionRequest, InvalidReview, Operation};
 use crate::cluster::view::View;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::Disruption;
-use crate::policy::outcome::{Action, Ask, Decision, Outcome};
+use crate::policy::outcome::{Action, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, own_flag, scale, update};
+use crate::policy::{Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, own_flag, scale, update};
 
 /// Which registration called: only the mutating one may answer with a patch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]

@@ -55,7 +55,7 @@ pub struct GroupVersionResource {
     pub resource: String,
 }
 
-pub use crate::policy::outcome::Operation;
+pub use crate::policy::Operation;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct UserInfo {

@@ -19,11 +19,10 @@ use super::keys::{
     BUSY_LABEL, BUSY_SINCE, DECIDING_ANNOTATIONS, DELETE_REQUESTED, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT,
     MAX_UNAVAILABLE, PROTECTED_LABEL, WHEN_UNREADY,
 };
-use super::node::CLOUD_NODE_LIFECYCLE_USERS;
 use super::pdb::BUSY_PDB_NAME;
 use super::{
-    NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL,
-    POD_GC_USER, POD_NAME_CLAIM, RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
+    CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES,
+    OWN_FLAGS_NAMESPACE_LABEL, POD_GC_USER, POD_NAME_CLAIM, RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
 };
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
@@ -302,9 +301,10 @@ mod tests {
 
     use super::*;
 
+    use crate::policy::Ask;
     use crate::policy::disruption;
     use crate::policy::keys::DELETE_REQUESTED;
-    use crate::policy::outcome::{Action, Answer, Ask, Outcome};
+    use crate::policy::outcome::{Action, Answer, Outcome};
     use crate::policy::pod::{Pod, PodFacts};
     use crate::policy::update;
 

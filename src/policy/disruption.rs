@@ -10,12 +10,10 @@ use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
     RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
-use super::outcome::{
-    Action, Answer, Ask, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason,
-};
+use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
 use super::{
-    Exempt, Exemptions, GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
+    Ask, Exempt, Exemptions, GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
     REPLICASET_CONTROLLER_USER, Requester, TAINT_MANAGER_USERS,
 };
 use crate::duration::whole_second;

@@ -41,8 +41,9 @@ pub mod update;
 pub mod workloads;
 
 use busy::MaxBusy;
+use jiff::Timestamp;
 use marks::MutationSettings;
-use outcome::Reason;
+use outcome::{AuditRecord, Decision, Reason, Subject};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
@@ -121,6 +122,46 @@ pub struct Requester<'a> {
     pub pod: Option<&'a str>,
 }
 
+/// A request's operation, as the AdmissionReview names it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, strum::IntoStaticStr, strum::EnumString,
+)]
+#[serde(rename_all = "UPPERCASE")]
+#[strum(serialize_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// The request being decided, as the decisions see it: no wire format.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub uid: &'a str,
+    pub operation: Operation,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub requester: Requester<'a>,
+    /// The request changes nothing (`dryRun`, or an eviction's `deleteOptions.dryRun`).
+    pub dry_run: bool,
+}
+
+impl Ask<'_> {
+    /// An audit line naming this request.
+    pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
+        AuditRecord::new(Subject::Request(self), decision, reason, detail, mode, now)
+    }
+}
+
 /// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
 /// its own. Any other opts out with the label `busyguard.io/enabled=false`.
 pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
@@ -164,3 +205,15 @@ pub const TAINT_MANAGER_USERS: [&str; 3] = [
 pub const REPLICASET_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:replicaset-controller";
 /// The namespace controller deletes every pod of a namespace being deleted.
 pub const NAMESPACE_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:namespace-controller";
+/// The cloud node lifecycle controller deletes a node whose machine is gone; refusing would leave
+/// a Node object for nothing. Upstream cloud-provider runs it with the client name
+/// `node-controller` (k8s.io/cloud-provider, `ClientName: "node-controller"`); some providers'
+/// managers use their own service account by the controller's name.
+pub const CLOUD_NODE_LIFECYCLE_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:node-controller",
+    "system:serviceaccount:kube-system:cloud-node-lifecycle-controller",
+];
+/// Karpenter's service account as its chart installs it, in kube-system or in a namespace of
+/// its own: `--karpenter-user`'s default (comma-separated).
+pub const KARPENTER_USERS: &str =
+    "system:serviceaccount:kube-system:karpenter,system:serviceaccount:karpenter:karpenter";

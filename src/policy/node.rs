@@ -7,20 +7,11 @@
 
 use jiff::Timestamp;
 
-use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::keys::BUSY_LABEL;
-use super::outcome::{Ask, Decision, Denial, Outcome, Reason};
+use super::outcome::{Decision, Denial, Outcome, Reason};
 use super::pod::PodFacts;
-
-/// The cloud node lifecycle controller deletes a node whose machine is gone; refusing would leave
-/// a Node object for nothing. Upstream cloud-provider runs it with the client name
-/// `node-controller` (k8s.io/cloud-provider, `ClientName: "node-controller"`); some providers'
-/// managers use their own service account by the controller's name.
-pub const CLOUD_NODE_LIFECYCLE_USERS: [&str; 2] = [
-    "system:serviceaccount:kube-system:node-controller",
-    "system:serviceaccount:kube-system:cloud-node-lifecycle-controller",
-];
+use super::{Ask, CLOUD_NODE_LIFECYCLE_USERS, PolicyConfig};
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
 pub struct BusyOnNode {

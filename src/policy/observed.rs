@@ -4,12 +4,12 @@
 
 use jiff::Timestamp;
 
-use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::keys::DeleteRequest;
 use super::marks::plan;
-use super::outcome::{AuditRecord, Decision, Effect, LossCause, Operation, PodRef, Reason, Subject};
+use super::outcome::{AuditRecord, Decision, Effect, LossCause, PodRef, Reason, Subject};
 use super::pod::{Phase, PodFacts};
+use super::{Operation, PolicyConfig};
 
 /// A busy pod lost, to be reported once: its cause, and the audit line to write.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::keys::DeleteRequest;
 use super::marks::{self, Plan};
 use super::pdb::BUSY_PDB_NAME;
-use super::{Mode, Requester};
+use super::{Ask, Mode, Operation};
 
 #[derive(Debug)]
 pub struct Outcome {
@@ -317,44 +317,6 @@ impl AuditRecord {
             dry_run: request.is_some_and(|ask| ask.dry_run),
             plan: None,
         }
-    }
-}
-
-/// A request's operation, as the AdmissionReview names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, strum::IntoStaticStr, strum::EnumString)]
-#[serde(rename_all = "UPPERCASE")]
-#[strum(serialize_all = "UPPERCASE")]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
-}
-
-impl Operation {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-/// The request being decided, as the decisions see it: no wire format.
-#[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
-    pub uid: &'a str,
-    pub operation: Operation,
-    pub resource: &'a str,
-    pub subresource: &'a str,
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub requester: Requester<'a>,
-    /// The request changes nothing (`dryRun`, or an eviction's `deleteOptions.dryRun`).
-    pub dry_run: bool,
-}
-
-impl Ask<'_> {
-    /// An audit line naming this request.
-    pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
-        AuditRecord::new(Subject::Request(self), decision, reason, detail, mode, now)
     }
 }
 

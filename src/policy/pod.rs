@@ -548,10 +548,11 @@ mod tests {
     /// missing on evictions, scale-downs and the watch, and present on pod writes.
     #[test]
     fn every_annotation_a_decision_reads_is_kept() {
+        use crate::policy::Ask;
         use crate::policy::disruption;
         use crate::policy::keys::BUSY_LABEL;
         use crate::policy::marks::plan;
-        use crate::policy::outcome::{Action, Ask, PodRef};
+        use crate::policy::outcome::{Action, PodRef};
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
 
@@ -576,7 +577,7 @@ mod tests {
         let requester = Requester { username: "alice", groups: &[], pod: None };
         let ask = Ask {
             uid: "u",
-            operation: crate::policy::outcome::Operation::Delete,
+            operation: crate::policy::Operation::Delete,
             resource: "pods",
             subresource: "",
             namespace: "ns",

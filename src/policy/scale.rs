@@ -5,12 +5,12 @@
 
 use jiff::Timestamp;
 
-use super::PolicyConfig;
 use super::busy::{BusyState, busy_state};
 use super::marks::plan;
-use super::outcome::{Ask, AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
+use super::outcome::{AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
 use super::pod::PodFacts;
 use super::selector::Selector;
+use super::{Ask, PolicyConfig};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).

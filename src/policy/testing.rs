@@ -7,10 +7,10 @@ use super::Exemptions;
 use super::busy::MaxBusy;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
-use super::outcome::{Answer, Ask, Outcome};
+use super::outcome::{Answer, Outcome};
 use super::pod::Pod;
 use super::update::mutate_pod;
-use super::{Mode, PolicyConfig, Requester};
+use super::{Ask, Mode, PolicyConfig, Requester};
 
 pub fn ts(s: &str) -> Timestamp {
     s.parse().unwrap()

@@ -6,7 +6,6 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::PolicyConfig;
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::cost::KARPENTER_NOTHING_COST;
 use super::keys::{
@@ -14,8 +13,9 @@ use super::keys::{
     WHEN_UNREADY,
 };
 use super::marks::{json_patch, metadata_pointer, plan};
-use super::outcome::{Answer, Ask, AuditRecord, Decision, Denial, Outcome, Reason};
+use super::outcome::{Answer, AuditRecord, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
+use super::{Ask, PolicyConfig};
 use crate::duration::parse_positive_duration;
 use json_patch::{AddOperation, PatchOperation};
 
