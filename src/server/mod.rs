@@ -124,8 +124,6 @@ impl App {
     /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
     /// webhook fails closed). They are reported by `status` and the metrics instead.
     pub fn readiness(&self) -> Result<(), String> {
-        // Probes come every few seconds: a chance to set the gauges.
-        let _ = self.status();
         if !self.is_serving() {
             return Err("shutting down".into());
         }
