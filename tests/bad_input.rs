@@ -242,3 +242,18 @@ async fn the_admin_port_says_what_it_serves_on_an_unknown_path_or_method() {
         (404, "no such path: the admin port serves /healthz, /readyz, /status and /metrics (GET)\n".to_string())
     );
 }
+
+/// An operator reading the log of a refusal sees which client sent it.
+#[tokio::test]
+async fn a_refusals_log_line_names_the_clients_address() {
+    let dir = tempfile::tempdir().unwrap();
+    common::process::certs(dir.path());
+    let process = common::process::Process::serve(dir.path(), &[]);
+    let ca = common::ca_of(&dir.path().join("certs"));
+    let stream = common::connect(process.webhook, &[ca], &[b"http/1.1"]).await.unwrap();
+    let client = stream.get_ref().0.local_addr().unwrap();
+    let mut sender = http1(stream).await;
+    assert_refused(&send(&mut sender, post_request("/validate", "not a review")).await, 400, "not valid JSON");
+    let line = process.wait_for_log("request refused");
+    assert_eq!(line["peer"], client.to_string(), "{line}");
+}

@@ -306,6 +306,10 @@ enum Handshake {
     Plain,
 }
 
+/// The address a request came from, as its connection was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
 /// What a port serves each request with: a hyper service, cloned for each connection, that
 /// answers every request (errors are answers too) with a future that can move between threads.
 pub(crate) trait HttpService:
@@ -378,7 +382,7 @@ async fn serve(
         }
         tokio::spawn(async move {
             let activity = Arc::new(Activity::new());
-            let service = activity.clone().around(service);
+            let service = activity.clone().around(service, peer);
             let result = match handshake {
                 Handshake::Plain => {
                     let connection = http.serve_connection(TokioIo::new(tcp), service);
@@ -433,9 +437,10 @@ impl Activity {
         *self.since.lock() = Instant::now();
     }
 
-    /// `service`, counting the requests it answers on this connection.
-    fn around(self: Arc<Self>, service: impl HttpService) -> impl HttpService {
-        hyper::service::service_fn(move |request: http::Request<Incoming>| {
+    /// `service`, counting the requests it answers on this connection, each told its `peer`.
+    fn around(self: Arc<Self>, service: impl HttpService, peer: SocketAddr) -> impl HttpService {
+        hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+            request.extensions_mut().insert(Peer(peer));
             let (activity, service) = (self.clone(), service.clone());
             async move {
                 activity.in_flight.fetch_add(1, Ordering::Relaxed);

@@ -4,6 +4,7 @@
 //! "allowed".
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
-use super::{App, HttpService};
+use super::{App, HttpService, Peer};
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::outbox::EffectResult;
@@ -40,19 +41,22 @@ pub(crate) fn service(app: Arc<App>) -> impl HttpService {
 
 /// `POST /mutate` and `POST /validate`; 405 for another method, 404 for another path.
 pub async fn route(app: &App, request: Request) -> Response {
+    let peer = request.extensions().get::<Peer>().map(|peer| peer.0);
+    let refused = |error: HttpError| error.into_counted_response(app, peer);
     let webhook = match request.uri().path() {
         "/mutate" => Webhook::Mutating,
         "/validate" => Webhook::Validating,
         _ => {
-            return HttpError::new(StatusCode::NOT_FOUND, "no such path: webhooks are served on /mutate and /validate")
-                .into_counted_response(app);
+            return refused(HttpError::new(
+                StatusCode::NOT_FOUND,
+                "no such path: webhooks are served on /mutate and /validate",
+            ));
         }
     };
     if request.method() != Method::POST {
-        return HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "AdmissionReviews are sent with POST")
-            .into_counted_response(app);
+        return refused(HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "AdmissionReviews are sent with POST"));
     }
-    answer(app, webhook, request).await.unwrap_or_else(|e| e.into_counted_response(app))
+    answer(app, webhook, request).await.unwrap_or_else(refused)
 }
 
 /// One review, in named steps: read it within the limits, admit it, have the arbiter record a
@@ -325,9 +329,11 @@ impl HttpError {
         HttpError { status, message: message.into() }
     }
 
-    fn into_counted_response(self, app: &App) -> Response {
+    /// The answer, with its log line (naming `peer`, the client's address, when known) and count.
+    fn into_counted_response(self, app: &App, peer: Option<SocketAddr>) -> Response {
         // Debug-escaped: the message may quote the client's own bytes (a log line is one line).
-        warn!(status = self.status.as_u16(), error = ?self.message, "request refused");
+        let peer = peer.map(field::display);
+        warn!(status = self.status.as_u16(), error = ?self.message, peer, "request refused");
         app.metrics.http_errors.get_or_create(&StatusLabels { status: self.status.as_u16() }).inc();
         let body = serde_json::json!({"error": self.message, "code": self.status.as_u16()}).to_string();
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
