@@ -2,7 +2,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -18,7 +18,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     small_pages_only();
-    let cli = Cli::parse();
+    let cli = command_line();
     init_logging(cli.log_format, &cli.log_level);
     let json_logs = matches!(cli.log_format, LogFormat::Json);
     let result = match cli.command {
@@ -59,6 +59,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line; run as kubectl's plugin (`kubectl busyguard`, through a `kubectl-busyguard`
+/// link), its usage says so and lists only the commands a person runs against a cluster.
+fn command_line() -> Cli {
+    let name = std::env::args_os().next().map(std::path::PathBuf::from);
+    let as_plugin =
+        name.as_deref().and_then(std::path::Path::file_name).is_some_and(|name| name == "kubectl-busyguard");
+    let mut command = Cli::command();
+    if as_plugin {
+        command = command.name("kubectl busyguard").bin_name("kubectl busyguard");
+        for in_the_cluster in ["serve", "sleep", "agent", "dev-webhooks"] {
+            command = command.mut_subcommand(in_the_cluster, |sub| sub.hide(true));
+        }
+    }
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 /// Runs a command's work on a runtime of its own.

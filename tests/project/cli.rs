@@ -181,3 +181,27 @@ fn the_agent_takes_a_plain_http_endpoint_and_a_real_status_code() {
     assert!(agent("https://127.0.0.1:8080/busy", "503").contains("plain HTTP"));
     assert!(agent("http://127.0.0.1:8080/busy", "999").contains("999 is not in 100..=599"));
 }
+
+#[test]
+fn as_kubectls_plugin_the_usage_says_kubectl_busyguard_and_lists_the_commands_for_a_person() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("kubectl-busyguard");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_busyguard"), &plugin).unwrap();
+    let output = Command::new(&plugin).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("Usage: kubectl busyguard "), "{help}");
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .split("Options:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["certs", "status", "cleanup", "check", "help"], "{help}");
+    // Still there for whoever types them.
+    let serve_help = Command::new(&plugin).args(["serve", "--help"]).output().unwrap();
+    assert!(serve_help.status.success());
+}
