@@ -14,7 +14,7 @@ use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::Effect;
-use crate::policy::pdb::{ExistingPdb, MANAGED_BY, Step, as_busyguard_writes_it, plan};
+use crate::policy::pdb::{ExistingPdb, MANAGED_BY, Step, as_busyguard_writes_it, steps};
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 
@@ -53,7 +53,7 @@ impl BusyPdbs {
         }
         let mut skipped = 0;
         let mut changes = Vec::new();
-        for step in plan(&by_namespace, &existing) {
+        for step in steps(&by_namespace, &existing) {
             match step {
                 Step::Create { namespace } => changes.push(Effect::CreateBusyPdb { namespace }),
                 Step::Delete { namespace, name } => changes.push(Effect::DeleteBusyPdb { namespace, name }),

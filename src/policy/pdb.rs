@@ -56,7 +56,7 @@ pub enum Step {
 /// pods) has the busy PDB as busyguard writes it (one that drifted is made again), unless a
 /// user's PDB would select one of its pods once busy or already has its name, and no other
 /// namespace keeps one.
-pub fn plan(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[ExistingPdb]) -> Vec<Step> {
+pub fn steps(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &[ExistingPdb]) -> Vec<Step> {
     let mut steps = Vec::new();
     let ours: BTreeSet<(&str, &str)> =
         existing.iter().filter(|p| p.ours).map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
@@ -174,8 +174,8 @@ mod tests {
     #[test]
     fn each_namespace_with_opted_in_pods_gets_the_busy_pdb_once() {
         let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
-        assert_eq!(plan(&jobs, &[]), [Step::Create { namespace: "jobs".into() }]);
-        assert_eq!(plan(&jobs, &[pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]), []);
+        assert_eq!(steps(&jobs, &[]), [Step::Create { namespace: "jobs".into() }]);
+        assert_eq!(steps(&jobs, &[pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]), []);
     }
 
     #[test]
@@ -183,14 +183,14 @@ mod tests {
         let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
         let theirs = pdb("jobs", "worker", false, "app=worker");
         assert_eq!(
-            plan(&jobs, &[theirs, pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]),
+            steps(&jobs, &[theirs, pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/protected=true")]),
             [
                 Step::Delete { namespace: "jobs".into(), name: BUSY_PDB_NAME.into() },
                 Step::Skip { namespace: "jobs".into(), conflicting: vec!["worker".into()] }
             ]
         );
         let elsewhere = pdb("jobs", "web", false, "app=web");
-        assert_eq!(plan(&jobs, &[elsewhere]), [Step::Create { namespace: "jobs".into() }], "selects other pods");
+        assert_eq!(steps(&jobs, &[elsewhere]), [Step::Create { namespace: "jobs".into() }], "selects other pods");
     }
 
     #[test]
@@ -198,7 +198,7 @@ mod tests {
         let jobs = pods("jobs", &[("app", "worker"), (BUSY_LABEL, "false")]);
         let older = ExistingPdb { as_kept: false, ..pdb("jobs", BUSY_PDB_NAME, true, "busyguard.io/busy=true") };
         assert_eq!(
-            plan(&jobs, &[older]),
+            steps(&jobs, &[older]),
             [
                 Step::Delete { namespace: "jobs".into(), name: BUSY_PDB_NAME.into() },
                 Step::Create { namespace: "jobs".into() }
@@ -206,7 +206,7 @@ mod tests {
         );
         let theirs = pdb("jobs", BUSY_PDB_NAME, false, "app=web");
         assert_eq!(
-            plan(&jobs, &[theirs]),
+            steps(&jobs, &[theirs]),
             [Step::Skip { namespace: "jobs".into(), conflicting: vec![BUSY_PDB_NAME.into()] }],
             "not created again and again (409)"
         );
@@ -216,7 +216,7 @@ mod tests {
     fn a_namespace_left_without_opted_in_pods_loses_the_busy_pdb() {
         let existing = [pdb("gone", BUSY_PDB_NAME, true, "busyguard.io/busy=true")];
         assert_eq!(
-            plan(&BTreeMap::new(), &existing),
+            steps(&BTreeMap::new(), &existing),
             [Step::Delete { namespace: "gone".into(), name: BUSY_PDB_NAME.into() }]
         );
     }

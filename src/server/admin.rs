@@ -39,7 +39,7 @@ async fn readyz(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
-    match app.status() {
+    match app.health() {
         Ok(()) => (StatusCode::OK, "ok\n".to_string()),
         Err(problems) => (StatusCode::SERVICE_UNAVAILABLE, problems.iter().map(|p| format!("{p}\n")).collect()),
     }
@@ -47,7 +47,7 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     app.metrics.view_pods.set(app.cluster.view.len() as i64);
-    let _ = app.status();
+    let _ = app.health();
     app.count_workloads();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.encode())
 }

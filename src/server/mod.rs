@@ -122,7 +122,7 @@ impl App {
     /// Ready means able to answer reviews: serving and not draining. A stale view or a failing
     /// audit sink does not take a replica out of the Service: the delete path needs neither, and
     /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
-    /// webhook fails closed). They are reported by `status` and the metrics instead.
+    /// webhook fails closed). They are reported by `health` (`/status`) and the metrics instead.
     pub fn readiness(&self) -> Result<(), String> {
         if !self.is_serving() {
             return Err("shutting down".into());
@@ -161,7 +161,7 @@ impl App {
 
     /// Everything busyguard depends on besides serving: the audit log written, and the cluster
     /// view (if any) listed and fresh. Sets the matching gauges.
-    pub fn status(&self) -> Result<(), Vec<String>> {
+    pub fn health(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         let audit = self.audit.health();
         self.metrics.audit_failing.set(i64::from(audit.is_err()));
