@@ -197,9 +197,9 @@ pub fn admit(
                 let delete = Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings };
                 disruption::judge_disruption(&delete, policy, now)
             };
-            let decided = inputs
-                .view
-                .with_pod_under_budget(&request.namespace, name, |seen, siblings| delete(Some(seen), siblings));
+            let view = inputs.view;
+            let decided =
+                view.with_pod_under_budget(&request.namespace, name, |seen, siblings| delete(Some(seen), siblings));
             Ok(decided.unwrap_or_else(|| delete(None, None)))
         }
         Route::PodEviction => {
@@ -208,14 +208,11 @@ pub fn admit(
                 other => return Err(other.mismatch("object", "an Eviction").into()),
             };
             let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
-            let decided = inputs.trusted_view("the eviction")?.with_pod_under_budget(
-                &request.namespace,
-                &request.name,
-                |pod, siblings| {
-                    let evict = Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings };
-                    disruption::judge_disruption(&evict, policy, now)
-                },
-            );
+            let view = inputs.trusted_view("the eviction")?;
+            let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
+                let evict = Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings };
+                disruption::judge_disruption(&evict, policy, now)
+            });
             // None: not opted in (or no such pod: the API server answers 404 itself).
             Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
         }
