@@ -87,6 +87,7 @@ struct Shared {
 }
 
 impl Shared {
+    /// One job fewer pending; the last one wakes whoever waits in `drained`.
     fn finished_one(&self) {
         if self.pending.fetch_sub(1, SeqCst) == 1 {
             self.idle.notify_waiters();
