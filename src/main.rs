@@ -1,3 +1,6 @@
+//! The `busyguard` binary: reads the command line, sets up logging, and runs one command
+//! (`serve`, or a one-shot command of `busyguard::commands`) until it ends.
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
