@@ -218,7 +218,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     let webhook_task = tokio::spawn(serve(
         listener,
         Handshake::Tls(acceptor),
-        webhook::service(app.clone()),
+        {
+            let app = app.clone();
+            move |peer| webhook::service(app.clone(), peer)
+        },
         config.limits,
         app.metrics.connections_refused.clone(),
         webhook_stopped,
@@ -232,7 +235,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     let admin_task = tokio::spawn(serve(
         admin_listener,
         Handshake::Plain,
-        TowerToHyperService::new(admin::router(app.clone())),
+        {
+            let admin = TowerToHyperService::new(admin::router(app.clone()));
+            move |_| admin.clone()
+        },
         admin_limits,
         app.metrics.admin_connections_refused.clone(),
         admin_stopped,
@@ -306,11 +312,7 @@ enum Handshake {
     Plain,
 }
 
-/// The address a request came from, as its connection was accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer(pub SocketAddr);
-
-/// What a port serves each request with: a hyper service, cloned for each connection, that
+/// What a port serves each request with: a hyper service, made for each connection, that
 /// answers every request (errors are answers too) with a future that can move between threads.
 pub(crate) trait HttpService:
     Service<http::Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
@@ -328,15 +330,15 @@ impl<S> HttpService for S where
 {
 }
 
-/// Accepts connections until stopped, each served with `service` within `limits`: at most
-/// `max_connections` open, `max_connections_per_peer` of them from one address (one beyond is
-/// closed at once), the handshake within its timeout, a
-/// first request within the header timeout, and no connection left open idle longer than that,
+/// Accepts connections until stopped, each served with the service `service_for` makes for its
+/// client, within `limits`: at most `max_connections` open, `max_connections_per_peer` of them
+/// from one address (one beyond is closed at once), the handshake within its timeout, a first
+/// request within the header timeout, and no connection left open idle longer than that,
 /// whatever the HTTP version. Then waits for the open connections to finish.
-async fn serve(
+async fn serve<S: HttpService>(
     listener: TcpListener,
     handshake: Handshake,
-    service: impl HttpService,
+    service_for: impl Fn(SocketAddr) -> S + Send + 'static,
     limits: Limits,
     refused: prometheus_client::metrics::counter::Counter,
     mut stopped: watch::Receiver<bool>,
@@ -375,14 +377,14 @@ async fn serve(
             }
         };
         let (handshake, http, service, watcher) =
-            (handshake.clone(), http.clone(), service.clone(), graceful.watcher());
+            (handshake.clone(), http.clone(), service_for(peer), graceful.watcher());
         // Answers are small and go out whole: do not hold them back waiting for an ACK.
         if let Err(e) = tcp.set_nodelay(true) {
             debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         tokio::spawn(async move {
             let activity = Arc::new(Activity::new());
-            let service = activity.clone().around(service, peer);
+            let service = activity.clone().around(service);
             let result = match handshake {
                 Handshake::Plain => {
                     let connection = http.serve_connection(TokioIo::new(tcp), service);
@@ -437,10 +439,9 @@ impl Activity {
         *self.since.lock() = Instant::now();
     }
 
-    /// `service`, counting the requests it answers on this connection, each told its `peer`.
-    fn around(self: Arc<Self>, service: impl HttpService, peer: SocketAddr) -> impl HttpService {
-        hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
-            request.extensions_mut().insert(Peer(peer));
+    /// `service`, counting the requests it answers on this connection.
+    fn around(self: Arc<Self>, service: impl HttpService) -> impl HttpService {
+        hyper::service::service_fn(move |request: http::Request<Incoming>| {
             let (activity, service) = (self.clone(), service.clone());
             async move {
                 activity.in_flight.fetch_add(1, Ordering::Relaxed);

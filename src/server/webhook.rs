@@ -17,7 +17,7 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
-use super::{App, HttpService, Peer};
+use super::{App, HttpService};
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::outbox::EffectResult;
@@ -30,18 +30,18 @@ use crate::policy::outcome::{Decision, Effect, Outcome};
 /// an object and its old version.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
-/// The webhook port's service: every request to [`route`], over hyper directly (a router's
-/// layers cost more than two paths need).
-pub(crate) fn service(app: Arc<App>) -> impl HttpService {
+/// The webhook port's service for the connection from `peer`: every request to [`route`], over
+/// hyper directly (a router's layers cost more than two paths need).
+pub(crate) fn service(app: Arc<App>, peer: SocketAddr) -> impl HttpService {
     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         let app = app.clone();
-        async move { Ok::<_, Infallible>(route(&app, request.map(Body::new)).await) }
+        async move { Ok::<_, Infallible>(route(&app, request.map(Body::new), Some(peer)).await) }
     })
 }
 
-/// `POST /mutate` and `POST /validate`; 405 for another method, 404 for another path.
-pub async fn route(app: &App, request: Request) -> Response {
-    let peer = request.extensions().get::<Peer>().map(|peer| peer.0);
+/// `POST /mutate` and `POST /validate`; 405 for another method, 404 for another path. `peer`:
+/// the client's address, for the log line of a refusal.
+pub async fn route(app: &App, request: Request, peer: Option<SocketAddr>) -> Response {
     let refused = |error: HttpError| error.into_counted_response(app, peer);
     let webhook = match request.uri().path() {
         "/mutate" => Webhook::Mutating,
