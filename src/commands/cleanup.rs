@@ -5,13 +5,17 @@
 //! busy-pod PodDisruptionBudget busyguard kept, and the Leases where it recorded the pods let go
 //! under workload budgets. The busy label itself is the user's and stays.
 
+use std::fmt::Debug;
+
 use anyhow::{Context, bail};
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::cluster::view::ApiPod;
@@ -51,6 +55,33 @@ pub fn restore_patch(pod: &ApiPod, now: Timestamp) -> Option<Value> {
     Some(changes.merge_patch())
 }
 
+/// Deletes the objects of kind `K` in `scope` that carry busyguard's label and a name `named` says
+/// is one busyguard gives, and says so, one line each.
+async fn delete_ours<K>(
+    client: &kube::Client,
+    scope: Option<&str>,
+    named: impl Fn(&str) -> bool,
+    dry_run: bool,
+) -> anyhow::Result<String>
+where
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let kind = K::kind(&());
+    let objects: Api<K> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
+    let labelled = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let listed = objects.list(&labelled).await.with_context(|| format!("listing busyguard's {kind}s"))?;
+    let (mut out, verb) = (String::new(), if dry_run { "would delete" } else { "deleted" });
+    for object in listed.items.iter().filter(|object| named(&object.name_any())) {
+        let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
+        Api::<K>::namespaced(client.clone(), &namespace)
+            .delete(&name, &DeleteParams { dry_run, ..DeleteParams::default() })
+            .await
+            .with_context(|| format!("deleting {kind} {namespace}/{name}"))?;
+        out.push_str(&format!("{} {namespace}/{name}: {verb}\n", kind.to_lowercase()));
+    }
+    Ok(out)
+}
+
 /// Cleans the namespaces given (all without) and says what it did, one line each.
 pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
@@ -84,38 +115,10 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
                 .with_context(|| format!("restoring pod {namespace}/{name}"))?;
             out.push_str(&format!("pod {namespace}/{name}: {verb}\n"));
         }
-        let pdbs: Api<PodDisruptionBudget> =
-            scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
-        let ours = pdbs.list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1))).await;
-        for pdb in ours.context("listing busyguard's PodDisruptionBudgets")?.items {
-            let namespace = pdb.metadata.namespace.unwrap_or_default();
-            if pdb.metadata.name.as_deref() != Some(BUSY_PDB_NAME) {
-                continue;
-            }
-            let delete = DeleteParams { dry_run, ..DeleteParams::default() };
-            Api::<PodDisruptionBudget>::namespaced(client.clone(), &namespace)
-                .delete(BUSY_PDB_NAME, &delete)
-                .await
-                .with_context(|| format!("deleting {namespace}/{BUSY_PDB_NAME}"))?;
-            let verb = if dry_run { "would delete" } else { "deleted" };
-            out.push_str(&format!("poddisruptionbudget {namespace}/{BUSY_PDB_NAME}: {verb}\n"));
-        }
-        let leases: Api<Lease> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
-        let ours = leases.list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1))).await;
-        for lease in ours.context("listing busyguard's Leases")?.items {
-            let (namespace, name) =
-                (lease.metadata.namespace.unwrap_or_default(), lease.metadata.name.unwrap_or_default());
-            if !name.starts_with(LEASE_PREFIX) {
-                continue;
-            }
-            let delete = DeleteParams { dry_run, ..DeleteParams::default() };
-            Api::<Lease>::namespaced(client.clone(), &namespace)
-                .delete(&name, &delete)
-                .await
-                .with_context(|| format!("deleting Lease {namespace}/{name}"))?;
-            let verb = if dry_run { "would delete" } else { "deleted" };
-            out.push_str(&format!("lease {namespace}/{name}: {verb}\n"));
-        }
+        let busy_pdb = |name: &str| name == BUSY_PDB_NAME;
+        out.push_str(&delete_ours::<PodDisruptionBudget>(&client, scope, busy_pdb, dry_run).await?);
+        let budget_lease = |name: &str| name.starts_with(LEASE_PREFIX);
+        out.push_str(&delete_ours::<Lease>(&client, scope, budget_lease, dry_run).await?);
     }
     if out.is_empty() {
         out.push_str("nothing of busyguard's left\n");
