@@ -53,12 +53,6 @@ enum Failure {
     Busyguard(String),
 }
 
-impl From<String> for Failure {
-    fn from(why: String) -> Self {
-        Failure::Busyguard(why)
-    }
-}
-
 async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
     let busy = pod(json!({BUSY_LABEL: "true"}), json!({}));
@@ -86,7 +80,9 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
         {
             Ok(())
         }
-        Err(e) => Err(format!("a forged delete-requested mark was refused, but not by busyguard: {e}").into()),
+        Err(e) => {
+            Err(Failure::Busyguard(format!("a forged delete-requested mark was refused, but not by busyguard: {e}")))
+        }
         Ok(_) => Err(Failure::Busyguard(
             "a forged delete-requested mark was let through: the API server does not call busyguard's pod-marks \
              webhook"
