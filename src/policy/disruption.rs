@@ -108,7 +108,7 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// recovery are not held, nor deletes that must not wait: the garbage collector's (the owner is
 /// gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway). A pod
 /// itself unavailable may always go.
-fn budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Budget {
+fn budget<'d>(d: &'d Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Budget<'d> {
     let pod = d.pod;
     let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
         return Budget::NotHeld;
@@ -122,18 +122,18 @@ fn budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> 
     if itself_unavailable || must_not_wait || let_through(d.ask.requester, &config.exemptions).is_some() {
         Budget::NotHeld
     } else if unavailable < allowed {
-        Budget::Within { allowed }
+        Budget::Within { allowed, siblings }
     } else {
         Budget::UsedUp(budget_used_up(d.ask.namespace, d.ask.name, allowed, unavailable))
     }
 }
 
 /// What a workload's budget says of taking a pod away.
-enum Budget {
+enum Budget<'d> {
     /// No budget holds it.
     NotHeld,
-    /// There is a place for it, to be claimed with the arbiter.
-    Within { allowed: u32 },
+    /// There is a place for it among the workload's `siblings`, to be claimed with the arbiter.
+    Within { allowed: u32, siblings: &'d Siblings },
     /// The refusal.
     UsedUp(String),
 }
@@ -248,11 +248,11 @@ fn within_budget(
         Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
         // A dry run lets nothing go: nothing to claim.
         Budget::Within { .. } if d.ask.dry_run => Outcome::allow(Decision::Allowed),
-        Budget::Within { allowed } => {
+        Budget::Within { allowed, siblings } => {
             // If another replica took the last place meanwhile: as many unavailable as allowed.
             let message = budget_used_up(namespace, name, allowed, allowed);
             let refusal = Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit);
-            let Siblings { workload, unavailable } = d.siblings.clone().unwrap_or_default();
+            let Siblings { workload, unavailable } = siblings.clone();
             let claim = BudgetClaim {
                 namespace: namespace.to_string(),
                 pod: name.to_string(),
