@@ -40,7 +40,7 @@ async fn post(app: &App, path: &str, review: &Value) -> (u16, Value) {
         .header("content-type", "application/json")
         .body(Body::from(serde_json::to_vec(review).unwrap()))
         .unwrap();
-    let response = webhook::route(app, request).await;
+    let response = webhook::route(app, request, None).await;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&body).unwrap())
@@ -152,12 +152,27 @@ async fn a_pods_own_service_account_may_flip_its_own_flag_but_not_a_neighbours()
 #[tokio::test]
 async fn a_controller_in_a_pod_of_its_own_labels_a_busy_pod_as_before_busyguard() {
     let app = app();
-    let mut review = fixture("pod-update-label-busy-by-user.json");
-    review["request"]["object"]["metadata"]["labels"]["rollouts-pod-template-hash"] = serde_json::json!("abc");
-    review["request"]["userInfo"] = serde_json::json!({"username": "system:serviceaccount:argo-rollouts:argo-rollouts",
-        "extra": {"authentication.kubernetes.io/pod-name": ["argo-rollouts-7c9-x2"]}});
-    let (status, answer) = post(&app, "/validate", &review).await;
+    let since = (jiff::Timestamp::now() - jiff::SignedDuration::from_mins(5)).round(jiff::Unit::Second).unwrap();
+    // A busy pod, as busyguard left it, given a label and nothing else.
+    let relabel_by = |username: &str, pod_name: &str| {
+        let mut review = fixture("pod-update-label-busy-by-user.json");
+        for field in ["oldObject", "object"] {
+            let metadata = &mut review["request"][field]["metadata"];
+            metadata["labels"]["busyguard.io/busy"] = serde_json::json!("true");
+            metadata["labels"]["busyguard.io/protected"] = serde_json::json!("true");
+            metadata["annotations"]["busyguard.io/busy-since"] = serde_json::json!(since.to_string());
+        }
+        review["request"]["object"]["metadata"]["labels"]["rollouts-pod-template-hash"] = serde_json::json!("abc");
+        review["request"]["userInfo"] = serde_json::json!({"username": username,
+            "extra": {"authentication.kubernetes.io/pod-name": [pod_name]}});
+        review
+    };
+    let controller = relabel_by("system:serviceaccount:argo-rollouts:argo-rollouts", "argo-rollouts-7c9-x2");
+    let (status, answer) = post(&app, "/validate", &controller).await;
     assert_eq!((status, &answer["response"]["allowed"]), (200, &serde_json::json!(true)), "{answer}");
+    // The same write from a neighbour's token (the pod's own service account) is a worker's.
+    let (_, answer) = post(&app, "/validate", &relabel_by("system:serviceaccount:capture:default", "other")).await;
+    assert_eq!(answer["response"]["status"]["details"]["causes"][0]["reason"], "BusyguardNotOwnFlag", "{answer}");
 }
 
 #[tokio::test]

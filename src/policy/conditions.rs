@@ -517,8 +517,9 @@ mod tests {
                 holds(expression, &json!({"operation": "UPDATE", "namespace": "jobs", "userInfo": user}), &new, &old)
             };
             let by_whom = from_a_pod_or_on_busyguards_keys();
-            let reached = [not_idle()].iter().any(|s| selects(s, &new) || selects(s, &old)) && sent(&by_whom)
-                || [idle()].iter().any(|s| selects(s, &new) || selects(s, &old)) && sent(&by_whom) && sent(&not_for_pod_flags());
+            // As the API server matches an update: the selector on the new or the old object.
+            let matched = |selector: Value| selects(&selector, &new) || selects(&selector, &old);
+            let reached = sent(&by_whom) && (matched(not_idle()) || (matched(idle()) && sent(&not_for_pod_flags())));
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
             ask.requester.pod = worker.then_some("w");
             let writer = if worker { Writer::Worker { namespace: "jobs", own_pod: "w" } } else { Writer::Other };
