@@ -19,6 +19,17 @@ fn turn_not_ready(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
     })
 }
 
+/// The released `pod` turns Ready: busyguard deletes it, and audits it once across the two
+/// replicas.
+fn once_ready_reaped_exactly_once(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
+    rig.kubectl(&["-n", ns, "annotate", "pod", pod, "k8s-local/ready=true", "--overwrite"])?;
+    eventually("the released pod goes once Ready", Duration::from_secs(30), || Ok(rig.pod(ns, pod)?.is_none()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let reaped = rig.audited(ns, pod, "deleted-when-idle");
+    ensure!(reaped.len() == 1, "the released pod was deleted {} times, not once", reaped.len());
+    Ok(())
+}
+
 /// A scale-down that picks a busy (NotReady) pod completes: busyguard releases the pod from its
 /// ReplicaSet, and deletes it once it is Ready again, exactly once.
 pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
@@ -41,12 +52,7 @@ pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
         Ok(deployment["status"]["replicas"] == 1 && deployment["status"]["readyReplicas"] == 1)
     })?;
     ensure!(rig.pod(&ns, busy)?.is_some(), "the busy pod was deleted");
-    rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=true", "--overwrite"])?;
-    eventually("the released pod goes once Ready", Duration::from_secs(30), || Ok(rig.pod(&ns, busy)?.is_none()))?;
-    std::thread::sleep(Duration::from_secs(2));
-    let reaped = rig.audited(&ns, busy, "deleted-when-idle");
-    ensure!(reaped.len() == 1, "the released pod was deleted {} times, not once", reaped.len());
-    Ok(())
+    once_ready_reaped_exactly_once(rig, &ns, busy)
 }
 
 /// An Argo Rollout's ReplicaSet (its pods selected by `rollouts-pod-template-hash`, the
@@ -92,10 +98,5 @@ pub fn an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments(rig: &R
         Ok(replica_set["status"]["replicas"] == 1)
     })?;
     ensure!(!rig.audited(&ns, "worker-7d9c4f", "scale-down").is_empty(), "the scale-down was not prepared");
-    rig.kubectl(&["-n", &ns, "annotate", "pod", busy, "k8s-local/ready=true", "--overwrite"])?;
-    eventually("the released pod goes once Ready", Duration::from_secs(30), || Ok(rig.pod(&ns, busy)?.is_none()))?;
-    std::thread::sleep(Duration::from_secs(2));
-    let reaped = rig.audited(&ns, busy, "deleted-when-idle");
-    ensure!(reaped.len() == 1, "the released pod was deleted {} times, not once", reaped.len());
-    Ok(())
+    once_ready_reaped_exactly_once(rig, &ns, busy)
 }
