@@ -142,6 +142,7 @@ fn config() -> PolicyConfig {
             cluster_autoscaler: true,
             cluster_autoscaler_on_completion: false,
         },
+        holds: Default::default(),
     }
 }
 

@@ -171,7 +171,10 @@ pub fn admit(
                     Some(before) => update::judge_resize(&ask, pod, before, policy, now),
                     None => Outcome::allow(Decision::Unhandled),
                 },
-                (Webhook::Mutating, _) => update::mutate_pod(&ask, pod, before, policy, now),
+                (Webhook::Mutating, _) => {
+                    let node_going = inputs.view.node_going(&pod.spec.node_name);
+                    update::mutate_pod(&update::Mutation { ask: &ask, pod, before, node_going }, policy, now)
+                }
                 // The validating registrations see the writes of workers, of busyguard's own
                 // keys and of busyguard's mark.
                 (Webhook::Validating, _) => {

@@ -2,6 +2,7 @@
 //! whose requests do not carry the pod, and the outbox through which side effects leave.
 
 pub mod budgets;
+pub mod nodes;
 pub mod outbox;
 pub mod pdb;
 pub mod view;
@@ -119,6 +120,8 @@ impl Cluster {
             }),
         };
         tokio::spawn(watch.run(scopes));
+        let timeout_secs = u32::try_from(watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs));
         let budgets = Budgets { client, view: view.clone() };
         Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
     }

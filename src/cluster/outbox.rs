@@ -364,7 +364,10 @@ impl Worker {
                 self.create_event(pod, name, cause.event_reason(), "Observe", &audit.detail).await
             }
             // Patched above.
-            Effect::Refresh { .. } | Effect::MarkDeleteRequested { .. } | Effect::Release { .. } => Ok(()),
+            Effect::Refresh { .. }
+            | Effect::MarkDeleteRequested { .. }
+            | Effect::MarkDisruptionWanted { .. }
+            | Effect::Release { .. } => Ok(()),
         }
     }
 

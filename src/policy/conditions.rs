@@ -367,7 +367,9 @@ mod tests {
     fn annotation_value(key: &'static str) -> impl Strategy<Value = Option<String>> {
         let values: Vec<&str> = match key {
             k if k == BUSY_SINCE => vec!["2026-11-21T20:00:00Z", "2026-11-20T00:00:00Z", "2027-01-01T00:00:00Z", "x"],
-            k if k == DELETE_REQUESTED => vec![r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#, "{"],
+            k if k == DELETE_REQUESTED || k == crate::policy::keys::DISRUPTION_REQUESTED => {
+                vec![r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#, "{"]
+            }
             k if k == crate::policy::keys::MAX_BUSY => vec!["2h", "30s", "bad"],
             k if k == crate::policy::keys::TASK_CONTAINER => vec!["worker", "other"],
             _ => vec!["true", "false", "100", "-5", "2147483647", "93600s", ""],
@@ -437,7 +439,7 @@ mod tests {
             // Stored unpatched, the pod reaches busyguard's watch, which plans as a create would.
             let repaired = |new: &Value| !crate::policy::marks::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
-                let outcome = update::mutate_pod(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old)), &config(), now());
+                let outcome = update::mutate_pod(&update::Mutation::of(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old))), &config(), now());
                 let allowed = matches!(outcome.answer, Answer::Allow { .. } | Answer::Patch { .. });
                 prop_assert!(allowed && outcome.audit.is_none() && outcome.effects.is_empty(), "skipped, but {:?}", outcome.answer);
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, and no one repairs it\nold {old}\nnew {new}");
@@ -446,7 +448,7 @@ mod tests {
             // webhook alone (by its owner's label: `run_to_completion`), and is made busy there.
             let opted_in = new["metadata"]["labels"].get(BUSY_LABEL).is_some();
             if opted_in && !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
-                let outcome = update::mutate_pod(&ask("CREATE", "alice"), &pod(&new), None, &config(), now());
+                let outcome = update::mutate_pod(&update::Mutation::of(&ask("CREATE", "alice"), &pod(&new), None), &config(), now());
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
             }
         }

@@ -5,9 +5,10 @@
 use jiff::Timestamp;
 
 use super::budget::Siblings;
+use super::hold;
 use super::busy::{BusyState, Lapse, busy_state};
 use super::keys::{
-    BUSY_LABEL, DELETE_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
+    BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
     RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
@@ -301,7 +302,14 @@ fn refuse_busy(
         PodRef { namespace: ask.namespace.to_string(), name: ask.name.to_string(), uid: pod.uid().to_string() };
     let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
     let (suffix, then, reason) = match consequence {
-        Consequence::Nothing | Consequence::Told => (String::new(), None, Reason::Busy),
+        Consequence::Nothing => (String::new(), None, Reason::Busy),
+        // A refused eviction holds the pod from new tasks, so the evictor's retry finds it idle.
+        Consequence::Told if d.action == Action::Evict => {
+            let mark = hold::mark_due(pod, config.holds, now)
+                .then(|| Effect::MarkDisruptionWanted { pod: target.clone(), request: request() });
+            (held_from_new_tasks(), mark, Reason::Busy)
+        }
+        Consequence::Told => (String::new(), None, Reason::Busy),
         Consequence::Deferred { in_background } => {
             let suffix = if in_background { delete_deferred() + &evacuation_triggered() } else { delete_deferred() };
             let mark = (pod.delete_request().is_none()).then(|| Effect::MarkDeleteRequested {
@@ -328,7 +336,11 @@ fn refuse_busy(
         audit: Some(audit(Decision::Denied, reason, message)),
         effects: told.into_iter().chain(then).collect(),
         // The answer speaks of the mark: give it its chance to land first.
-        await_effects: matches!(consequence, Consequence::Deferred { .. } | Consequence::Released { .. }),
+        await_effects: match consequence {
+            Consequence::Nothing => false,
+            Consequence::Told => d.action == Action::Evict,
+            Consequence::Deferred { .. } | Consequence::Released { .. } => true,
+        },
         budget: None,
     }
 }
@@ -383,6 +395,14 @@ pub fn delete_deferred() -> String {
     format!(
         "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
          (if the annotation does not appear, delete again later)"
+    )
+}
+
+/// Added to a refusal of an eviction: the pod is held from new tasks meanwhile.
+pub fn held_from_new_tasks() -> String {
+    format!(
+        "; busyguard holds it from new tasks ({DISRUPTION_REQUESTED}), so it is idle at a retry after its task \
+         ends"
     )
 }
 
@@ -464,6 +484,7 @@ mod tests {
                 cluster_autoscaler: true,
                 cluster_autoscaler_on_completion: false,
             },
+            holds: Default::default(),
         }
     }
 
@@ -789,11 +810,30 @@ mod tests {
     }
 
     #[test]
-    fn an_eviction_of_a_busy_pod_is_refused_and_never_deferred() {
+    fn an_eviction_of_a_busy_pod_is_refused_never_deferred_and_holds_the_pod_from_new_tasks() {
         let outcome = busy_decided(ask("alice", false), Action::Evict, Mode::Enforce, now());
         assert!(!outcome.is_allowed());
         assert_eq!(reason_of(&outcome), Some(Reason::Busy));
-        assert!(matches!(outcome.effects.as_slice(), [Effect::Event { action: Action::Evict, .. }]));
+        let [Effect::Event { action: Action::Evict, .. }, Effect::MarkDisruptionWanted { pod, request }] =
+            outcome.effects.as_slice()
+        else {
+            panic!("{:?}", outcome.effects)
+        };
+        assert_eq!((pod.name.as_str(), request), ("w", &DeleteRequest { by: "alice".into(), at: now() }));
+        assert!(outcome.await_effects, "the mark lands before the evictor reads the answer");
+        let Answer::Deny { message, .. } = &outcome.answer else { panic!() };
+        assert!(message.ends_with("; busyguard holds it from new tasks (busyguard.io/disruption-requested), so it is idle at a retry after its task ends"), "{message}");
+    }
+
+    #[test]
+    fn a_refused_eviction_renews_the_hold_at_most_every_third_of_it() {
+        let marked_at = |at: &str| {
+            let mark = DeleteRequest { by: "drain".into(), at: ts(at) }.to_annotation();
+            worker("true", json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DISRUPTION_REQUESTED: mark}), json!({"phase": "Running"}))
+        };
+        let marks = |pod: &Pod| judged("alice", Action::Evict, pod, None).effects.iter().filter(|e| matches!(e, Effect::MarkDisruptionWanted { .. })).count();
+        assert_eq!(marks(&marked_at("2026-11-21T20:59:55Z")), 0, "5 s old: still held, not written again");
+        assert_eq!(marks(&marked_at("2026-11-21T20:59:50Z")), 1, "10 s old: renewed");
     }
 
     #[test]

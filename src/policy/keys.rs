@@ -89,6 +89,12 @@ impl DeleteRequest {
     }
 }
 
+/// Set on a busy pod whose eviction busyguard refused (value as [`DELETE_REQUESTED`]'s
+/// annotation: who asked, and when), and renewed by each refused eviction: until
+/// `--hold-after-eviction` after the last one, the pod is refused its next flip to busy, so it
+/// goes at its next idle moment (`policy::hold`).
+pub const DISRUPTION_REQUESTED: &str = "busyguard.io/disruption-requested";
+
 /// The descheduler's "evictions in background" (its KEP-1397): a pod carrying this annotation
 /// asks that an eviction of it start an evacuation rather than end it at once. busyguard answers
 /// such an eviction of a busy pod with [`EVACUATION_TRIGGERED`] in its 429, marks the pod
@@ -110,7 +116,7 @@ pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
 /// retired keys are read to warn about them: the workload budget as an annotation
 /// ([`MAX_UNAVAILABLE`], now a label) and [`RETIRED_WHEN_UNREADY`].
-pub const DECIDING_ANNOTATIONS: [&str; 14] = [
+pub const DECIDING_ANNOTATIONS: [&str; 15] = [
     BUSY_SINCE,
     MAX_BUSY,
     TASK_CONTAINER,
@@ -125,4 +131,5 @@ pub const DECIDING_ANNOTATIONS: [&str; 14] = [
     RETIRED_WHEN_UNREADY,
     MAX_UNAVAILABLE,
     REQUEST_EVICT_ONLY,
+    DISRUPTION_REQUESTED,
 ];

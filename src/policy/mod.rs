@@ -25,6 +25,7 @@ pub mod conditions;
 pub mod cost;
 pub mod disruption;
 pub mod hazards;
+pub mod hold;
 pub mod keys;
 pub mod marks;
 pub mod node;
@@ -41,6 +42,7 @@ pub mod update;
 pub mod workloads;
 
 use busy::MaxBusy;
+use hold::Holds;
 use jiff::Timestamp;
 use marks::MutationSettings;
 use outcome::{AuditRecord, Decision, Reason, Subject};
@@ -69,6 +71,7 @@ pub struct PolicyConfig {
     pub max_busy: MaxBusy,
     pub exemptions: Exemptions,
     pub mutation: MutationSettings,
+    pub holds: Holds,
 }
 
 /// Who may take busy pods away, as configured (`--exempt-user`, `--exempt-group`,

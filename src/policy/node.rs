@@ -9,14 +9,20 @@ use jiff::Timestamp;
 
 use super::busy::{BusyState, busy_state};
 use super::keys::BUSY_LABEL;
-use super::outcome::{Decision, Denial, Outcome, Reason};
+use super::hold;
+use super::keys::DeleteRequest;
+use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
-use super::{Ask, CLOUD_NODE_LIFECYCLE_USERS, PolicyConfig};
+use super::{Ask, CLOUD_NODE_LIFECYCLE_USERS, Mode, PolicyConfig};
+use crate::duration::whole_second;
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
 pub struct BusyOnNode {
     pub pod: String,
     pub until: Option<Timestamp>,
+    /// Its uid, and whether a refusal should (re)write its disruption-requested mark.
+    uid: String,
+    mark_due: bool,
 }
 
 /// The answer to `ask`, a delete of a node on which `pods` (namespace/name, pod) run.
@@ -29,7 +35,12 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     let busy: Vec<BusyOnNode> = pods
         .into_iter()
         .filter_map(|(pod, facts)| match busy_state(facts, config.max_busy, now) {
-            BusyState::Busy { until, .. } => Some(BusyOnNode { pod, until }),
+            BusyState::Busy { until, .. } => Some(BusyOnNode {
+                pod,
+                until,
+                uid: facts.uid().to_string(),
+                mark_due: hold::mark_due(facts, config.holds, now),
+            }),
             _ => None,
         })
         .collect();
@@ -49,14 +60,25 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
         let detail = node_deleted_anyway(ask.name, &busy, requester.username);
         return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
     }
-    Outcome::refused(Denial::PodBusy, Reason::Busy, node_busy(ask.name, &busy), config.mode, audit)
+    let refused = Outcome::refused(Denial::PodBusy, Reason::Busy, node_busy(ask.name, &busy), config.mode, audit);
+    if config.mode == Mode::DryRun || ask.dry_run {
+        return refused;
+    }
+    // Each busy pod is held from new tasks, so the node empties within a task.
+    let request = DeleteRequest { by: requester.username.to_string(), at: whole_second(now) };
+    let marks = busy.into_iter().filter(|b| b.mark_due).filter_map(|b| {
+        let (namespace, name) = b.pod.split_once('/')?;
+        let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: b.uid };
+        Some(Effect::MarkDisruptionWanted { pod, request: request.clone() })
+    });
+    Outcome { effects: marks.collect(), ..refused }
 }
 
 /// A node delete refused: which busy pods run there, and until when at the latest.
 pub fn node_busy(node: &str, busy: &[BusyOnNode]) -> String {
     format!(
-        "node {node} runs {} busy pod(s): {}; delete it again once they are idle (drain it to wait for them); \
-         to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
+        "node {node} runs {} busy pod(s): {}; they take no new task now, so delete it again once they are idle \
+         (drain it to wait for them); to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
         busy.len(),
         busy_list(busy)
     )
@@ -118,9 +140,9 @@ mod tests {
         assert_eq!(denial.code(), 429);
         assert_eq!(
             message,
-            "node node-1 runs 1 busy pod(s): jobs/worker-a (protected until 2026-11-22T20:00:00Z); delete it again \
-             once they are idle (drain it to wait for them); to force: label them busyguard.io/busy=false, or \
-             delete as an exempt user"
+            "node node-1 runs 1 busy pod(s): jobs/worker-a (protected until 2026-11-22T20:00:00Z); they take no new \
+             task now, so delete it again once they are idle (drain it to wait for them); to force: label them \
+             busyguard.io/busy=false, or delete as an exempt user"
         );
         assert_eq!(outcome.audit.unwrap().reason, Reason::Busy);
     }

@@ -107,6 +107,11 @@ pub enum Denial {
     PodBusy,
     /// The pod is being deleted: it cannot turn busy (409).
     PodTerminating,
+    /// A disruption of the pod is wanted (a deferred delete, a refused eviction): it cannot turn
+    /// busy (409).
+    DisruptionWanted,
+    /// The pod's node is going: it cannot turn busy (409).
+    NodeGoing,
     /// Its workload's `busyguard.io/max-unavailable` is used up: retry later (429).
     Budget,
     /// A pod's service account changing more than its own pod's busy label (403).
@@ -124,6 +129,8 @@ pub enum Denial {
 /// PodDisruptionBudget names `DisruptionBudget`: how busyguard knows its own answer.
 pub const BUSY_CAUSE: &str = "BusyguardPodBusy";
 pub const TERMINATING_CAUSE: &str = "BusyguardPodTerminating";
+pub const DISRUPTION_WANTED_CAUSE: &str = "BusyguardDisruptionWanted";
+pub const NODE_GOING_CAUSE: &str = "BusyguardNodeGoing";
 pub const BUDGET_CAUSE: &str = "BusyguardDisruptionBudget";
 pub const NOT_OWN_FLAG_CAUSE: &str = "BusyguardNotOwnFlag";
 pub const NOT_BUSYGUARDS_MARK_CAUSE: &str = "BusyguardNotBusyguardsMark";
@@ -134,7 +141,7 @@ impl Denial {
     pub fn code(self) -> u16 {
         match self {
             Denial::PodBusy => 429,
-            Denial::PodTerminating => 409,
+            Denial::PodTerminating | Denial::DisruptionWanted | Denial::NodeGoing => 409,
             Denial::Budget => 429,
             Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => 403,
             Denial::MaxBusyBelowFloor => 400,
@@ -144,7 +151,7 @@ impl Denial {
     pub fn reason(self) -> &'static str {
         match self {
             Denial::PodBusy => "TooManyRequests",
-            Denial::PodTerminating => "Conflict",
+            Denial::PodTerminating | Denial::DisruptionWanted | Denial::NodeGoing => "Conflict",
             Denial::Budget => "TooManyRequests",
             Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => "Forbidden",
             Denial::MaxBusyBelowFloor => "BadRequest",
@@ -155,6 +162,8 @@ impl Denial {
         match self {
             Denial::PodBusy => BUSY_CAUSE,
             Denial::PodTerminating => TERMINATING_CAUSE,
+            Denial::DisruptionWanted => DISRUPTION_WANTED_CAUSE,
+            Denial::NodeGoing => NODE_GOING_CAUSE,
             Denial::Budget => BUDGET_CAUSE,
             Denial::NotOwnFlag => NOT_OWN_FLAG_CAUSE,
             Denial::NotBusyguardsMark => NOT_BUSYGUARDS_MARK_CAUSE,
@@ -204,6 +213,11 @@ pub enum Reason {
     Busy,
     /// A flip to busy refused: the pod is being deleted.
     Terminating,
+    /// A flip to busy refused: a disruption of the pod is wanted (a deferred delete, a refused
+    /// eviction).
+    DisruptionWanted,
+    /// A flip to busy refused: the pod's node is going.
+    NodeGoing,
     /// Refused: the workload's `busyguard.io/max-unavailable` is used up.
     Budget,
     /// Refused: a pod's service account changing more than its own busy flag.
@@ -358,6 +372,10 @@ pub enum Effect {
     /// `in_background`: an eviction the descheduler asked to run in the background, which the
     /// pod is marked as under way too.
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest, in_background: bool },
+    /// Note a refused eviction (or node delete) on the pod, so it takes no new task for a while
+    /// (`policy::hold`).
+    #[strum(serialize = "mark-disruption")]
+    MarkDisruptionWanted { pod: PodRef, request: DeleteRequest },
     /// Take the pod out of its ReplicaSet (its `pod-template-hash` label, kept in
     /// `busyguard.io/released-from`) and mark it for deletion once idle, in one patch.
     Release { pod: PodRef, label: &'static str, hash: String, request: DeleteRequest },
@@ -392,6 +410,7 @@ impl Effect {
                 (pod, marks::mark(request, *in_background), None)
             }
             Effect::Release { pod, label, hash, request } => (pod, marks::release(label, hash, request), None),
+            Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request), None),
             _ => return None,
         };
         let mut patch = changes.merge_patch();
@@ -412,6 +431,7 @@ impl Effect {
         match self {
             Effect::Refresh { pod, .. }
             | Effect::MarkDeleteRequested { pod, .. }
+            | Effect::MarkDisruptionWanted { pod, .. }
             | Effect::Release { pod, .. }
             | Effect::DeleteIdle { pod, .. }
             | Effect::Event { pod, .. }

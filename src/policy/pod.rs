@@ -35,6 +35,9 @@ pub struct PodSpec {
     /// Whose tokens are the pod's own workers' (the API server sets it, `default` at least).
     #[serde(default, deserialize_with = "null_as_default")]
     pub service_account_name: String,
+    /// Where it runs (empty until scheduled): a node that is going holds it from new tasks.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub node_name: String,
     #[serde(default, deserialize_with = "null_as_default")]
     pub containers: Vec<ContainerSpec>,
 }

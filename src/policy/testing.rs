@@ -5,11 +5,12 @@ use serde_json::{Value, json};
 
 use super::Exemptions;
 use super::busy::MaxBusy;
+use super::hold::Holds;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
 use super::outcome::{Answer, Outcome};
 use super::pod::Pod;
-use super::update::mutate_pod;
+use super::update::{Mutation, mutate_pod};
 use super::{Ask, Mode, PolicyConfig, Requester};
 
 pub fn ts(s: &str) -> Timestamp {
@@ -38,6 +39,7 @@ pub fn config_with(max_busy: SignedDuration) -> PolicyConfig {
             cluster_autoscaler: true,
             cluster_autoscaler_on_completion: false,
         },
+        holds: Holds::default(),
     }
 }
 
@@ -72,7 +74,8 @@ pub fn worker_write() -> Ask<'static> {
 
 /// The update of `old` to `new` as the mutating webhook answers it; `new` as stored after.
 pub fn mutated(old: &Value, new: &Value, now: &str) -> (Outcome, Value) {
-    let outcome = mutate_pod(&worker_write(), &pod(new.clone()), Some(&pod(old.clone())), &config(), ts(now));
+    let (ask, new_pod, old_pod) = (worker_write(), pod(new.clone()), pod(old.clone()));
+    let outcome = mutate_pod(&Mutation::of(&ask, &new_pod, Some(&old_pod)), &config(), ts(now));
     let mut stored = new.clone();
     if let Answer::Patch { patch, .. } = &outcome.answer {
         json_patch::patch(&mut stored, patch).expect("the patch applies to its pod");

@@ -8,8 +8,9 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::cost::KARPENTER_NOTHING_COST;
+use super::hold::{Hold, NodeGoing, held, held_refusal};
 use super::keys::{
-    BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
+    BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, DISRUPTION_REQUESTED, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
     WHEN_UNREADY,
 };
 use super::marks::{json_patch, metadata_pointer, plan};
@@ -19,12 +20,32 @@ use super::{Ask, PolicyConfig};
 use crate::duration::parse_positive_duration;
 use json_patch::{AddOperation, PatchOperation};
 
-/// The answer to a pod's create or update (`before`: the version it replaces): the annotation
-/// changes as a JSONPatch, and what the writer should know about how the pod uses the contract.
-/// A flip to busy on a pod already being deleted is refused: the task would be killed with it;
-/// so is a flip to busy, or a change of max-busy, that leaves the pod's own max-busy below the
-/// floor: whoever set it could end the task's protection within a second.
-pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+/// A pod's create or update, as the mutating webhook reads it.
+pub struct Mutation<'a> {
+    pub ask: &'a Ask<'a>,
+    /// The pod as it is about to be stored.
+    pub pod: &'a Pod,
+    /// The version it replaces (an update).
+    pub before: Option<&'a Pod>,
+    /// Whether the pod's node is going, as the view knows it.
+    pub node_going: Option<NodeGoing>,
+}
+
+impl<'a> Mutation<'a> {
+    /// A write of a pod on a node that stays (or none yet).
+    pub fn of(ask: &'a Ask<'a>, pod: &'a Pod, before: Option<&'a Pod>) -> Self {
+        Mutation { ask, pod, before, node_going: None }
+    }
+}
+
+/// The answer to a pod's create or update: the annotation changes as a JSONPatch, and what the
+/// writer should know about how the pod uses the contract. A flip to busy is refused on a pod
+/// already being deleted (the task would be killed with it), on a pod held from new tasks
+/// (`policy::hold`: its disruption is wanted, it goes at this idle moment), and where it leaves
+/// the pod's own max-busy below the floor (whoever set it could end the task's protection within
+/// a second); so is a change of max-busy that does.
+pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let (ask, pod, before) = (m.ask, m.pod, m.before);
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
     if before.is_none() && pod.label(BUSY_LABEL).is_none() {
@@ -34,13 +55,24 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
     if let Some(outcome) = before.and_then(|old| restart_refused(ask, pod, old, config, now)) {
         return outcome;
     }
-    let refusal = match (turning_busy, pod.metadata.deletion_timestamp, config.max_busy.below_floor(pod)) {
-        (true, Some(deleting), _) => Some((
+    // A create is never held: refusing it would only fail the pod's creation.
+    let hold = (turning_busy && before.is_some())
+        .then(|| held(pod, &pod.spec.node_name, m.node_going, config.holds, now))
+        .flatten();
+    let refusal = match (turning_busy, pod.metadata.deletion_timestamp, hold, config.max_busy.below_floor(pod)) {
+        (true, Some(deleting), _, _) => Some((
             Denial::PodTerminating,
             Reason::Terminating,
             busy_while_terminating(ask.namespace, ask.name, deleting),
         )),
-        (_, _, Some(own)) if pod.label(BUSY_LABEL) == Some("true") && (turning_busy || max_busy_written) => Some((
+        (true, None, Some(hold), _) => {
+            let (denial, reason) = match hold {
+                Hold::NodeGoing { .. } => (Denial::NodeGoing, Reason::NodeGoing),
+                _ => (Denial::DisruptionWanted, Reason::DisruptionWanted),
+            };
+            Some((denial, reason, held_refusal(ask.namespace, ask.name, &hold)))
+        }
+        (_, _, _, Some(own)) if pod.label(BUSY_LABEL) == Some("true") && (turning_busy || max_busy_written) => Some((
             Denial::MaxBusyBelowFloor,
             Reason::MaxBusyBelowFloor,
             max_busy_below_floor(ask.namespace, ask.name, own, config.max_busy.floor),
@@ -53,7 +85,12 @@ pub fn mutate_pod(ask: &Ask<'_>, pod: &Pod, before: Option<&Pod>, config: &Polic
     }
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
-    let patch = json_patch(pod, &plan(pod, before, config.mutation, config.max_busy, now));
+    let mut plan = plan(pod, before, config.mutation, config.max_busy, now);
+    // A pod let take a task again: the mark of an eviction asked long ago goes.
+    if turning_busy && pod.annotation(DISRUPTION_REQUESTED).is_some() {
+        plan.annotations.insert(DISRUPTION_REQUESTED, None);
+    }
+    let patch = json_patch(pod, &plan);
     if patch.0.is_empty() {
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
@@ -440,6 +477,69 @@ mod tests {
         assert_eq!(outcome.decision, Decision::Allowed);
     }
 
+    /// The flip to busy of `old` (with `annotations`) on node `n1`, going or not.
+    fn flip_on(annotations: Value, node_going: Option<NodeGoing>, now: &str) -> Outcome {
+        let mut old = worker(json!({}));
+        old["metadata"]["annotations"] = annotations;
+        old["spec"]["nodeName"] = json!("n1");
+        let mut flip = old.clone();
+        set_label(&mut flip, "true");
+        let (ask, old, flip) = (worker_write(), pod(old), pod(flip));
+        mutate_pod(&Mutation { ask: &ask, pod: &flip, before: Some(&old), node_going }, &config(), ts(now))
+    }
+
+    fn refusal(outcome: &Outcome) -> (u16, &'static str, &str) {
+        let Answer::Deny { denial, message } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        (denial.code(), denial.cause(), message)
+    }
+
+    #[test]
+    fn a_flip_to_busy_after_a_refused_eviction_is_refused_409_until_the_hold_runs_out() {
+        let mark = json!({DISRUPTION_REQUESTED: r#"{"by":"system:serviceaccount:kube-system:drain","at":"2026-11-21T20:48:30Z"}"#});
+        let outcome = flip_on(mark.clone(), None, "2026-11-21T20:48:44Z");
+        assert_eq!(
+            refusal(&outcome),
+            (
+                409,
+                "BusyguardDisruptionWanted",
+                "pod ns/w takes no new task: system:serviceaccount:kube-system:drain asked to evict it at \
+                 2026-11-21T20:48:30Z (refused while it was busy); it takes no new task until 2026-11-21T20:49:00Z, \
+                 longer if the eviction is asked again. Do not start the task: the pod goes at its next idle moment"
+            )
+        );
+        assert_eq!(outcome.audit.unwrap().reason, Reason::DisruptionWanted);
+        // The evictor gave up: the pod takes tasks again, and the old mark goes with the flip.
+        let outcome = flip_on(mark, None, "2026-11-21T20:49:00Z");
+        let Answer::Patch { patch, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        let removed = metadata_pointer("annotations", DISRUPTION_REQUESTED);
+        assert!(patch.0.iter().any(|op| matches!(op, PatchOperation::Remove(r) if r.path == removed)), "{patch:?}");
+    }
+
+    #[test]
+    fn a_flip_to_busy_on_a_going_node_is_refused_409_and_on_a_staying_one_patched() {
+        let outcome = flip_on(json!({}), Some(NodeGoing::Karpenter), "2026-11-21T20:48:44Z");
+        let (code, cause, message) = refusal(&outcome);
+        assert_eq!((code, cause), (409, "BusyguardNodeGoing"));
+        assert!(message.contains("its node n1 is going: Karpenter is taking it away"), "{message}");
+        assert_eq!(outcome.audit.unwrap().reason, Reason::NodeGoing);
+        assert_eq!(flip_on(json!({}), None, "2026-11-21T20:48:44Z").decision, Decision::Patched);
+    }
+
+    #[test]
+    fn a_held_pod_may_still_flip_to_idle_and_be_created_busy() {
+        let mut busy = worker(json!({}));
+        set_label(&mut busy, "true");
+        busy["spec"]["nodeName"] = json!("n1");
+        let mut idle = busy.clone();
+        set_label(&mut idle, "false");
+        let (ask, busy, idle) = (worker_write(), pod(busy), pod(idle));
+        let going = Some(NodeGoing::ClusterAutoscaler);
+        let to_idle = mutate_pod(&Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going }, &config(), now());
+        assert!(to_idle.is_allowed());
+        let created = mutate_pod(&Mutation { ask: &ask, pod: &busy, before: None, node_going: going }, &config(), now());
+        assert!(created.is_allowed(), "refusing a create would only fail the pod's creation");
+    }
+
     #[test]
     fn busy_since_cannot_be_moved_or_removed_while_busy() {
         let idle = worker(json!({DELETION_COST: "1"}));
@@ -545,7 +645,7 @@ mod tests {
     #[test]
     fn a_write_with_nothing_to_change_is_allowed_with_its_warnings() {
         let p = pod(json!({"metadata": {"labels": {BUSY_LABEL: "maybe"}}}));
-        let outcome = mutate_pod(&worker_write(), &p, None, &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome = mutate_pod(&Mutation::of(&worker_write(), &p, None), &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Allowed);
         let Answer::Allow { warnings } = outcome.answer else { panic!() };
         assert_eq!(warnings.len(), 1);
@@ -558,10 +658,10 @@ mod tests {
         let mut busy = worker(json!({}));
         set_label(&mut busy, "true");
         assert_eq!(
-            mutate_pod(&worker_write(), &p, None, &config(), ts("2026-11-21T20:48:44Z")).decision,
+            mutate_pod(&Mutation::of(&worker_write(), &p, None), &config(), ts("2026-11-21T20:48:44Z")).decision,
             Decision::Allowed
         );
-        let outcome = mutate_pod(&worker_write(), &pod(busy), None, &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome = mutate_pod(&Mutation::of(&worker_write(), &pod(busy), None), &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
         assert_eq!(
@@ -750,10 +850,9 @@ mod tests {
     fn a_run_to_completion_pod_created_without_the_label_is_busy_from_its_creation_to_its_end() {
         let job_pod = json!({"metadata": {"name": "import-x2", "labels": {"batch.kubernetes.io/job-name": "import"}},
                              "spec": {"containers": [{"name": "main", "image": "example.com/import:1"}]}});
+        let job_controller = ask("CREATE", "system:serviceaccount:kube-system:job-controller");
         let outcome = mutate_pod(
-            &ask("CREATE", "system:serviceaccount:kube-system:job-controller"),
-            &pod(job_pod.clone()),
-            None,
+            &Mutation::of(&job_controller, &pod(job_pod.clone()), None),
             &config(),
             ts("2026-11-21T20:00:00Z"),
         );

@@ -44,6 +44,7 @@ pub fn policy() -> PolicyConfig {
             cluster_autoscaler: true,
             cluster_autoscaler_on_completion: false,
         },
+        holds: Default::default(),
     }
 }
 

@@ -17,6 +17,7 @@ use record::{Shared, boxed};
 use crate::policy::NEVER_GUARDED_NAMESPACES;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::is_available;
+use crate::policy::hold::NodeGoing;
 use crate::policy::keys::MAX_UNAVAILABLE;
 use crate::policy::pod::PodFacts;
 
@@ -39,6 +40,9 @@ pub struct View {
     opted_out: RwLock<HashSet<String>>,
     /// The label sets, owners and nodes the view's pods share.
     shared: Mutex<Shared>,
+    /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
+    /// lifecycle conditions), and why: their pods take no new task.
+    nodes_going: RwLock<HashMap<String, NodeGoing>>,
 }
 
 struct Health {
@@ -86,6 +90,7 @@ impl View {
             own_user: OnceLock::new(),
             opted_out: RwLock::default(),
             shared: Mutex::default(),
+            nodes_going: RwLock::default(),
         }
     }
 
@@ -107,6 +112,28 @@ impl View {
     pub fn set_opted_out(&self, namespace: &str, out: bool) -> bool {
         let mut opted_out = self.opted_out.write();
         if out { opted_out.insert(namespace.to_string()) } else { opted_out.remove(namespace) }
+    }
+
+    /// Whether `node` is going, and why, as its watch last said.
+    pub fn node_going(&self, node: &str) -> Option<NodeGoing> {
+        if node.is_empty() {
+            return None;
+        }
+        self.nodes_going.read().get(node).copied()
+    }
+
+    /// Records what `node` says of itself now (`None`: it stays, or is gone).
+    pub fn set_node_going(&self, node: &str, going: Option<NodeGoing>) {
+        let mut nodes = self.nodes_going.write();
+        match going {
+            Some(going) => nodes.insert(node.to_string(), going),
+            None => nodes.remove(node),
+        };
+    }
+
+    /// The nodes recorded as going, after a new list: those not listed stay no longer.
+    pub fn keep_nodes_going(&self, listed: &HashMap<String, NodeGoing>) {
+        *self.nodes_going.write() = listed.clone();
     }
 
     /// The namespaces opted out by label, as recorded.

@@ -1,0 +1,222 @@
+//! Held from new tasks: a pod whose disruption is wanted is refused its next flip to busy, so it
+//! goes at its next idle moment instead of starting task after task while a drain, Karpenter or
+//! cluster-autoscaler retries its eviction. Three things say a disruption is wanted:
+//! - a delete busyguard deferred (the delete-requested mark): until it is carried out or called off;
+//! - an eviction busyguard refused (the disruption-requested mark, renewed by every refused
+//!   eviction): for `--hold-after-eviction` after the last one, so an evictor that gave up
+//!   leaves no worker idle for longer;
+//! - the pod's node is going: Karpenter's or cluster-autoscaler's taint, a node lifecycle
+//!   condition, or (with `--hold-on-cordon`) a cordon: for as long as the node says so.
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::keys::{DISRUPTION_REQUESTED, DeleteRequest};
+use super::pod::PodFacts;
+
+/// How long holds last, as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holds {
+    /// How long after the last refused eviction the pod takes no new task.
+    pub after_eviction: SignedDuration,
+    /// A cordoned node (unschedulable, without any other sign) holds its pods too.
+    pub on_cordon: bool,
+}
+
+impl Default for Holds {
+    fn default() -> Self {
+        Holds { after_eviction: SignedDuration::from_secs(30), on_cordon: false }
+    }
+}
+
+impl Holds {
+    /// A refused eviction writes the mark again once it is this old: a drain retrying every 5 s
+    /// costs one pod write per pod every 10 s, not one per retry.
+    pub fn renew_after(self) -> SignedDuration {
+        self.after_eviction / 3
+    }
+}
+
+/// Karpenter's taint on a node it is about to disrupt (consolidation, drift, expiry).
+pub const KARPENTER_DISRUPTED_TAINT: &str = "karpenter.sh/disrupted";
+/// cluster-autoscaler's taint on a node it is scaling down.
+pub const AUTOSCALER_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+/// The node lifecycle conditions (KEP-5683, Kubernetes 1.37 alpha) that say a node is going.
+pub const GOING_CONDITIONS: [&str; 5] =
+    ["DrainInProgress", "Drained", "MaintenancePlanned", "MaintenanceInProgress", "GracefulNodeShutdownInProgress"];
+
+/// Why a node is going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeGoing {
+    Karpenter,
+    ClusterAutoscaler,
+    /// One of [`GOING_CONDITIONS`] is True.
+    Condition(&'static str),
+    /// Unschedulable, and `--hold-on-cordon` says a cordon holds.
+    Cordoned,
+}
+
+impl NodeGoing {
+    fn says(self) -> String {
+        match self {
+            NodeGoing::Karpenter => format!("Karpenter is taking it away (taint {KARPENTER_DISRUPTED_TAINT})"),
+            NodeGoing::ClusterAutoscaler => {
+                format!("cluster-autoscaler is scaling it down (taint {AUTOSCALER_TO_BE_DELETED_TAINT})")
+            }
+            NodeGoing::Condition(condition) => format!("its condition {condition} is True"),
+            NodeGoing::Cordoned => "it is cordoned (unschedulable), and busyguard runs with --hold-on-cordon".into(),
+        }
+    }
+}
+
+/// Whether a node is going, and why (`None`: it stays), from what the Node says of itself: its
+/// taints' keys and each condition's `(type, status)`.
+pub fn node_going(unschedulable: bool, taints: &[&str], conditions: &[(&str, &str)], holds: Holds) -> Option<NodeGoing> {
+    if taints.contains(&KARPENTER_DISRUPTED_TAINT) {
+        return Some(NodeGoing::Karpenter);
+    }
+    if taints.contains(&AUTOSCALER_TO_BE_DELETED_TAINT) {
+        return Some(NodeGoing::ClusterAutoscaler);
+    }
+    let condition = GOING_CONDITIONS.into_iter().find(|going| conditions.contains(&(*going, "True")));
+    if let Some(condition) = condition {
+        return Some(NodeGoing::Condition(condition));
+    }
+    (holds.on_cordon && unschedulable).then_some(NodeGoing::Cordoned)
+}
+
+/// Why a pod takes no new task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// busyguard deferred a delete of it and carries it out once the pod is idle.
+    DeleteRequested(DeleteRequest),
+    /// An eviction of it was refused at `request.at`; the hold ends at `until` unless it is
+    /// asked again.
+    EvictionRefused { request: DeleteRequest, until: Timestamp },
+    /// Its node is going.
+    NodeGoing { node: String, why: NodeGoing },
+}
+
+/// The hold on `pod`, on node `node` (`going`: what the view knows of that node), if any.
+pub fn held(pod: &(impl PodFacts + ?Sized), node: &str, going: Option<NodeGoing>, holds: Holds, now: Timestamp) -> Option<Hold> {
+    if let Some(request) = pod.delete_request() {
+        return Some(Hold::DeleteRequested(request));
+    }
+    if let Some(request) = disruption_request(pod)
+        && let Ok(until) = request.at.checked_add(holds.after_eviction)
+        && now < until
+    {
+        return Some(Hold::EvictionRefused { request, until });
+    }
+    going.map(|why| Hold::NodeGoing { node: node.to_string(), why })
+}
+
+/// The disruption-requested mark, if the pod carries one that reads.
+pub fn disruption_request(pod: &(impl PodFacts + ?Sized)) -> Option<DeleteRequest> {
+    serde_json::from_str(pod.annotation(DISRUPTION_REQUESTED)?).ok()
+}
+
+/// Whether a refused eviction should write the mark: none yet, or the one there is old enough to
+/// renew (or does not read).
+pub fn mark_due(pod: &(impl PodFacts + ?Sized), holds: Holds, now: Timestamp) -> bool {
+    match disruption_request(pod) {
+        Some(request) => now.duration_since(request.at) >= holds.renew_after(),
+        None => true,
+    }
+}
+
+/// The refusal of a flip to busy on a held pod: what the worker reads.
+pub fn held_refusal(namespace: &str, name: &str, hold: &Hold) -> String {
+    let why = match hold {
+        Hold::DeleteRequested(request) => format!(
+            "its delete by {} was deferred at {} and is carried out once it is idle (to call it off: kubectl label \
+             pod {name} -n {namespace} busyguard.io/delete-requested-)",
+            request.by, request.at
+        ),
+        Hold::EvictionRefused { request, until } => format!(
+            "{} asked to evict it at {} (refused while it was busy); it takes no new task until {until}, longer if \
+             the eviction is asked again",
+            request.by, request.at
+        ),
+        Hold::NodeGoing { node, why } => format!("its node {node} is going: {}", why.says()),
+    };
+    format!("pod {namespace}/{name} takes no new task: {why}. Do not start the task: the pod goes at its next idle moment")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::pod::Pod;
+    use crate::policy::testing::{marked_by_busyguard, ts};
+    use serde_json::json;
+
+    fn pod(annotations: serde_json::Value, labels: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "w", "annotations": annotations, "labels": labels}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_node_is_going_by_karpenters_or_the_autoscalers_taint_or_a_lifecycle_condition() {
+        let holds = Holds::default();
+        assert_eq!(node_going(false, &["karpenter.sh/disrupted"], &[], holds), Some(NodeGoing::Karpenter));
+        assert_eq!(node_going(true, &["ToBeDeletedByClusterAutoscaler"], &[], holds), Some(NodeGoing::ClusterAutoscaler));
+        assert_eq!(
+            node_going(false, &[], &[("Ready", "True"), ("DrainInProgress", "True")], holds),
+            Some(NodeGoing::Condition("DrainInProgress"))
+        );
+        assert_eq!(node_going(false, &[], &[("MaintenancePlanned", "False")], holds), None);
+        assert_eq!(node_going(false, &["node.kubernetes.io/unschedulable", "e2e"], &[], holds), None);
+    }
+
+    #[test]
+    fn a_cordon_alone_holds_only_with_hold_on_cordon() {
+        assert_eq!(node_going(true, &["node.kubernetes.io/unschedulable"], &[], Holds::default()), None);
+        let on_cordon = Holds { on_cordon: true, ..Holds::default() };
+        assert_eq!(node_going(true, &[], &[], on_cordon), Some(NodeGoing::Cordoned));
+        assert_eq!(node_going(false, &[], &[], on_cordon), None);
+    }
+
+    #[test]
+    fn a_refused_eviction_holds_for_its_time_then_lets_the_pod_take_tasks_again() {
+        let holds = Holds::default();
+        let marked = pod(json!({DISRUPTION_REQUESTED: r#"{"by":"drain","at":"2026-11-21T20:00:00Z"}"#}), json!({}));
+        let request = DeleteRequest { by: "drain".into(), at: ts("2026-11-21T20:00:00Z") };
+        assert_eq!(
+            held(&marked, "n1", None, holds, ts("2026-11-21T20:00:29Z")),
+            Some(Hold::EvictionRefused { request, until: ts("2026-11-21T20:00:30Z") })
+        );
+        assert_eq!(held(&marked, "n1", None, holds, ts("2026-11-21T20:00:30Z")), None, "the evictor stopped asking");
+        assert!(!mark_due(&marked, holds, ts("2026-11-21T20:00:09Z")), "renewed at most every 10 s");
+        assert!(mark_due(&marked, holds, ts("2026-11-21T20:00:10Z")));
+        assert!(mark_due(&pod(json!({}), json!({})), holds, ts("2026-11-21T20:00:10Z")));
+    }
+
+    #[test]
+    fn a_deferred_delete_holds_until_done_and_a_going_node_as_long_as_it_goes() {
+        let holds = Holds::default();
+        let mark = r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#;
+        let mut deferred = pod(json!({DELETE_REQUESTED: mark}), json!({DELETE_REQUESTED: "true"}));
+        assert_eq!(held(&deferred, "n1", None, holds, ts("2026-11-22T20:00:00Z")), None, "a mark busyguard did not write");
+        deferred = serde_json::from_value(json!({"metadata": {"name": "w", "annotations": {DELETE_REQUESTED: mark},
+            "labels": {DELETE_REQUESTED: "true"}, "managedFields": marked_by_busyguard()}}))
+        .unwrap();
+        assert!(matches!(
+            held(&deferred, "n1", None, holds, ts("2026-11-22T20:00:00Z")),
+            Some(Hold::DeleteRequested(_))
+        ));
+        let plain = pod(json!({}), json!({}));
+        assert_eq!(
+            held(&plain, "n1", Some(NodeGoing::Karpenter), holds, ts("2026-11-22T20:00:00Z")),
+            Some(Hold::NodeGoing { node: "n1".into(), why: NodeGoing::Karpenter })
+        );
+        assert_eq!(held(&plain, "n1", None, holds, ts("2026-11-22T20:00:00Z")), None);
+    }
+
+    #[test]
+    fn the_refusal_says_why_and_that_the_task_must_not_start() {
+        let hold = Hold::NodeGoing { node: "n1".into(), why: NodeGoing::ClusterAutoscaler };
+        let message = held_refusal("jobs", "w", &hold);
+        assert!(message.contains("node n1 is going: cluster-autoscaler"), "{message}");
+        assert!(message.contains("Do not start the task"), "{message}");
+    }
+}
