@@ -10,7 +10,7 @@ use super::busy::{BusyState, MaxBusy, busy_state};
 use super::cost::KARPENTER_NOTHING_COST;
 use super::hold::{Hold, NodeGoing, held, held_refusal};
 use super::keys::{
-    BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, DISRUPTION_REQUESTED, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
+    BUSY_LABEL, DELETE_REQUESTED, DELETION_COST, IDLE_COST, MAX_BUSY, MAX_UNAVAILABLE, RETIRED_WHEN_UNREADY,
     WHEN_UNREADY,
 };
 use super::marks::{json_patch, metadata_pointer, plan};
@@ -85,12 +85,7 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     }
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
-    let mut plan = plan(pod, before, config.mutation, config.max_busy, now);
-    // A pod let take a task again: the mark of an eviction asked long ago goes.
-    if turning_busy && pod.annotation(DISRUPTION_REQUESTED).is_some() {
-        plan.annotations.insert(DISRUPTION_REQUESTED, None);
-    }
-    let patch = json_patch(pod, &plan);
+    let patch = json_patch(pod, &plan(pod, before, config.mutation, config.max_busy, now));
     if patch.0.is_empty() {
         return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
     }
@@ -508,11 +503,8 @@ mod tests {
             )
         );
         assert_eq!(outcome.audit.unwrap().reason, Reason::DisruptionWanted);
-        // The evictor gave up: the pod takes tasks again, and the old mark goes with the flip.
-        let outcome = flip_on(mark, None, "2026-11-21T20:49:00Z");
-        let Answer::Patch { patch, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
-        let removed = metadata_pointer("annotations", DISRUPTION_REQUESTED);
-        assert!(patch.0.iter().any(|op| matches!(op, PatchOperation::Remove(r) if r.path == removed)), "{patch:?}");
+        // The evictor gave up: the pod takes tasks again (the old mark stays, read as over).
+        assert_eq!(flip_on(mark, None, "2026-11-21T20:49:00Z").decision, Decision::Patched);
     }
 
     #[test]

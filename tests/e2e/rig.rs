@@ -257,12 +257,22 @@ impl Rig {
     /// An eviction of `namespace/pod` through the Eviction API, as a drain or an autoscaler
     /// sends it: whether it went through, and what the API server said.
     pub fn evict(&self, namespace: &str, pod: &str) -> Result<(bool, String)> {
+        self.evict_as(None, namespace, pod)
+    }
+
+    /// As [`Rig::evict`], as `user` (Karpenter, cluster-autoscaler) where one is given.
+    pub fn evict_as(&self, user: Option<&str>, namespace: &str, pod: &str) -> Result<(bool, String)> {
         let eviction =
             json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}});
         let path = self.work.join(format!("{namespace}-{pod}-eviction.json"));
         std::fs::write(&path, eviction.to_string())?;
         let raw = format!("/api/v1/namespaces/{namespace}/pods/{pod}/eviction");
-        let (ok, _, err) = self.try_kubectl(&["create", "--raw", &raw, "-f", &path.to_string_lossy()])?;
+        let path = path.to_string_lossy();
+        let args = ["create", "--raw", &raw, "-f", &path];
+        let (ok, _, err) = match user {
+            Some(user) => self.try_kubectl_as(user, &args)?,
+            None => self.try_kubectl(&args)?,
+        };
         Ok((ok, err))
     }
 

@@ -1,11 +1,14 @@
 //! The workloads the scenarios run: opted-in workers, and what a worker does (flip its label).
 
-use std::time::Duration;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use crate::rig::{Rig, eventually};
+use crate::rig::{Rig, eventually, kubectl};
 
 /// A Deployment of opted-in workers `app=NAME` (idle in the template; grace period 1 s).
 pub fn deployment(ns: &str, name: &str, replicas: u32) -> Value {
@@ -76,4 +79,96 @@ pub fn annotation(pod: &Value, key: &str) -> Option<String> {
 
 pub fn label(pod: &Value, key: &str) -> Option<String> {
     pod["metadata"]["labels"][key].as_str().map(String::from)
+}
+
+/// Workers on a steady queue, one per pod: each takes its next task the moment one ends (flips
+/// its pod busy, works `task`, flips it idle), speaking with a token bound to its own pod, and
+/// treats a refused flip as "do not start" (it asks again a second later). Each stops once its
+/// pod is gone or going.
+pub struct Queue {
+    stop: Arc<AtomicBool>,
+    workers: Vec<std::thread::JoinHandle<Tally>>,
+}
+
+/// What one worker did.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub pod: String,
+    /// When each task started.
+    pub started: Vec<Instant>,
+    /// Tasks whose pod went (a deletionTimestamp, or gone) while they ran.
+    pub cut: usize,
+    /// Flips to busy refused: when, and what the API server said.
+    pub refused: Vec<(Instant, String)>,
+}
+
+impl Queue {
+    /// Starts a worker for each pod of `pods` in `ns`, all of service account `sa` (which
+    /// [`grant_workers`] gave the contract's worker Role).
+    pub fn start(rig: &Rig, ns: &str, sa: &str, pods: &[String], task: Duration) -> Result<Queue> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for pod in pods {
+            let token = rig.pod_token(ns, sa, pod)?;
+            let kubeconfig = rig.kubeconfig_for(&format!("{ns}-{pod}"), &token)?;
+            let (ns, pod, stop) = (ns.to_string(), pod.clone(), stop.clone());
+            workers.push(std::thread::spawn(move || work(&kubeconfig, &ns, &pod, task, &stop)));
+        }
+        Ok(Queue { stop, workers })
+    }
+
+    /// Stops every worker (a task under way ends first) and returns what each did.
+    pub fn finish(self) -> Vec<Tally> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+    }
+}
+
+/// A service account `sa` in `ns` with the contract's worker Role: get and patch pods.
+pub fn grant_workers(rig: &Rig, ns: &str, sa: &str) -> Result<()> {
+    rig.kubectl(&["-n", ns, "create", "serviceaccount", sa])?;
+    rig.kubectl(&["-n", ns, "create", "role", sa, "--verb=get,patch", "--resource=pods"])?;
+    rig.kubectl(&["-n", ns, "create", "rolebinding", sa, &format!("--role={sa}"), &format!("--serviceaccount={ns}:{sa}")])?;
+    Ok(())
+}
+
+fn work(kubeconfig: &Path, ns: &str, pod: &str, task: Duration, stop: &AtomicBool) -> Tally {
+    let mut tally = Tally { pod: pod.to_string(), ..Tally::default() };
+    let label = |value: &str| {
+        let flag = format!("busyguard.io/busy={value}");
+        kubectl(kubeconfig, &["-n", ns, "label", "pod", pod, &flag, "--overwrite"])
+    };
+    // Gone, or going: the worker's process is about to be stopped.
+    let going = || match kubectl(kubeconfig, &["-n", ns, "get", "pod", pod, "-o", "json"]) {
+        Ok((true, out, _)) => serde_json::from_str::<Value>(&out).map_or(true, |p| !p["metadata"]["deletionTimestamp"].is_null()),
+        Ok((false, _, err)) => err.contains("NotFound"),
+        Err(_) => false,
+    };
+    while !stop.load(Ordering::SeqCst) {
+        match label("true") {
+            Ok((true, _, _)) => {
+                tally.started.push(Instant::now());
+                let end = Instant::now() + task;
+                while Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(500).min(end.saturating_duration_since(Instant::now())));
+                    if going() {
+                        tally.cut += 1;
+                        return tally;
+                    }
+                }
+                if !matches!(label("false"), Ok((true, _, _))) && going() {
+                    return tally;
+                }
+            }
+            Ok((false, _, err)) => {
+                if going() {
+                    return tally;
+                }
+                tally.refused.push((Instant::now(), err.trim().to_string()));
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
+    tally
 }

@@ -7,6 +7,7 @@ mod lifecycle;
 mod neighbours;
 mod nodes;
 mod outages;
+mod queues;
 mod readiness;
 mod scale;
 
@@ -30,6 +31,20 @@ pub const ALL: &[(&str, Scenario)] = &[
         deletes::two_replicas_never_let_a_budget_of_one_lose_two_pods,
     ),
     ("a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle", drains::drain_waits_for_the_busy_pod),
+    ("a_drain_of_queue_workers_completes_within_a_task", queues::a_drain_of_queue_workers_completes_within_a_task),
+    (
+        "a_karpenter_disruption_of_queue_workers_completes_within_a_task",
+        queues::a_karpenter_disruption_of_queue_workers_completes_within_a_task,
+    ),
+    (
+        "a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task",
+        queues::a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task,
+    ),
+    (
+        "an_abandoned_drain_leaves_queue_workers_free_within_the_hold",
+        queues::an_abandoned_drain_leaves_queue_workers_free_within_the_hold,
+    ),
+    ("a_scale_down_of_queue_workers_completes_within_a_task", queues::a_scale_down_of_queue_workers_completes_within_a_task),
     (
         "a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits",
         lifecycle::preemption_of_a_busy_pod_waits,

@@ -1,0 +1,215 @@
+//! Workers on a steady queue (each takes its next task the moment one ends, and a refused flip
+//! means "do not start"), under every disruption that evicts: each finishes within two tasks,
+//! cuts no task, and one abandoned halfway leaves the workers free again within the hold.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use serde_json::json;
+
+use crate::rig::{Namespace, Rig, eventually};
+use crate::workers::{self, Queue, Tally, grant_workers, label};
+
+/// How long each task takes.
+const TASK: Duration = Duration::from_secs(6);
+/// The hold after a refused eviction, as shipped (--hold-after-eviction).
+const HOLD: Duration = Duration::from_secs(30);
+const KARPENTER: &str = "system:serviceaccount:karpenter:karpenter";
+const CLUSTER_AUTOSCALER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
+
+/// Three workers' pods on a node of their own, each on a steady queue, every one busy at least
+/// once before this returns.
+fn fleet<'r>(rig: &'r Rig, name: &str) -> Result<(Namespace<'r>, String, Queue)> {
+    let ns = rig.namespace(name)?;
+    let node = format!("e2e-{name}");
+    rig.node(&node, "4")?;
+    grant_workers(rig, &ns, "worker")?;
+    let pods: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
+    for pod in &pods {
+        let mut worker = workers::pod(&ns, pod, Some(&node));
+        worker["metadata"]["labels"]["app"] = json!("queue");
+        worker["spec"]["serviceAccountName"] = json!("worker");
+        rig.apply(&worker)?;
+    }
+    eventually("three workers ready", Duration::from_secs(60), || Ok(workers::ready_pods(rig, &ns, "queue")?.len() == 3))?;
+    let queue = Queue::start(rig, &ns, "worker", &pods, TASK)?;
+    let mut seen_busy: Vec<String> = Vec::new();
+    eventually("every worker on a task", Duration::from_secs(30), || {
+        for pod in &pods {
+            if rig.pod(&ns, pod)?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("true"))
+                && !seen_busy.contains(pod)
+            {
+                seen_busy.push(pod.clone());
+            }
+        }
+        Ok(seen_busy.len() == pods.len())
+    })?;
+    Ok((ns, node, queue))
+}
+
+/// The pods still on `node` in `ns`.
+fn pods_on(rig: &Rig, ns: &str, node: &str) -> Result<Vec<String>> {
+    let list = rig.get(&["-n", ns, "pods", "--field-selector", &format!("spec.nodeName={node}")])?;
+    Ok((list["items"].as_array().into_iter().flatten())
+        .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+        .collect())
+}
+
+/// What the workers did from `since` on: the tasks started and the flips refused; and the
+/// checks every scenario makes: no task cut, at most one task started per worker (one that was
+/// under way to start when the disruption began), and `took` within two tasks.
+fn converged(what: &str, since: Instant, took: Duration, tallies: &[Tally]) -> Result<()> {
+    let started: usize = tallies.iter().map(|t| t.started.iter().filter(|at| **at > since).count()).sum();
+    let refused: usize = tallies.iter().map(|t| t.refused.iter().filter(|(at, _)| *at > since).count()).sum();
+    let cut: usize = tallies.iter().map(|t| t.cut).sum();
+    println!("e2e:   {what}: the node emptied in {took:.1?}; {started} task(s) started meanwhile, {refused} flip(s) refused");
+    ensure!(cut == 0, "{cut} task(s) cut: {tallies:?}");
+    ensure!(started <= tallies.len(), "{started} tasks started after the disruption began: {tallies:?}");
+    ensure!(took <= 2 * TASK + Duration::from_secs(10), "{what} took {took:?}, more than two tasks of {TASK:?}");
+    Ok(())
+}
+
+/// `kubectl drain` of the node of three workers on a steady queue: every refused eviction holds
+/// its pod from new tasks, so each pod goes at its next idle moment and the drain completes.
+pub fn a_drain_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
+    let (_ns, node, queue) = fleet(rig, "queue-drain")?;
+    let since = Instant::now();
+    let (ok, _, err) = rig.try_kubectl(&["drain", &node, "--force", "--ignore-daemonsets", "--timeout=90s"])?;
+    let took = since.elapsed();
+    let tallies = queue.finish();
+    ensure!(ok, "the drain did not complete: {err}");
+    converged("kubectl drain", since, took, &tallies)
+}
+
+/// Karpenter's way: the node tainted karpenter.sh/disrupted:NoSchedule, then each pod evicted
+/// by Karpenter's terminator, retried per pod with a backoff from 100 ms to 10 s (its eviction
+/// queue). The taint alone refuses every flip to busy.
+pub fn a_karpenter_disruption_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
+    evictor(rig, "karpenter", "karpenter")?;
+    let (ns, node, queue) = fleet(rig, "queue-karpenter")?;
+    let since = Instant::now();
+    rig.kubectl(&["taint", "node", &node, "karpenter.sh/disrupted:NoSchedule"])?;
+    let mut backoff: HashMap<String, (Instant, Duration)> = HashMap::new();
+    let emptied = evict_until_empty(rig, &ns, &node, KARPENTER, |pod, now| {
+        let (at, delay) = backoff.entry(pod.to_string()).or_insert((now, Duration::from_millis(100)));
+        if now < *at {
+            return false;
+        }
+        *at = now + *delay;
+        *delay = (*delay * 2).min(Duration::from_secs(10));
+        true
+    });
+    let took = since.elapsed();
+    let tallies = queue.finish();
+    emptied?;
+    converged("Karpenter's disruption", since, took, &tallies)
+}
+
+/// cluster-autoscaler's way: the node tainted ToBeDeletedByClusterAutoscaler, then each pod
+/// evicted, retried every 10 s (DefaultEvictionRetryTime).
+pub fn a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
+    evictor(rig, "kube-system", "cluster-autoscaler")?;
+    let (ns, node, queue) = fleet(rig, "queue-autoscaler")?;
+    let since = Instant::now();
+    let taint = format!("ToBeDeletedByClusterAutoscaler={}:NoSchedule", jiff::Timestamp::now().as_second());
+    rig.kubectl(&["taint", "node", &node, &taint])?;
+    let mut next: HashMap<String, Instant> = HashMap::new();
+    let emptied = evict_until_empty(rig, &ns, &node, CLUSTER_AUTOSCALER, |pod, now| {
+        let at = next.entry(pod.to_string()).or_insert(now);
+        if now < *at {
+            return false;
+        }
+        *at = now + Duration::from_secs(10);
+        true
+    });
+    let took = since.elapsed();
+    let tallies = queue.finish();
+    emptied?;
+    converged("cluster-autoscaler's scale-down", since, took, &tallies)
+}
+
+/// The service account `namespace:name` (an autoscaler's) may evict pods, as its Helm chart lets it.
+fn evictor(rig: &Rig, namespace: &str, name: &str) -> Result<()> {
+    let role = format!("e2e-evictor-{name}");
+    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+                  {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]}))?;
+    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}))?;
+    Ok(())
+}
+
+/// Evicts, as `user`, each pod on `node` that `due(pod, now)` says is due, until none is left.
+fn evict_until_empty(
+    rig: &Rig,
+    ns: &str,
+    node: &str,
+    user: &str,
+    mut due: impl FnMut(&str, Instant) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = pods_on(rig, ns, node)?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "pods still on {node} after 90 s: {left:?}");
+        for pod in left {
+            if due(&pod, Instant::now()) {
+                let (ok, err) = rig.evict_as(Some(user), ns, &pod)?;
+                ensure!(ok || err.contains("TooManyRequests") || err.contains("NotFound"), "eviction of {pod}: {err}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A drain abandoned halfway (it times out, and the node is uncordoned): no worker is left idle
+/// for good; each takes tasks again once the hold of its last refused eviction runs out.
+pub fn an_abandoned_drain_leaves_queue_workers_free_within_the_hold(rig: &Rig) -> Result<()> {
+    let (ns, node, queue) = fleet(rig, "queue-abandoned")?;
+    let (ok, _, _) = rig.try_kubectl(&["drain", &node, "--force", "--ignore-daemonsets", "--timeout=3s"])?;
+    ensure!(!ok, "the drain completed within 3 s: the workers were not busy");
+    rig.kubectl(&["uncordon", &node])?;
+    let abandoned = Instant::now();
+    let staying = pods_on(rig, &ns, &node)?;
+    ensure!(!staying.is_empty(), "the drain took every pod in 3 s");
+    // Each of the pods that stayed takes a task again within the hold and a task.
+    std::thread::sleep(HOLD + TASK + Duration::from_secs(5));
+    let tallies = queue.finish();
+    let again: Vec<(&str, Option<Duration>)> = (tallies.iter())
+        .filter(|t| staying.contains(&t.pod))
+        .map(|t| (t.pod.as_str(), t.started.iter().find(|at| **at > abandoned).map(|at| *at - abandoned)))
+        .collect();
+    let held = (tallies.iter()).flat_map(|t| &t.refused).filter(|(at, _)| *at > abandoned).count();
+    println!("e2e:   abandoned drain: {held} flip(s) refused after it; next tasks after {again:?}");
+    ensure!(again.iter().all(|(_, at)| at.is_some()), "a worker took no task after the drain was abandoned: {tallies:?}");
+    ensure!(tallies.iter().all(|t| t.cut == 0), "a task was cut: {tallies:?}");
+    Ok(())
+}
+
+/// A scale-down of a Deployment of six workers on a steady queue to two: as fast as before,
+/// no task cut.
+pub fn a_scale_down_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("queue-scale")?;
+    grant_workers(rig, &ns, "worker")?;
+    let mut deployment = workers::deployment(&ns, "queue", 6);
+    deployment["spec"]["template"]["spec"]["serviceAccountName"] = json!("worker");
+    let pods = workers::start(rig, &deployment, "queue", 6)?;
+    let queue = Queue::start(rig, &ns, "worker", &pods, TASK)?;
+    std::thread::sleep(TASK);
+    let since = Instant::now();
+    rig.kubectl(&["-n", &ns, "scale", "deployment", "queue", "--replicas=2"])?;
+    let left = eventually("two pods left", 2 * TASK + Duration::from_secs(10), || Ok(rig.live_pods(&ns, "queue")?.len() == 2));
+    let took = since.elapsed();
+    let tallies = queue.finish();
+    left?;
+    let cut: usize = tallies.iter().map(|t| t.cut).sum();
+    println!("e2e:   scale-down 6 to 2: converged in {took:.1?}");
+    ensure!(cut == 0, "{cut} task(s) cut: {tallies:?}");
+    Ok(())
+}
