@@ -207,6 +207,32 @@ pub struct StatusArgs {
     /// The cluster's own, to tell protected pods from lapsed ones.
     #[command(flatten)]
     pub max_busy: MaxBusyArgs,
+    /// The cluster's own, to tell the pods that take no new task.
+    #[command(flatten)]
+    pub holds: HoldArgs,
+}
+
+/// When a pod whose disruption is wanted takes no new task.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// After busyguard refuses an eviction of a busy pod, the pod takes no new task for this long
+    /// (its next flip to busy is refused, 409 BusyguardDisruptionWanted), counted from the last
+    /// refused eviction: an evictor that keeps asking (a drain every 5 s, Karpenter, cluster-
+    /// autoscaler every 10 s) gets the pod at its next idle moment; one that gave up leaves it
+    /// free again after this. Keep it above the evictors' retry interval.
+    #[arg(long, env = "BUSYGUARD_HOLD_AFTER_EVICTION", default_value = "30s", value_parser = parse_positive_duration)]
+    pub hold_after_eviction: SignedDuration,
+    /// A cordoned node (unschedulable) holds its pods from new tasks too, as a node that
+    /// Karpenter or cluster-autoscaler takes away, or whose lifecycle condition says it goes,
+    /// always does. Off: a cordon alone (maintenance without a drain) lets work go on.
+    #[arg(long, env = "BUSYGUARD_HOLD_ON_CORDON", default_value_t = false, action = ArgAction::Set)]
+    pub hold_on_cordon: bool,
+}
+
+impl From<&HoldArgs> for Holds {
+    fn from(args: &HoldArgs) -> Self {
+        Holds { after_eviction: args.hold_after_eviction, on_cordon: args.hold_on_cordon }
+    }
 }
 
 /// How long a busy pod is protected.
@@ -352,18 +378,8 @@ pub struct PolicyArgs {
     /// read that value as no annotation at all: only with 1.36 or later.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ON_COMPLETION", default_value_t = false, action = ArgAction::Set)]
     pub cluster_autoscaler_on_completion: bool,
-    /// After busyguard refuses an eviction of a busy pod, the pod takes no new task for this long
-    /// (its next flip to busy is refused, 409 BusyguardDisruptionWanted), counted from the last
-    /// refused eviction: an evictor that keeps asking (a drain every 5 s, Karpenter, cluster-
-    /// autoscaler every 10 s) gets the pod at its next idle moment; one that gave up leaves it
-    /// free again after this. Keep it above the evictors' retry interval.
-    #[arg(long, env = "BUSYGUARD_HOLD_AFTER_EVICTION", default_value = "30s", value_parser = parse_positive_duration)]
-    pub hold_after_eviction: SignedDuration,
-    /// A cordoned node (unschedulable) holds its pods from new tasks too, as a node that
-    /// Karpenter or cluster-autoscaler takes away, or whose lifecycle condition says it goes,
-    /// always does. Off: a cordon alone (maintenance without a drain) lets work go on.
-    #[arg(long, env = "BUSYGUARD_HOLD_ON_CORDON", default_value_t = false, action = ArgAction::Set)]
-    pub hold_on_cordon: bool,
+    #[command(flatten)]
+    pub holds: HoldArgs,
 }
 
 #[derive(Debug, Args)]
@@ -519,7 +535,7 @@ impl From<PolicyArgs> for PolicyConfig {
                 cluster_autoscaler: args.cluster_autoscaler_annotation,
                 cluster_autoscaler_on_completion: args.cluster_autoscaler_on_completion,
             },
-            holds: Holds { after_eviction: args.hold_after_eviction, on_cordon: args.hold_on_cordon },
+            holds: (&args.holds).into(),
         }
     }
 }

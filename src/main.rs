@@ -38,8 +38,11 @@ fn main() -> ExitCode {
             agent.run(config).await
         }),
         Command::Status(args) => {
-            let (source, max_busy) = (args.cluster.source(), (&args.max_busy).into());
-            block_on(status::run(&source, &args.cluster.namespaces, max_busy)).map(|report| print!("{report}"))
+            let (source, settings) = (
+                args.cluster.source(),
+                status::Settings { max_busy: (&args.max_busy).into(), holds: (&args.holds).into() },
+            );
+            block_on(status::run(&source, &args.cluster.namespaces, settings)).map(|report| print!("{report}"))
         }
         Command::Check(args) => {
             let source = busyguard::config::users_source(args.kubeconfig, args.context);

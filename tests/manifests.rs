@@ -591,13 +591,13 @@ fn the_namespaced_example_grants_the_same_rules_in_its_namespace_only_and_watche
     let objects = render(&manifests("examples/namespaced"));
     let base_rules = find(&base, "ClusterRole", "busyguard")["rules"].as_array().unwrap().clone();
     let (cluster_wide, namespaced): (Vec<Value>, Vec<Value>) =
-        base_rules.into_iter().partition(|rule| rule["resources"] == json!(["namespaces"]));
+        base_rules.into_iter().partition(|rule| rule["resources"] == json!(["namespaces", "nodes"]));
     let cluster_roles: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "ClusterRole").collect();
     assert_eq!(cluster_roles.len(), 1, "one cluster-wide role");
     assert_eq!(
         cluster_roles[0]["rules"],
         json!(cluster_wide),
-        "cluster-wide: which namespaces opted out, nothing more"
+        "cluster-wide: which namespaces opted out and which nodes are going, nothing more"
     );
     let role = find(&objects, "Role", "busyguard");
     assert_eq!(role["rules"], json!(namespaced), "the same calls, in one namespace");

@@ -6,10 +6,13 @@
     with busyguard_flag.busy():      # busy while the block runs, idle after, even if it raises
         run_the_task()
 
-If the flip to busy is refused, busy() raises and the block does not run: PodTerminating when
-the pod is already being deleted (a scale-down or a drain chose it a moment before: do not start
-the task), FlagError for anything else (no permission, API server unreachable). Either way the
-task must not start: the pod is not protected.
+If the flip to busy is refused, busy() raises and the block does not run: PodGoing when busyguard
+says the pod is on its way out, with the cause in `.cause` (BusyguardPodTerminating: already
+being deleted; BusyguardDisruptionWanted: a drain or an autoscaler asked to evict it, or a delete
+waits for it to be idle; BusyguardNodeGoing: its node is being taken away), FlagError for
+anything else (no permission, API server unreachable). Either way the task must not start: the
+pod goes at this idle moment, or is not protected. A worker on a queue simply asks again later:
+the refusals of a drain that was called off end by themselves.
 
 The flip back to idle is tried IDLE_ATTEMPTS times. If it still fails, the pod stays busy until
 busyguard's max-busy: after a task that succeeded, busy() raises FlagError on exit; after a task
@@ -34,6 +37,8 @@ import urllib.request
 LABEL = "busyguard.io/busy"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TERMINATING_CAUSE = "BusyguardPodTerminating"
+# busyguard's causes for a refused flip to busy: the pod is going, do not start the task.
+GOING_CAUSES = (TERMINATING_CAUSE, "BusyguardDisruptionWanted", "BusyguardNodeGoing")
 IDLE_ATTEMPTS = 3
 IDLE_RETRY_PAUSE = 1.0  # seconds, doubled after each failed attempt
 
@@ -42,8 +47,16 @@ class FlagError(Exception):
     """The flag could not be set: the pod is not protected."""
 
 
-class PodTerminating(FlagError):
-    """The pod is being deleted: do not start the task."""
+class PodGoing(FlagError):
+    """busyguard refused the flip: the pod is going (see .cause); do not start the task."""
+
+    def __init__(self, message, cause):
+        super().__init__(message)
+        self.cause = cause
+
+
+# The name of 0.2's refusal, kept for callers that catch it: every PodGoing is one now.
+PodTerminating = PodGoing
 
 
 def busy(timeout=10):
@@ -102,8 +115,9 @@ def _flip(value, timeout):
         status = _status(refused)
         message = status.get("message") or refused.reason
         causes = [c.get("reason") for c in (status.get("details") or {}).get("causes") or []]
-        if refused.code == 409 and TERMINATING_CAUSE in causes:
-            raise PodTerminating(message) from None
+        going = [cause for cause in causes if cause in GOING_CAUSES]
+        if refused.code == 409 and going:
+            raise PodGoing(message, going[0]) from None
         raise FlagError(f"{LABEL}={value} refused ({refused.code}): {message}") from None
     except (urllib.error.URLError, OSError) as unreachable:
         raise FlagError(f"{LABEL}={value} not set: {unreachable}") from None

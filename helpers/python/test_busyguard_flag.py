@@ -110,11 +110,23 @@ class FlagTest(unittest.TestCase):
         self.assertIn("is being deleted", str(refused.exception))
         self.assertEqual(len(StandIn.calls), 1, "nothing to take back: the pod never turned busy")
 
+    def test_a_pod_whose_drain_is_under_way_refuses_the_flip_and_says_why(self):
+        for cause in ("BusyguardDisruptionWanted", "BusyguardNodeGoing"):
+            StandIn.calls.clear()
+            StandIn.answers.append(refusal(409, cause, "pod jobs/worker-1 takes no new task: ..."))
+            started = []
+            with self.assertRaises(busyguard_flag.PodGoing) as refused:
+                with busyguard_flag.busy():
+                    started.append(True)
+            self.assertEqual(started, [], "the task must not start")
+            self.assertEqual(refused.exception.cause, cause)
+            self.assertEqual(len(StandIn.calls), 1, "nothing to take back: the pod never turned busy")
+
     def test_any_other_refusal_is_a_flag_error(self):
         StandIn.answers.append(refusal(403, "Forbidden", "cannot patch pods"))
         with self.assertRaises(busyguard_flag.FlagError) as refused:
             busyguard_flag.busy()
-        self.assertNotIsInstance(refused.exception, busyguard_flag.PodTerminating)
+        self.assertNotIsInstance(refused.exception, busyguard_flag.PodGoing)
         self.assertIn("refused (403): cannot patch pods", str(refused.exception))
 
     def test_without_its_name_the_pod_cannot_flag_itself(self):

@@ -45,12 +45,15 @@ pub async fn watch_nodes(client: Client, view: Arc<View>, holds: Holds, timeout_
     }
 }
 
-fn going(node: &Node, holds: Holds) -> Option<NodeGoing> {
+/// Whether `node` is going, and why.
+pub fn going(node: &Node, holds: Holds) -> Option<NodeGoing> {
     let spec = node.spec.as_ref();
-    let taints: Vec<&str> = spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().map(|t| t.key.as_str()).collect();
-    let conditions: Vec<(&str, &str)> = (node.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten())
-        .map(|c| (c.type_.as_str(), c.status.as_str()))
-        .collect();
+    let taints: Vec<&str> =
+        spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().map(|t| t.key.as_str()).collect();
+    let conditions: Vec<(&str, &str)> =
+        (node.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten())
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
     let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
     node_going(unschedulable, &taints, &conditions, holds)
 }

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::cluster::view::ApiPod;
 use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER};
+use crate::policy::outcome::{DISRUPTION_WANTED_CAUSE, NODE_GOING_CAUSE, TERMINATING_CAUSE};
 
 /// How the app's answer says busy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,9 +63,14 @@ impl Agent {
                                 info!(pod = %self.pod, busy, "busy flag set");
                                 flagged = Some(busy);
                             }
-                            Err(e) => {
-                                warn!(pod = %self.pod, busy, %api_server, error = %e, "busy flag not set; trying again")
-                            }
+                            Err(e) => match going_cause(&e) {
+                                // The app has already started: the agent can only say so.
+                                Some(cause) => warn!(pod = %self.pod, cause, error = %e,
+                                    "busyguard refused the flip to busy: the pod is going and should not start a task; trying again"),
+                                None => {
+                                    warn!(pod = %self.pod, busy, %api_server, error = %e, "busy flag not set; trying again")
+                                }
+                            },
                         }
                     }
                 }
@@ -102,6 +108,14 @@ impl Agent {
     }
 }
 
+/// busyguard's cause, where it refused a flip to busy because the pod is going.
+fn going_cause(error: &kube::Error) -> Option<&str> {
+    let kube::Error::Api(status) = error else { return None };
+    let causes = status.details.as_ref().map(|details| details.causes.as_slice()).unwrap_or_default();
+    (causes.iter().map(|c| c.reason.as_str()))
+        .find(|cause| [TERMINATING_CAUSE, DISRUPTION_WANTED_CAUSE, NODE_GOING_CAUSE].contains(cause))
+}
+
 async fn flag(pods: &Api<ApiPod>, pod: &str, busy: bool) -> Result<(), kube::Error> {
     let value = if busy { "true" } else { "false" };
     let patch = serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}});
@@ -120,5 +134,16 @@ mod tests {
         let body = BusyWhen::BodyContains("\"busy\":true".into());
         assert!(body.busy(200, br#"{"busy":true,"task":"t-1"}"#));
         assert!(!body.busy(200, br#"{"busy":false}"#));
+    }
+
+    #[test]
+    fn a_flip_refused_because_the_pod_is_going_is_told_by_its_cause() {
+        let refused: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 409, "reason": "Conflict", "message": "pod jobs/w takes no new task",
+            "details": {"causes": [{"reason": "BusyguardNodeGoing", "message": "..."}]}}))
+        .unwrap();
+        assert_eq!(going_cause(&kube::Error::Api(Box::new(refused.clone()))), Some("BusyguardNodeGoing"));
+        let forbidden = kube::core::Status { details: None, code: 403, ..refused };
+        assert_eq!(going_cause(&kube::Error::Api(Box::new(forbidden))), None);
     }
 }

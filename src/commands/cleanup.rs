@@ -1,7 +1,8 @@
 //! `busyguard cleanup`: what an uninstall leaves on the cluster, taken off with the user's own
 //! credentials once busyguard's webhooks are gone: on every opted-in pod, the user's own deletion
 //! cost and autoscaler annotations back in place of the busy ones, and busyguard's marks
-//! (busy-since, the saved values, the protected label, deferred deletes) removed; every
+//! (busy-since, the saved values, the protected label, deferred deletes, refused evictions, the
+//! descheduler's eviction-in-progress it wrote) removed; every
 //! busy-pod PodDisruptionBudget busyguard kept, and the Leases where it recorded the pods let go
 //! under workload budgets. The busy label itself is the user's and stays.
 
@@ -22,7 +23,9 @@ use crate::cluster::view::ApiPod;
 use crate::cluster::{ClusterSource, client_config};
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
-use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER, RELEASED_FROM};
+use crate::policy::keys::{
+    BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS, FIELD_MANAGER, RELEASED_FROM,
+};
 use crate::policy::marks::{MutationSettings, plan};
 use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
 
@@ -38,7 +41,7 @@ const EVERYTHING: MutationSettings = MutationSettings {
 /// The merge patch that leaves `pod` as if busyguard had never seen it (its busy label aside),
 /// or `None` when nothing of busyguard's is on it.
 pub fn restore_patch(pod: &ApiPod, now: Timestamp) -> Option<Value> {
-    let marks = [DELETE_REQUESTED, RELEASED_FROM];
+    let marks = [DELETE_REQUESTED, RELEASED_FROM, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS];
     let meta = &pod.metadata;
     let marked = meta.labels.as_ref().is_some_and(|l| l.contains_key(DELETE_REQUESTED))
         || meta.annotations.as_ref().is_some_and(|a| marks.iter().any(|k| a.contains_key(*k)));
@@ -150,7 +153,8 @@ mod tests {
             "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z", DELETION_COST: "2085000000", IDLE_COST: "-5",
                 "karpenter.sh/do-not-disrupt": "true",
                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false", IDLE_SAFE_TO_EVICT: "true",
-                DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#, "team": "a"}}});
+                DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#, "team": "a",
+                DISRUPTION_REQUESTED: r#"{"by":"drain","at":"2026-11-21T20:40:00Z"}"#, EVICTION_IN_PROGRESS: "true"}}});
         let busy = record(pod["metadata"]["labels"].clone(), pod["metadata"]["annotations"].clone());
         let patch = restore_patch(&busy, now()).expect("something to restore");
         json_patch::merge(&mut pod, &patch);

@@ -3,19 +3,23 @@
 //! busy since when and until when; which deletes wait for which pod; and which nodes a drain
 //! would wait on.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use anyhow::Context;
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::Api;
 use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 
+use crate::cluster::nodes::going;
 use crate::cluster::view::{ApiPod, PodRecord};
 use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
 use crate::policy::busy::{BusyState, MaxBusy, busy_state};
 use crate::policy::hazards::{Budget, Opted, hazards};
+use crate::policy::hold::{Holds, NodeGoing, held, held_refusal};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
@@ -29,8 +33,23 @@ pub struct Listed {
     pub tolerates_every_taint: bool,
 }
 
+/// The cluster's own settings, as `serve` runs with them.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub max_busy: MaxBusy,
+    pub holds: Holds,
+}
+
+/// What the report reads from the cluster.
+pub struct Cluster {
+    pub pods: Vec<Listed>,
+    pub budgets: Result<Vec<Budget>, String>,
+    /// The nodes that are going, or why they could not be read.
+    pub nodes_going: Result<HashMap<String, NodeGoing>, String>,
+}
+
 /// Lists the opted-in pods (all namespaces, or those given) and renders the report.
-pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBusy) -> anyhow::Result<String> {
+pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settings) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
@@ -56,7 +75,13 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], max_busy: MaxBus
     // Read where there are opted-in pods; a user who may not list them is told, not refused.
     let budgets = (budgets(&client, &listed).await)
         .map_err(|e| format!("cannot list PodDisruptionBudgets, so cannot check them: {e}"));
-    Ok(render(&listed, &budgets, max_busy, whole_second(Timestamp::now())))
+    let nodes_going = (Api::<Node>::all(client.clone()).list(&ListParams::default()).await)
+        .map(|nodes| {
+            (nodes.items.iter()).filter_map(|node| Some((node.name_any(), going(node, settings.holds)?))).collect()
+        })
+        .map_err(|e| format!("cannot list nodes, so cannot tell which are going: {e}"));
+    let cluster = Cluster { pods: listed, budgets, nodes_going };
+    Ok(render(&cluster, settings, whole_second(Timestamp::now())))
 }
 
 /// The PodDisruptionBudgets of the namespaces with opted-in pods.
@@ -79,7 +104,8 @@ async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Budget>, 
 }
 
 /// The report, as a person reads it in a terminal.
-pub fn render(pods: &[Listed], budgets: &Result<Vec<Budget>, String>, max_busy: MaxBusy, now: Timestamp) -> String {
+pub fn render(cluster: &Cluster, settings: Settings, now: Timestamp) -> String {
+    let (pods, budgets, max_busy) = (&cluster.pods, &cluster.budgets, settings.max_busy);
     let mut out = String::new();
     let counted = pods
         .iter()
@@ -133,6 +159,23 @@ pub fn render(pods: &[Listed], budgets: &Result<Vec<Budget>, String>, max_busy: 
         let _ = writeln!(out, "{node}: {}", pods.join(", "));
     }
 
+    let _ = writeln!(out, "\nPODS TAKING NO NEW TASK (their disruption is wanted: they go at their next idle moment)");
+    let no_nodes = HashMap::new();
+    let nodes_going = cluster.nodes_going.as_ref().unwrap_or(&no_nodes);
+    let held: Vec<String> = (pods.iter())
+        .filter_map(|p| {
+            let node = p.pod.node.as_deref().unwrap_or_default();
+            let hold = held(&p.pod, node, nodes_going.get(node).copied(), settings.holds, now)?;
+            Some(held_refusal(&p.namespace, &p.name, &hold))
+        })
+        .collect();
+    if held.is_empty() {
+        let _ = writeln!(out, "none");
+    }
+    for line in held {
+        let _ = writeln!(out, "{line}");
+    }
+
     let _ = writeln!(out, "\nWARNINGS (what would defeat protection)");
     let opted: Vec<Opted<'_, PodRecord>> = pods
         .iter()
@@ -146,6 +189,7 @@ pub fn render(pods: &[Listed], budgets: &Result<Vec<Budget>, String>, max_busy: 
         .collect();
     let mut warnings = hazards(&opted, budgets.as_deref().unwrap_or_default(), max_busy);
     warnings.extend(budgets.as_ref().err().cloned());
+    warnings.extend(cluster.nodes_going.as_ref().err().cloned());
     if warnings.is_empty() {
         let _ = writeln!(out, "none");
     }
@@ -199,8 +243,11 @@ mod tests {
             listed("worker-b", "node-1", "false", json!({})),
             listed("worker-c", "node-2", "false", json!({})),
         ];
-        let day = MaxBusy::new(jiff::SignedDuration::from_hours(24));
-        let report = render(&pods, &Ok(Vec::new()), day, "2026-11-23T10:05:00Z".parse().unwrap());
+        let settings =
+            Settings { max_busy: MaxBusy::new(jiff::SignedDuration::from_hours(24)), holds: Holds::default() };
+        let nodes_going = Ok(HashMap::from([("node-2".to_string(), NodeGoing::Karpenter)]));
+        let cluster = Cluster { pods: pods.into(), budgets: Ok(Vec::new()), nodes_going };
+        let report = render(&cluster, settings, "2026-11-23T10:05:00Z".parse().unwrap());
         assert_eq!(
             report,
             "3 opted-in pods in 1 workload, 1 busy, at 2026-11-23T10:05:00Z\n\
@@ -214,6 +261,13 @@ mod tests {
              \n\
              NODES A DRAIN WOULD WAIT FOR (their busy pods refuse eviction)\n\
              node-1: capture/worker-a until 2026-11-24T09:00:00Z\n\
+             \n\
+             PODS TAKING NO NEW TASK (their disruption is wanted: they go at their next idle moment)\n\
+             pod capture/worker-a takes no new task: its delete by alice was deferred at 2026-11-23T09:30:00Z and is \
+             carried out once it is idle (to call it off: kubectl label pod worker-a -n capture \
+             busyguard.io/delete-requested-). Do not start the task: the pod goes at its next idle moment\n\
+             pod capture/worker-c takes no new task: its node node-2 is going: Karpenter is taking it away (taint \
+             karpenter.sh/disrupted). Do not start the task: the pod goes at its next idle moment\n\
              \n\
              WARNINGS (what would defeat protection)\n\
              none\n"

@@ -5,11 +5,11 @@
 use jiff::Timestamp;
 
 use super::budget::Siblings;
-use super::hold;
 use super::busy::{BusyState, Lapse, busy_state};
+use super::hold;
 use super::keys::{
-    BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS, MAX_UNAVAILABLE,
-    RELEASED_FROM, REQUEST_EVICT_ONLY,
+    BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
+    MAX_UNAVAILABLE, RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
@@ -303,8 +303,9 @@ fn refuse_busy(
     let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
     let (suffix, then, reason) = match consequence {
         Consequence::Nothing => (String::new(), None, Reason::Busy),
-        // A refused eviction holds the pod from new tasks, so the evictor's retry finds it idle.
-        Consequence::Told if d.action == Action::Evict => {
+        // A refused eviction holds the pod from new tasks, so the evictor's retry finds it idle
+        // (a pod busy by readiness takes its tasks without a flip busyguard could refuse).
+        Consequence::Told if d.action == Action::Evict && !by_readiness => {
             let mark = hold::mark_due(pod, config.holds, now)
                 .then(|| Effect::MarkDisruptionWanted { pod: target.clone(), request: request() });
             (held_from_new_tasks(), mark, Reason::Busy)
@@ -338,7 +339,7 @@ fn refuse_busy(
         // The answer speaks of the mark: give it its chance to land first.
         await_effects: match consequence {
             Consequence::Nothing => false,
-            Consequence::Told => d.action == Action::Evict,
+            Consequence::Told => d.action == Action::Evict && !by_readiness,
             Consequence::Deferred { .. } | Consequence::Released { .. } => true,
         },
         budget: None,
@@ -829,9 +830,19 @@ mod tests {
     fn a_refused_eviction_renews_the_hold_at_most_every_third_of_it() {
         let marked_at = |at: &str| {
             let mark = DeleteRequest { by: "drain".into(), at: ts(at) }.to_annotation();
-            worker("true", json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DISRUPTION_REQUESTED: mark}), json!({"phase": "Running"}))
+            worker(
+                "true",
+                json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DISRUPTION_REQUESTED: mark}),
+                json!({"phase": "Running"}),
+            )
         };
-        let marks = |pod: &Pod| judged("alice", Action::Evict, pod, None).effects.iter().filter(|e| matches!(e, Effect::MarkDisruptionWanted { .. })).count();
+        let marks = |pod: &Pod| {
+            judged("alice", Action::Evict, pod, None)
+                .effects
+                .iter()
+                .filter(|e| matches!(e, Effect::MarkDisruptionWanted { .. }))
+                .count()
+        };
         assert_eq!(marks(&marked_at("2026-11-21T20:59:55Z")), 0, "5 s old: still held, not written again");
         assert_eq!(marks(&marked_at("2026-11-21T20:59:50Z")), 1, "10 s old: renewed");
     }

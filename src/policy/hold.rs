@@ -70,7 +70,12 @@ impl NodeGoing {
 
 /// Whether a node is going, and why (`None`: it stays), from what the Node says of itself: its
 /// taints' keys and each condition's `(type, status)`.
-pub fn node_going(unschedulable: bool, taints: &[&str], conditions: &[(&str, &str)], holds: Holds) -> Option<NodeGoing> {
+pub fn node_going(
+    unschedulable: bool,
+    taints: &[&str],
+    conditions: &[(&str, &str)],
+    holds: Holds,
+) -> Option<NodeGoing> {
     if taints.contains(&KARPENTER_DISRUPTED_TAINT) {
         return Some(NodeGoing::Karpenter);
     }
@@ -97,7 +102,13 @@ pub enum Hold {
 }
 
 /// The hold on `pod`, on node `node` (`going`: what the view knows of that node), if any.
-pub fn held(pod: &(impl PodFacts + ?Sized), node: &str, going: Option<NodeGoing>, holds: Holds, now: Timestamp) -> Option<Hold> {
+pub fn held(
+    pod: &(impl PodFacts + ?Sized),
+    node: &str,
+    going: Option<NodeGoing>,
+    holds: Holds,
+    now: Timestamp,
+) -> Option<Hold> {
     if let Some(request) = pod.delete_request() {
         return Some(Hold::DeleteRequested(request));
     }
@@ -139,7 +150,9 @@ pub fn held_refusal(namespace: &str, name: &str, hold: &Hold) -> String {
         ),
         Hold::NodeGoing { node, why } => format!("its node {node} is going: {}", why.says()),
     };
-    format!("pod {namespace}/{name} takes no new task: {why}. Do not start the task: the pod goes at its next idle moment")
+    format!(
+        "pod {namespace}/{name} takes no new task: {why}. Do not start the task: the pod goes at its next idle moment"
+    )
 }
 
 #[cfg(test)]
@@ -159,7 +172,10 @@ mod tests {
     fn a_node_is_going_by_karpenters_or_the_autoscalers_taint_or_a_lifecycle_condition() {
         let holds = Holds::default();
         assert_eq!(node_going(false, &["karpenter.sh/disrupted"], &[], holds), Some(NodeGoing::Karpenter));
-        assert_eq!(node_going(true, &["ToBeDeletedByClusterAutoscaler"], &[], holds), Some(NodeGoing::ClusterAutoscaler));
+        assert_eq!(
+            node_going(true, &["ToBeDeletedByClusterAutoscaler"], &[], holds),
+            Some(NodeGoing::ClusterAutoscaler)
+        );
         assert_eq!(
             node_going(false, &[], &[("Ready", "True"), ("DrainInProgress", "True")], holds),
             Some(NodeGoing::Condition("DrainInProgress"))
@@ -196,7 +212,11 @@ mod tests {
         let holds = Holds::default();
         let mark = r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#;
         let mut deferred = pod(json!({DELETE_REQUESTED: mark}), json!({DELETE_REQUESTED: "true"}));
-        assert_eq!(held(&deferred, "n1", None, holds, ts("2026-11-22T20:00:00Z")), None, "a mark busyguard did not write");
+        assert_eq!(
+            held(&deferred, "n1", None, holds, ts("2026-11-22T20:00:00Z")),
+            None,
+            "a mark busyguard did not write"
+        );
         deferred = serde_json::from_value(json!({"metadata": {"name": "w", "annotations": {DELETE_REQUESTED: mark},
             "labels": {DELETE_REQUESTED: "true"}, "managedFields": marked_by_busyguard()}}))
         .unwrap();

@@ -14,8 +14,7 @@ use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
 use super::keys::{
     AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DISRUPTION_REQUESTED,
-    DeleteRequest,
-    EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
+    DeleteRequest, EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
     PROTECTED_LABEL, RELEASED_FROM,
 };
 use super::pod::{Pod, PodFacts};
@@ -365,7 +364,10 @@ pub fn mark(request: &DeleteRequest, in_background: bool) -> PodChanges {
 
 /// A refused eviction (or node delete) recorded on the pod: it takes no new task for a while.
 pub fn disruption_mark(request: &DeleteRequest) -> PodChanges {
-    PodChanges { labels: Changes::new(), annotations: Changes::from([(DISRUPTION_REQUESTED, Some(request.to_annotation()))]) }
+    PodChanges {
+        labels: Changes::new(),
+        annotations: Changes::from([(DISRUPTION_REQUESTED, Some(request.to_annotation()))]),
+    }
 }
 
 /// A busy pod taken out of its ReplicaSet (the `label` it selects by taken off, its value kept in

@@ -8,8 +8,8 @@
 use jiff::Timestamp;
 
 use super::busy::{BusyState, busy_state};
-use super::keys::BUSY_LABEL;
 use super::hold;
+use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
@@ -145,6 +145,14 @@ mod tests {
              busyguard.io/busy=false, or delete as an exempt user"
         );
         assert_eq!(outcome.audit.unwrap().reason, Reason::Busy);
+        // The busy pod takes no new task, so the node empties within a task.
+        let [Effect::MarkDisruptionWanted { pod, request }] = outcome.effects.as_slice() else {
+            panic!("{:?}", outcome.effects)
+        };
+        assert_eq!((pod.to_string(), request.by.as_str()), ("jobs/worker-a".to_string(), "kubernetes-admin"));
+        let dry_run = Ask { dry_run: true, ..ask("kubernetes-admin") };
+        let pods = [("jobs/worker-a".to_string(), &busy)];
+        assert!(judge_node_delete(&dry_run, pods, &config(), now()).effects.is_empty(), "a dry run marks nothing");
     }
 
     #[test]

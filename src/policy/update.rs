@@ -526,9 +526,11 @@ mod tests {
         set_label(&mut idle, "false");
         let (ask, busy, idle) = (worker_write(), pod(busy), pod(idle));
         let going = Some(NodeGoing::ClusterAutoscaler);
-        let to_idle = mutate_pod(&Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going }, &config(), now());
+        let to_idle =
+            mutate_pod(&Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going }, &config(), now());
         assert!(to_idle.is_allowed());
-        let created = mutate_pod(&Mutation { ask: &ask, pod: &busy, before: None, node_going: going }, &config(), now());
+        let created =
+            mutate_pod(&Mutation { ask: &ask, pod: &busy, before: None, node_going: going }, &config(), now());
         assert!(created.is_allowed(), "refusing a create would only fail the pod's creation");
     }
 
@@ -653,7 +655,8 @@ mod tests {
             mutate_pod(&Mutation::of(&worker_write(), &p, None), &config(), ts("2026-11-21T20:48:44Z")).decision,
             Decision::Allowed
         );
-        let outcome = mutate_pod(&Mutation::of(&worker_write(), &pod(busy), None), &config(), ts("2026-11-21T20:48:44Z"));
+        let outcome =
+            mutate_pod(&Mutation::of(&worker_write(), &pod(busy), None), &config(), ts("2026-11-21T20:48:44Z"));
         assert_eq!(outcome.decision, Decision::Patched);
         let Answer::Patch { patch, .. } = outcome.answer else { panic!() };
         assert_eq!(

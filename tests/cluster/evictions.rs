@@ -2,8 +2,19 @@
 
 use super::*;
 
+/// The refusal of an eviction of busy pod `name`: it takes no new task meanwhile.
+fn eviction_refused(name: &str, since: Timestamp) -> String {
+    denial(name, since)
+        + "; busyguard holds it from new tasks (busyguard.io/disruption-requested), so it is idle at a retry after \
+           its task ends"
+}
+
+fn marks_disruption(call: &Call) -> bool {
+    call.method == "PATCH" && call.body["metadata"]["annotations"]["busyguard.io/disruption-requested"].is_string()
+}
+
 #[tokio::test]
-async fn eviction_of_a_busy_pod_is_429_with_a_warning_event_and_nothing_patched() {
+async fn eviction_of_a_busy_pod_is_429_with_a_warning_event_and_a_hold_on_new_tasks() {
     let api = ApiServer::start().await;
     let since = since_minutes_ago(10);
     api.put_pod(busy_pod("worker-a", since));
@@ -13,15 +24,27 @@ async fn eviction_of_a_busy_pod_is_429_with_a_warning_event_and_nothing_patched(
     assert_eq!(
         response,
         json!({"uid": "2b3bba80-3643-4d69-88fc-9d4f057f65a5", "allowed": false, "status": {"status": "Failure",
-               "code": 429, "reason": "TooManyRequests", "message": denial("worker-a", since),
+               "code": 429, "reason": "TooManyRequests", "message": eviction_refused("worker-a", since),
                "details": {"causes": [{"reason": "BusyguardPodBusy"}]}}})
     );
     let events = api.wait_for(1, is_event).await;
     settle().await;
-    assert_eq!(api.writes(), events, "one Event, no patch, no delete");
+    let writes = api.writes();
+    let marks: Vec<&Call> = writes.iter().filter(|c| marks_disruption(c)).collect();
+    assert_eq!(writes.len(), 2, "one Event, one mark, no delete: {writes:?}");
+    assert_eq!((marks.len(), marks[0].path.as_str()), (1, "/api/v1/namespaces/capture/pods/worker-a"));
+    let mark: serde_json::Value = serde_json::from_str(
+        marks[0].body["metadata"]["annotations"]["busyguard.io/disruption-requested"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert!(
+        mark["by"].as_str().is_some_and(|by| !by.is_empty()) && mark["at"].is_string(),
+        "who asked, and when: {mark}"
+    );
     let event = &events[0].body;
     assert_eq!((event["type"].as_str(), event["reason"].as_str()), (Some("Warning"), Some("DisruptionBlocked")));
-    assert_eq!((event["action"].as_str(), event["note"].as_str()), (Some("Evict"), Some(&*denial("worker-a", since))));
+    let note = eviction_refused("worker-a", since);
+    assert_eq!((event["action"].as_str(), event["note"].as_str()), (Some("Evict"), Some(&*note)));
     assert_eq!(
         event["regarding"],
         json!({"apiVersion": "v1", "kind": "Pod", "name": "worker-a", "namespace": "capture", "uid": "uid-worker-a"})
@@ -65,12 +88,16 @@ async fn repeated_evictions_of_one_pod_raise_one_event_per_interval() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     let server = TestServer::with_cluster(&api).await;
-    for _ in 0..5 {
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    // The mark lands, and busyguard's watch sees it, before the drain retries.
+    api.wait_for(1, marks_disruption).await;
+    settle().await;
+    for _ in 0..4 {
         assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
     }
     api.wait_for(1, is_event).await;
     settle().await;
-    assert_eq!(api.writes().len(), 1, "a retrying drain does not flood the API server");
+    assert_eq!(api.writes().len(), 2, "a retrying drain does not flood the API server: one Event, one mark");
     assert_eq!(server.metric(r#"busyguard_side_effects_total{kind="event",result="rate-limited"}"#).await, Some(4.0));
     assert_eq!(server.audit_lines().len(), 5, "every denial is audited");
 }

@@ -87,7 +87,8 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
         "spec": {"selector": {"matchLabels": {"app": "worker"}}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}}));
     let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
     let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
-    let report = busyguard::commands::status::run(&source, &[], max_busy).await.unwrap();
+    let settings = busyguard::commands::status::Settings { max_busy, holds: Default::default() };
+    let report = busyguard::commands::status::run(&source, &[], settings).await.unwrap();
     assert!(report.starts_with("2 opted-in pods in 1 workload, 1 busy"), "{report}");
     assert!(report.contains("capture/Deployment/worker                            1     1       0"), "{report}");
     let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();

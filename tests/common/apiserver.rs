@@ -33,9 +33,11 @@ impl Call {
         self.method == "GET" && self.path == "/api/v1/pods"
     }
 
-    /// What busyguard asks at start whatever happens: which namespaces opted out, who it is.
+    /// What busyguard asks at start whatever happens: which namespaces opted out, which nodes
+    /// are going, who it is.
     pub fn is_bookkeeping(&self) -> bool {
-        self.path == "/api/v1/namespaces" || self.path.ends_with("/selfsubjectreviews")
+        ["/api/v1/namespaces", "/api/v1/nodes"].contains(&self.path.as_str())
+            || self.path.ends_with("/selfsubjectreviews")
     }
 
     pub fn is_watch(&self) -> bool {
@@ -460,12 +462,13 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             }
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
-        // No namespace opted out here; a watch stays open, empty, until its timeout.
-        (&Method::GET, ["api", "v1", "namespaces"]) => {
+        // No namespace opted out and no node going here; a watch stays open, empty, until its timeout.
+        (&Method::GET, ["api", "v1", kind @ ("namespaces" | "nodes")]) => {
             let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
             if param("watch") != Some("true") {
                 let rv = api.store().resource_version.to_string();
-                return ok(json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": rv},
+                let list = if *kind == "nodes" { "NodeList" } else { "NamespaceList" };
+                return ok(json!({"kind": list, "apiVersion": "v1", "metadata": {"resourceVersion": rv},
                     "items": []}));
             }
             let timeout = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(300);

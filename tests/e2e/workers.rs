@@ -128,7 +128,15 @@ impl Queue {
 pub fn grant_workers(rig: &Rig, ns: &str, sa: &str) -> Result<()> {
     rig.kubectl(&["-n", ns, "create", "serviceaccount", sa])?;
     rig.kubectl(&["-n", ns, "create", "role", sa, "--verb=get,patch", "--resource=pods"])?;
-    rig.kubectl(&["-n", ns, "create", "rolebinding", sa, &format!("--role={sa}"), &format!("--serviceaccount={ns}:{sa}")])?;
+    rig.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        sa,
+        &format!("--role={sa}"),
+        &format!("--serviceaccount={ns}:{sa}"),
+    ])?;
     Ok(())
 }
 
@@ -140,7 +148,9 @@ fn work(kubeconfig: &Path, ns: &str, pod: &str, task: Duration, stop: &AtomicBoo
     };
     // Gone, or going: the worker's process is about to be stopped.
     let going = || match kubectl(kubeconfig, &["-n", ns, "get", "pod", pod, "-o", "json"]) {
-        Ok((true, out, _)) => serde_json::from_str::<Value>(&out).map_or(true, |p| !p["metadata"]["deletionTimestamp"].is_null()),
+        Ok((true, out, _)) => {
+            serde_json::from_str::<Value>(&out).map_or(true, |p| !p["metadata"]["deletionTimestamp"].is_null())
+        }
         Ok((false, _, err)) => err.contains("NotFound"),
         Err(_) => false,
     };

@@ -44,7 +44,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         "an_abandoned_drain_leaves_queue_workers_free_within_the_hold",
         queues::an_abandoned_drain_leaves_queue_workers_free_within_the_hold,
     ),
-    ("a_scale_down_of_queue_workers_completes_within_a_task", queues::a_scale_down_of_queue_workers_completes_within_a_task),
+    (
+        "a_scale_down_of_queue_workers_completes_within_a_task",
+        queues::a_scale_down_of_queue_workers_completes_within_a_task,
+    ),
     (
         "a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits",
         lifecycle::preemption_of_a_busy_pod_waits,

@@ -32,7 +32,9 @@ fn fleet<'r>(rig: &'r Rig, name: &str) -> Result<(Namespace<'r>, String, Queue)>
         worker["spec"]["serviceAccountName"] = json!("worker");
         rig.apply(&worker)?;
     }
-    eventually("three workers ready", Duration::from_secs(60), || Ok(workers::ready_pods(rig, &ns, "queue")?.len() == 3))?;
+    eventually("three workers ready", Duration::from_secs(60), || {
+        Ok(workers::ready_pods(rig, &ns, "queue")?.len() == 3)
+    })?;
     let queue = Queue::start(rig, &ns, "worker", &pods, TASK)?;
     let mut seen_busy: Vec<String> = Vec::new();
     eventually("every worker on a task", Duration::from_secs(30), || {
@@ -63,7 +65,9 @@ fn converged(what: &str, since: Instant, took: Duration, tallies: &[Tally]) -> R
     let started: usize = tallies.iter().map(|t| t.started.iter().filter(|at| **at > since).count()).sum();
     let refused: usize = tallies.iter().map(|t| t.refused.iter().filter(|(at, _)| *at > since).count()).sum();
     let cut: usize = tallies.iter().map(|t| t.cut).sum();
-    println!("e2e:   {what}: the node emptied in {took:.1?}; {started} task(s) started meanwhile, {refused} flip(s) refused");
+    println!(
+        "e2e:   {what}: the node emptied in {took:.1?}; {started} task(s) started meanwhile, {refused} flip(s) refused"
+    );
     ensure!(cut == 0, "{cut} task(s) cut: {tallies:?}");
     ensure!(started <= tallies.len(), "{started} tasks started after the disruption began: {tallies:?}");
     ensure!(took <= 2 * TASK + Duration::from_secs(10), "{what} took {took:?}, more than two tasks of {TASK:?}");
@@ -187,7 +191,10 @@ pub fn an_abandoned_drain_leaves_queue_workers_free_within_the_hold(rig: &Rig) -
         .collect();
     let held = (tallies.iter()).flat_map(|t| &t.refused).filter(|(at, _)| *at > abandoned).count();
     println!("e2e:   abandoned drain: {held} flip(s) refused after it; next tasks after {again:?}");
-    ensure!(again.iter().all(|(_, at)| at.is_some()), "a worker took no task after the drain was abandoned: {tallies:?}");
+    ensure!(
+        again.iter().all(|(_, at)| at.is_some()),
+        "a worker took no task after the drain was abandoned: {tallies:?}"
+    );
     ensure!(tallies.iter().all(|t| t.cut == 0), "a task was cut: {tallies:?}");
     Ok(())
 }
@@ -204,7 +211,8 @@ pub fn a_scale_down_of_queue_workers_completes_within_a_task(rig: &Rig) -> Resul
     std::thread::sleep(TASK);
     let since = Instant::now();
     rig.kubectl(&["-n", &ns, "scale", "deployment", "queue", "--replicas=2"])?;
-    let left = eventually("two pods left", 2 * TASK + Duration::from_secs(10), || Ok(rig.live_pods(&ns, "queue")?.len() == 2));
+    let left =
+        eventually("two pods left", 2 * TASK + Duration::from_secs(10), || Ok(rig.live_pods(&ns, "queue")?.len() == 2));
     let took = since.elapsed();
     let tallies = queue.finish();
     left?;
