@@ -158,18 +158,20 @@ pub fn pod_delete_counted_by_a_budget() -> String {
 }
 
 /// The mark webhook (of [`marked`] pods, busyguard's own writes aside): a write that gives a pod
-/// a whole delete-requested mark (label and annotation) it did not carry as an opted-in pod
-/// before. As `update::marks_anew`.
+/// a whole delete-requested mark (label and annotation) it did not carry before, or opts a pod in
+/// with one. As `own_flag::marks_anew`.
 pub fn pod_write_marks_anew() -> String {
     let mark = |o: &str| {
         format!("{} && {}", has_key(o, "labels", DELETE_REQUESTED), has_key(o, "annotations", DELETE_REQUESTED))
     };
     format!(
-        "{new} && (request.operation == 'CREATE' || !({old_opted_in} && {old} && \
-         oldObject.metadata.annotations['{DELETE_REQUESTED}'] == object.metadata.annotations['{DELETE_REQUESTED}']))",
+        "{new} && (request.operation == 'CREATE' || !({old} && \
+         oldObject.metadata.annotations['{DELETE_REQUESTED}'] == object.metadata.annotations['{DELETE_REQUESTED}']) \
+         || (!{old_opted_in} && {new_opted_in}))",
         new = mark("object"),
         old = mark("oldObject"),
         old_opted_in = has_key("oldObject", "labels", BUSY_LABEL),
+        new_opted_in = has_key("object", "labels", BUSY_LABEL),
     )
 }
 

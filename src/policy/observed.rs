@@ -64,7 +64,7 @@ pub fn on_change<P: PodFacts>(
     let was_terminating = before.is_some_and(|p| p.is_terminating());
     let cause = match (was_busy, after) {
         (Some(_), None) => Some(LossCause::Vanished),
-        (Some(_), Some(now_)) if now_.phase() == Phase::Failed && !now_.is_terminating() => {
+        (Some(_), Some(now_)) if now_.phase() == Phase::Failed && !now_.is_terminating() && failed_by_disruption(now_) => {
             Some(LossCause::Failed { reason: now_.status_reason().map(str::to_string) })
         }
         (Some(_), Some(now_)) if now_.is_terminating() && !was_terminating => {
@@ -77,6 +77,18 @@ pub fn on_change<P: PodFacts>(
     }
     let effects = after.map(|p| due(pod, p, config, now)).unwrap_or_default();
     Observed { effects, loss: None }
+}
+
+/// The reasons with which the kubelet fails a pod that was taken, not one that ended by itself:
+/// node-pressure eviction, preemption at admission, a node shutdown.
+const KUBELET_DISRUPTIONS: [&str; 4] = ["Evicted", "Preempting", "Terminated", "Shutdown"];
+
+/// Whether a pod turned Failed because something took it (a kubelet disruption reason, or a
+/// `DisruptionTarget` condition), rather than by its own end: a task that exited non-zero under
+/// `restartPolicy: Never`, or its own `activeDeadlineSeconds` (`DeadlineExceeded`), is the
+/// workload's end, not a loss.
+fn failed_by_disruption(pod: &impl PodFacts) -> bool {
+    pod.disruption().is_some() || pod.status_reason().is_some_and(|reason| KUBELET_DISRUPTIONS.contains(&reason))
 }
 
 /// A pod missing from a relist, last seen as `before`: what `on_change` says of a pod deleted,
@@ -271,6 +283,24 @@ mod tests {
         let Loss { cause, audit } = observed.loss.unwrap();
         assert_eq!(cause, LossCause::Failed { reason: Some("Evicted".into()) });
         assert_eq!((audit.decision, audit.reason, audit.busy_since), (Decision::Lost, Reason::Failed, Some(since())));
+    }
+
+    #[test]
+    fn a_task_that_fails_by_itself_or_by_its_own_deadline_is_no_loss() {
+        let busy = pod("true", json!({}), running());
+        for status in [
+            json!({"phase": "Failed"}),
+            json!({"phase": "Failed", "reason": "DeadlineExceeded"}),
+            json!({"phase": "Failed", "reason": "Error"}),
+        ] {
+            let failed = pod("true", json!({}), status.clone());
+            assert_eq!(on_change(&target(), Some(&busy), Some(&failed), &config(), now()).loss, None, "{status}");
+        }
+        let shut_down = pod("true", json!({}), json!({"phase": "Failed", "reason": "Terminated"}));
+        assert!(on_change(&target(), Some(&busy), Some(&shut_down), &config(), now()).loss.is_some(), "node shutdown");
+        let disrupted = pod("true", json!({}), json!({"phase": "Failed", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}));
+        assert!(on_change(&target(), Some(&busy), Some(&disrupted), &config(), now()).loss.is_some(), "DisruptionTarget");
     }
 
     #[test]

@@ -87,11 +87,15 @@ pub fn judge_write(
 }
 
 /// Whether the write gives the pod a whole delete-requested mark (its label and its annotation,
-/// see [`PodFacts::delete_request`]) that it did not carry as an opted-in pod before (a create,
-/// a new or changed mark, or a pod opting in with one). Half a mark is never carried out.
+/// see [`PodFacts::delete_request`]) that it did not carry before (a create, a new or changed
+/// mark), or opts the pod in with one it carried unguarded. Half a mark is never carried out. A
+/// write that leaves a mark as it was passes, whatever else it does: a marked pod that lost its
+/// busy label still takes its kubelet's status writes and its controllers' finalizer removals.
 pub fn marks_anew(pod: &Pod, before: Option<&Pod>) -> bool {
     let Some(new) = whole_mark(pod) else { return false };
-    before.is_none_or(|old| old.label(BUSY_LABEL).is_none() || whole_mark(old) != Some(new))
+    before.is_none_or(|old| {
+        whole_mark(old) != Some(new) || (old.label(BUSY_LABEL).is_none() && pod.label(BUSY_LABEL).is_some())
+    })
 }
 
 /// The annotation of a delete-requested mark whose label is there too.

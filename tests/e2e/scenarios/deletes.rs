@@ -126,3 +126,21 @@ fn once_idle_deleted_exactly_once(rig: &Rig, ns: &str, pod: &str) -> Result<()> 
     ensure!(carried_out.len() == 1, "the deferred delete was carried out {} times, not once", carried_out.len());
     Ok(())
 }
+
+/// A busy pod's delete is deferred (marked), then its busy label is removed: busyguard carries the
+/// delete out, and the kubelet's status write before its final delete (as the node) goes through,
+/// so the pod does not stay Terminating.
+pub fn a_marked_pod_that_loses_its_label_takes_the_kubelets_status_write(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("marked-unlabelled")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    ensure!(!ok, "the delete of a busy pod went through");
+    eventually("busyguard marks the deferred delete", Duration::from_secs(10), || {
+        Ok(rig.pod(&ns, "task")?.is_some_and(|p| annotation(&p, "busyguard.io/delete-requested").is_some()))
+    })?;
+    rig.kubectl(&["-n", &ns, "label", "pod", "task", "busyguard.io/busy-"])?;
+    eventually("the pod is deleted and gone, not left Terminating", Duration::from_secs(30), || {
+        Ok(rig.pod(&ns, "task")?.is_none())
+    })
+}

@@ -23,6 +23,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle", deletes::deferred_once),
     ("a_workload_budget_refuses_a_delete_one_too_many", deletes::the_workload_budget_refuses_one_too_many),
     (
+        "a_marked_pod_that_loses_its_busy_label_takes_the_kubelets_status_write",
+        deletes::a_marked_pod_that_loses_its_label_takes_the_kubelets_status_write,
+    ),
+    (
         "the_deschedulers_eviction_in_background_of_a_busy_pod_goes_once_idle",
         deletes::the_deschedulers_eviction_in_background_goes_once_idle,
     ),
