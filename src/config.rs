@@ -15,7 +15,7 @@ use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
 use crate::policy::hold::Holds;
 use crate::policy::marks::MutationSettings;
-use crate::policy::{KARPENTER_USERS, Mode, POD_GC_USER, PolicyConfig};
+use crate::policy::{KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
 
@@ -359,6 +359,17 @@ pub struct PolicyArgs {
         default_value = KARPENTER_USERS
     )]
     pub karpenter_users: Vec<String>,
+    /// The controllers that run pods to completion (comma-separated, or repeated): a delete by
+    /// one of them of a pod carrying a Job's, an Argo Workflow's or a Tekton TaskRun's label goes
+    /// through, audited (`owner-controller`): the workload's own end (its deadline, suspend,
+    /// backoff limit, success policy, lowered parallelism; a stop, cancel or timeout).
+    #[arg(
+        long = "owner-controller-user",
+        env = "BUSYGUARD_OWNER_CONTROLLER_USERS",
+        value_delimiter = ',',
+        default_value = OWNER_CONTROLLER_USERS
+    )]
+    pub owner_controller_users: Vec<String>,
     /// Set `karpenter.sh/do-not-disrupt` on busy pods (`"true"`, or the time left with
     /// --karpenter-bounded): Karpenter then neither evicts them nor consolidates their node, and
     /// the user's own value comes back when the pod is idle.
@@ -528,6 +539,7 @@ impl From<PolicyArgs> for PolicyConfig {
                 users: listed(args.exempt_users),
                 groups: listed(args.exempt_groups),
                 karpenter: listed(args.karpenter_users),
+                owner_controllers: listed(args.owner_controller_users),
             },
             mutation: MutationSettings {
                 karpenter: args.karpenter_annotation,

@@ -83,6 +83,11 @@ pub fn busy_state(pod: &(impl PodFacts + ?Sized), max_busy: MaxBusy, now: Timest
     if pod.is_terminal() {
         return BusyState::Terminal;
     }
+    // Not started (unschedulable, pulling its image, in its init containers): no task runs yet,
+    // and the API server itself lets a Pending pod's eviction past every PodDisruptionBudget.
+    if pod.phase() == Phase::Pending {
+        return BusyState::Idle;
+    }
     let since = if label == "true" {
         busy_since(pod)
     } else {
@@ -102,7 +107,10 @@ pub fn busy_from(
     max_busy: MaxBusy,
     now: Timestamp,
 ) -> BusyState {
+    // A run-to-completion pod's restart is its task's retry (restartPolicy OnFailure), still
+    // protected within max-busy; anyone else's flag from before a restart is stale.
     if let Some(since) = since
+        && pod.runs_to_completion().is_none()
         && let Some(at) = pod.last_restart().filter(|at| *at > since)
     {
         return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
@@ -268,6 +276,24 @@ mod tests {
                 lapse: Lapse::Restarted { at: ts("2026-01-01T00:05:00Z") }
             }
         );
+    }
+
+    #[test]
+    fn a_run_to_completion_pods_retry_after_a_restart_stays_protected_within_max_busy() {
+        let p = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true", "batch.kubernetes.io/job-name": "import"},
+                "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "status": {"phase": "Running", "containerStatuses": [{"restartCount": 1,
+                "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
+        assert!(busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")).is_protected());
+        assert!(!busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")).is_protected(), "max-busy still bounds it");
+    }
+
+    #[test]
+    fn a_pod_not_started_yet_is_not_protected() {
+        let mut pending = busy_pod("2026-01-01T00:00:00Z");
+        pending.status.phase = Some("Pending".into());
+        assert_eq!(busy_state(&pending, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Idle);
     }
 
     #[test]

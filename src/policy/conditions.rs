@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use super::budget::LEASE_PREFIX;
 use super::keys::{
-    BUSY_LABEL, BUSY_SINCE, DECIDING_ANNOTATIONS, DELETE_REQUESTED, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT,
-    MAX_UNAVAILABLE, PROTECTED_LABEL, WHEN_UNREADY,
+    ARGO_WORKFLOW, BUSY_LABEL, BUSY_SINCE, DECIDING_ANNOTATIONS, DELETE_REQUESTED, IDLE_COST, IDLE_DO_NOT_DISRUPT,
+    IDLE_SAFE_TO_EVICT, JOB_NAME, MAX_UNAVAILABLE, PROTECTED_LABEL, TEKTON_TASK_RUN, WHEN_UNREADY,
 };
 use super::pdb::BUSY_PDB_NAME;
 use super::{
@@ -48,9 +48,9 @@ pub fn under_a_budget() -> Value {
 /// (the Job controller, Kubernetes 1.27 and later), an Argo Workflow's, a Tekton TaskRun's. A
 /// webhook of the same shape with another owner's label protects that owner's pods too.
 pub const RUN_TO_COMPLETION: [(&str, &str); 3] = [
-    ("run-to-completion-jobs.busyguard.io", "batch.kubernetes.io/job-name"),
-    ("run-to-completion-workflows.busyguard.io", "workflows.argoproj.io/workflow"),
-    ("run-to-completion-taskruns.busyguard.io", "tekton.dev/taskRun"),
+    ("run-to-completion-jobs.busyguard.io", JOB_NAME),
+    ("run-to-completion-workflows.busyguard.io", ARGO_WORKFLOW),
+    ("run-to-completion-taskruns.busyguard.io", TEKTON_TASK_RUN),
 ];
 
 /// Pods created by a run-to-completion owner (`owner_label`) that did not opt in themselves:
@@ -145,10 +145,16 @@ pub fn pod_write_may_be_patched() -> String {
 }
 
 /// The fail-closed pod deletes (of [`not_idle`] pods): a delete busyguard could refuse. Sent: a
-/// pod busy by its label, or by readiness (not Ready). Every other delete of an opted-in pod
-/// goes on while busyguard is down: a Ready pod in readiness mode too.
+/// pod busy by its label, or by readiness (not Ready), that has started and not ended. Every
+/// other delete of an opted-in pod goes on while busyguard is down: a Ready pod in readiness
+/// mode, a pod not started yet (Pending), a finished one (a Job's, kept `busy: "true"`).
 pub fn pod_delete_may_be_refused() -> String {
-    format!("{} || {}", is_busy("oldObject"), busy_by_readiness("oldObject"))
+    format!(
+        "!(has(oldObject.status) && has(oldObject.status.phase) && oldObject.status.phase in ['Pending', 'Succeeded', \
+         'Failed']) && ({} || {})",
+        is_busy("oldObject"),
+        busy_by_readiness("oldObject")
+    )
 }
 
 /// The budget's deletes (of pods [`under_a_budget`], failing open): the rest of them, which

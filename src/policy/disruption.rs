@@ -47,6 +47,9 @@ pub enum Override {
     /// terminationGracePeriod is running out: the instance goes at the deadline anyway, and a
     /// refusal would only turn the pod's graceful shutdown into a hard kill.
     KarpenterDeadline,
+    /// A run-to-completion pod deleted by its own owner's controller (`--owner-controller-user`):
+    /// the workload decides its own end; busyguard protects it from the cluster only.
+    OwnerController,
 }
 
 impl Override {
@@ -56,7 +59,8 @@ impl Override {
             Override::Exempt(_)
             | Override::NodeTaintEviction
             | Override::NamespaceDeleted
-            | Override::KarpenterDeadline => Decision::Exempted,
+            | Override::KarpenterDeadline
+            | Override::OwnerController => Decision::Exempted,
         }
     }
 
@@ -68,6 +72,7 @@ impl Override {
             Override::NodeTaintEviction => Reason::NodeTaintEviction,
             Override::NamespaceDeleted => Reason::NamespaceDeleted,
             Override::KarpenterDeadline => Reason::KarpenterDeadline,
+            Override::OwnerController => Reason::OwnerController,
         }
     }
 }
@@ -228,10 +233,15 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
         busy_since,
         ..d.ask.audit(decision, reason, detail, config.mode, now)
     };
-    let deadline = d.action == Action::Delete && config.exemptions.is_karpenter(d.ask.requester.username);
+    let user = d.ask.requester.username;
+    let deadline = d.action == Action::Delete && config.exemptions.is_karpenter(user);
+    let owners_own = d.action == Action::Delete
+        && d.pod.runs_to_completion().is_some()
+        && config.exemptions.is_owner_controller(user);
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::Deny { .. } if deadline => let_busy_go(d, Override::KarpenterDeadline, audit),
+        Verdict::Deny { .. } if owners_own => let_busy_go(d, Override::OwnerController, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
         Verdict::Deny { since, until } => refuse_busy(d, since, until, config, now, audit),
     }
@@ -443,6 +453,10 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
             "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
              the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
         ),
+        Override::OwnerController => format!(
+            "{pod} is busy; its own controller ends it (a deadline, a suspend, a backoff limit, a success policy, a \
+             lowered parallelism; a stop, cancel or timeout): the workload decides its own end"
+        ),
     }
 }
 
@@ -478,6 +492,7 @@ mod tests {
                 users: vec!["ops".into()],
                 groups: vec!["ops:breakglass".into()],
                 karpenter: vec!["system:serviceaccount:kube-system:karpenter".into()],
+                owner_controllers: vec![JOB_CONTROLLER.into()],
             },
             mutation: MutationSettings {
                 karpenter: true,
@@ -799,6 +814,22 @@ mod tests {
                 },
             ]
         );
+    }
+
+    const JOB_CONTROLLER: &str = "system:serviceaccount:kube-system:job-controller";
+
+    #[test]
+    fn a_run_to_completion_pods_own_controller_ends_it_and_no_one_else_does() {
+        let mut job_pod = busy_worker();
+        job_pod.metadata.labels.insert("batch.kubernetes.io/job-name".into(), "import".into());
+        let outcome = judged(JOB_CONTROLLER, Action::Delete, &job_pod, None);
+        assert!(outcome.is_allowed(), "the Job's own end: a deadline, a suspend, a backoff limit");
+        let audit = outcome.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason), (Decision::Exempted, Reason::OwnerController));
+        // Its eviction, a person's delete, and the Job controller's delete of a pod not its own.
+        assert!(!judged(JOB_CONTROLLER, Action::Evict, &job_pod, None).is_allowed());
+        assert!(!judged("alice", Action::Delete, &job_pod, None).is_allowed());
+        assert!(!judged(JOB_CONTROLLER, Action::Delete, &busy_worker(), None).is_allowed());
     }
 
     #[test]

@@ -68,6 +68,12 @@ pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 /// The label by which an Argo Rollout's ReplicaSet selects its pods.
 pub const ROLLOUTS_POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
 
+/// The labels by which run-to-completion owners mark their pods: a Job's (the Job controller,
+/// Kubernetes 1.27 and later), an Argo Workflow's, a Tekton TaskRun's.
+pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+pub const ARGO_WORKFLOW: &str = "workflows.argoproj.io/workflow";
+pub const TEKTON_TASK_RUN: &str = "tekton.dev/taskRun";
+
 /// The field manager busyguard writes as: the API server records it in `managedFields`.
 pub const FIELD_MANAGER: &str = "busyguard";
 

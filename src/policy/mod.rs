@@ -83,6 +83,9 @@ pub struct Exemptions {
     /// Karpenter's users: their *deletes* of busy pods go through, and their node deletes
     /// (Karpenter deletes a pod, or its node, only when the node's deadline is running out).
     pub karpenter: Vec<String>,
+    /// The run-to-completion owners' controllers: their deletes of a pod carrying their owner's
+    /// label (a Job's, a Workflow's, a TaskRun's) go through.
+    pub owner_controllers: Vec<String>,
 }
 
 impl Exemptions {
@@ -96,6 +99,10 @@ impl Exemptions {
 
     pub fn is_karpenter(&self, username: &str) -> bool {
         self.karpenter.iter().any(|user| user == username)
+    }
+
+    pub fn is_owner_controller(&self, username: &str) -> bool {
+        self.owner_controllers.iter().any(|user| user == username)
     }
 }
 
@@ -216,6 +223,13 @@ pub const CLOUD_NODE_LIFECYCLE_USERS: [&str; 2] = [
     "system:serviceaccount:kube-system:node-controller",
     "system:serviceaccount:kube-system:cloud-node-lifecycle-controller",
 ];
+/// The controllers that run pods to completion, as upstream installs them: the Job controller,
+/// Argo Workflows' workflow-controller (its quick start's `argo` service account in `argo`) and
+/// Tekton Pipelines' controller. `--owner-controller-user`'s default (comma-separated): their
+/// deletes of their own pods (a deadline, a suspend, a backoff limit, a success policy, a lowered
+/// parallelism; a stop, cancel or timeout) are the workload's own end, not a disruption.
+pub const OWNER_CONTROLLER_USERS: &str = "system:serviceaccount:kube-system:job-controller,\
+     system:serviceaccount:argo:argo,system:serviceaccount:tekton-pipelines:tekton-pipelines-controller";
 /// Karpenter's service account as its chart installs it, in kube-system or in a namespace of
 /// its own: `--karpenter-user`'s default (comma-separated).
 pub const KARPENTER_USERS: &str =

@@ -64,7 +64,9 @@ pub fn on_change<P: PodFacts>(
     let was_terminating = before.is_some_and(|p| p.is_terminating());
     let cause = match (was_busy, after) {
         (Some(_), None) => Some(LossCause::Vanished),
-        (Some(_), Some(now_)) if now_.phase() == Phase::Failed && !now_.is_terminating() && failed_by_disruption(now_) => {
+        (Some(_), Some(now_))
+            if now_.phase() == Phase::Failed && !now_.is_terminating() && failed_by_disruption(now_) =>
+        {
             Some(LossCause::Failed { reason: now_.status_reason().map(str::to_string) })
         }
         (Some(_), Some(now_)) if now_.is_terminating() && !was_terminating => {
@@ -298,9 +300,16 @@ mod tests {
         }
         let shut_down = pod("true", json!({}), json!({"phase": "Failed", "reason": "Terminated"}));
         assert!(on_change(&target(), Some(&busy), Some(&shut_down), &config(), now()).loss.is_some(), "node shutdown");
-        let disrupted = pod("true", json!({}), json!({"phase": "Failed", "conditions": [
-            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}));
-        assert!(on_change(&target(), Some(&busy), Some(&disrupted), &config(), now()).loss.is_some(), "DisruptionTarget");
+        let disrupted = pod(
+            "true",
+            json!({}),
+            json!({"phase": "Failed", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}),
+        );
+        assert!(
+            on_change(&target(), Some(&busy), Some(&disrupted), &config(), now()).loss.is_some(),
+            "DisruptionTarget"
+        );
     }
 
     #[test]

@@ -238,6 +238,8 @@ pub enum Reason {
     NodeTaintEviction,
     NamespaceDeleted,
     KarpenterDeadline,
+    /// A run-to-completion pod deleted by its own owner's controller.
+    OwnerController,
     /// A node deleted by the cloud node lifecycle controller: its machine is gone.
     NodeGone,
     /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.

@@ -13,8 +13,8 @@ use serde::{Deserialize, Deserializer};
 use crate::duration::api_time;
 
 use super::keys::{
-    DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, POD_TEMPLATE_HASH, ROLLOUTS_POD_TEMPLATE_HASH,
-    TASK_CONTAINER,
+    ARGO_WORKFLOW, DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, FIELD_MANAGER, JOB_NAME, POD_TEMPLATE_HASH,
+    ROLLOUTS_POD_TEMPLATE_HASH, TASK_CONTAINER, TEKTON_TASK_RUN,
 };
 
 pub type Labels = BTreeMap<String, String>;
@@ -76,13 +76,11 @@ pub struct ResizePolicy {
 
 impl Pod {
     /// The container whose task this update would end by restarting it, if any: its image
-    /// changed, or a resource whose resize policy is `RestartContainer`. Only the task container
-    /// counts, as for a restart that makes the flag stale (`busyguard.io/task-container`, else
-    /// `kubectl.kubernetes.io/default-container`, else any container).
+    /// changed, or a resource whose resize policy is `RestartContainer`. Only the task's
+    /// containers count, as the pod stood before the write ([`PodFacts::is_task_container`]).
     pub fn restarted_container(&self, before: &Pod) -> Option<&str> {
-        let task = self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER));
-        let candidates = self.spec.containers.iter().filter(|c| task.is_none_or(|task| c.name == task));
-        candidates
+        (self.spec.containers.iter())
+            .filter(|new| before.is_task_container(&new.name))
             .filter(|new| {
                 let Some(old) = before.spec.containers.iter().find(|old| old.name == new.name) else { return false };
                 old.image != new.image || restarting_resize(old, new)
@@ -90,6 +88,16 @@ impl Pod {
             .map(|c| c.name.as_str())
             .next()
     }
+}
+
+/// Who runs a pod to its end (a Job, an Argo Workflow, a Tekton TaskRun), by the label it puts
+/// on the pod: that owner's controller decides when the pod ends, and which containers run its
+/// task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunsToCompletion {
+    Job,
+    ArgoWorkflow,
+    TektonTaskRun,
 }
 
 /// Whether a resource of the container changed whose resize policy restarts it.
@@ -296,6 +304,32 @@ pub trait PodFacts {
 
     /// The label by which its ReplicaSet selects it, and its value: an Argo Rollout's
     /// (`rollouts-pod-template-hash`), else a Deployment's (`pod-template-hash`).
+    /// The run-to-completion owner whose label the pod carries, if any.
+    fn runs_to_completion(&self) -> Option<RunsToCompletion> {
+        [
+            (JOB_NAME, RunsToCompletion::Job),
+            (ARGO_WORKFLOW, RunsToCompletion::ArgoWorkflow),
+            (TEKTON_TASK_RUN, RunsToCompletion::TektonTaskRun),
+        ]
+        .into_iter()
+        .find_map(|(label, owner)| self.label(label).map(|_| owner))
+    }
+
+    /// Whether container `name` runs the pod's task: the one `busyguard.io/task-container`
+    /// names, else `kubectl.kubernetes.io/default-container`'s, else a Tekton TaskRun's steps
+    /// (`step-*`, not its sidecars, which Tekton stops by swapping their image once the steps
+    /// end) and an Argo Workflow's `main`, else any container.
+    fn is_task_container(&self, name: &str) -> bool {
+        if let Some(task) = self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER)) {
+            return name == task;
+        }
+        match self.runs_to_completion() {
+            Some(RunsToCompletion::TektonTaskRun) => name.starts_with("step-"),
+            Some(RunsToCompletion::ArgoWorkflow) => name == "main",
+            Some(RunsToCompletion::Job) | None => true,
+        }
+    }
+
     fn template_hash(&self) -> Option<(&'static str, &str)> {
         [ROLLOUTS_POD_TEMPLATE_HASH, POD_TEMPLATE_HASH].into_iter().find_map(|key| Some((key, self.label(key)?)))
     }

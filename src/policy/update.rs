@@ -842,6 +842,30 @@ mod tests {
     }
 
     #[test]
+    fn the_task_container_is_read_from_the_pod_as_it_stood_so_one_write_cannot_repoint_and_restart_it() {
+        let mut busy = busy_with_containers();
+        busy["metadata"]["annotations"][TASK_CONTAINER] = json!("worker");
+        let mut repointed = busy.clone();
+        repointed["metadata"]["annotations"][TASK_CONTAINER] = json!("proxy");
+        repointed["spec"]["containers"][0]["image"] = json!("example.com/worker:2");
+        assert!(!mutated(&busy, &repointed, "2026-11-21T20:30:00Z").0.is_allowed());
+    }
+
+    #[test]
+    fn tekton_stops_a_busy_taskruns_sidecar_by_its_image_and_its_steps_stay_protected() {
+        let mut busy = busy_with_containers();
+        busy["metadata"]["labels"]["tekton.dev/taskRun"] = json!("build-x");
+        busy["spec"]["containers"][0]["name"] = json!("step-build");
+        busy["spec"]["containers"][1]["name"] = json!("sidecar-db");
+        let mut sidecar_stopped = busy.clone();
+        sidecar_stopped["spec"]["containers"][1]["image"] = json!("gcr.io/tekton-releases/nop");
+        assert!(mutated(&busy, &sidecar_stopped, "2026-11-21T20:30:00Z").0.is_allowed(), "Tekton's sidecar stop");
+        let mut step_changed = busy.clone();
+        step_changed["spec"]["containers"][0]["image"] = json!("example.com/worker:2");
+        assert!(!mutated(&busy, &step_changed, "2026-11-21T20:30:00Z").0.is_allowed(), "a step's restart");
+    }
+
+    #[test]
     fn a_run_to_completion_pod_created_without_the_label_is_busy_from_its_creation_to_its_end() {
         let job_pod = json!({"metadata": {"name": "import-x2", "labels": {"batch.kubernetes.io/job-name": "import"}},
                              "spec": {"containers": [{"name": "main", "image": "example.com/import:1"}]}});

@@ -37,6 +37,7 @@ pub fn policy() -> PolicyConfig {
             users: vec![POD_GC_USER.into(), EXEMPT_USER.into()],
             groups: vec![EXEMPT_GROUP.into()],
             karpenter: vec![KARPENTER_USER.into()],
+            owner_controllers: Vec::new(),
         },
         mutation: MutationSettings {
             karpenter: true,
@@ -109,7 +110,7 @@ pub struct Disruption<'a> {
     pub review: &'a Value,
 }
 
-/// A pod marked busy, not already going, is only let go with an audit line naming an exemption
+/// A pod marked busy, started and not already going, is only let go with an audit line naming an exemption
 /// that really applies; a pod not marked busy is never refused. Checked when the review is
 /// judged at all; the refusal otherwise.
 pub fn busy_pods_go_only_with_an_audited_exemption(
@@ -121,8 +122,9 @@ pub fn busy_pods_go_only_with_an_audited_exemption(
     let pod = disruption.pod;
     let labels = &pod["metadata"]["labels"];
     let marked_busy = labels["busyguard.io/busy"] == "true";
+    // Going, gone, or not started yet (Pending: no task runs): nothing busy to protect.
     let going = pod["metadata"]["deletionTimestamp"].is_string()
-        || matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+        || matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed" | "Pending"));
     let unready_counts = labels["busyguard.io/busy"] == "when-unready";
     let has_budget = labels["busyguard.io/max-unavailable"].is_string();
     if !marked_busy && !unready_counts && !has_budget {
