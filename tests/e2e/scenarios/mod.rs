@@ -3,6 +3,7 @@
 mod deletes;
 mod drains;
 mod flags;
+mod jobs;
 mod lifecycle;
 mod neighbours;
 mod nodes;
@@ -62,6 +63,15 @@ pub const ALL: &[(&str, Scenario)] = &[
         "a_jobs_pod_is_busy_while_it_runs_where_the_namespace_says_so",
         lifecycle::a_jobs_pod_is_busy_while_it_runs_by_the_namespaces_say,
     ),
+    ("a_job_past_its_deadline_ends_its_busy_pod", jobs::a_job_past_its_deadline_ends_its_busy_pod),
+    ("a_suspended_jobs_pod_goes", jobs::a_suspended_jobs_pod_goes),
+    ("a_job_pod_that_exits_1_is_not_reported_lost", jobs::a_job_pod_that_exits_1_is_not_reported_lost),
+    ("a_pending_job_pod_can_be_deleted", jobs::a_pending_job_pod_can_be_deleted),
+    (
+        "with_busyguard_down_a_finished_job_pod_can_be_deleted",
+        jobs::with_busyguard_down_a_finished_job_pod_can_be_deleted,
+    ),
+    ("a_tekton_pods_sidecar_stop_goes_through_after_its_steps", jobs::a_tekton_pods_sidecar_stop_goes_through),
     (
         "an_update_that_would_restart_a_busy_pods_container_is_refused",
         lifecycle::a_container_restarting_update_of_a_busy_pod_is_refused,

@@ -1,0 +1,145 @@
+//! Run-to-completion pods (a namespace labelled busyguard.io/run-to-completion=true): protected
+//! from the cluster, never from their own controller; finished and never-started pods never wait.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use serde_json::{Value, json};
+
+use crate::rig::{Namespace, Rig, eventually, throughout};
+use crate::workers::label;
+
+/// A namespace whose Jobs' (and TaskRuns', Workflows') pods are busy while they run.
+fn run_to_completion<'r>(rig: &'r Rig, name: &str) -> Result<Namespace<'r>> {
+    let ns = rig.namespace(name)?;
+    rig.kubectl(&["label", "namespace", &ns, "busyguard.io/run-to-completion=true"])?;
+    Ok(ns)
+}
+
+/// A Job `name` of one pod, with `spec` merged into the Job's spec.
+fn job(ns: &str, name: &str, spec: Value) -> Value {
+    let mut job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "example.com/worker"}]}}}});
+    json_patch::merge(&mut job["spec"], &spec);
+    job
+}
+
+/// The Job's pods, not being deleted.
+fn job_pods(rig: &Rig, ns: &str, job: &str) -> Result<Vec<Value>> {
+    let pods = rig.get(&["-n", ns, "pods", "-l", &format!("batch.kubernetes.io/job-name={job}")])?;
+    Ok((pods["items"].as_array().cloned().unwrap_or_default().into_iter())
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect())
+}
+
+/// Starts the Job and returns its pod's name once it runs busy.
+fn running_busy(rig: &Rig, ns: &str, job: &Value) -> Result<String> {
+    rig.apply(job)?;
+    let name = job["metadata"]["name"].as_str().unwrap_or_default();
+    let mut pod = Value::Null;
+    eventually("the Job's pod runs", Duration::from_secs(60), || {
+        pod = job_pods(rig, ns, name)?.into_iter().find(|p| p["status"]["phase"] == "Running").unwrap_or_default();
+        Ok(!pod.is_null())
+    })?;
+    ensure!(label(&pod, "busyguard.io/busy").as_deref() == Some("true"), "not busy: {}", pod["metadata"]);
+    Ok(pod["metadata"]["name"].as_str().unwrap_or_default().to_string())
+}
+
+/// The Job's pod is deleted by the Job controller and gone, its delete audited as its owner's.
+fn ended_by_its_job(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
+    eventually("the Job controller's delete goes through", Duration::from_secs(45), || Ok(rig.pod(ns, pod)?.is_none()))?;
+    let owners = rig.audited(ns, pod, "exempted");
+    ensure!(owners.iter().any(|a| a["reason"] == "owner-controller"), "not audited as its owner's end: {owners:?}");
+    Ok(())
+}
+
+/// A Job past its activeDeadlineSeconds: the Job controller deletes its busy pod, and it goes.
+pub fn a_job_past_its_deadline_ends_its_busy_pod(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "job-deadline")?;
+    let pod = running_busy(rig, &ns, &job(&ns, "deadline", json!({"activeDeadlineSeconds": 10})))?;
+    ensure!(!rig.evict(&ns, &pod)?.0, "the running Job's pod was evicted");
+    ended_by_its_job(rig, &ns, &pod)
+}
+
+/// A Job suspended (as Kueue preempts): the Job controller deletes its busy pod, and it goes.
+pub fn a_suspended_jobs_pod_goes(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "job-suspend")?;
+    let pod = running_busy(rig, &ns, &job(&ns, "suspended", json!({})))?;
+    rig.kubectl(&["-n", &ns, "patch", "job", "suspended", "--type=merge", "-p", r#"{"spec":{"suspend":true}}"#])?;
+    ended_by_its_job(rig, &ns, &pod)
+}
+
+/// A Job's pod whose task fails (exit 1, restartPolicy Never) ended by itself: no loss reported.
+pub fn a_job_pod_that_exits_1_is_not_reported_lost(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "job-failed")?;
+    let pod = running_busy(rig, &ns, &job(&ns, "failing", json!({})))?;
+    let failed = json!({"status": {"phase": "Failed", "containerStatuses": [{"name": "main", "image": "example.com/worker",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": jiff::Timestamp::now().to_string()}}}]}});
+    rig.kubectl(&["-n", &ns, "patch", "pod", &pod, "--subresource=status", "--type=merge", "-p", &failed.to_string()])?;
+    throughout("no BusyPodLost Event, no lost audit line", Duration::from_secs(8), || {
+        let events = rig.get(&["-n", &ns, "events", "--field-selector", "reason=BusyPodLost"])?;
+        Ok(events["items"].as_array().is_none_or(Vec::is_empty) && rig.audited(&ns, &pod, "lost").is_empty())
+    })
+}
+
+/// A Job's pod that cannot start (no node fits it) is Pending: no task runs, and a person's
+/// delete goes through at once.
+pub fn a_pending_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "job-pending")?;
+    let unschedulable = json!({"template": {"spec": {"nodeSelector": {"e2e/no-such-node": "true"}}}});
+    rig.apply(&job(&ns, "pending", unschedulable))?;
+    let mut pod = Value::Null;
+    eventually("the Job's pod is there, Pending", Duration::from_secs(30), || {
+        pod = job_pods(rig, &ns, "pending")?.into_iter().next().unwrap_or_default();
+        Ok(!pod.is_null())
+    })?;
+    ensure!(label(&pod, "busyguard.io/busy").as_deref() == Some("true"), "made busy at creation: {}", pod["metadata"]);
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", name, "--wait=false"])?;
+    ensure!(ok, "a Pending pod's delete was refused: {err}");
+    Ok(())
+}
+
+/// With busyguard down (no replica), a finished Job pod (still labelled busy) can be deleted:
+/// its delete never reaches the fail-closed hook.
+pub fn with_busyguard_down_a_finished_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "job-finished")?;
+    let pod = running_busy(rig, &ns, &job(&ns, "finished", json!({})))?;
+    let done = json!({"status": {"phase": "Succeeded"}});
+    rig.kubectl(&["-n", &ns, "patch", "pod", &pod, "--subresource=status", "--type=merge", "-p", &done.to_string()])?;
+    rig.scale_busyguard(0)?;
+    let deleted = rig.try_kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=false"]);
+    rig.scale_busyguard(2)?;
+    let (ok, _, err) = deleted?;
+    ensure!(ok, "with busyguard down, a finished Job pod's delete failed: {err}");
+    Ok(())
+}
+
+/// A Tekton TaskRun's pod (steps `step-*`, a sidecar): once its steps end, Tekton stops the
+/// sidecar by swapping its image for a no-op, and that goes through; a step's image change of the
+/// busy pod is refused.
+pub fn a_tekton_pods_sidecar_stop_goes_through(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "taskrun")?;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "build-pod", "namespace": &*ns, "labels": {"tekton.dev/taskRun": "build", "app": "build"}},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "step-build", "image": "example.com/build:1"},
+            {"name": "sidecar-db", "image": "example.com/redis:7"}]}});
+    rig.apply(&pod)?;
+    eventually("the TaskRun's pod runs busy", Duration::from_secs(60), || {
+        Ok(rig.pod(&ns, "build-pod")?.is_some_and(|p| {
+            p["status"]["phase"] == "Running" && label(&p, "busyguard.io/busy").as_deref() == Some("true")
+        }))
+    })?;
+    let image = |container: usize, image: &str| {
+        let patch = json!([{"op": "replace", "path": format!("/spec/containers/{container}/image"), "value": image}]);
+        rig.try_kubectl(&["-n", &ns, "patch", "pod", "build-pod", "--type=json", "-p", &patch.to_string()])
+    };
+    let (ok, _, err) = image(0, "example.com/build:2")?;
+    ensure!(!ok && err.contains("step-build"), "a busy step's restart went through: {err}");
+    let (ok, _, err) = image(1, "gcr.io/tekton-releases/github.com/tektoncd/pipeline/cmd/nop")?;
+    ensure!(ok, "Tekton's sidecar stop was refused: {err}");
+    Ok(())
+}
