@@ -47,12 +47,19 @@ pub struct Eviction {
 pub struct DeleteOptions {
     #[serde(default)]
     pub dry_run: Option<Vec<String>>,
+    #[serde(default)]
+    pub grace_period_seconds: Option<i64>,
 }
 
 impl Eviction {
     /// An eviction's dry run is asked for in its body, not (only) in the request.
     pub fn is_dry_run(&self) -> bool {
         self.delete_options.as_ref().and_then(|o| o.dry_run.as_ref()).is_some_and(|modes| !modes.is_empty())
+    }
+
+    /// The grace period the eviction asks for, if it names one.
+    pub fn grace_period(&self) -> Option<i64> {
+        self.delete_options.as_ref().and_then(|o| o.grace_period_seconds)
     }
 }
 

@@ -340,12 +340,17 @@ impl Worker {
         }
         let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
         match effect {
-            Effect::DeleteIdle { pod, resource_version, .. } => {
+            Effect::DeleteIdle { pod, resource_version, request, .. } => {
                 // Exactly once: only the pod as it was seen idle, by whichever replica is first.
                 let preconditions =
                     Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
                 let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
-                self.pods(pod).delete(&pod.name, &params).await.map(drop)
+                match request.evict {
+                    // An eviction deferred stays an eviction: the pod's PodDisruptionBudgets
+                    // hold (429 until they allow it: tried again, then on the next sweep).
+                    Some(evict) => self.evict(pod, resource_version, evict.grace_period_seconds).await,
+                    None => self.pods(pod).delete(&pod.name, &params).await.map(drop),
+                }
             }
             Effect::CreateBusyPdb { namespace } => {
                 let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
@@ -369,6 +374,25 @@ impl Worker {
             | Effect::MarkDisruptionWanted { .. }
             | Effect::Release { .. } => Ok(()),
         }
+    }
+
+    /// An Eviction of the pod as it was seen idle (uid and resourceVersion as preconditions),
+    /// with the evictor's grace period. Written out here: kube's `Api::evict` sends its delete
+    /// options as `delete_options`, which the API server ignores, preconditions and all.
+    async fn evict(&self, pod: &PodRef, resource_version: &str, grace_period: Option<i64>) -> kube::Result<()> {
+        let mut delete_options =
+            serde_json::json!({"preconditions": {"uid": pod.uid, "resourceVersion": resource_version}});
+        if let Some(seconds) = grace_period {
+            delete_options["gracePeriodSeconds"] = seconds.into();
+        }
+        let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace}, "deleteOptions": delete_options});
+        let path = format!("/api/v1/namespaces/{}/pods/{}/eviction", pod.namespace, pod.name);
+        let request = http::Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(eviction.to_string().into_bytes())
+            .map_err(kube::Error::HttpError)?;
+        self.client.request::<kube::core::Status>(request).await.map(drop)
     }
 
     /// What follows an effect carried out: the deferred delete's audit line, the loss reported.

@@ -68,7 +68,7 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
                 .into(),
         ));
     }
-    let request = DeleteRequest { by: "busyguard check".into(), at: Timestamp::now() };
+    let request = DeleteRequest::new("busyguard check", Timestamp::now());
     let forged =
         pod(json!({BUSY_LABEL: "false", DELETE_REQUESTED: "true"}), json!({DELETE_REQUESTED: request.to_annotation()}));
     match pods.create(&dry_run, &forged).await {

@@ -9,7 +9,7 @@ use super::busy::{BusyState, Lapse, busy_state};
 use super::hold;
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
-    MAX_UNAVAILABLE, RELEASED_FROM, REQUEST_EVICT_ONLY,
+    EvictAs, MAX_UNAVAILABLE, RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
@@ -178,6 +178,9 @@ pub struct Disruption<'a, P: PodFacts + ?Sized> {
     /// The workload's other unavailable pods, for its `busyguard.io/max-unavailable` (`None`:
     /// unknown, no budget).
     pub siblings: Option<Siblings>,
+    /// The grace period an eviction asked for (its `deleteOptions`), kept for an eviction
+    /// carried out later.
+    pub grace_period: Option<i64>,
 }
 
 /// What refusing a busy pod sets in motion besides the answer.
@@ -310,7 +313,7 @@ fn refuse_busy(
     let consequence = Consequence::of(d, by_readiness, config, now);
     let target =
         PodRef { namespace: ask.namespace.to_string(), name: ask.name.to_string(), uid: pod.uid().to_string() };
-    let request = || DeleteRequest { by: ask.requester.username.to_string(), at: whole_second(now) };
+    let request = || DeleteRequest::new(ask.requester.username, whole_second(now));
     let (suffix, then, reason) = match consequence {
         Consequence::Nothing => (String::new(), None, Reason::Busy),
         // A refused eviction holds the pod from new tasks, so the evictor's retry finds it idle
@@ -322,10 +325,14 @@ fn refuse_busy(
         }
         Consequence::Told => (String::new(), None, Reason::Busy),
         Consequence::Deferred { in_background } => {
-            let suffix = if in_background { delete_deferred() + &evacuation_triggered() } else { delete_deferred() };
-            let mark = (pod.delete_request().is_none()).then(|| Effect::MarkDeleteRequested {
+            let suffix = if in_background { eviction_deferred() + &evacuation_triggered() } else { delete_deferred() };
+            // An eviction deferred is carried out as an eviction, so PodDisruptionBudgets hold.
+            let evict = in_background.then_some(EvictAs { grace_period_seconds: d.grace_period });
+            let unmarked =
+                pod.delete_request().is_none() || (in_background && pod.annotation(EVICTION_IN_PROGRESS).is_none());
+            let mark = unmarked.then(|| Effect::MarkDeleteRequested {
                 pod: target.clone(),
-                request: request(),
+                request: DeleteRequest { evict, ..request() },
                 in_background,
             });
             (suffix, mark, Reason::BusyDeleteDeferred)
@@ -414,6 +421,14 @@ pub fn held_from_new_tasks() -> String {
     format!(
         "; busyguard holds it from new tasks ({DISRUPTION_REQUESTED}), so it is idle at a retry after its task \
          ends"
+    )
+}
+
+/// Added to a refusal of an eviction busyguard will carry out itself.
+pub fn eviction_deferred() -> String {
+    format!(
+        "; busyguard records the eviction on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle, \
+         as an eviction, so your PodDisruptionBudgets hold"
     )
 }
 
@@ -522,7 +537,7 @@ mod tests {
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
         let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
         judge_disruption(
-            &Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings },
+            &Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings, grace_period: None },
             &config(Mode::Enforce),
             now(),
         )
@@ -532,7 +547,7 @@ mod tests {
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
         let pod = busy_worker();
         judge_disruption(
-            &Disruption { ask: &ask, action, pod: &pod, seen: Some(&pod), siblings: None },
+            &Disruption { ask: &ask, action, pod: &pod, seen: Some(&pod), siblings: None, grace_period: None },
             &config(mode),
             now,
         )
@@ -585,7 +600,8 @@ mod tests {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let disruption = Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings: None };
+            let disruption =
+                Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings: None, grace_period: None };
             let outcome = judge_disruption(&disruption, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
@@ -690,7 +706,14 @@ mod tests {
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
             let siblings = Some(crate::policy::testing::unavailable_siblings(1));
-            let disruption = Disruption { ask: &ask(user, false), action, pod: &pod, seen: Some(&pod), siblings };
+            let disruption = Disruption {
+                ask: &ask(user, false),
+                action,
+                pod: &pod,
+                seen: Some(&pod),
+                siblings,
+                grace_period: None,
+            };
             judge_disruption(&disruption, &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
@@ -809,7 +832,7 @@ mod tests {
                 Effect::Event { pod: pod.clone(), action: Action::Delete, note: message.clone() },
                 Effect::MarkDeleteRequested {
                     pod,
-                    request: DeleteRequest { by: "alice".into(), at: ts("2026-11-21T21:00:00Z") },
+                    request: DeleteRequest::new("alice", ts("2026-11-21T21:00:00Z")),
                     in_background: false,
                 },
             ]
@@ -851,7 +874,7 @@ mod tests {
         else {
             panic!("{:?}", outcome.effects)
         };
-        assert_eq!((pod.name.as_str(), request), ("w", &DeleteRequest { by: "alice".into(), at: now() }));
+        assert_eq!((pod.name.as_str(), request), ("w", &DeleteRequest::new("alice", now())));
         assert!(outcome.await_effects, "the mark lands before the evictor reads the answer");
         let Answer::Deny { message, .. } = &outcome.answer else { panic!() };
         assert!(message.ends_with("; busyguard holds it from new tasks (busyguard.io/disruption-requested), so it is idle at a retry after its task ends"), "{message}");
@@ -860,7 +883,7 @@ mod tests {
     #[test]
     fn a_refused_eviction_renews_the_hold_at_most_every_third_of_it() {
         let marked_at = |at: &str| {
-            let mark = DeleteRequest { by: "drain".into(), at: ts(at) }.to_annotation();
+            let mark = DeleteRequest::new("drain", ts(at)).to_annotation();
             worker(
                 "true",
                 json!({BUSY_SINCE: "2026-11-21T20:00:00Z", DISRUPTION_REQUESTED: mark}),
@@ -886,8 +909,14 @@ mod tests {
         other.metadata.uid = "u-other".into();
         let busy = busy_worker();
         for seen in [None, Some(&idle as &dyn PodFacts), Some(&other)] {
-            let disruption =
-                Disruption { ask: &ask("alice", false), action: Action::Delete, pod: &busy, seen, siblings: None };
+            let disruption = Disruption {
+                ask: &ask("alice", false),
+                action: Action::Delete,
+                pod: &busy,
+                seen,
+                siblings: None,
+                grace_period: None,
+            };
             let outcome = judge_disruption(&disruption, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);

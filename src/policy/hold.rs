@@ -196,7 +196,7 @@ mod tests {
     fn a_refused_eviction_holds_for_its_time_then_lets_the_pod_take_tasks_again() {
         let holds = Holds::default();
         let marked = pod(json!({DISRUPTION_REQUESTED: r#"{"by":"drain","at":"2026-11-21T20:00:00Z"}"#}), json!({}));
-        let request = DeleteRequest { by: "drain".into(), at: ts("2026-11-21T20:00:00Z") };
+        let request = DeleteRequest::new("drain", ts("2026-11-21T20:00:00Z"));
         assert_eq!(
             held(&marked, "n1", None, holds, ts("2026-11-21T20:00:29Z")),
             Some(Hold::EvictionRefused { request, until: ts("2026-11-21T20:00:30Z") })

@@ -82,14 +82,31 @@ pub const FIELD_MANAGER: &str = "busyguard";
 /// annotation, whose value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.
 pub const DELETE_REQUESTED: &str = "busyguard.io/delete-requested";
 
-/// The value of a delete-requested mark's annotation: who asked, and when.
+/// The value of a delete-requested mark's annotation: who asked, and when; and, for an eviction
+/// deferred, that it is carried out as an eviction (so PodDisruptionBudgets hold) with the grace
+/// period the evictor asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeleteRequest {
     pub by: String,
     pub at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evict: Option<EvictAs>,
+}
+
+/// How a deferred eviction is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictAs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_seconds: Option<i64>,
 }
 
 impl DeleteRequest {
+    /// A delete `by` asked for `at`, carried out as a delete.
+    pub fn new(by: impl Into<String>, at: Timestamp) -> Self {
+        DeleteRequest { by: by.into(), at, evict: None }
+    }
+
     pub fn to_annotation(&self) -> String {
         serde_json::to_string(self).expect("two strings always serialize")
     }

@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn every_pod_write_is_one_merge_patch_with_the_pods_uid_and_a_refresh_with_its_resource_version() {
         let pod = PodRef { namespace: "capture".into(), name: "w".into(), uid: "u-w".into() };
-        let request = DeleteRequest { by: "alice".into(), at: ts("2026-11-21T20:30:00Z") };
+        let request = DeleteRequest::new("alice", ts("2026-11-21T20:30:00Z"));
         let asked = request.to_annotation();
         let annotations = Changes::from([(DELETION_COST, Some("5".to_string())), (IDLE_COST, None)]);
         let refresh = Effect::Refresh {

@@ -65,7 +65,7 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
         return refused;
     }
     // Each busy pod is held from new tasks, so the node empties within a task.
-    let request = DeleteRequest { by: requester.username.to_string(), at: whole_second(now) };
+    let request = DeleteRequest::new(requester.username, whole_second(now));
     let marks = busy.into_iter().filter(|b| b.mark_due).filter_map(|b| {
         let (namespace, name) = b.pod.split_once('/')?;
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: b.uid };

@@ -224,7 +224,7 @@ mod tests {
             panic!("{observed:?}")
         };
         assert_eq!((pod, resource_version.as_str()), (&target(), "7"));
-        assert_eq!(request, &DeleteRequest { by: "alice".into(), at: "2026-11-21T20:30:00Z".parse().unwrap() });
+        assert_eq!(request, &DeleteRequest::new("alice", "2026-11-21T20:30:00Z".parse().unwrap()));
         assert_eq!(
             (audit.decision, audit.reason, audit.user.as_str()),
             (Decision::DeletedWhenIdle, Reason::DeleteRequested, "alice")

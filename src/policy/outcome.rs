@@ -542,7 +542,7 @@ mod tests {
             assert_eq!(serde_json::to_value(reason).unwrap(), name, "the audit line says the same");
         }
         let pod = PodRef { namespace: "ns".into(), name: "w".into(), uid: "u".into() };
-        let request = crate::policy::keys::DeleteRequest { by: "alice".into(), at: jiff::Timestamp::UNIX_EPOCH };
+        let request = crate::policy::keys::DeleteRequest::new("alice", jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(Effect::MarkDeleteRequested { pod, request, in_background: false }.kind(), "mark-delete");
         assert_eq!(Effect::CreateBusyPdb { namespace: "ns".into() }.kind(), "create-busy-pdb");
         assert_eq!((Action::Delete.as_str(), Action::Evict.as_str()), ("Delete", "Evict"));

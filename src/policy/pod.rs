@@ -628,9 +628,23 @@ mod tests {
             let asked = Default::default();
             let recording = Recording { pod, asked: &asked };
             let (seen, siblings) = (Some(&recording as &dyn PodFacts), one());
-            let evict = disruption::Disruption { ask: &ask, action: Action::Evict, pod: &recording, seen, siblings };
+            let evict = disruption::Disruption {
+                ask: &ask,
+                action: Action::Evict,
+                pod: &recording,
+                seen,
+                siblings,
+                grace_period: None,
+            };
             disruption::judge_disruption(&evict, &config, now);
-            let delete = disruption::Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings: one() };
+            let delete = disruption::Disruption {
+                ask: &ask,
+                action: Action::Delete,
+                pod,
+                seen,
+                siblings: one(),
+                grace_period: None,
+            };
             disruption::judge_disruption(&delete, &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);

@@ -47,6 +47,20 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     api.wait_for(1, pod_call("PATCH", "worker-a")).await;
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
     api.wait_for(1, pod_call("DELETE", "worker-a")).await;
+    // An eviction in background (the descheduler's), deferred, then carried out as an eviction.
+    let mut evicted = busy_pod("evicted", since_minutes_ago(10));
+    evicted["metadata"]["annotations"]["descheduler.alpha.kubernetes.io/request-evict-only"] = json!("");
+    api.put_pod(evicted);
+    eventually("the view holds it", async || {
+        let answer = server.review("/validate", &eviction_of("evicted")).await;
+        (answer["status"]["code"] == 429).then_some(())
+    })
+    .await;
+    api.wait_for(1, pod_call("PATCH", "evicted")).await;
+    settle().await;
+    api.update_pod("capture", "evicted", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    let evictions = api.wait_for(1, |c| c.method == "POST" && c.path == format!("{POD_PATH}/evicted/eviction")).await;
+    assert_eq!(evictions[0].body["deleteOptions"]["preconditions"]["uid"], "uid-evicted", "{}", evictions[0].body);
     // A busy pod leaving the watch: gone, or only its label removed?
     api.update_pod("capture", "busy", |pod| {
         pod["metadata"]["labels"].as_object_mut().unwrap().remove("busyguard.io/busy");
@@ -63,7 +77,8 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
         wait_until_eviction_allowed_is(&server, name, true).await;
     }
     // Every opted-in pod gone: busyguard's PDB goes too.
-    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat", "ds-a", "ds-b"] {
+    for name in ["busy-stale", "idle-1", "idle-2", "idle-stale", "worker-a", "worker-compat", "ds-a", "ds-b", "evicted"]
+    {
         api.remove_pod("capture", name);
     }
     api.wait_for(1, |c| c.method == "DELETE" && c.path.contains("/poddisruptionbudgets")).await;

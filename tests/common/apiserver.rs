@@ -418,6 +418,15 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
+        // An eviction (no PodDisruptionBudget here) deletes the pod as its deleteOptions say.
+        (&Method::POST, ["api", "v1", "namespaces", namespace, "pods", name, "eviction"]) => {
+            let deleted = pod_call(&api, &Method::DELETE, namespace, name, &query, body["deleteOptions"].clone());
+            if deleted.status() != StatusCode::OK {
+                return deleted;
+            }
+            let done = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+            (StatusCode::CREATED, [("content-type", "application/json")], done.to_string()).into_response()
+        }
         (&Method::GET, ["apis", "apps", "v1", "namespaces", namespace, resource, name]) => {
             let key = (resource.to_string(), namespace.to_string(), name.to_string());
             match api.store().apps.get(&key) {

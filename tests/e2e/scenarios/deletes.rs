@@ -144,3 +144,41 @@ pub fn a_marked_pod_that_loses_its_label_takes_the_kubelets_status_write(rig: &R
         Ok(rig.pod(&ns, "task")?.is_none())
     })
 }
+
+/// Three busy pods carrying `request-evict-only` under a PodDisruptionBudget `minAvailable: 2`:
+/// each eviction is refused and deferred; once all three are idle at once, busyguard carries the
+/// evictions out as evictions, so the budget holds: one pod goes, two stay.
+pub fn background_evictions_keep_the_users_pod_disruption_budget(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("background-pdb")?;
+    let names = ["bg-1", "bg-2", "bg-3"];
+    for name in names {
+        let mut pod = workers::pod(&ns, name, None);
+        pod["metadata"]["labels"]["app"] = serde_json::json!("bg");
+        pod["metadata"]["annotations"] = serde_json::json!({"descheduler.alpha.kubernetes.io/request-evict-only": ""});
+        rig.apply(&pod)?;
+    }
+    eventually("three pods ready", Duration::from_secs(60), || Ok(workers::ready_pods(rig, &ns, "bg")?.len() == 3))?;
+    rig.apply(&serde_json::json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "bg", "namespace": &*ns},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "bg"}}}}))?;
+    eventually("the budget allows one disruption", Duration::from_secs(30), || {
+        Ok(rig.get(&["-n", &ns, "pdb", "bg"])?["status"]["disruptionsAllowed"] == 1)
+    })?;
+    for name in names {
+        flip(rig, &ns, name, true)?;
+    }
+    for name in names {
+        let (ok, err) = rig.evict(&ns, name)?;
+        ensure!(!ok && err.contains("Eviction triggered evacuation"), "{name}: {err}");
+        eventually("marked", Duration::from_secs(10), || {
+            Ok(rig.pod(&ns, name)?.is_some_and(|p| annotation(&p, "busyguard.io/delete-requested").is_some()))
+        })?;
+    }
+    for name in names {
+        flip(rig, &ns, name, false)?;
+    }
+    eventually("one pod evicted", Duration::from_secs(30), || Ok(rig.live_pods(&ns, "bg")?.len() == 2))?;
+    crate::rig::throughout("two pods stay, as the budget says", Duration::from_secs(10), || {
+        Ok(rig.live_pods(&ns, "bg")?.len() == 2)
+    })
+}

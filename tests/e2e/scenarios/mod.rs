@@ -32,6 +32,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         deletes::the_deschedulers_eviction_in_background_goes_once_idle,
     ),
     (
+        "three_background_evictions_under_min_available_2_leave_two_pods_once_idle",
+        deletes::background_evictions_keep_the_users_pod_disruption_budget,
+    ),
+    (
         "two_replicas_never_let_a_budget_of_one_lose_two_pods",
         deletes::two_replicas_never_let_a_budget_of_one_lose_two_pods,
     ),
