@@ -139,7 +139,7 @@ pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
 /// retired keys are read to warn about them: the workload budget as an annotation
 /// ([`MAX_UNAVAILABLE`], now a label) and [`RETIRED_WHEN_UNREADY`].
-pub const DECIDING_ANNOTATIONS: [&str; 15] = [
+pub const DECIDING_ANNOTATIONS: [&str; 16] = [
     BUSY_SINCE,
     MAX_BUSY,
     TASK_CONTAINER,
@@ -155,4 +155,5 @@ pub const DECIDING_ANNOTATIONS: [&str; 15] = [
     MAX_UNAVAILABLE,
     REQUEST_EVICT_ONLY,
     DISRUPTION_REQUESTED,
+    EVICTION_IN_PROGRESS,
 ];

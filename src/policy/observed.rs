@@ -5,7 +5,8 @@
 use jiff::Timestamp;
 
 use super::busy::{BusyState, busy_state};
-use super::keys::DeleteRequest;
+use super::hold;
+use super::keys::{DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVICTION_IN_PROGRESS};
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, LossCause, PodRef, Reason, Subject};
 use super::pod::{Phase, PodFacts};
@@ -130,12 +131,31 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
         let resource_version = now_seen.resource_version().to_string();
         return vec![Effect::DeleteIdle { pod: pod.clone(), resource_version, request, audit: Box::new(audit) }];
     }
-    let plan = plan(now_seen, None, config.mutation, config.max_busy, now);
+    let mut plan = plan(now_seen, None, config.mutation, config.max_busy, now);
+    for mark in marks_over(now_seen, config, now) {
+        plan.annotations.insert(mark, None);
+    }
     if plan.is_empty() {
         return Vec::new();
     }
     let resource_version = now_seen.resource_version().to_string();
     vec![Effect::Refresh { pod: pod.clone(), resource_version, plan }]
+}
+
+/// Marks of busyguard's whose time is over: a refused eviction's after its hold, and the
+/// descheduler's eviction-in-progress once the deferred eviction was called off (its
+/// delete-requested label removed), so the descheduler no longer counts the pod as going.
+fn marks_over(pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<&'static str> {
+    let mut over = Vec::new();
+    let hold_over = hold::disruption_request(pod)
+        .is_some_and(|request| request.at.checked_add(config.holds.after_eviction).is_ok_and(|until| now >= until));
+    if hold_over || pod.annotation(DISRUPTION_REQUESTED).is_some_and(|_| hold::disruption_request(pod).is_none()) {
+        over.push(DISRUPTION_REQUESTED);
+    }
+    if pod.annotation(EVICTION_IN_PROGRESS).is_some() && pod.label(DELETE_REQUESTED).is_none() {
+        over.push(EVICTION_IN_PROGRESS);
+    }
+    over
 }
 
 /// A busy pod gone without a request busyguard could refuse.
@@ -269,6 +289,26 @@ mod tests {
         let effects = due(&target(), &busy, &config(), later);
         let [Effect::Refresh { plan, .. }] = effects.as_slice() else { panic!("{effects:?}") };
         assert_eq!(plan.protected, Some(false));
+    }
+
+    #[test]
+    fn a_refused_evictions_mark_goes_after_its_hold_and_the_deschedulers_with_a_called_off_eviction() {
+        let removed = |effects: Vec<Effect>| match effects.as_slice() {
+            [Effect::Refresh { plan, .. }] => {
+                plan.annotations.iter().filter(|(_, v)| v.is_none()).map(|(k, _)| *k).collect()
+            }
+            _ => Vec::new(),
+        };
+        let marked = json!({DISRUPTION_REQUESTED: r#"{"by":"drain","at":"2026-11-21T20:59:45Z"}"#});
+        let held = pod("false", marked.clone(), running());
+        assert_eq!(removed(due(&target(), &held, &config(), now())), Vec::<&str>::new(), "15 s old: held");
+        let later = "2026-11-21T21:00:15Z".parse().unwrap();
+        assert_eq!(removed(due(&target(), &held, &config(), later)), [DISRUPTION_REQUESTED], "30 s old: over");
+        let called_off = pod("false", json!({EVICTION_IN_PROGRESS: "true"}), running());
+        assert_eq!(removed(due(&target(), &called_off, &config(), now())), [EVICTION_IN_PROGRESS]);
+        let mut under_way = pod("true", json!({EVICTION_IN_PROGRESS: "true"}), running());
+        under_way.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
+        assert_eq!(removed(due(&target(), &under_way, &config(), now())), Vec::<&str>::new(), "still under way");
     }
 
     #[test]
