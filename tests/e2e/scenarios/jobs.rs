@@ -145,3 +145,41 @@ pub fn a_tekton_pods_sidecar_stop_goes_through(rig: &Rig) -> Result<()> {
     ensure!(ok, "Tekton's sidecar stop was refused: {err}");
     Ok(())
 }
+
+/// An Argo Workflow's and a Tekton TaskRun's busy pods: a drain's eviction and a person's delete
+/// are refused, and their own controllers' deletes (a stop, cancel or timeout: Tekton's
+/// failTaskRun deletes the pod) go through, audited as the owner's, with the identities their
+/// installs run as.
+pub fn argo_and_tekton_controllers_end_their_own_busy_pods(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "owners")?;
+    for (pod, owner_label, controller) in [
+        ("wf-step", "workflows.argoproj.io/workflow", ("argo", "argo")),
+        ("run-pod", "tekton.dev/taskRun", ("tekton-pipelines", "tekton-pipelines-controller")),
+    ] {
+        let role = format!("e2e-owner-{}", controller.1);
+        rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": role}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]}))?;
+        rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": controller.1, "namespace": controller.0}]}))?;
+        rig.apply(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": &*ns, "labels": {owner_label: "run-1"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "example.com/worker"}]}}))?;
+        eventually("the pod runs busy", Duration::from_secs(60), || {
+            Ok(rig.pod(&ns, pod)?.is_some_and(|p| {
+                p["status"]["phase"] == "Running" && label(&p, "busyguard.io/busy").as_deref() == Some("true")
+            }))
+        })?;
+        ensure!(!rig.evict(&ns, pod)?.0, "{pod}: a drain's eviction went through");
+        let (ok, _, _) = rig.try_kubectl(&["-n", &ns, "delete", "pod", pod, "--dry-run=server"])?;
+        ensure!(!ok, "{pod}: a person's delete went through");
+        let user = format!("system:serviceaccount:{}:{}", controller.0, controller.1);
+        let (ok, _, err) = rig.try_kubectl_as(&user, &["-n", &ns, "delete", "pod", pod, "--wait=false"])?;
+        ensure!(ok, "{pod}: its own controller's delete was refused: {err}");
+        let owners = rig.audited(&ns, pod, "exempted");
+        ensure!(owners.iter().any(|a| a["reason"] == "owner-controller"), "{pod}: not audited: {owners:?}");
+    }
+    Ok(())
+}

@@ -76,6 +76,7 @@ pub const ALL: &[(&str, Scenario)] = &[
         jobs::with_busyguard_down_a_finished_job_pod_can_be_deleted,
     ),
     ("a_tekton_pods_sidecar_stop_goes_through_after_its_steps", jobs::a_tekton_pods_sidecar_stop_goes_through),
+    ("argo_and_tekton_controllers_end_their_own_busy_pods", jobs::argo_and_tekton_controllers_end_their_own_busy_pods),
     (
         "an_update_that_would_restart_a_busy_pods_container_is_refused",
         lifecycle::a_container_restarting_update_of_a_busy_pod_is_refused,
