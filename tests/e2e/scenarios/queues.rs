@@ -15,8 +15,6 @@ use crate::workers::{self, Queue, Tally, grant_workers, label};
 const TASK: Duration = Duration::from_secs(6);
 /// The hold after a refused eviction, as shipped (--hold-after-eviction).
 const HOLD: Duration = Duration::from_secs(30);
-const KARPENTER: &str = "system:serviceaccount:karpenter:karpenter";
-const CLUSTER_AUTOSCALER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
 
 /// Three workers' pods on a node of their own, each on a steady queue, every one busy at least
 /// once before this returns.
@@ -90,47 +88,54 @@ pub fn a_drain_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()>
 /// by Karpenter's terminator, retried per pod with a backoff from 100 ms to 10 s (its eviction
 /// queue). The taint alone refuses every flip to busy.
 pub fn a_karpenter_disruption_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
-    evictor(rig, "karpenter", "karpenter")?;
-    let (ns, node, queue) = fleet(rig, "queue-karpenter")?;
-    let since = Instant::now();
-    rig.kubectl(&["taint", "node", &node, "karpenter.sh/disrupted:NoSchedule"])?;
-    let mut backoff: HashMap<String, (Instant, Duration)> = HashMap::new();
-    let emptied = evict_until_empty(rig, &ns, &node, KARPENTER, |pod, now| {
-        let (at, delay) = backoff.entry(pod.to_string()).or_insert((now, Duration::from_millis(100)));
-        if now < *at {
-            return false;
-        }
-        *at = now + *delay;
-        *delay = (*delay * 2).min(Duration::from_secs(10));
-        true
-    });
-    let took = since.elapsed();
-    let tallies = queue.finish();
-    emptied?;
-    converged("Karpenter's disruption", since, took, &tallies)
+    let backoff = |delay: Duration| (delay * 2).min(Duration::from_secs(10));
+    let disruption =
+        Autoscaler { name: "karpenter", user: ("karpenter", "karpenter"), first_retry: Duration::from_millis(100) };
+    disruption.run(rig, "karpenter.sh/disrupted:NoSchedule".into(), backoff)
 }
 
 /// cluster-autoscaler's way: the node tainted ToBeDeletedByClusterAutoscaler, then each pod
 /// evicted, retried every 10 s (DefaultEvictionRetryTime).
 pub fn a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
-    evictor(rig, "kube-system", "cluster-autoscaler")?;
-    let (ns, node, queue) = fleet(rig, "queue-autoscaler")?;
-    let since = Instant::now();
     let taint = format!("ToBeDeletedByClusterAutoscaler={}:NoSchedule", jiff::Timestamp::now().as_second());
-    rig.kubectl(&["taint", "node", &node, &taint])?;
-    let mut next: HashMap<String, Instant> = HashMap::new();
-    let emptied = evict_until_empty(rig, &ns, &node, CLUSTER_AUTOSCALER, |pod, now| {
-        let at = next.entry(pod.to_string()).or_insert(now);
-        if now < *at {
-            return false;
-        }
-        *at = now + Duration::from_secs(10);
-        true
-    });
-    let took = since.elapsed();
-    let tallies = queue.finish();
-    emptied?;
-    converged("cluster-autoscaler's scale-down", since, took, &tallies)
+    let disruption = Autoscaler {
+        name: "autoscaler",
+        user: ("kube-system", "cluster-autoscaler"),
+        first_retry: Duration::from_secs(10),
+    };
+    disruption.run(rig, taint, |every| every)
+}
+
+/// An autoscaler that taints a node, then evicts each pod there as its service account `user`,
+/// retrying each after `first_retry`, and each retry after the next of the last wait.
+struct Autoscaler {
+    name: &'static str,
+    user: (&'static str, &'static str),
+    first_retry: Duration,
+}
+
+impl Autoscaler {
+    fn run(&self, rig: &Rig, taint: String, next: impl Fn(Duration) -> Duration) -> Result<()> {
+        evictor(rig, self.user.0, self.user.1)?;
+        let (ns, node, queue) = fleet(rig, &format!("queue-{}", self.name))?;
+        let since = Instant::now();
+        rig.kubectl(&["taint", "node", &node, &taint])?;
+        let user = format!("system:serviceaccount:{}:{}", self.user.0, self.user.1);
+        let mut retries: HashMap<String, (Instant, Duration)> = HashMap::new();
+        let emptied = evict_until_empty(rig, &ns, &node, &user, |pod, now| {
+            let (at, wait) = retries.entry(pod.to_string()).or_insert((now, self.first_retry));
+            if now < *at {
+                return false;
+            }
+            *at = now + *wait;
+            *wait = next(*wait);
+            true
+        });
+        let took = since.elapsed();
+        let tallies = queue.finish();
+        emptied?;
+        converged(&format!("{}'s disruption", self.name), since, took, &tallies)
+    }
 }
 
 /// The service account `namespace:name` (an autoscaler's) may evict pods, as its Helm chart lets it.
