@@ -104,21 +104,6 @@ pub fn a_pending_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
     Ok(())
 }
 
-/// With busyguard down (no replica), a finished Job pod (still labelled busy) can be deleted:
-/// its delete never reaches the fail-closed hook.
-pub fn with_busyguard_down_a_finished_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
-    let ns = run_to_completion(rig, "job-finished")?;
-    let pod = running_busy(rig, &ns, &job(&ns, "finished", json!({})))?;
-    let done = json!({"status": {"phase": "Succeeded"}});
-    rig.kubectl(&["-n", &ns, "patch", "pod", &pod, "--subresource=status", "--type=merge", "-p", &done.to_string()])?;
-    rig.scale_busyguard(0)?;
-    let deleted = rig.try_kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=false"]);
-    rig.scale_busyguard(2)?;
-    let (ok, _, err) = deleted?;
-    ensure!(ok, "with busyguard down, a finished Job pod's delete failed: {err}");
-    Ok(())
-}
-
 /// A Tekton TaskRun's pod (steps `step-*`, a sidecar): once its steps end, Tekton stops the
 /// sidecar by swapping its image for a no-op, and that goes through; a step's image change of the
 /// busy pod is refused.

@@ -71,10 +71,6 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_suspended_jobs_pod_goes", jobs::a_suspended_jobs_pod_goes),
     ("a_job_pod_that_exits_1_is_not_reported_lost", jobs::a_job_pod_that_exits_1_is_not_reported_lost),
     ("a_pending_job_pod_can_be_deleted", jobs::a_pending_job_pod_can_be_deleted),
-    (
-        "with_busyguard_down_a_finished_job_pod_can_be_deleted",
-        jobs::with_busyguard_down_a_finished_job_pod_can_be_deleted,
-    ),
     ("a_tekton_pods_sidecar_stop_goes_through_after_its_steps", jobs::a_tekton_pods_sidecar_stop_goes_through),
     ("argo_and_tekton_controllers_end_their_own_busy_pods", jobs::argo_and_tekton_controllers_end_their_own_busy_pods),
     (
