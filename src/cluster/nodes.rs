@@ -30,7 +30,7 @@ pub async fn watch_nodes(client: Client, view: Arc<View>, holds: Holds, timeout_
             Ok(watcher::Event::InitDone) => {
                 let listed = listing.take().unwrap_or_default();
                 info!(going = listed.len(), "nodes listed");
-                view.keep_nodes_going(&listed);
+                view.keep_nodes_going(listed);
             }
             Ok(watcher::Event::Apply(node)) => {
                 let (name, now) = (node.name_any(), going(&node, holds));

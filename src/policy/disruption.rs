@@ -190,6 +190,10 @@ enum Consequence<'p> {
     Nothing,
     /// An Event on the pod: the requester retries, and chooses again, by itself.
     Told,
+    /// An Event, and an eviction refused: the pod is held from new tasks (`policy::hold`), so the
+    /// evictor's retry finds it idle. Not for a pod busy by readiness: it takes its tasks without
+    /// a flip busyguard could refuse.
+    Held,
     /// The delete carried out once the pod is idle (a person's or the garbage collector's, who
     /// ask once; `in_background`: an eviction the descheduler asked to start an evacuation).
     Deferred { in_background: bool },
@@ -215,6 +219,9 @@ impl<'p> Consequence<'p> {
         let in_background = action == Action::Evict && pod.annotation(REQUEST_EVICT_ONLY).is_some();
         if in_background || (action == Action::Delete && defers_delete(requester)) {
             return Consequence::Deferred { in_background };
+        }
+        if action == Action::Evict && !by_readiness {
+            return Consequence::Held;
         }
         let picked_by_replicaset = action == Action::Delete && requester.username == REPLICASET_CONTROLLER_USER;
         match pod.template_hash() {
@@ -315,15 +322,12 @@ fn refuse_busy(
         PodRef { namespace: ask.namespace.to_string(), name: ask.name.to_string(), uid: pod.uid().to_string() };
     let request = || DeleteRequest::new(ask.requester.username, whole_second(now));
     let (suffix, then, reason) = match consequence {
-        Consequence::Nothing => (String::new(), None, Reason::Busy),
-        // A refused eviction holds the pod from new tasks, so the evictor's retry finds it idle
-        // (a pod busy by readiness takes its tasks without a flip busyguard could refuse).
-        Consequence::Told if d.action == Action::Evict && !by_readiness => {
+        Consequence::Nothing | Consequence::Told => (String::new(), None, Reason::Busy),
+        Consequence::Held => {
             let mark = hold::mark_due(pod, config.holds, now)
                 .then(|| Effect::MarkDisruptionWanted { pod: target.clone(), request: request() });
             (held_from_new_tasks(), mark, Reason::Busy)
         }
-        Consequence::Told => (String::new(), None, Reason::Busy),
         Consequence::Deferred { in_background } => {
             let suffix = if in_background { eviction_deferred() + &evacuation_triggered() } else { delete_deferred() };
             // An eviction deferred is carried out as an eviction, so PodDisruptionBudgets hold.
@@ -354,11 +358,7 @@ fn refuse_busy(
         audit: Some(audit(Decision::Denied, reason, message)),
         effects: told.into_iter().chain(then).collect(),
         // The answer speaks of the mark: give it its chance to land first.
-        await_effects: match consequence {
-            Consequence::Nothing => false,
-            Consequence::Told => d.action == Action::Evict && !by_readiness,
-            Consequence::Deferred { .. } | Consequence::Released { .. } => true,
-        },
+        await_effects: !matches!(consequence, Consequence::Nothing | Consequence::Told),
         budget: None,
     }
 }

@@ -112,13 +112,18 @@ pub fn held(
     if let Some(request) = pod.delete_request() {
         return Some(Hold::DeleteRequested(request));
     }
-    if let Some(request) = disruption_request(pod)
-        && let Ok(until) = request.at.checked_add(holds.after_eviction)
-        && now < until
-    {
-        return Some(Hold::EvictionRefused { request, until });
+    if let Some(hold) = eviction_hold(pod, holds, now) {
+        return Some(hold);
     }
     going.map(|why| Hold::NodeGoing { node: node.to_string(), why })
+}
+
+/// The hold of a refused eviction, while it lasts: the pod's disruption-requested mark, read,
+/// and younger than `--hold-after-eviction`.
+pub fn eviction_hold(pod: &(impl PodFacts + ?Sized), holds: Holds, now: Timestamp) -> Option<Hold> {
+    let request = disruption_request(pod)?;
+    let until = request.at.checked_add(holds.after_eviction).ok().filter(|until| now < *until)?;
+    Some(Hold::EvictionRefused { request, until })
 }
 
 /// The disruption-requested mark, if the pod carries one that reads.

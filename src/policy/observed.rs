@@ -147,9 +147,8 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
 /// delete-requested label removed), so the descheduler no longer counts the pod as going.
 fn marks_over(pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<&'static str> {
     let mut over = Vec::new();
-    let hold_over = hold::disruption_request(pod)
-        .is_some_and(|request| request.at.checked_add(config.holds.after_eviction).is_ok_and(|until| now >= until));
-    if hold_over || pod.annotation(DISRUPTION_REQUESTED).is_some_and(|_| hold::disruption_request(pod).is_none()) {
+    // Over, or unreadable: either way it holds nothing.
+    if pod.annotation(DISRUPTION_REQUESTED).is_some() && hold::eviction_hold(pod, config.holds, now).is_none() {
         over.push(DISRUPTION_REQUESTED);
     }
     if pod.annotation(EVICTION_IN_PROGRESS).is_some() && pod.label(DELETE_REQUESTED).is_none() {

@@ -132,8 +132,8 @@ impl View {
     }
 
     /// The nodes recorded as going, after a new list: those not listed stay no longer.
-    pub fn keep_nodes_going(&self, listed: &HashMap<String, NodeGoing>) {
-        *self.nodes_going.write() = listed.clone();
+    pub fn keep_nodes_going(&self, listed: HashMap<String, NodeGoing>) {
+        *self.nodes_going.write() = listed;
     }
 
     /// The namespaces opted out by label, as recorded.
