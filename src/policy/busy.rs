@@ -85,7 +85,7 @@ pub fn busy_state(pod: &(impl PodFacts + ?Sized), max_busy: MaxBusy, now: Timest
     }
     // Not started (unschedulable, pulling its image, in its init containers): no task runs yet,
     // and the API server itself lets a Pending pod's eviction past every PodDisruptionBudget.
-    if pod.phase() == Phase::Pending {
+    if pod.not_started() {
         return BusyState::Idle;
     }
     let since = if label == "true" {
@@ -291,9 +291,33 @@ mod tests {
 
     #[test]
     fn a_pod_not_started_yet_is_not_protected() {
-        let mut pending = busy_pod("2026-01-01T00:00:00Z");
-        pending.status.phase = Some("Pending".into());
-        assert_eq!(busy_state(&pending, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Idle);
+        let mut unscheduled = busy_pod("2026-01-01T00:00:00Z");
+        unscheduled.status.phase = Some("Pending".into());
+        assert_eq!(busy_state(&unscheduled, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Idle);
+        let pulling = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Pending", "containerStatuses": [{"name": "worker", "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]}}));
+        assert_eq!(busy_state(&pulling, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Idle);
+    }
+
+    /// The scheduler of Kubernetes 1.28.4 to 1.31.0 writes its preemptor's status over its
+    /// victim's (kubernetes#126644) before the delete busyguard is asked about.
+    #[test]
+    fn a_running_pod_whose_status_a_preemption_overwrote_stays_protected() {
+        let victim = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Pending", "qosClass": "Burstable", "conditions": [{"type": "DisruptionTarget",
+                "status": "True", "reason": "PreemptionByScheduler"}]}}));
+        assert!(busy_state(&victim, HOUR, ts("2026-01-01T00:01:00Z")).is_protected());
+        let restarting = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Pending", "containerStatuses": [{"name": "worker", "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}));
+        assert!(busy_state(&restarting, HOUR, ts("2026-01-01T00:01:00Z")).is_protected(), "it ran before");
     }
 
     #[test]

@@ -278,6 +278,8 @@ pub trait PodFacts {
     fn label(&self, key: &str) -> Option<&str>;
     fn annotation(&self, key: &str) -> Option<&str>;
     fn phase(&self) -> Phase;
+    /// Whether no task can have begun yet: see [`not_started`].
+    fn not_started(&self) -> bool;
     fn is_terminating(&self) -> bool;
     /// When the pod was created: the earliest it can have turned busy.
     fn created(&self) -> Option<Timestamp>;
@@ -368,6 +370,10 @@ impl PodFacts for Pod {
         Phase::parse(self.status.phase.as_deref())
     }
 
+    fn not_started(&self) -> bool {
+        not_started(self.phase(), &self.spec.node_name, &self.status)
+    }
+
     fn is_terminating(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
@@ -399,6 +405,24 @@ impl PodFacts for Pod {
     fn mark_by_busyguard(&self) -> bool {
         self.metadata.mark_by_busyguard
     }
+}
+
+/// Whether no task can have begun in the pod: Pending, and either not yet on a node or on one
+/// whose kubelet reports every container and none that ever ran (pulling its image, behind its
+/// init containers). Pending alone is not enough: the scheduler of Kubernetes 1.28.4 to 1.31.0
+/// overwrites the status of a preemption's victim with its preemptor's, Pending with no
+/// container statuses, before it deletes it (kubernetes#126644), and a running pod's task would
+/// then read as not begun.
+pub fn not_started(phase: Phase, node_name: &str, status: &PodStatus) -> bool {
+    let none_ran = |c: &ContainerStatus| {
+        c.restart_count == 0
+            && c.state.running.is_none()
+            && c.state.terminated.is_none()
+            && c.last_state.terminated.is_none()
+    };
+    phase == Phase::Pending
+        && (node_name.is_empty()
+            || (!status.container_statuses.is_empty() && status.container_statuses.iter().all(none_ran)))
 }
 
 impl PodStatus {
@@ -575,6 +599,9 @@ mod tests {
         }
         fn disruption(&self) -> Option<&str> {
             self.pod.disruption()
+        }
+        fn not_started(&self) -> bool {
+            self.pod.not_started()
         }
         fn mark_by_busyguard(&self) -> bool {
             self.pod.mark_by_busyguard()

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER};
-use crate::policy::pod::{Phase, PodStatus};
+use crate::policy::pod::{Phase, PodStatus, not_started};
 
 /// A pod as the API sends it (lists, watch events, the answers to writes), decoded into the
 /// fields busyguard reads. A pod that does not decode is kept as `malformed` with its identity, so one bad
@@ -140,12 +140,14 @@ impl ApiPod {
         let mut owners = meta.owner_references.iter().flatten();
         let owner = owners.find(|o| o.controller == Some(true)).map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
         let readiness = self.status.readiness();
+        let phase = Phase::parse(self.status.phase.as_deref());
         PodRecord {
             uid: boxed(meta.uid.as_deref().unwrap_or_default()),
             resource_version: boxed(meta.resource_version.as_deref().unwrap_or_default()),
             owner,
             node: self.node_name.as_deref().map(Arc::from),
-            phase: Phase::parse(self.status.phase.as_deref()),
+            phase,
+            not_started: not_started(phase, self.node_name.as_deref().unwrap_or_default(), &self.status),
             status_reason: self.status.reason.as_deref().map(boxed),
             disruption: self.status.disruption().map(boxed),
             ready: readiness.map(|r| r.ready),

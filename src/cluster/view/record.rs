@@ -50,6 +50,8 @@ pub struct PodRecord {
     pub owner: Option<Arc<str>>,
     pub node: Option<Arc<str>>,
     pub phase: Phase,
+    /// See [`crate::policy::pod::not_started`].
+    pub not_started: bool,
     pub status_reason: Option<Box<str>>,
     /// The reason of a true `DisruptionTarget` condition.
     pub disruption: Option<Box<str>>,
@@ -106,6 +108,10 @@ impl PodFacts for PodRecord {
 
     fn phase(&self) -> Phase {
         self.phase
+    }
+
+    fn not_started(&self) -> bool {
+        self.not_started
     }
 
     fn is_terminating(&self) -> bool {
