@@ -10,14 +10,14 @@ use crate::rig::{Namespace, Rig, eventually, throughout};
 use crate::workers::label;
 
 /// A namespace whose Jobs' (and TaskRuns', Workflows') pods are busy while they run.
-fn run_to_completion<'r>(rig: &'r Rig, name: &str) -> Result<Namespace<'r>> {
+pub(super) fn run_to_completion<'r>(rig: &'r Rig, name: &str) -> Result<Namespace<'r>> {
     let ns = rig.namespace(name)?;
     rig.kubectl(&["label", "namespace", &ns, "busyguard.io/run-to-completion=true"])?;
     Ok(ns)
 }
 
 /// A Job `name` of one pod, with `spec` merged into the Job's spec.
-fn job(ns: &str, name: &str, spec: Value) -> Value {
+pub(super) fn job(ns: &str, name: &str, spec: Value) -> Value {
     let mut job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
         "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "main", "image": "example.com/worker"}]}}}});
@@ -26,7 +26,7 @@ fn job(ns: &str, name: &str, spec: Value) -> Value {
 }
 
 /// The Job's pods, not being deleted.
-fn job_pods(rig: &Rig, ns: &str, job: &str) -> Result<Vec<Value>> {
+pub(super) fn job_pods(rig: &Rig, ns: &str, job: &str) -> Result<Vec<Value>> {
     let pods = rig.get(&["-n", ns, "pods", "-l", &format!("batch.kubernetes.io/job-name={job}")])?;
     Ok((pods["items"].as_array().cloned().unwrap_or_default().into_iter())
         .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
@@ -34,7 +34,7 @@ fn job_pods(rig: &Rig, ns: &str, job: &str) -> Result<Vec<Value>> {
 }
 
 /// Starts the Job and returns its pod's name once it runs busy.
-fn running_busy(rig: &Rig, ns: &str, job: &Value) -> Result<String> {
+pub(super) fn running_busy(rig: &Rig, ns: &str, job: &Value) -> Result<String> {
     rig.apply(job)?;
     let name = job["metadata"]["name"].as_str().unwrap_or_default();
     let mut pod = Value::Null;

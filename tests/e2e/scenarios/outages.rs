@@ -7,12 +7,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
 
+use super::jobs;
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, annotation, flip, label};
 
 /// With busyguard scaled to 0, only busy pods wait: a scale-down deletes the idle pods and not
 /// the busy one, a readiness-mode Deployment whose pods are all Ready scales down, an idle pod
-/// under a workload budget is deleted, a person's delete of the busy pod is refused, the
+/// under a workload budget is deleted, and so are a run-to-completion Job's finished pod and its
+/// Pending one (no node fits it); a person's delete of the busy pod is refused, the
 /// busy-pod PDB still refuses the busy pod's eviction while the drain takes the idle one; a
 /// namespace being deleted empties (the namespace controller is never sent to the fail-closed
 /// webhook), and so do the pods of a vanished node (pod GC).
@@ -39,6 +41,30 @@ pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
     let mut budgeted = workers::pod(&ns, "budgeted", None);
     budgeted["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
     workers::start(rig, &budgeted, "budgeted", 1)?;
+    let jobs = jobs::run_to_completion(rig, "down-jobs")?;
+    let done = jobs::running_busy(rig, &jobs, &jobs::job(&jobs, "done", json!({})))?;
+    let succeeded = json!({"status": {"phase": "Succeeded", "containerStatuses": [{"name": "main", "image": "example.com/worker",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": jiff::Timestamp::now().to_string()}}}]}});
+    rig.kubectl(&[
+        "-n",
+        &jobs,
+        "patch",
+        "pod",
+        &done,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &succeeded.to_string(),
+    ])?;
+    let unschedulable = json!({"template": {"spec": {"nodeSelector": {"e2e/no-such-node": "true"}}}});
+    rig.apply(&jobs::job(&jobs, "pending", unschedulable))?;
+    let mut pending = Vec::new();
+    eventually("the Pending Job's pod, made busy", Duration::from_secs(30), || {
+        pending = jobs::job_pods(rig, &jobs, "pending")?;
+        Ok(pending.first().is_some_and(|p| label(p, "busyguard.io/busy").as_deref() == Some("true")))
+    })?;
+    let pending = pending[0]["metadata"]["name"].as_str().unwrap_or_default().to_string();
     eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
         Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
     })?;
@@ -55,6 +81,10 @@ pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
         })?;
         let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "budgeted", "--wait=false"])?;
         ensure!(ok, "an idle pod under a budget was held while busyguard was down: {err}");
+        for (pod, what) in [(&done, "finished"), (&pending, "Pending")] {
+            let (ok, _, err) = rig.try_kubectl(&["-n", &jobs, "delete", "pod", pod, "--wait=false"])?;
+            ensure!(ok, "a {what} Job pod was held while busyguard was down: {err}");
+        }
         let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", &workers[0], "--wait=false"])?;
         ensure!(!ok, "a person deleted a busy pod while busyguard was down");
         ensure!(err.contains("pod-deletes.busyguard.io"), "not held by the delete webhook: {err}");
