@@ -42,18 +42,21 @@ impl Watch {
     /// Runs until the process stops; the watches reconnect with backoff on their own.
     pub async fn run(self, scopes: Vec<Scope>) {
         let client = self.client.clone();
+        // Every watch renews within the client's read timeout (see `watch_timeout`).
+        let seconds = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<ApiPod> = match &scope {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
                 None => Api::all(client.clone()),
             };
-            let seconds = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
             let config = watcher::Config::default().labels(BUSY_LABEL).timeout(seconds);
             watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
         });
         let mut events = futures::stream::select_all(streams);
-        // The namespaces opted out by label: their pods are left alone, as the webhooks do.
-        let opted_out = watcher::Config::default().labels(&format!("{NAMESPACE_OPT_OUT_LABEL}=false"));
+        // The namespaces opted out by label: their pods are left alone, as the webhooks do. Its
+        // watch renews within the client's read timeout too: a quiet one would be cut, and
+        // reopened from a resourceVersion too old to resume, relisting with a growing backoff.
+        let opted_out = watcher::Config::default().labels(&format!("{NAMESPACE_OPT_OUT_LABEL}=false")).timeout(seconds);
         let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), opted_out).default_backoff().boxed();
         let mut namespaces_listing: Option<HashSet<String>> = None;
         // The opted-out namespaces are listed before any pod is looked at: until then, a pod of

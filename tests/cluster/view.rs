@@ -157,3 +157,23 @@ async fn a_pod_that_stops_decoding_is_no_longer_judged_on_its_last_readable_vers
     eventually("the record dropped", async || (server.metric("busyguard_view_pods").await == Some(0.0)).then_some(()))
         .await;
 }
+
+/// A quiet watch (the opted-out namespaces, the nodes) is ended by the API server within the
+/// client's read timeout, as the pods' is: cut by that timeout instead, it would be reopened from
+/// a resourceVersion too old to resume and relist with a growing backoff, an opt-out seen a
+/// minute late.
+#[tokio::test]
+async fn every_watch_asks_the_api_server_to_end_it_within_the_clients_read_timeout() {
+    let api = ApiServer::start().await;
+    let _server = TestServer::with_cluster(&api).await;
+    let is_watch = |c: &Call| c.method == "GET" && c.query.split('&').any(|p| p == "watch=true");
+    let watches = eventually("the pods', the namespaces' and the nodes' watches", async || {
+        let watches: Vec<Call> = api.calls().into_iter().filter(is_watch).collect();
+        let paths: std::collections::BTreeSet<&str> = watches.iter().map(|c| c.path.as_str()).collect();
+        (paths.len() == 3).then_some(watches)
+    })
+    .await;
+    for watch in watches {
+        assert!(watch.query.split('&').any(|p| p.starts_with("timeoutSeconds=")), "{} {}", watch.path, watch.query);
+    }
+}
