@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::outcome::BudgetClaim;
+use super::keys::MAX_UNAVAILABLE;
+use super::outcome::{BudgetClaim, Outcome};
 
 /// The other pods of a pod's workload that are unavailable now, by name (not Running and
 /// Ready, or going away), as the view holds them, and the workload they count for.
@@ -59,6 +60,19 @@ pub fn claim(
     }
     grants.insert(claim.pod.clone(), now);
     Some(grants)
+}
+
+/// The answer when `claim` cannot be recorded (the API server refused the write, or did not
+/// answer in time): refused as a budget used up is (429), since whether another replica took the
+/// last place is unknown. The requester retries, as it does a PodDisruptionBudget's refusal; a
+/// 503 would let the pod go past the budget through the webhook's `failurePolicy: Ignore`.
+pub fn unrecorded(claim: BudgetClaim, why: &str) -> Outcome {
+    let message = format!(
+        "pod {}/{}: its workload {}'s budget ({MAX_UNAVAILABLE}: {}) cannot be kept: busyguard could not record \
+         the pod's place with the API server ({why}); retry",
+        claim.namespace, claim.pod, claim.workload, claim.allowed
+    );
+    claim.refusal.reworded(message)
 }
 
 #[cfg(test)]

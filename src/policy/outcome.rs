@@ -75,6 +75,20 @@ impl Outcome {
         ))
     }
 
+    /// The same refusal in other words: the answer's message (or its dry-run warning) and the
+    /// audit line's detail.
+    pub fn reworded(mut self, message: String) -> Self {
+        match &mut self.answer {
+            Answer::Deny { message: said, .. } => said.clone_from(&message),
+            Answer::Allow { warnings } => *warnings = vec![would_deny(&message)],
+            Answer::Patch { .. } => {}
+        }
+        if let Some(audit) = &mut self.audit {
+            audit.detail = message;
+        }
+        self
+    }
+
     pub fn audited(self, record: AuditRecord) -> Self {
         Outcome { audit: Some(record), ..self }
     }

@@ -24,6 +24,7 @@ use crate::cluster::outbox::EffectResult;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
+use crate::policy::budget;
 use crate::policy::outcome::{Decision, Effect, Outcome};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
@@ -78,7 +79,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     );
     let outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
     let deadline = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
-    let outcome = arbitrate(app, outcome, deadline).instrument(span.clone()).await?;
+    let outcome = arbitrate(app, outcome, deadline).instrument(span.clone()).await;
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
     }
@@ -97,19 +98,15 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 
 /// A pod let go within its workload's budget is recorded with the arbiter (`policy::budget`)
 /// before the answer: if another replica took the budget's last place meanwhile, the decision's
-/// own refusal is the answer. Without an answer from the arbiter in time, 503: the API server
-/// applies the webhook's failurePolicy.
-async fn arbitrate(app: &App, mut outcome: Outcome, deadline: Duration) -> Result<Outcome, HttpError> {
-    let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) else { return Ok(outcome) };
-    let unavailable = |why: String| {
-        let message = format!("cannot keep the budget of {} {}: {why}", claim.namespace, claim.workload);
-        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message)
-    };
+/// own refusal is the answer. Without an answer from the arbiter in time, refused too
+/// ([`budget::unrecorded`]).
+async fn arbitrate(app: &App, mut outcome: Outcome, deadline: Duration) -> Outcome {
+    let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) else { return outcome };
     match tokio::time::timeout(deadline, budgets.claim(&claim)).await {
-        Ok(Ok(true)) => Ok(outcome),
-        Ok(Ok(false)) => Ok(*claim.refusal),
-        Ok(Err(why)) => Err(unavailable(why)),
-        Err(_) => Err(unavailable(format!("no answer from the API server within {deadline:?}"))),
+        Ok(Ok(true)) => outcome,
+        Ok(Ok(false)) => *claim.refusal,
+        Ok(Err(why)) => budget::unrecorded(claim, &why),
+        Err(_) => budget::unrecorded(claim, &format!("no answer within {deadline:?}")),
     }
 }
 

@@ -67,6 +67,30 @@ async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
     wait_until_eviction_allowed_is(&server, "ds-b", true).await;
 }
 
+/// A place under the budget that cannot be recorded with the API server is refused (429, the
+/// requester retries), not answered 503: the budget's webhook fails open, so a 503 would let the
+/// pod go past the budget.
+#[tokio::test]
+async fn a_workload_budget_whose_claim_cannot_be_recorded_refuses_and_the_retry_goes() {
+    let api = ApiServer::start().await;
+    let mut pod = worker_pod("ds-a", false);
+    pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+    api.put_pod(pod);
+    let server = TestServer::with_cluster(&api).await;
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/capture/leases";
+    let lease = format!("{leases}/busyguard-budget-deployment-worker");
+    for (method, path) in [("GET", &lease), ("PUT", &lease), ("POST", &leases.to_string())] {
+        api.fault(method, path, [Fault::Status(500), Fault::Status(500), Fault::Status(500)]);
+    }
+    let refused = server.review("/validate", &eviction_of("ds-a")).await;
+    assert_eq!(refused["allowed"], false, "{refused:#}");
+    assert_eq!(refused["status"]["code"], 429);
+    assert_eq!(refused["status"]["details"]["causes"][0]["reason"], "BusyguardDisruptionBudget");
+    let message = refused["status"]["message"].as_str().unwrap();
+    assert!(message.contains("could not record"), "{message}");
+    wait_until_eviction_allowed_is(&server, "ds-a", true).await;
+}
+
 #[tokio::test]
 async fn a_workload_budget_lets_one_of_several_evictions_at_once_go() {
     let api = ApiServer::start().await;
