@@ -59,6 +59,13 @@ pub struct WorkloadOnlyLabels {
     pub workload: String,
 }
 
+/// The `result` of a certificate reload.
+pub const RELOADED: &str = "ok";
+pub const RELOAD_REJECTED: &str = "error";
+
+/// The HTTP errors busyguard answers (see `http_errors`' help).
+const ERROR_STATUSES: [u16; 8] = [400, 404, 405, 408, 413, 415, 500, 503];
+
 pub struct Metrics {
     registry: Registry,
     pub reviews: Family<ReviewLabels, Counter>,
@@ -111,6 +118,11 @@ impl Default for Metrics {
              method or type; 503: no decision possible), by HTTP status",
             http_errors.clone(),
         );
+        // Every label set an alert counts exists from the start, at 0: `increase()` sees no first
+        // event in a series that is born at 1.
+        for status in ERROR_STATUSES {
+            drop(http_errors.get_or_create(&StatusLabels { status }));
+        }
         let reviews_shed = Counter::default();
         registry.register(
             "admission_reviews_shed",
@@ -147,6 +159,9 @@ impl Default for Metrics {
             "Serving certificate reloads after the files changed, by result (ok, error)",
             tls_reloads.clone(),
         );
+        for result in [RELOADED, RELOAD_REJECTED] {
+            drop(tls_reloads.get_or_create(&ResultLabels { result }));
+        }
         let side_effects = Family::<SideEffectLabels, Counter>::default();
         registry.register(
             "side_effects",

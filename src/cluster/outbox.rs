@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use parking_lot::Mutex;
+use strum::VariantNames;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
@@ -50,7 +51,7 @@ impl Default for OutboxSettings {
 }
 
 /// What happened to a side effect, as the metric's `result` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
 #[strum(serialize_all = "kebab-case")]
 pub enum EffectResult {
     Ok,
@@ -118,6 +119,15 @@ pub struct Outbox {
 
 impl Outbox {
     pub fn start(client: Client, audit: Arc<AuditLog>, metrics: Arc<Metrics>, settings: OutboxSettings) -> Outbox {
+        // Every series an alert counts, at 0 from the start: `increase()` misses a first event.
+        for kind in Effect::VARIANTS {
+            for result in EffectResult::VARIANTS {
+                drop(metrics.side_effects.get_or_create(&SideEffectLabels { kind, result }));
+            }
+        }
+        for cause in LossCause::VARIANTS.iter().filter(|cause| **cause != LossCause::Unwatched.label()) {
+            drop(metrics.busy_pods_lost.get_or_create(&CauseLabels { cause }));
+        }
         let (jobs, queue) = mpsc::channel(settings.queue);
         let shared = Arc::new(Shared {
             settings,

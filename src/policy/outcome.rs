@@ -377,7 +377,7 @@ impl Action {
 }
 
 /// A change to the cluster a decision asks for; the outbox carries it out.
-#[derive(Debug, Clone, PartialEq, strum::IntoStaticStr)]
+#[derive(Debug, Clone, PartialEq, strum::IntoStaticStr, strum::VariantNames)]
 #[strum(serialize_all = "kebab-case")]
 pub enum Effect {
     /// Bring busyguard's annotations and protected label up to date; `plan` was made on
@@ -490,7 +490,7 @@ pub struct ScalePlan {
     pub refreshed: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
 #[strum(serialize_all = "kebab-case")]
 pub enum LossCause {
     /// The kubelet failed the pod (node-pressure eviction, preemption at admission, ...).

@@ -23,7 +23,7 @@ use rustls_pki_types::pem::PemObject;
 use tracing::{info, warn};
 
 use crate::crypto::{certified_key, not_after, provider};
-use crate::metrics::{Metrics, ResultLabels};
+use crate::metrics::{Metrics, RELOAD_REJECTED, RELOADED, ResultLabels};
 
 fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
     let mut roots = RootCertStore::empty();
@@ -127,11 +127,11 @@ async fn watch(
             Ok(key) => {
                 record_expiry(&key, &metrics);
                 cert.set(key);
-                metrics.tls_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+                metrics.tls_reloads.get_or_create(&ResultLabels { result: RELOADED }).inc();
                 info!(cert = %files.cert.display(), "serving certificate reloaded");
             }
             Err(e) => {
-                metrics.tls_reloads.get_or_create(&ResultLabels { result: "error" }).inc();
+                metrics.tls_reloads.get_or_create(&ResultLabels { result: RELOAD_REJECTED }).inc();
                 warn!(error = %e, cert = %files.cert.display(), "new certificate files rejected; still serving the last good pair");
             }
         }
