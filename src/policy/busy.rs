@@ -85,7 +85,8 @@ pub fn busy_state(pod: &(impl PodFacts + ?Sized), max_busy: MaxBusy, now: Timest
     }
     // Not started (unschedulable, pulling its image, in its init containers): no task runs yet,
     // and the API server itself lets a Pending pod's eviction past every PodDisruptionBudget.
-    if pod.not_started() {
+    // Or a run-to-completion pod's task has ended, its sidecars running on.
+    if pod.not_started() || pod.task_ended() {
         return BusyState::Idle;
     }
     let since = if label == "true" {
@@ -138,13 +139,14 @@ fn protection(
 
 /// In compatibility mode, a Running pod that is not Ready is busy since it stopped being Ready;
 /// one that has not been Ready since it started has taken no task (still starting, or a probe
-/// that never passes, as in a rollout being rolled back) and is not busy.
+/// that never passes, as in a rollout being rolled back) and is not busy, nor is one held back
+/// by its readiness gates alone (its probe passes: OpenKruise's in-place update gates it).
 fn unready_since(pod: &(impl PodFacts + ?Sized)) -> Option<Option<Timestamp>> {
     if pod.label(BUSY_LABEL) != Some(WHEN_UNREADY) || pod.phase() != Phase::Running {
         return None;
     }
     match pod.readiness() {
-        Some(Readiness { ready: false, since }) if !never_ready(since, pod.started()) => Some(since),
+        Some(Readiness { ready: false, since, gated: false }) if !never_ready(since, pod.started()) => Some(since),
         _ => None,
     }
 }
@@ -174,7 +176,7 @@ mod tests {
     use super::*;
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const HOUR: MaxBusy = MaxBusy::new(SignedDuration::from_hours(1));
 
@@ -300,6 +302,64 @@ mod tests {
             "status": {"phase": "Pending", "containerStatuses": [{"name": "worker", "restartCount": 0,
                 "state": {"waiting": {"reason": "ContainerCreating"}}}]}}));
         assert_eq!(busy_state(&pulling, HOUR, ts("2026-01-01T00:01:00Z")), BusyState::Idle);
+    }
+
+    fn run_to_completion(owner: (&str, &str), restart_policy: &str, containers: Value) -> Pod {
+        pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true", owner.0: owner.1}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "spec": {"nodeName": "n1", "restartPolicy": restart_policy},
+            "status": {"phase": "Running", "containerStatuses": containers}}))
+    }
+
+    fn ran(name: &str) -> Value {
+        json!({"name": name, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+    }
+
+    fn exited(name: &str, code: i32) -> Value {
+        json!({"name": name, "state": {"terminated": {"exitCode": code, "finishedAt": "2026-01-01T00:10:00Z"}}})
+    }
+
+    #[test]
+    fn a_readiness_mode_pod_not_ready_for_its_readiness_gates_alone_is_not_busy() {
+        let gated = |reason: &str| {
+            pod(json!({"metadata": {"labels": {BUSY_LABEL: WHEN_UNREADY}},
+                "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z", "conditions": [{"type": "Ready",
+                    "status": "False", "reason": reason, "lastTransitionTime": "2026-01-01T00:05:00Z"}]}}))
+        };
+        let at = ts("2026-01-01T00:06:00Z");
+        assert_eq!(busy_state(&gated("ReadinessGatesNotReady"), HOUR, at), BusyState::Idle, "OpenKruise updating it");
+        assert!(busy_state(&gated("ContainersNotReady"), HOUR, at).is_protected(), "its own probe says busy");
+    }
+
+    #[test]
+    fn a_run_to_completion_pod_is_free_once_its_task_has_ended_though_its_sidecars_run_on() {
+        let at = ts("2026-01-01T00:11:00Z");
+        let tekton = ("tekton.dev/taskRun", "build");
+        let steps_done = run_to_completion(tekton, "Never", json!([exited("step-build", 0), ran("sidecar-db")]));
+        assert_eq!(busy_state(&steps_done, HOUR, at), BusyState::Idle);
+        let step_failed = run_to_completion(tekton, "Never", json!([exited("step-build", 1), ran("sidecar-db")]));
+        assert_eq!(busy_state(&step_failed, HOUR, at), BusyState::Idle, "a failed step ends the task too");
+        let a_step_left =
+            run_to_completion(tekton, "Never", json!([exited("step-a", 0), ran("step-b"), ran("sidecar-db")]));
+        assert!(busy_state(&a_step_left, HOUR, at).is_protected());
+        let argo = ("workflows.argoproj.io/workflow", "wf");
+        let saving = run_to_completion(argo, "Never", json!([exited("main", 0), ran("wait")]));
+        assert!(busy_state(&saving, HOUR, at).is_protected(), "Argo's wait still saves the outputs of main");
+        let saved = run_to_completion(argo, "Never", json!([exited("main", 0), exited("wait", 0)]));
+        assert_eq!(busy_state(&saved, HOUR, at), BusyState::Idle);
+    }
+
+    #[test]
+    fn a_task_to_be_retried_or_a_service_that_exited_stays_protected() {
+        let at = ts("2026-01-01T00:11:00Z");
+        let retried =
+            run_to_completion(("batch.kubernetes.io/job-name", "import"), "OnFailure", json!([exited("main", 1)]));
+        assert!(busy_state(&retried, HOUR, at).is_protected(), "OnFailure restarts it");
+        let service = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+            "spec": {"nodeName": "n1", "restartPolicy": "Never"},
+            "status": {"phase": "Running", "containerStatuses": [exited("worker", 0), ran("proxy")]}}));
+        assert!(busy_state(&service, HOUR, at).is_protected(), "only a run-to-completion pod's task ends so");
     }
 
     /// The scheduler of Kubernetes 1.28.4 to 1.31.0 writes its preemptor's status over its

@@ -239,12 +239,13 @@ fn is_busy(o: &str) -> String {
     labelled(o, "true")
 }
 
-/// Whether `o` is in readiness mode and not Ready: busy by readiness, unless it never was Ready
-/// since it started (which busyguard tells; the condition only narrows).
+/// Whether `o` is in readiness mode and not Ready, but for its readiness gates alone: busy by
+/// readiness, unless it never was Ready since it started (which busyguard tells; the condition
+/// only narrows).
 fn busy_by_readiness(o: &str) -> String {
     format!(
         "({} && has({o}.status) && has({o}.status.conditions) && {o}.status.conditions.exists(c, c.type == 'Ready' \
-         && c.status != 'True'))",
+         && c.status != 'True' && !(has(c.reason) && c.reason == 'ReadinessGatesNotReady')))",
         labelled(o, WHEN_UNREADY)
     )
 }

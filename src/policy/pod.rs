@@ -38,6 +38,9 @@ pub struct PodSpec {
     /// Where it runs (empty until scheduled): a node that is going holds it from new tasks.
     #[serde(default, deserialize_with = "null_as_default")]
     pub node_name: String,
+    /// `Always` (the API server's default), `OnFailure` or `Never`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub restart_policy: String,
     #[serde(default, deserialize_with = "null_as_default")]
     pub containers: Vec<ContainerSpec>,
 }
@@ -241,6 +244,8 @@ pub struct StateRunning {
 pub struct StateTerminated {
     #[serde(default, deserialize_with = "api_time")]
     pub finished_at: Option<Timestamp>,
+    #[serde(default)]
+    pub exit_code: i32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +274,9 @@ impl Phase {
 pub struct Readiness {
     pub ready: bool,
     pub since: Option<Timestamp>,
+    /// Not Ready only for its readiness gates (`ReadinessGatesNotReady`): its containers are,
+    /// as while OpenKruise updates it in place.
+    pub gated: bool,
 }
 
 /// What the busy decisions read of a pod, whether it came in a request or from the cluster view.
@@ -280,6 +288,8 @@ pub trait PodFacts {
     fn phase(&self) -> Phase;
     /// Whether no task can have begun yet: see [`not_started`].
     fn not_started(&self) -> bool;
+    /// Whether a run-to-completion pod's task has ended: see [`task_ended`].
+    fn task_ended(&self) -> bool;
     fn is_terminating(&self) -> bool;
     /// When the pod was created: the earliest it can have turned busy.
     fn created(&self) -> Option<Timestamp>;
@@ -332,6 +342,13 @@ pub trait PodFacts {
         }
     }
 
+    /// Whether the task's end waits for container `name`: a task container, and an Argo
+    /// Workflow's `wait`, which saves the outputs of `main` once it has exited.
+    fn task_ends_with(&self, name: &str) -> bool {
+        self.is_task_container(name)
+            || (self.runs_to_completion() == Some(RunsToCompletion::ArgoWorkflow) && name == "wait")
+    }
+
     fn template_hash(&self) -> Option<(&'static str, &str)> {
         [ROLLOUTS_POD_TEMPLATE_HASH, POD_TEMPLATE_HASH].into_iter().find_map(|key| Some((key, self.label(key)?)))
     }
@@ -372,6 +389,10 @@ impl PodFacts for Pod {
 
     fn not_started(&self) -> bool {
         not_started(self.phase(), &self.spec.node_name, &self.status)
+    }
+
+    fn task_ended(&self) -> bool {
+        task_ended(self, &self.spec.restart_policy, &self.status)
     }
 
     fn is_terminating(&self) -> bool {
@@ -425,6 +446,19 @@ pub fn not_started(phase: Phase, node_name: &str, status: &PodStatus) -> bool {
             || (!status.container_statuses.is_empty() && status.container_statuses.iter().all(none_ran)))
 }
 
+/// Whether a run-to-completion pod's task has ended for good while the pod runs on: every
+/// container its end waits for ([`PodFacts::task_ends_with`]) has terminated and will not be
+/// restarted (it exited 0, or the pod never restarts a container). Sidecars may still run: Tekton
+/// stops them only after the steps.
+pub fn task_ended(pod: &(impl PodFacts + ?Sized), restart_policy: &str, status: &PodStatus) -> bool {
+    if pod.runs_to_completion().is_none() {
+        return false;
+    }
+    let mut task = status.container_statuses.iter().filter(|c| pod.task_ends_with(&c.name)).peekable();
+    task.peek().is_some()
+        && task.all(|c| c.state.terminated.as_ref().is_some_and(|t| t.exit_code == 0 || restart_policy == "Never"))
+}
+
 impl PodStatus {
     /// When `task_container` (any container, without one) last came back from a restart. A
     /// sidecar's restart says nothing about the task.
@@ -448,7 +482,11 @@ impl PodStatus {
 
     pub fn readiness(&self) -> Option<Readiness> {
         let ready = self.conditions.iter().find(|c| c.type_ == "Ready")?;
-        Some(Readiness { ready: ready.status == "True", since: ready.last_transition_time })
+        Some(Readiness {
+            ready: ready.status == "True",
+            since: ready.last_transition_time,
+            gated: ready.status != "True" && ready.reason.as_deref() == Some("ReadinessGatesNotReady"),
+        })
     }
 }
 
@@ -602,6 +640,9 @@ mod tests {
         }
         fn not_started(&self) -> bool {
             self.pod.not_started()
+        }
+        fn task_ended(&self) -> bool {
+            self.pod.task_ended()
         }
         fn mark_by_busyguard(&self) -> bool {
             self.pod.mark_by_busyguard()

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER};
-use crate::policy::pod::{Phase, PodStatus, not_started};
+use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 
 /// A pod as the API sends it (lists, watch events, the answers to writes), decoded into the
 /// fields busyguard reads. A pod that does not decode is kept as `malformed` with its identity, so one bad
@@ -17,6 +17,7 @@ use crate::policy::pod::{Phase, PodStatus, not_started};
 pub struct ApiPod {
     pub metadata: ObjectMeta,
     pub node_name: Option<String>,
+    pub restart_policy: Option<String>,
     /// A toleration with no key and operator `Exists` (every taint, or every taint of an effect
     /// that evicts): Karpenter then never evicts the pod.
     pub tolerates_every_taint: bool,
@@ -40,6 +41,8 @@ impl<'de> Deserialize<'de> for ApiPod {
         struct Spec {
             #[serde(default)]
             node_name: Option<String>,
+            #[serde(default)]
+            restart_policy: Option<String>,
             #[serde(default)]
             tolerations: Option<Vec<Toleration>>,
         }
@@ -81,6 +84,7 @@ impl<'de> Deserialize<'de> for ApiPod {
                             && t.operator.as_deref() == Some("Exists")
                             && matches!(t.effect.as_deref().unwrap_or_default(), "" | "NoExecute")
                     }),
+                restart_policy: full.spec.as_ref().and_then(|s| s.restart_policy.clone()),
                 node_name: full.spec.and_then(|s| s.node_name),
                 status: full.status.unwrap_or_default(),
                 malformed: None,
@@ -91,6 +95,7 @@ impl<'de> Deserialize<'de> for ApiPod {
                 Ok(ApiPod {
                     metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
                     node_name: None,
+                    restart_policy: None,
                     tolerates_every_taint: false,
                     status: PodStatus::default(),
                     malformed: Some(error.to_string()),
@@ -141,17 +146,19 @@ impl ApiPod {
         let owner = owners.find(|o| o.controller == Some(true)).map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
         let readiness = self.status.readiness();
         let phase = Phase::parse(self.status.phase.as_deref());
-        PodRecord {
+        let mut record = PodRecord {
             uid: boxed(meta.uid.as_deref().unwrap_or_default()),
             resource_version: boxed(meta.resource_version.as_deref().unwrap_or_default()),
             owner,
             node: self.node_name.as_deref().map(Arc::from),
             phase,
             not_started: not_started(phase, self.node_name.as_deref().unwrap_or_default(), &self.status),
+            task_ended: false,
             status_reason: self.status.reason.as_deref().map(boxed),
             disruption: self.status.disruption().map(boxed),
             ready: readiness.map(|r| r.ready),
             ready_since: Second::of(readiness.and_then(|r| r.since)),
+            ready_gated: readiness.is_some_and(|r| r.gated),
             terminating: meta.deletion_timestamp.is_some(),
             created: Second::of(meta.creation_timestamp.as_ref().map(|t| t.0)),
             started: Second::of(self.status.start_time),
@@ -161,7 +168,10 @@ impl ApiPod {
             labels,
             annotations,
             mark_by_busyguard: written_by(meta, FIELD_MANAGER, DELETE_REQUESTED),
-        }
+        };
+        // Read through the record: which containers are the task's depends on its labels and annotations.
+        record.task_ended = task_ended(&record, self.restart_policy.as_deref().unwrap_or_default(), &self.status);
+        record
     }
 }
 
@@ -209,7 +219,7 @@ mod tests {
         assert_eq!(record.owner.as_deref(), Some("ReplicaSet/w"));
         assert_eq!(record.node.as_deref(), Some("node-1"));
         assert_eq!(record.phase, Phase::Running);
-        assert_eq!(record.readiness(), Some(Readiness { ready: true, since: None }));
+        assert_eq!(record.readiness(), Some(Readiness { ready: true, since: None, gated: false }));
         assert_eq!(&*record.resource_version, "7");
     }
 

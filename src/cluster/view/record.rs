@@ -52,12 +52,15 @@ pub struct PodRecord {
     pub phase: Phase,
     /// See [`crate::policy::pod::not_started`].
     pub not_started: bool,
+    /// See [`crate::policy::pod::task_ended`].
+    pub task_ended: bool,
     pub status_reason: Option<Box<str>>,
     /// The reason of a true `DisruptionTarget` condition.
     pub disruption: Option<Box<str>>,
     /// Whether the pod is Ready (`None`: no `Ready` condition yet), and since when.
     pub ready: Option<bool>,
     pub ready_since: Second,
+    pub ready_gated: bool,
     pub terminating: bool,
     pub created: Second,
     pub started: Second,
@@ -114,6 +117,10 @@ impl PodFacts for PodRecord {
         self.not_started
     }
 
+    fn task_ended(&self) -> bool {
+        self.task_ended
+    }
+
     fn is_terminating(&self) -> bool {
         self.terminating
     }
@@ -131,7 +138,7 @@ impl PodFacts for PodRecord {
     }
 
     fn readiness(&self) -> Option<Readiness> {
-        self.ready.map(|ready| Readiness { ready, since: self.ready_since.get() })
+        self.ready.map(|ready| Readiness { ready, since: self.ready_since.get(), gated: self.ready_gated })
     }
 
     fn status_reason(&self) -> Option<&str> {

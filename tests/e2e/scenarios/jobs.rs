@@ -104,9 +104,9 @@ pub fn a_pending_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
     Ok(())
 }
 
-/// A Tekton TaskRun's pod (steps `step-*`, a sidecar): once its steps end, Tekton stops the
-/// sidecar by swapping its image for a no-op, and that goes through; a step's image change of the
-/// busy pod is refused.
+/// A Tekton TaskRun's pod (steps `step-*`, a sidecar): a step's image change of the busy pod and
+/// its eviction are refused; once its steps end, Tekton stops the sidecar by swapping its image for
+/// a no-op, and that goes through, and so does an eviction: the task has ended.
 pub fn a_tekton_pods_sidecar_stop_goes_through(rig: &Rig) -> Result<()> {
     let ns = run_to_completion(rig, "taskrun")?;
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
@@ -126,9 +126,30 @@ pub fn a_tekton_pods_sidecar_stop_goes_through(rig: &Rig) -> Result<()> {
     };
     let (ok, _, err) = image(0, "example.com/build:2")?;
     ensure!(!ok && err.contains("step-build"), "a busy step's restart went through: {err}");
+    ensure!(!rig.evict(&ns, "build-pod")?.0, "a drain's eviction went through while the step ran");
+    // The step ends, as the kubelet reports it; the sidecar runs on until Tekton stops it.
+    let now = jiff::Timestamp::now().to_string();
+    let ended = json!({"status": {"containerStatuses": [
+        {"name": "step-build", "image": "example.com/build:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}}},
+        {"name": "sidecar-db", "image": "example.com/redis:7", "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": now}}}]}});
+    rig.kubectl(&[
+        "-n",
+        &ns,
+        "patch",
+        "pod",
+        "build-pod",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &ended.to_string(),
+    ])?;
     let (ok, _, err) = image(1, "gcr.io/tekton-releases/github.com/tektoncd/pipeline/cmd/nop")?;
     ensure!(ok, "Tekton's sidecar stop was refused: {err}");
-    Ok(())
+    eventually("with its steps ended, the pod's eviction goes through", Duration::from_secs(20), || {
+        Ok(rig.evict(&ns, "build-pod")?.0)
+    })
 }
 
 /// An Argo Workflow's and a Tekton TaskRun's busy pods: a drain's eviction and a person's delete
