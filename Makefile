@@ -67,7 +67,8 @@ unit:
 	@# The README's quick start is run as written (tests/project/docs.rs): it uses curl.
 	command -v curl >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq curl; } \
 		|| { echo 'make unit: the README tests need curl: install it'; exit 2; }
-	$(CARGO) nextest run --locked --no-fail-fast
+	@# The alert tests play the rules with promtool (tests/monitoring/promtool.sh fetches it once).
+	PROMTOOL=$$(tests/monitoring/promtool.sh) && export PROMTOOL && $(CARGO) nextest run --locked --no-fail-fast
 	python3 -m unittest discover -s helpers/python
 
 # The end-to-end suite (tests/e2e): starts the control plane of K8S_HARNESS (default

@@ -71,7 +71,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("a_suspended_jobs_pod_goes", jobs::a_suspended_jobs_pod_goes),
     ("a_job_pod_that_exits_1_is_not_reported_lost", jobs::a_job_pod_that_exits_1_is_not_reported_lost),
     ("a_pending_job_pod_can_be_deleted", jobs::a_pending_job_pod_can_be_deleted),
-    ("a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end", jobs::a_tekton_pods_sidecar_stop_goes_through),
+    (
+        "a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end",
+        jobs::a_tekton_pods_sidecar_stop_goes_through,
+    ),
     ("argo_and_tekton_controllers_end_their_own_busy_pods", jobs::argo_and_tekton_controllers_end_their_own_busy_pods),
     (
         "an_update_that_would_restart_a_busy_pods_container_is_refused",
