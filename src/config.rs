@@ -425,6 +425,10 @@ pub struct ClusterArgs {
     /// At most one DisruptionBlocked Event per pod in this interval.
     #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
     pub event_interval: Duration,
+    /// busyguard's own namespace (the downward API's `metadata.namespace`), where it keeps the
+    /// Leases of workload budgets; its RBAC grants Leases there only.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "busyguard", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub own_namespace: String,
 }
 
 #[derive(Debug, Args)]
@@ -564,6 +568,7 @@ impl From<ClusterArgs> for ClusterSettings {
             stale_after: args.view_stale_after,
             sweep_interval: args.sweep_interval,
             busy_pdb: args.busy_pdb,
+            own_namespace: args.own_namespace,
             outbox: OutboxSettings { event_interval: args.event_interval, ..OutboxSettings::default() },
         }
     }

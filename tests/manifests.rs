@@ -94,6 +94,8 @@ fn the_base_renders_offline_with_everything_an_install_needs_but_the_certificate
             "Namespace",
             "PodDisruptionBudget",
             "ResourceQuota",
+            "Role",
+            "RoleBinding",
             "Service",
             "ServiceAccount",
             "ValidatingWebhookConfiguration"
@@ -627,8 +629,9 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
         &json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE", "DELETE"], "resources": ["pods"]}])
     );
     let validations = policy["validations"].as_array().unwrap();
-    assert_eq!(validations.len(), 1);
+    assert_eq!(validations.len(), 2);
     assert_eq!(validations[0]["expression"], conditions::busyguards_own_pods());
+    assert_eq!(validations[1]["expression"], conditions::BUSYGUARDS_POD_WRITES, "metadata only");
     assert!(
         quoted(&conditions::busyguards_own_pods()).contains(&account["namespace"].as_str().unwrap().to_string()),
         "nor in busyguard's own namespace"

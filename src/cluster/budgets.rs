@@ -1,18 +1,21 @@
 //! The arbiter of workload budgets (`policy::budget`): the pods let go under a workload's budget
 //! recorded on its Lease, written with the Lease's resourceVersion as the precondition, so that
-//! the API server decides which of two replicas' claims comes first.
+//! the API server decides which of two replicas' claims comes first. The Leases live in
+//! busyguard's own namespace, the only one its RBAC lets it write Leases in, and go once spent.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use tracing::{debug, warn};
 
 use super::view::View;
-use crate::policy::budget::{GRANTS_ANNOTATION, Grants, lease_name};
+use crate::policy::budget::{GRANTS_ANNOTATION, Grants, LEASE_PREFIX, lease_name, spent};
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::BudgetClaim;
 // The label on busyguard's objects, for `busyguard cleanup` to find them.
@@ -21,9 +24,12 @@ use crate::policy::pdb::MANAGED_BY;
 /// How many times a claim reads and writes again after another claim's write came first.
 const ATTEMPTS: usize = 8;
 
+#[derive(Clone)]
 pub struct Budgets {
     pub client: kube::Client,
     pub view: Arc<View>,
+    /// busyguard's own namespace, where the Leases are.
+    pub namespace: String,
 }
 
 impl Budgets {
@@ -31,8 +37,8 @@ impl Budgets {
     /// `Ok(true)` once recorded, `Ok(false)` when the budget is used up (or other claims kept
     /// coming first: the requester retries), `Err` when the API server could not be asked.
     pub async fn claim(&self, claim: &BudgetClaim) -> Result<bool, String> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let name = lease_name(&claim.workload);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = lease_name(&claim.namespace, &claim.workload);
         let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
         for _ in 0..ATTEMPTS {
             let lease = leases.get_opt(&name).await.map_err(|e| format!("reading Lease {name}: {e}"))?;
@@ -60,6 +66,41 @@ impl Budgets {
             }
         }
         Ok(false)
+    }
+}
+
+impl Budgets {
+    /// Every `interval`, deletes the Leases whose grants have all run out, each only as it was
+    /// read (its resourceVersion the precondition: a claim written meanwhile keeps it), so the
+    /// Leases go with the workloads and the disruptions they were for.
+    pub async fn forget_spent(self, interval: Duration) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let ours = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let mut ticks = tokio::time::interval(interval);
+        loop {
+            ticks.tick().await;
+            let listed = match leases.list(&ours).await {
+                Ok(listed) => listed,
+                Err(e) => {
+                    warn!(error = %e, namespace = self.namespace, "cannot list the budgets' Leases; trying next round");
+                    continue;
+                }
+            };
+            let now = Timestamp::now();
+            let budget_leases =
+                listed.items.iter().filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.starts_with(LEASE_PREFIX)));
+            for lease in budget_leases.filter(|lease| spent(&recorded_grants(lease), now)) {
+                let name = lease.metadata.name.as_deref().unwrap_or_default();
+                let precondition =
+                    Preconditions { resource_version: lease.metadata.resource_version.clone(), uid: None };
+                let params = DeleteParams { preconditions: Some(precondition), ..DeleteParams::default() };
+                match leases.delete(name, &params).await {
+                    Ok(_) => debug!(lease = name, "spent budget Lease deleted"),
+                    Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+                    Err(e) => warn!(error = %e, lease = name, "cannot delete a spent budget Lease; trying next round"),
+                }
+            }
+        }
     }
 }
 

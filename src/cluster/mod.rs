@@ -60,6 +60,8 @@ pub struct ClusterSettings {
     pub sweep_interval: Duration,
     /// Keep a busy-pod PodDisruptionBudget in each namespace with opted-in pods.
     pub busy_pdb: bool,
+    /// busyguard's own namespace: the workload budgets' Leases are kept there.
+    pub own_namespace: String,
     pub outbox: OutboxSettings,
 }
 
@@ -122,7 +124,8 @@ impl Cluster {
         tokio::spawn(watch.run(scopes));
         let timeout_secs = u32::try_from(watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
         tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs));
-        let budgets = Budgets { client, view: view.clone() };
+        let budgets = Budgets { client, view: view.clone(), namespace: settings.own_namespace };
+        tokio::spawn(budgets.clone().forget_spent(settings.sweep_interval));
         Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
     }
 }

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::view::ApiPod;
 use crate::cluster::{ClusterSource, client_config};
+use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
 use crate::policy::keys::{
@@ -120,8 +121,16 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
         }
         let busy_pdb = |name: &str| name == BUSY_PDB_NAME;
         out.push_str(&delete_ours::<PodDisruptionBudget>(&client, scope, busy_pdb, dry_run).await?);
+        // The budgets' Leases: in busyguard's namespace, those of the namespace cleaned (all
+        // Leases of busyguard's, cleaning every namespace); and any an earlier build kept in the
+        // workloads' own namespaces.
         let budget_lease = |name: &str| name.starts_with(LEASE_PREFIX);
         out.push_str(&delete_ours::<Lease>(&client, scope, budget_lease, dry_run).await?);
+        if let Some(namespace) = scope.filter(|n| *n != BUSYGUARD_NAMESPACE) {
+            let of_namespace = format!("{LEASE_PREFIX}{namespace}.");
+            let of_it = |name: &str| name.starts_with(&of_namespace);
+            out.push_str(&delete_ours::<Lease>(&client, Some(BUSYGUARD_NAMESPACE), of_it, dry_run).await?);
+        }
     }
     if out.is_empty() {
         out.push_str("nothing of busyguard's left\n");

@@ -35,10 +35,26 @@ pub const GRANT_HELD_FOR: SignedDuration = SignedDuration::from_secs(30);
 /// What the name of every Lease of grants starts with.
 pub const LEASE_PREFIX: &str = "busyguard-budget-";
 
-/// The Lease of `workload`'s grants, in the pods' namespace (`DaemonSet/agent` →
-/// `busyguard-budget-daemonset-agent`: owner names are DNS subdomains already).
-pub fn lease_name(workload: &str) -> String {
-    format!("{LEASE_PREFIX}{}", workload.to_ascii_lowercase().replace('/', "-"))
+/// The Lease of the grants of `workload` in `namespace`, kept in busyguard's own namespace
+/// (`jobs`, `DaemonSet/agent` → `busyguard-budget-jobs.daemonset-agent`): a namespace has no
+/// dot and a kind no dash, so no two workloads share a name. A name past the 253 characters a
+/// Lease may have is cut, and told apart by a hash of the whole.
+pub fn lease_name(namespace: &str, workload: &str) -> String {
+    const MAX: usize = 253;
+    let name = format!("{LEASE_PREFIX}{namespace}.{}", workload.to_ascii_lowercase().replace('/', "-"));
+    if name.len() <= MAX {
+        return name;
+    }
+    // FNV-1a: the same on every replica and every version, unlike std's hasher.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let kept = name.char_indices().map(|(i, _)| i).take_while(|i| *i <= MAX - 17).last().unwrap_or(0);
+    format!("{}-{hash:016x}", name[..kept].trim_end_matches(['-', '.']))
+}
+
+/// Whether a Lease's grants have all run out: it holds nothing a claim would read, and goes
+/// (a new claim makes it again).
+pub fn spent(recorded: &Grants, now: Timestamp) -> bool {
+    recorded.values().all(|at| now.duration_since(*at) >= GRANT_HELD_FOR)
 }
 
 /// The arbiter's rule for `claim` against the grants on record: the grants to record instead
@@ -124,8 +140,29 @@ mod tests {
     }
 
     #[test]
-    fn a_workloads_lease_is_named_for_it() {
-        assert_eq!(lease_name("DaemonSet/node-agent"), "busyguard-budget-daemonset-node-agent");
-        assert_eq!(lease_name("Deployment/worker"), "busyguard-budget-deployment-worker");
+    fn a_workloads_lease_is_named_for_it_and_its_namespace() {
+        assert_eq!(lease_name("jobs", "DaemonSet/node-agent"), "busyguard-budget-jobs.daemonset-node-agent");
+        assert_eq!(lease_name("jobs", "Deployment/worker"), "busyguard-budget-jobs.deployment-worker");
+        // Dashes in a namespace cannot make two workloads' names meet.
+        assert_ne!(lease_name("team-deployment-w", "Job/z"), lease_name("team", "Deployment/w-job-z"));
+    }
+
+    #[test]
+    fn a_name_too_long_for_a_lease_is_cut_and_told_apart_by_a_hash() {
+        let long = |tail: &str| lease_name(&"n".repeat(63), &format!("Deployment/{}{tail}", "w".repeat(250)));
+        let (a, b) = (long("a"), long("b"));
+        assert!(a.len() <= 253 && b.len() <= 253, "{} {}", a.len(), b.len());
+        assert_ne!(a, b);
+        assert_eq!(a, long("a"), "the same on every call");
+        assert!(a.starts_with(LEASE_PREFIX));
+    }
+
+    #[test]
+    fn a_lease_whose_grants_all_ran_out_is_spent() {
+        let at = ts("2026-01-01T00:00:00Z");
+        let grants = Grants::from([("w-a".to_string(), at)]);
+        assert!(!spent(&grants, at + SignedDuration::from_secs(29)));
+        assert!(spent(&grants, at + GRANT_HELD_FOR));
+        assert!(spent(&Grants::new(), at));
     }
 }

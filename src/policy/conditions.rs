@@ -21,8 +21,9 @@ use super::keys::{
 };
 use super::pdb::BUSY_PDB_NAME;
 use super::{
-    CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL, NEVER_GUARDED_NAMESPACES,
-    OWN_FLAGS_NAMESPACE_LABEL, POD_GC_USER, POD_NAME_CLAIM, RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
+    BUSYGUARD_NAMESPACE, CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL,
+    NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL, POD_GC_USER, POD_NAME_CLAIM,
+    RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
 };
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
@@ -271,18 +272,23 @@ pub fn busyguards_own_pods() -> String {
     )
 }
 
+/// What busyguard's own token may do to a pod besides its metadata (the `manifests/fence`
+/// policy's second rule): nothing. It writes labels and annotations, and deletes; a changed spec
+/// (an image, a resource) would be a stolen token's.
+pub const BUSYGUARDS_POD_WRITES: &str = "request.operation != 'UPDATE' || object.spec == oldObject.spec";
+
 /// What busyguard's own token may create or update besides pods (the `manifests/fence` policy's
-/// second half): its busy-pod PodDisruptionBudget, by its one name and selecting protected
-/// opted-in pods only, and the Leases of workload budgets, by their prefix; outside the
-/// namespaces it never guards.
+/// second half): the Leases of workload budgets, by their prefix, in its own namespace; its
+/// busy-pod PodDisruptionBudget, by its one name and selecting protected opted-in pods only,
+/// outside the namespaces it never guards.
 pub fn busyguards_own_objects() -> String {
     format!(
-        "!(request.namespace in {}) && (request.resource.resource == 'leases' ? \
-         object.metadata.name.startsWith('{LEASE_PREFIX}') : (object.metadata.name == '{BUSY_PDB_NAME}' && \
-         has(object.spec.selector) && has(object.spec.selector.matchLabels) && \
-         object.spec.selector.matchLabels == {{'{PROTECTED_LABEL}': 'true'}} && \
+        "request.resource.resource == 'leases' ? (request.namespace == '{BUSYGUARD_NAMESPACE}' && \
+         object.metadata.name.startsWith('{LEASE_PREFIX}')) : (!(request.namespace in {}) && \
+         object.metadata.name == '{BUSY_PDB_NAME}' && has(object.spec.selector) && \
+         has(object.spec.selector.matchLabels) && object.spec.selector.matchLabels == {{'{PROTECTED_LABEL}': 'true'}} && \
          has(object.spec.selector.matchExpressions) && object.spec.selector.matchExpressions.all(e, e.key == \
-         '{BUSY_LABEL}' && e.operator == 'Exists')))",
+         '{BUSY_LABEL}' && e.operator == 'Exists'))",
         list(&NEVER_GUARDED_NAMESPACES)
     )
 }
@@ -674,9 +680,23 @@ mod tests {
             assert!(!lets("poddisruptionbudgets", namespace, pdb), "{what}");
         }
         let lease = |name: &str| json!({"metadata": {"name": name}});
-        assert!(lets("leases", "jobs", lease("busyguard-budget-daemonset-agent")));
-        assert!(!lets("leases", "jobs", lease("kube-scheduler")), "another's Lease");
+        assert!(lets("leases", "busyguard", lease("busyguard-budget-jobs.daemonset-agent")));
+        assert!(!lets("leases", "busyguard", lease("busyguard-leader")), "another Lease of its namespace");
+        assert!(!lets("leases", "jobs", lease("busyguard-budget-jobs.daemonset-agent")), "in a workload's namespace");
         assert!(!lets("leases", "kube-system", lease("busyguard-budget-x")), "in kube-system");
+    }
+
+    #[test]
+    fn the_fence_keeps_busyguards_pod_writes_to_metadata() {
+        let update = json!({"operation": "UPDATE", "namespace": "jobs"});
+        let old = json!({"metadata": {"labels": {BUSY_LABEL: "false"}}, "spec": {"containers": [{"name": "w", "image": "a"}]}});
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"][PROTECTED_LABEL] = json!("true");
+        let mut new_image = old.clone();
+        new_image["spec"]["containers"][0]["image"] = json!("b");
+        assert!(holds(BUSYGUARDS_POD_WRITES, &update, &relabelled, &old), "its own labels");
+        assert!(!holds(BUSYGUARDS_POD_WRITES, &update, &new_image, &old), "an image");
+        assert!(holds(BUSYGUARDS_POD_WRITES, &json!({"operation": "DELETE"}), &Value::Null, &old), "a delete");
     }
 
     /// Whether the fence lets busyguard's token write or delete `pod` in `namespace`.

@@ -172,9 +172,12 @@ impl Ask<'_> {
     }
 }
 
+/// The namespace the manifests install busyguard in: its service account's, and where it keeps
+/// the workload budgets' Leases.
+pub const BUSYGUARD_NAMESPACE: &str = "busyguard";
 /// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
 /// its own. Any other opts out with the label `busyguard.io/enabled=false`.
-pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", "busyguard"];
+pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", BUSYGUARD_NAMESPACE];
 /// The user every controller of a controller-manager run without
 /// `--use-service-account-credentials` speaks as.
 pub const SHARED_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";

@@ -77,8 +77,8 @@ async fn a_workload_budget_whose_claim_cannot_be_recorded_refuses_and_the_retry_
     pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
     api.put_pod(pod);
     let server = TestServer::with_cluster(&api).await;
-    let leases = "/apis/coordination.k8s.io/v1/namespaces/capture/leases";
-    let lease = format!("{leases}/busyguard-budget-deployment-worker");
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/busyguard/leases";
+    let lease = format!("{leases}/busyguard-budget-capture.deployment-worker");
     for (method, path) in [("GET", &lease), ("PUT", &lease), ("POST", &leases.to_string())] {
         api.fault(method, path, [Fault::Status(500), Fault::Status(500), Fault::Status(500)]);
     }
@@ -142,7 +142,7 @@ async fn two_replicas_let_one_of_several_evictions_at_once_go_under_a_budget_of_
     let allowed: Vec<&str> =
         (answers.iter().zip(names)).filter(|(a, _)| a["allowed"] == true).map(|(_, n)| n).collect();
     assert_eq!(allowed.len(), 1, "{answers:#?}");
-    let lease = api.lease("capture", "busyguard-budget-deployment-worker").expect("the workload's Lease");
+    let lease = api.lease("busyguard", "busyguard-budget-capture.deployment-worker").expect("the workload's Lease");
     let granted: Value =
         serde_json::from_str(lease["metadata"]["annotations"]["busyguard.io/granted"].as_str().unwrap()).unwrap();
     assert_eq!(granted.as_object().unwrap().keys().collect::<Vec<_>>(), allowed, "the pod let go, on record");

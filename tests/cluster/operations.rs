@@ -18,7 +18,7 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
 
 /// Every call busyguard can make, in one run: list and watch, refreshes, the mark and the
 /// delete of a deferred delete, an Event and its series, the read of a pod that left the watch,
-/// and a workload budget's Lease (created, read, replaced).
+/// and a workload budget's Lease (created, read, replaced; and one spent, listed and deleted).
 #[tokio::test]
 async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     let api = ApiServer::start().await;
@@ -26,6 +26,12 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     unready_worker(&api);
     put_workload(&api, 1, 2, "RollingUpdate");
+    api.put_lease(
+        "busyguard",
+        json!({"metadata": {"name": "busyguard-budget-gone.daemonset-agent",
+        "labels": {"app.kubernetes.io/managed-by": "busyguard"},
+        "annotations": {"busyguard.io/granted": r#"{"agent-x":"2026-01-01T00:00:00Z"}"#}}}),
+    );
     let server = TestServer::start_with(|config| {
         config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
         config.cluster.outbox.event_interval = Duration::from_millis(1);
@@ -82,6 +88,9 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
         api.remove_pod("capture", name);
     }
     api.wait_for(1, |c| c.method == "DELETE" && c.path.contains("/poddisruptionbudgets")).await;
+    // A Lease whose grants all ran out goes (its workload is long gone).
+    api.wait_for(1, |c| c.method == "DELETE" && c.path.ends_with("/leases/busyguard-budget-gone.daemonset-agent"))
+        .await;
 
     assert_eq!(api.forbidden_calls(), Vec::<String>::new(), "every call is granted");
     let granted = common::apiserver::GRANTED.clone();

@@ -33,10 +33,11 @@ impl Call {
         self.method == "GET" && self.path == "/api/v1/pods"
     }
 
-    /// What busyguard asks at start whatever happens: which namespaces opted out, which nodes
-    /// are going, who it is.
+    /// What busyguard asks whatever happens: which namespaces opted out, which nodes are going,
+    /// who it is, which of its budgets' Leases are spent.
     pub fn is_bookkeeping(&self) -> bool {
-        ["/api/v1/namespaces", "/api/v1/nodes"].contains(&self.path.as_str())
+        ["/api/v1/namespaces", "/api/v1/nodes", "/apis/coordination.k8s.io/v1/namespaces/busyguard/leases"]
+            .contains(&self.path.as_str())
             || self.path.ends_with("/selfsubjectreviews")
     }
 
@@ -77,38 +78,48 @@ struct Store {
     forbidden: Vec<String>,
 }
 
-/// What RBAC authorizes: (API group, resource, verb, and the one name a rule's `resourceNames`
-/// narrows it to, if any).
-pub type Permission = (String, String, String, Option<String>);
+/// What RBAC authorizes: (API group, resource, verb, the one name a rule's `resourceNames`
+/// narrows it to, if any, and the namespace a Role's rule holds in; `None`: a ClusterRole's).
+pub type Permission = (String, String, String, Option<String>, Option<String>);
 
 /// What busyguard's ServiceAccount is granted by `manifests/base/rbac.yaml`: the rules of the
-/// ClusterRole its ClusterRoleBinding names.
+/// ClusterRole its ClusterRoleBinding names, and of each Role a RoleBinding names, in its
+/// namespace.
 pub static GRANTED: LazyLock<BTreeSet<Permission>> = LazyLock::new(|| {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
     let documents: Vec<Value> = serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
     let of_kind = |kind: &'static str| documents.iter().filter(move |d| d["kind"] == kind);
-    let binding = of_kind("ClusterRoleBinding")
-        .find(|b| {
-            b["subjects"].as_array().unwrap().iter().any(|s| s["kind"] == "ServiceAccount" && s["name"] == "busyguard")
-        })
-        .expect("a ClusterRoleBinding for the busyguard ServiceAccount");
-    let role = of_kind("ClusterRole").find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).unwrap();
+    let to_busyguard = |b: &&Value| {
+        b["subjects"].as_array().unwrap().iter().any(|s| s["kind"] == "ServiceAccount" && s["name"] == "busyguard")
+    };
     let strings = |v: &Value| v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
     let mut granted = BTreeSet::new();
-    for rule in role["rules"].as_array().unwrap() {
-        let names: Vec<Option<String>> = match rule.get("resourceNames") {
-            Some(names) => strings(names).into_iter().map(Some).collect(),
-            None => vec![None],
-        };
-        for group in strings(&rule["apiGroups"]) {
-            for resource in strings(&rule["resources"]) {
-                for verb in strings(&rule["verbs"]) {
-                    for name in &names {
-                        granted.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
+    let mut grant = |role: &Value, namespace: Option<String>| {
+        for rule in role["rules"].as_array().unwrap() {
+            let names: Vec<Option<String>> = match rule.get("resourceNames") {
+                Some(names) => strings(names).into_iter().map(Some).collect(),
+                None => vec![None],
+            };
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        for name in &names {
+                            let permission =
+                                (group.clone(), resource.clone(), verb.clone(), name.clone(), namespace.clone());
+                            granted.insert(permission);
+                        }
                     }
                 }
             }
         }
+    };
+    let binding = of_kind("ClusterRoleBinding").find(to_busyguard).expect("a ClusterRoleBinding for busyguard");
+    grant(of_kind("ClusterRole").find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).unwrap(), None);
+    for binding in of_kind("RoleBinding").filter(to_busyguard) {
+        let namespace = &binding["metadata"]["namespace"];
+        let role = of_kind("Role")
+            .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"] && r["metadata"]["namespace"] == *namespace);
+        grant(role.expect("the Role a RoleBinding names"), namespace.as_str().map(String::from));
     }
     granted
 });
@@ -120,10 +131,15 @@ fn permission_of(method: &Method, segments: &[&str], query: &str) -> Option<Perm
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => return None,
     };
-    let (resource, name) = match rest {
-        [resource] | ["namespaces", _, resource] => (resource.to_string(), None),
-        ["namespaces", _, resource, name] => (resource.to_string(), Some(name.to_string())),
-        ["namespaces", _, resource, name, subresource] => (format!("{resource}/{subresource}"), Some(name.to_string())),
+    let (resource, name, namespace) = match rest {
+        [resource] => (resource.to_string(), None, None),
+        ["namespaces", namespace, resource] => (resource.to_string(), None, Some(namespace.to_string())),
+        ["namespaces", namespace, resource, name] => {
+            (resource.to_string(), Some(name.to_string()), Some(namespace.to_string()))
+        }
+        ["namespaces", namespace, resource, name, subresource] => {
+            (format!("{resource}/{subresource}"), Some(name.to_string()), Some(namespace.to_string()))
+        }
         _ => return None,
     };
     let named = name.is_some();
@@ -138,13 +154,19 @@ fn permission_of(method: &Method, segments: &[&str], query: &str) -> Option<Perm
         ("DELETE", false) => "deletecollection",
         _ => return None,
     };
-    Some((group.to_string(), resource, verb.to_string(), name))
+    Some((group.to_string(), resource, verb.to_string(), name, namespace))
 }
 
-/// The grant that authorizes `needed`: one for any name of the resource, or for its own.
+/// The grant that authorizes `needed`: a ClusterRole's or, in its namespace, a Role's; for any
+/// name of the resource, or for its own.
 fn granted(needed: &Permission) -> Option<Permission> {
-    let any_name = (needed.0.clone(), needed.1.clone(), needed.2.clone(), None);
-    [any_name, needed.clone()].into_iter().find(|p| GRANTED.contains(p))
+    let (group, resource, verb, name, namespace) = needed.clone();
+    let with = |name: Option<String>, namespace: Option<String>| {
+        (group.clone(), resource.clone(), verb.clone(), name, namespace)
+    };
+    let scopes = [None, namespace.clone()];
+    let mut candidates = scopes.iter().flat_map(|ns| [with(None, ns.clone()), with(name.clone(), ns.clone())]);
+    candidates.find(|p| GRANTED.contains(p))
 }
 
 enum Feed {
@@ -202,6 +224,15 @@ impl ApiServer {
     /// The Lease `namespace/name`, as stored.
     pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
         self.store().leases.get(&(namespace.to_string(), name.to_string())).cloned()
+    }
+
+    pub fn put_lease(&self, namespace: &str, mut lease: Value) {
+        let mut store = self.store();
+        store.resource_version += 1;
+        lease["metadata"]["resourceVersion"] = json!(store.resource_version.to_string());
+        lease["metadata"]["namespace"] = json!(namespace);
+        let name = lease["metadata"]["name"].as_str().unwrap().to_string();
+        store.leases.insert((namespace.to_string(), name), lease);
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -501,10 +532,30 @@ fn lease_call(api: &ApiServer, method: &Method, namespace: &str, name: Option<&s
     let key = (namespace.to_string(), name.clone());
     let conflict = |why: &str| status(409, "Conflict", &format!("leases \"{name}\": {why}"));
     match *method {
+        // A list of the namespace's Leases (busyguard lists only its own, by label).
+        Method::GET if name.is_empty() => {
+            let items: Vec<Value> =
+                (store.leases.iter()).filter(|((ns, _), _)| ns == namespace).map(|(_, l)| l.clone()).collect();
+            let rv = store.resource_version.to_string();
+            ok(
+                json!({"kind": "LeaseList", "apiVersion": "coordination.k8s.io/v1", "metadata": {"resourceVersion": rv}, "items": items}),
+            )
+        }
         Method::GET => match store.leases.get(&key) {
             Some(lease) => ok(lease.clone()),
             None => status(404, "NotFound", &format!("leases \"{name}\" not found")),
         },
+        Method::DELETE => {
+            let Some(stored) = store.leases.get(&key) else {
+                return status(404, "NotFound", &format!("leases \"{name}\" not found"));
+            };
+            let precondition = &body["preconditions"]["resourceVersion"];
+            if !precondition.is_null() && *precondition != stored["metadata"]["resourceVersion"] {
+                return conflict("the resourceVersion in the precondition does not match");
+            }
+            let gone = store.leases.remove(&key).unwrap();
+            ok(gone)
+        }
         Method::POST | Method::PUT => {
             let stored = store.leases.get(&key).map(|l| l["metadata"]["resourceVersion"].clone());
             match (method == Method::POST, stored) {

@@ -514,7 +514,12 @@ impl Kubelet {
             command.arg(arg.as_str().unwrap_or_default());
         }
         for var in container["env"].as_array().into_iter().flatten() {
-            let value = var["value"].as_str().unwrap_or_default();
+            // The downward API, as the kubelet fills it in.
+            let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.namespace") => "busyguard",
+                Some("metadata.name") => pod,
+                _ => var["value"].as_str().unwrap_or_default(),
+            };
             let value = mounts.iter().fold(value.to_string(), |v, (from, to)| v.replace(from, &to.to_string_lossy()));
             command.env(var["name"].as_str().unwrap_or_default(), value);
         }

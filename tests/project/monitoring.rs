@@ -188,7 +188,9 @@ fn every_alert_fires_on_its_first_event_and_stays_silent_without_one() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yaml"), serde_json::json!({"groups": groups}).to_string()).unwrap();
     std::fs::copy(&cases_path, dir.path().join("alerts.test.yaml")).unwrap();
-    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let fetched = Path::new(ROOT).join("target/tools/promtool");
+    let promtool = std::env::var("PROMTOOL").ok().or_else(|| fetched.exists().then(|| fetched.display().to_string()));
+    let promtool = promtool.unwrap_or_else(|| "promtool".into());
     let output = Command::new(&promtool).args(["test", "rules", "alerts.test.yaml"]).current_dir(dir.path()).output();
     let output =
         output.unwrap_or_else(|e| panic!("{promtool}: {e} (`make unit` fetches it: tests/monitoring/promtool.sh)"));

@@ -154,8 +154,9 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
 
 /// With `manifests/fence`, the API server itself refuses busyguard's own service account any
 /// write or delete of a pod that is not busyguard's (none of its labels or annotations), or in
-/// kube-system, and any PodDisruptionBudget or Lease but its own; busyguard's own writes go
-/// through (every scenario runs with the fence).
+/// kube-system, any change of a pod's spec (an idle pod's image), and any PodDisruptionBudget
+/// or Lease but its own; its RBAC refuses it Leases outside its own namespace (kube-system's,
+/// the nodes' heartbeats). busyguard's own writes go through (every scenario runs with the fence).
 pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("fence")?;
     let mut plain = workers::pod(&ns, "plain", None);
@@ -188,11 +189,26 @@ pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
         !ok && err.contains("busyguard-fence-objects"),
         "busyguard's token could create a PDB of its own choosing: {err}"
     );
-    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "kube-scheduler", "namespace": &*ns}});
-    let path = rig.work.join(format!("{}-lease.json", &*ns));
-    std::fs::write(&path, lease.to_string())?;
-    let file = path.to_string_lossy().to_string();
-    let (ok, _, err) = rig.try_kubectl_as(busyguard, &["create", "-f", &file, "--dry-run=server"])?;
-    ensure!(!ok && err.contains("busyguard-fence-objects"), "busyguard's token could create another's Lease: {err}");
+    // Leases: its RBAC grants them in its own namespace only, and there the fence only its own.
+    let lease = |namespace: &str, name: &str| -> Result<(bool, String)> {
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": namespace}});
+        let path = rig.work.join(format!("{namespace}-{name}-lease.json"));
+        std::fs::write(&path, lease.to_string())?;
+        let file = path.to_string_lossy().to_string();
+        let (ok, _, err) = rig.try_kubectl_as(busyguard, &["create", "-f", &file, "--dry-run=server"])?;
+        Ok((ok, err))
+    };
+    for namespace in ["kube-system", "kube-node-lease", &*ns] {
+        let (ok, err) = lease(namespace, "kube-scheduler")?;
+        ensure!(!ok && err.contains("forbidden"), "busyguard's token could create a Lease in {namespace}: {err}");
+    }
+    let (ok, err) = lease("busyguard", "busyguard-leader")?;
+    ensure!(!ok && err.contains("busyguard-fence-objects"), "busyguard's token could create another Lease: {err}");
+    let (ok, err) = lease("busyguard", &format!("busyguard-budget-{}.deployment-w", &*ns))?;
+    ensure!(ok, "busyguard's token could not create a budget's Lease: {err}");
+    // Pods: busyguard writes their metadata, never their spec.
+    let image = ["-n", &ns, "set", "image", "pod/worker", "worker=example.com/other", "--dry-run=server"];
+    let (ok, _, err) = rig.try_kubectl_as(busyguard, &image)?;
+    ensure!(!ok && err.contains("busyguard-fence"), "busyguard's token could change a pod's image: {err}");
     Ok(())
 }

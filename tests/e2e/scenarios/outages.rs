@@ -228,7 +228,10 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
         ensure!(ok, "cleanup failed: {said}");
         ensure!(said.contains(&format!("pod {}/task: restored", &*ns)), "{said}");
         ensure!(said.contains(&format!("poddisruptionbudget {}/busyguard-busy: deleted", &*ns)), "{said}");
-        ensure!(said.contains(&format!("lease {}/busyguard-budget-deployment-agent: deleted", &*ns)), "{said}");
+        ensure!(
+            said.contains(&format!("lease busyguard/busyguard-budget-{}.deployment-agent: deleted", &*ns)),
+            "{said}"
+        );
         let pod = rig.pod(&ns, "task")?.context("the pod is gone")?;
         let ours = |map: &serde_json::Value| -> Vec<String> {
             let keys = map.as_object().into_iter().flatten().map(|(k, _)| k.clone());
