@@ -332,9 +332,17 @@ fn the_deployment_runs_two_spread_non_root_replicas_that_finish_admissions_befor
     assert!(quota_pods > spec["replicas"].as_u64().unwrap() + 1, "room for a rollout's surge");
     assert_eq!(pod["serviceAccountName"], find(&objects, "ServiceAccount", "busyguard")["metadata"]["name"]);
 
-    let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
-    assert_eq!(spread["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
-    assert!(selects(&selector(&spread["podAffinityTerm"]["labelSelector"]), labels));
+    // One replica per node (required), across zones where it can be.
+    let spread = pod["topologySpreadConstraints"].as_array().unwrap();
+    let by = |key: &str| spread.iter().find(|c| c["topologyKey"] == key).unwrap_or_else(|| panic!("no spread by {key}"));
+    assert_eq!(by("kubernetes.io/hostname")["whenUnsatisfiable"], "DoNotSchedule");
+    assert_eq!(by("topology.kubernetes.io/zone")["whenUnsatisfiable"], "ScheduleAnyway");
+    for constraint in spread {
+        assert_eq!(constraint["maxSkew"], 1);
+        assert_eq!(constraint["nodeTaintsPolicy"], "Honor", "nodes it cannot run on do not count");
+        assert_eq!(constraint["matchLabelKeys"], json!(["pod-template-hash"]), "a rollout's replicas spread too");
+        assert!(selects(&selector(&constraint["labelSelector"]), labels));
+    }
     let budget = find(&objects, "PodDisruptionBudget", "busyguard");
     assert!(selects(&selector(&budget["spec"]["selector"]), labels));
     assert_eq!(budget["spec"]["minAvailable"], 1, "one replica at a time may go");
