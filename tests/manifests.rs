@@ -334,7 +334,8 @@ fn the_deployment_runs_two_spread_non_root_replicas_that_finish_admissions_befor
 
     // One replica per node (required), across zones where it can be.
     let spread = pod["topologySpreadConstraints"].as_array().unwrap();
-    let by = |key: &str| spread.iter().find(|c| c["topologyKey"] == key).unwrap_or_else(|| panic!("no spread by {key}"));
+    let by =
+        |key: &str| spread.iter().find(|c| c["topologyKey"] == key).unwrap_or_else(|| panic!("no spread by {key}"));
     assert_eq!(by("kubernetes.io/hostname")["whenUnsatisfiable"], "DoNotSchedule");
     assert_eq!(by("topology.kubernetes.io/zone")["whenUnsatisfiable"], "ScheduleAnyway");
     for constraint in spread {

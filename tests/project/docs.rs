@@ -116,3 +116,26 @@ fn every_flag_of_every_command_is_in_docs_configuration() {
     }
     assert!(flags > 40, "flags found: {flags}");
 }
+
+/// A build between releases says so (`-dev`, with the version to come), and its changes are
+/// under the CHANGELOG's **Unreleased** heading for that version; every release is dated and has
+/// the part that says what to re-apply.
+#[test]
+fn the_version_tells_a_release_from_a_build_between_releases_and_the_changelog_dates_each_release() {
+    let changelog = std::fs::read_to_string(Path::new(ROOT).join("CHANGELOG.md")).unwrap();
+    let headings: Vec<&str> = changelog.lines().filter_map(|l| l.strip_prefix("## ")).collect();
+    let released: Vec<&&str> = headings.iter().filter(|h| !h.starts_with("Unreleased")).collect();
+    match busyguard::VERSION.strip_suffix("-dev") {
+        Some(next) => {
+            assert_eq!(headings[0], format!("Unreleased ({next}-dev)"), "the work since the last release");
+            assert!(!released.iter().any(|h| h.starts_with(&format!("{next} "))), "{next} is not released yet");
+        }
+        None => assert!(released[0].starts_with(&format!("{} (", busyguard::VERSION)), "a release is at the top"),
+    }
+    for heading in &released {
+        let date = heading.split_once(" (").and_then(|(_, d)| d.strip_suffix(')')).unwrap_or_default();
+        assert!(jiff::civil::Date::strptime("%Y-%m-%d", date).is_ok(), "not dated: {heading}");
+    }
+    let top = changelog.split("\n## ").nth(1).unwrap();
+    assert!(top.contains("### Manifests and RBAC"), "the newest entry says what to re-apply");
+}
