@@ -57,7 +57,14 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
     let busy = pod(json!({BUSY_LABEL: "true"}), json!({}));
     let created = pods.create(&dry_run, &busy).await.map_err(|e| match e {
-        kube::Error::Api(status) => Failure::Busyguard(format!("a dry-run create of a busy pod failed: {status}")),
+        kube::Error::Api(status) => match refused_by(&status.message) {
+            Some(who) => Failure::Busyguard(format!(
+                "the dry-run create of a busy pod was refused by {who}, not busyguard: let such a pod be created \
+                 in this namespace, or check another (--namespace): {}",
+                status.message
+            )),
+            None => Failure::Busyguard(format!("a dry-run create of a busy pod failed: {status}")),
+        },
         other => Failure::Unreachable(other.to_string()),
     })?;
     let annotated = created.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(BUSY_SINCE));
@@ -91,10 +98,79 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     }
 }
 
+/// Who other than busyguard refused a pod's create, by the API server's message: another
+/// admission webhook, a ValidatingAdmissionPolicy, PodSecurity, a ResourceQuota or LimitRange.
+fn refused_by(message: &str) -> Option<String> {
+    // The name the API server quotes after `opening`, up to the quote `closing`.
+    let named = |opening: &str, closing: char| {
+        let rest = &message[message.find(opening)? + opening.len()..];
+        Some(rest.split(closing).next()?.to_string())
+    };
+    if let Some(webhook) = named("admission webhook \"", '"') {
+        return (!webhook.ends_with(".busyguard.io")).then(|| format!("the admission webhook {webhook}"));
+    }
+    if let Some(policy) = named("ValidatingAdmissionPolicy '", '\'') {
+        return Some(format!("the ValidatingAdmissionPolicy {policy}"));
+    }
+    let known = [
+        ("violates PodSecurity", "PodSecurity admission (the namespace's pod-security.kubernetes.io/enforce level)"),
+        ("exceeded quota", "a ResourceQuota"),
+        ("status unknown for quota", "a ResourceQuota"),
+        ("must specify", "a ResourceQuota (it asks for requests or limits)"),
+        ("LimitRange", "a LimitRange"),
+    ];
+    known.iter().find(|(text, _)| message.contains(text)).map(|(_, who)| (*who).to_string())
+}
+
+/// The probe: nothing is stored (dry runs), but it passes what a namespace may ask of a pod:
+/// PodSecurity `restricted`, a quota that wants requests and limits, a pinned image.
 fn pod(labels: serde_json::Value, annotations: serde_json::Value) -> Pod {
+    let resources = json!({"cpu": "10m", "memory": "16Mi"});
     serde_json::from_value(json!({
         "metadata": {"generateName": "busyguard-check-", "labels": labels, "annotations": annotations},
-        "spec": {"containers": [{"name": "check", "image": "busyguard-check"}]}
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "check",
+                "image": "registry.k8s.io/pause:3.9",
+                "resources": {"requests": resources, "limits": resources},
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]}}
+            }]
+        }
     }))
     .expect("a pod")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_who_refused_when_it_is_not_busyguard() {
+        let cases = [
+            (
+                r#"admission webhook "validate.kyverno.svc-fail" denied the request: image must be signed"#,
+                Some("the admission webhook validate.kyverno.svc-fail"),
+            ),
+            (
+                r#"pods "busyguard-check-x" is forbidden: ValidatingAdmissionPolicy 'no-pause' with binding 'b' denied request: nope"#,
+                Some("the ValidatingAdmissionPolicy no-pause"),
+            ),
+            (
+                r#"pods "busyguard-check-x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true"#,
+                Some("PodSecurity admission (the namespace's pod-security.kubernetes.io/enforce level)"),
+            ),
+            (
+                r#"pods "busyguard-check-x" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=10, limited: pods=10"#,
+                Some("a ResourceQuota"),
+            ),
+            (r#"admission webhook "pods.busyguard.io" denied the request: x"#, None),
+            ("Internal error occurred: something", None),
+        ];
+        for (message, who) in cases {
+            assert_eq!(refused_by(message).as_deref(), who, "{message}");
+        }
+    }
 }

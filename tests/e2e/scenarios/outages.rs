@@ -250,7 +250,9 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
 }
 
 /// `busyguard check` passes once busyguard is installed (the API server reaches it and it
-/// answers), and says what is wrong, within its timeout, when the webhooks are not registered.
+/// answers), in a namespace that enforces PodSecurity `restricted` and a quota on requests and
+/// limits too; names a quota that refuses its probe rather than blame busyguard; and says what
+/// is wrong, within its timeout, when the webhooks are not registered.
 pub fn busyguard_check_tells_an_install_that_works_from_one_that_does_not(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("check")?;
     let check = |timeout: &str| {
@@ -261,10 +263,22 @@ pub fn busyguard_check_tells_an_install_that_works_from_one_that_does_not(rig: &
         let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         anyhow::Ok((output.status.success(), said))
     };
+    // Its probe passes PodSecurity `restricted` and a quota that wants requests and limits.
+    rig.kubectl(&["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=restricted"])?;
+    rig.apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": &*ns},
+        "spec": {"hard": {"requests.cpu": "1", "limits.cpu": "1", "requests.memory": "1Gi", "limits.memory": "1Gi"}}}),
+    )?;
     let (ok, said) = check("60s")?;
     ensure!(ok && said.contains("busyguard answers the API server"), "check failed on a working install: {said}");
     let stored = rig.get(&["-n", &ns, "pods"])?;
     ensure!(stored["items"].as_array().is_some_and(|p| p.is_empty()), "a dry run stored a pod: {stored}");
+    // A quota that admits no more pods refuses the probe: check names it, not busyguard.
+    rig.apply(&serde_json::json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "none", "namespace": &*ns},
+        "spec": {"hard": {"pods": "0"}}}))?;
+    let (ok, said) = check("4s")?;
+    ensure!(!ok && said.contains("refused by a ResourceQuota, not busyguard"), "{said}");
+    rig.kubectl(&["-n", &ns, "delete", "resourcequota", "none"])?;
     rig.unregister()?;
     let outcome = check("4s");
     rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
