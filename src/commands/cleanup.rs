@@ -59,6 +59,20 @@ pub fn restore_patch(pod: &ApiPod, now: Timestamp) -> Option<Value> {
     Some(changes.merge_patch())
 }
 
+/// What cleanup says of a pod it restored. A pod busyguard released from its ReplicaSet is an
+/// orphan, and the record of that (`released-from`) goes with the rest: say it, since nothing
+/// but a person deletes it once its task is done.
+fn restored(pod: &ApiPod, verb: &str) -> String {
+    let (namespace, name) = (pod.namespace(), pod.name());
+    match pod.metadata.annotations.as_ref().and_then(|a| a.get(RELEASED_FROM)) {
+        Some(hash) => format!(
+            "pod {namespace}/{name}: {verb}; released from its ReplicaSet (pod-template-hash {hash}), no controller \
+             owns it: delete it once its task is done\n"
+        ),
+        None => format!("pod {namespace}/{name}: {verb}\n"),
+    }
+}
+
 /// Deletes the objects of kind `K` in `scope` that carry busyguard's label and a name `named` says
 /// is one busyguard gives, and says so, one line each.
 async fn delete_ours<K>(
@@ -117,7 +131,7 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
                 .patch(name, &params, &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("restoring pod {namespace}/{name}"))?;
-            out.push_str(&format!("pod {namespace}/{name}: {verb}\n"));
+            out.push_str(&restored(pod, verb));
         }
         let busy_pdb = |name: &str| name == BUSY_PDB_NAME;
         out.push_str(&delete_ours::<PodDisruptionBudget>(&client, scope, busy_pdb, dry_run).await?);
@@ -175,10 +189,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_busyguard_left_nothing_on_is_not_written_and_a_released_one_loses_its_marks() {
+    fn a_pod_busyguard_left_nothing_on_is_not_written_and_a_released_one_loses_its_marks_and_is_called_an_orphan() {
         let idle = record(json!({BUSY_LABEL: "false"}), json!({DELETION_COST: "-5", "team": "a"}));
         assert_eq!(restore_patch(&idle, now()), None);
         let released = record(json!({BUSY_LABEL: "when-unready"}), json!({RELEASED_FROM: "6b8958b477"}));
+        assert!(
+            restored(&released, "restored").contains("released from its ReplicaSet (pod-template-hash 6b8958b477)")
+        );
+        assert_eq!(restored(&record(json!({BUSY_LABEL: "true"}), json!({})), "restored"), "pod jobs/w: restored\n");
         let patch = restore_patch(&released, now()).expect("the release's record goes");
         assert_eq!(patch["metadata"]["annotations"][RELEASED_FROM], Value::Null);
         assert!(patch["metadata"]["annotations"].as_object().unwrap().contains_key(RELEASED_FROM));
