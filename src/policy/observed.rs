@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use super::busy::{BusyState, busy_state};
 use super::hold;
-use super::keys::{DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVICTION_IN_PROGRESS};
+use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVICTION_IN_PROGRESS};
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, LossCause, PodRef, Reason, Subject};
 use super::pod::{Phase, PodFacts};
@@ -144,14 +144,18 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
 
 /// Marks of busyguard's whose time is over: a refused eviction's after its hold, and the
 /// descheduler's eviction-in-progress once the deferred eviction was called off (its
-/// delete-requested label removed), so the descheduler no longer counts the pod as going.
+/// delete-requested label removed), so the descheduler no longer counts the pod as going. Only
+/// on a pod still opted in: the annotation is not busyguard's own key, and a pod that carries
+/// none of busyguard's keys is out of its token's reach (`manifests/fence`) and of its care;
+/// `busyguard cleanup` takes it off there.
 fn marks_over(pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<&'static str> {
     let mut over = Vec::new();
     // Over, or unreadable: either way it holds nothing.
     if pod.annotation(DISRUPTION_REQUESTED).is_some() && hold::eviction_hold(pod, config.holds, now).is_none() {
         over.push(DISRUPTION_REQUESTED);
     }
-    if pod.annotation(EVICTION_IN_PROGRESS).is_some() && pod.label(DELETE_REQUESTED).is_none() {
+    let opted_in = pod.label(BUSY_LABEL).is_some();
+    if opted_in && pod.annotation(EVICTION_IN_PROGRESS).is_some() && pod.label(DELETE_REQUESTED).is_none() {
         over.push(EVICTION_IN_PROGRESS);
     }
     over
@@ -305,6 +309,13 @@ mod tests {
         assert_eq!(removed(due(&target(), &held, &config(), later)), [DISRUPTION_REQUESTED], "30 s old: over");
         let called_off = pod("false", json!({EVICTION_IN_PROGRESS: "true"}), running());
         assert_eq!(removed(due(&target(), &called_off, &config(), now())), [EVICTION_IN_PROGRESS]);
+        let mut left_the_contract = called_off.clone();
+        left_the_contract.metadata.labels.remove(BUSY_LABEL);
+        assert_eq!(
+            removed(due(&target(), &left_the_contract, &config(), now())),
+            Vec::<&str>::new(),
+            "not busyguard's"
+        );
         let mut under_way = pod("true", json!({EVICTION_IN_PROGRESS: "true"}), running());
         under_way.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
         assert_eq!(removed(due(&target(), &under_way, &config(), now())), Vec::<&str>::new(), "still under way");
