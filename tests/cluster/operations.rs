@@ -8,9 +8,11 @@ async fn a_side_effect_the_api_server_refuses_is_counted_as_failed_and_the_answe
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     let server = TestServer::with_cluster(&api).await;
     api.fault("PATCH", &format!("{POD_PATH}/worker-a"), [Fault::Status(403)]);
+    let failed = r#"busyguard_side_effects_total{kind="mark-delete",result="failed"}"#;
+    // At 0 from the start, under the name the outbox counts it by: the alert sees the first.
+    assert_eq!(server.metric(failed).await, Some(0.0));
     let review = delete_of(&api.pod("capture", "worker-a").unwrap(), "pod-delete-by-user.json");
     assert_eq!(server.review("/validate", &review).await["status"]["code"], 429);
-    let failed = r#"busyguard_side_effects_total{kind="mark-delete",result="failed"}"#;
     eventually(failed, async || server.metric(failed).await.filter(|n| *n > 0.0)).await;
     assert_eq!(server.metric(failed).await, Some(1.0));
     assert_eq!(api.wait_for(1, pod_call("PATCH", "worker-a")).await.len(), 1, "403 is not retried");

@@ -200,6 +200,77 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    /// The view keeps as derived facts what the request's pod reads from its spec and container
+    /// statuses: both must say the same of every pod.
+    #[test]
+    fn the_record_and_the_requests_pod_read_start_end_and_readiness_alike() {
+        use crate::policy::pod::Pod;
+        let ran = |name: &str| json!({"name": name, "restartCount": 0, "state": {"running": {"startedAt": "2026-11-21T20:00:00Z"}}});
+        let exited = |name: &str, code: i32| json!({"name": name, "restartCount": 0, "state": {"terminated": {"exitCode": code, "finishedAt": "2026-11-21T20:10:00Z"}}});
+        let waiting = json!({"name": "w", "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}});
+        let tekton = json!({BUSY_LABEL: "true", "tekton.dev/taskRun": "build"});
+        let argo = json!({BUSY_LABEL: "true", "workflows.argoproj.io/workflow": "wf"});
+        let job = json!({BUSY_LABEL: "true", "batch.kubernetes.io/job-name": "import"});
+        let pods = [
+            // labels, spec, status
+            (json!({BUSY_LABEL: "true"}), json!({}), json!({"phase": "Pending"})),
+            (
+                json!({BUSY_LABEL: "true"}),
+                json!({"nodeName": "n"}),
+                json!({"phase": "Pending", "containerStatuses": [waiting]}),
+            ),
+            (
+                json!({BUSY_LABEL: "true"}),
+                json!({"nodeName": "n"}),
+                json!({"phase": "Pending",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}),
+            ),
+            (
+                tekton.clone(),
+                json!({"nodeName": "n", "restartPolicy": "Never"}),
+                json!({"phase": "Running", "containerStatuses": [exited("step-a", 1), ran("sidecar-db")]}),
+            ),
+            (
+                tekton,
+                json!({"nodeName": "n", "restartPolicy": "Never"}),
+                json!({"phase": "Running", "containerStatuses": [exited("step-a", 0), ran("step-b")]}),
+            ),
+            (
+                argo.clone(),
+                json!({"nodeName": "n", "restartPolicy": "Never"}),
+                json!({"phase": "Running", "containerStatuses": [exited("main", 0), ran("wait")]}),
+            ),
+            (
+                argo,
+                json!({"nodeName": "n", "restartPolicy": "Never"}),
+                json!({"phase": "Running", "containerStatuses": [exited("main", 0), exited("wait", 0)]}),
+            ),
+            (
+                job,
+                json!({"nodeName": "n", "restartPolicy": "OnFailure"}),
+                json!({"phase": "Running", "containerStatuses": [exited("main", 1)]}),
+            ),
+            (
+                json!({BUSY_LABEL: "when-unready"}),
+                json!({"nodeName": "n"}),
+                json!({"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"}]}),
+            ),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (labels, spec, status) in pods {
+            let value = json!({"metadata": {"name": "w", "namespace": "ns", "uid": "u", "labels": labels},
+                "spec": spec, "status": status});
+            let (record, pod): (PodRecord, Pod) =
+                (api_pod(value.clone()).record(), serde_json::from_value(value.clone()).unwrap());
+            assert_eq!(record.not_started(), pod.not_started(), "not started: {value}");
+            assert_eq!(record.task_ended(), pod.task_ended(), "task ended: {value}");
+            assert_eq!(record.readiness(), pod.readiness(), "readiness: {value}");
+            seen.insert((pod.not_started(), pod.task_ended(), pod.readiness().is_some_and(|r| r.gated)));
+        }
+        assert!(seen.len() >= 4, "the cases tell every fact both ways: {seen:?}");
+    }
+
     #[test]
     fn record_keeps_what_decisions_read_and_drops_the_rest() {
         let pod = api_pod(json!({
