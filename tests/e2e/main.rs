@@ -52,17 +52,18 @@ fn main() -> ExitCode {
             }
             Ok(Err(e)) => {
                 println!("e2e: FAILED {name} ({took:.1?}): {e:#}");
-                failed.push(*name);
+                failed.push((*name, format!("{e:#}")));
             }
             Err(_) => {
                 println!("e2e: FAILED {name} ({took:.1?}): panicked");
-                failed.push(*name);
+                failed.push((*name, "panicked".to_string()));
             }
         }
     }
     println!("e2e: all in {:.0?}; busyguard's logs: {}/replicas", started.elapsed(), rig.work.display());
-    for name in &failed {
-        println!("e2e: failed: {name}");
+    // Each reason again at the end, where a CI log's tail shows it.
+    for (name, why) in &failed {
+        println!("e2e: failed: {name}: {why}");
     }
     println!("e2e: {passed} passed, {} failed", failed.len());
     drop(rig);
