@@ -10,6 +10,7 @@ use busyguard::admission::review::{AdmissionResponse, decode};
 use busyguard::admission::{DecisionInputs, Webhook, admit};
 use busyguard::cluster::view::{ApiPod, View};
 use busyguard::config::{Cli, Command};
+use busyguard::policy::Enrolment;
 use busyguard::policy::hold::NodeGoing;
 use clap::Parser;
 use jiff::Timestamp;
@@ -35,7 +36,7 @@ fn view_with_busy_pod() -> View {
     pod["metadata"]["annotations"] = json!({"busyguard.io/busy-since": Timestamp::now().to_string()});
     let watched: ApiPod = serde_json::from_value(pod).unwrap();
     let scope = None;
-    let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60));
+    let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60), Enrolment::OptOut);
     view.insert(watched.namespace(), watched.name(), watched.record());
     view.alive(Instant::now());
     view.listed(&scope);

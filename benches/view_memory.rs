@@ -14,7 +14,7 @@ use busyguard::policy::marks::MutationSettings;
 use busyguard::policy::outcome::PodRef;
 use busyguard::policy::scale::{ScaleRequest, prepare_scale_down};
 use busyguard::policy::selector::Selector;
-use busyguard::policy::{Ask, Mode, PolicyConfig, Requester, observed};
+use busyguard::policy::{Ask, Enrolment, Mode, PolicyConfig, Requester, observed};
 use serde_json::json;
 
 /// Counts the bytes live on the heap.
@@ -86,7 +86,7 @@ fn resident_kib() -> Option<u64> {
 }
 
 fn fill(count: usize) -> (View, isize, Duration) {
-    let view = View::watching(&[None], Duration::from_secs(60));
+    let view = View::watching(&[None], Duration::from_secs(60), Enrolment::OptOut);
     let before = LIVE.load(Ordering::Relaxed);
     let started = Instant::now();
     for i in 0..count {
@@ -162,7 +162,7 @@ fn sweep_ns_per_pod(view: &View) -> u128 {
 /// busyguard annotations yet, as after a flip busyguard missed) scaled to 1,000: its pods
 /// selected from the view, and the plan with the refreshes it sends.
 fn scale_down_of_2000_by_1000() {
-    let view = View::watching(&[None], Duration::from_secs(60));
+    let view = View::watching(&[None], Duration::from_secs(60), Enrolment::OptOut);
     for i in 0..2000 {
         let mut pod = pod(i);
         pod["metadata"]["namespace"] = json!("jobs");

@@ -15,7 +15,7 @@ use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
 use crate::policy::hold::Holds;
 use crate::policy::marks::MutationSettings;
-use crate::policy::{KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
+use crate::policy::{Enrolment, KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
 
@@ -407,6 +407,10 @@ pub struct ClusterArgs {
     /// all namespaces without it. Evictions and scale-downs elsewhere find no pods.
     #[arg(long = "namespace", env = "BUSYGUARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    /// Guard only the namespaces labelled `busyguard.io/enabled=true`, as the webhooks of the
+    /// `manifests/opt-in` component select them; off: every namespace not labelled `false`.
+    #[arg(long, env = "BUSYGUARD_OPT_IN", default_value_t = false, action = ArgAction::Set)]
+    pub opt_in: bool,
     /// How long the watch of opted-in pods may go without a sign of life before the view counts
     /// as stale: evictions and node deletes then get 503, scale-downs go unprepared, and /status
     /// and busyguard_view_unavailable say so. /readyz stays up: deletes are judged without the view.
@@ -565,6 +569,7 @@ impl From<ClusterArgs> for ClusterSettings {
                 (false, None) => ClusterSource::Infer,
             },
             namespaces: args.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+            enrolment: if args.opt_in { Enrolment::OptIn } else { Enrolment::OptOut },
             stale_after: args.view_stale_after,
             sweep_interval: args.sweep_interval,
             busy_pdb: args.busy_pdb,

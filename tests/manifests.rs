@@ -98,6 +98,10 @@ fn the_base_renders_offline_with_everything_an_install_needs_but_the_certificate
             "RoleBinding",
             "Service",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingWebhookConfiguration"
         ]
     );
@@ -622,7 +626,7 @@ fn the_namespaced_example_grants_the_same_rules_in_its_namespace_only_and_watche
 
 #[test]
 fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
-    let objects = render(&manifests("examples/fenced"));
+    let objects = render(&manifests(""));
     let policy = &find(&objects, "ValidatingAdmissionPolicy", "busyguard-fence")["spec"];
     let account = &find(&objects, "ServiceAccount", "busyguard")["metadata"];
     let username = format!(
@@ -661,6 +665,42 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
     assert_eq!(objects_policy["validations"][0]["expression"], conditions::busyguards_own_objects());
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-objects")["spec"];
     assert_eq!(binding["policyName"], "busyguard-fence-objects");
+}
+
+#[test]
+fn before_1_30_the_component_leaves_out_the_fence_and_nothing_else() {
+    let is_fence = |o: &Value| o["kind"].as_str().unwrap().starts_with("ValidatingAdmissionPolicy");
+    let mut shipped = render(&manifests("cert-manager"));
+    let fences = shipped.iter().filter(|o| is_fence(o)).count();
+    assert_eq!(fences, 4, "two policies and their bindings");
+    shipped.retain(|o| !is_fence(o));
+    assert_eq!(render(&manifests("examples/before-1.30")), shipped);
+}
+
+#[test]
+fn opted_in_every_webhook_that_selects_namespaces_asks_for_the_enabled_label_and_busyguard_is_told() {
+    let shipped = render(&manifests("cert-manager"));
+    let opted_in = render(&manifests("examples/opt-in"));
+    assert_eq!(shipped.len(), opted_in.len());
+    let opt_out = json!({"key": "busyguard.io/enabled", "operator": "NotIn", "values": ["false"]});
+    let opt_in = json!({"key": "busyguard.io/enabled", "operator": "In", "values": ["true"]});
+    let mut selectors = 0;
+    for (mut expected, actual) in shipped.into_iter().zip(opted_in) {
+        if let Some(webhooks) = expected.get_mut("webhooks").and_then(Value::as_array_mut) {
+            for webhook in webhooks.iter_mut().filter(|w| !w["namespaceSelector"].is_null()) {
+                let expressions = webhook["namespaceSelector"]["matchExpressions"].as_array_mut().unwrap();
+                let enabled = expressions.iter_mut().find(|e| **e == opt_out).expect("every selector reads the label");
+                *enabled = opt_in.clone();
+                selectors += 1;
+            }
+        }
+        if expected["kind"] == "Deployment" {
+            let env = expected["spec"]["template"]["spec"]["containers"][0]["env"].as_array_mut().unwrap();
+            env.push(json!({"name": "BUSYGUARD_OPT_IN", "value": "true"}));
+        }
+        assert_eq!(actual, expected, "nothing else changes");
+    }
+    assert_eq!(selectors, 13, "every webhook but node-deletes");
 }
 
 #[test]

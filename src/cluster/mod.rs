@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::audit::AuditLog;
 use crate::metrics::Metrics;
-use crate::policy::PolicyConfig;
+use crate::policy::{Enrolment, PolicyConfig};
 use budgets::Budgets;
 use outbox::{Outbox, OutboxSettings};
 use view::View;
@@ -54,6 +54,8 @@ pub struct ClusterSettings {
     pub source: ClusterSource,
     /// Watched namespaces; empty watches all of them.
     pub namespaces: Vec<String>,
+    /// Which of them are guarded, by their `busyguard.io/enabled` label.
+    pub enrolment: Enrolment,
     /// How long the watch may fail before the view is no longer trusted.
     pub stale_after: Duration,
     /// How often every watched pod is looked at again (lapsed protection, effects that failed).
@@ -97,7 +99,7 @@ impl Cluster {
         } else {
             settings.namespaces.iter().cloned().map(Some).collect()
         };
-        let view = Arc::new(View::watching(&scopes, settings.stale_after));
+        let view = Arc::new(View::watching(&scopes, settings.stale_after, settings.enrolment));
         let client = ClientBuilder::try_from(config)
             .context("building the Kubernetes client")?
             .with_layer(&WatchHealthLayer(view.clone()))

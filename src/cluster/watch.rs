@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::PodRef;
-use crate::policy::{NAMESPACE_OPT_OUT_LABEL, PolicyConfig};
+use crate::policy::{NAMESPACE_ENABLED_LABEL, PolicyConfig};
 
 pub struct Watch {
     pub client: Client,
@@ -53,14 +53,16 @@ impl Watch {
             watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
         });
         let mut events = futures::stream::select_all(streams);
-        // The namespaces opted out by label: their pods are left alone, as the webhooks do. Its
-        // watch renews within the client's read timeout too: a quiet one would be cut, and
-        // reopened from a resourceVersion too old to resume, relisting with a growing backoff.
-        let opted_out = watcher::Config::default().labels(&format!("{NAMESPACE_OPT_OUT_LABEL}=false")).timeout(seconds);
-        let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), opted_out).default_backoff().boxed();
+        // The namespaces labelled out (or, opted in by label, in): which pods are left alone, as
+        // the webhooks do. Its watch renews within the client's read timeout too: a quiet one
+        // would be cut, and reopened from a resourceVersion too old to resume, relisting with a
+        // growing backoff.
+        let label = format!("{NAMESPACE_ENABLED_LABEL}={}", self.view.enrolment().exception());
+        let excepted = watcher::Config::default().labels(&label).timeout(seconds);
+        let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), excepted).default_backoff().boxed();
         let mut namespaces_listing: Option<HashSet<String>> = None;
-        // The opted-out namespaces are listed before any pod is looked at: until then, a pod of
-        // one would be taken for a guarded one (refreshed, or given a busy-pod PDB).
+        // Those namespaces are listed before any pod is looked at: until then, a pod of one
+        // opted out would be taken for a guarded one (refreshed, or given a busy-pod PDB).
         while let Some(event) = namespaces.next().await {
             let listed = matches!(event, Ok(watcher::Event::InitDone));
             self.namespace_event(event, &mut namespaces_listing).await;
@@ -146,7 +148,7 @@ impl Watch {
         self.changed(namespace, name, before, Some(after)).await;
     }
 
-    /// A namespace opting out (or back in) by its label.
+    /// A namespace labelled out (or in), or no longer.
     async fn namespace_event(
         &self,
         event: Result<watcher::Event<Namespace>, watcher::Error>,
@@ -159,26 +161,33 @@ impl Watch {
             }
             Ok(watcher::Event::InitDone) => {
                 let listed = listing.take().unwrap_or_default();
-                for gone in self.view.opted_out().difference(&listed) {
-                    self.opt_out(gone, false).await;
+                for gone in self.view.excepted().difference(&listed) {
+                    self.except(gone, false).await;
                 }
                 for namespace in &listed {
-                    self.opt_out(namespace, true).await;
+                    self.except(namespace, true).await;
                 }
             }
-            Ok(watcher::Event::Apply(namespace)) => self.opt_out(&namespace.name_any(), true).await,
+            Ok(watcher::Event::Apply(namespace)) => self.except(&namespace.name_any(), true).await,
             // Deleted, or its label changed: the watch selects by the label.
-            Ok(watcher::Event::Delete(namespace)) => self.opt_out(&namespace.name_any(), false).await,
-            Err(e) => warn!(error = %e, "watch of opted-out namespaces failed; retrying with backoff"),
+            Ok(watcher::Event::Delete(namespace)) => self.except(&namespace.name_any(), false).await,
+            Err(e) => {
+                warn!(error = %e, "watch of the namespaces' busyguard.io/enabled label failed; retrying with backoff")
+            }
+        }
+    }
+
+    /// Records whether `namespace` carries the exception's label value, and when that opts it
+    /// out or in, acts on its pods.
+    async fn except(&self, namespace: &str, excepted: bool) {
+        if self.view.set_excepted(namespace, excepted) {
+            self.opt_out(namespace, self.view.enrolment().leaves_alone(excepted)).await;
         }
     }
 
     /// Leaves the pods of `namespace` alone from now on (busyguard's annotations, protected
     /// label and PDB are taken off as for pods no longer opted in), or takes them up again.
     async fn opt_out(&self, namespace: &str, out: bool) {
-        if !self.view.set_opted_out(namespace, out) {
-            return;
-        }
         info!(namespace, opted_out = out, "namespace opt-out changed");
         if out {
             for (name, before) in self.view.select(namespace, |_| true) {

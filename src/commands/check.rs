@@ -71,7 +71,8 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     if !annotated {
         return Err(Failure::Busyguard(
             "a busy pod came back without busyguard's annotations: the API server does not call its mutating \
-             webhook (not registered, or the namespace is not guarded)"
+             webhook (not registered, or the namespace is not guarded: labelled busyguard.io/enabled=false, or \
+             not labelled busyguard.io/enabled=true where busyguard is installed opted in)"
                 .into(),
         ));
     }

@@ -21,7 +21,7 @@ use super::keys::{
 };
 use super::pdb::BUSY_PDB_NAME;
 use super::{
-    BUSYGUARD_NAMESPACE, CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, NAMESPACE_OPT_OUT_LABEL,
+    BUSYGUARD_NAMESPACE, CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, NAMESPACE_ENABLED_LABEL,
     NEVER_GUARDED_NAMESPACES, OWN_FLAGS_NAMESPACE_LABEL, POD_GC_USER, POD_NAME_CLAIM,
     RUN_TO_COMPLETION_NAMESPACE_LABEL, TAINT_MANAGER_USERS,
 };
@@ -85,7 +85,7 @@ pub fn idle() -> Value {
 pub fn guarded_namespaces(own_flags: bool) -> Value {
     let mut expressions = vec![
         json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": NEVER_GUARDED_NAMESPACES}),
-        json!({"key": NAMESPACE_OPT_OUT_LABEL, "operator": "NotIn", "values": ["false"]}),
+        json!({"key": NAMESPACE_ENABLED_LABEL, "operator": "NotIn", "values": ["false"]}),
     ];
     if own_flags {
         expressions.push(json!({"key": OWN_FLAGS_NAMESPACE_LABEL, "operator": "NotIn", "values": ["false"]}));
@@ -256,8 +256,9 @@ fn labelled(o: &str, value: &str) -> String {
     format!("({} && {o}.metadata.labels['{BUSY_LABEL}'] == '{value}')", has_key(o, "labels", BUSY_LABEL))
 }
 
-/// Where busyguard's own token may write or delete pods (the `manifests/fence` policy): pods
-/// that carry one of its labels or annotations, outside the namespaces it never guards.
+/// Where busyguard's own token may write or delete pods (the `busyguard-fence` policy of
+/// `manifests/base/fence.yaml`): pods that carry one of its labels or annotations, outside the
+/// namespaces it never guards.
 pub fn busyguards_own_pods() -> String {
     let carries = |field: &str| {
         format!(
@@ -272,13 +273,13 @@ pub fn busyguards_own_pods() -> String {
     )
 }
 
-/// What busyguard's own token may do to a pod besides its metadata (the `manifests/fence`
+/// What busyguard's own token may do to a pod besides its metadata (the `busyguard-fence`
 /// policy's second rule): nothing. It writes labels and annotations, and deletes; a changed spec
 /// (an image, a resource) would be a stolen token's.
 pub const BUSYGUARDS_POD_WRITES: &str = "request.operation != 'UPDATE' || object.spec == oldObject.spec";
 
-/// What busyguard's own token may create or update besides pods (the `manifests/fence` policy's
-/// second half): the Leases of workload budgets, by their prefix, in its own namespace; its
+/// What busyguard's own token may create or update besides pods (the `busyguard-fence-objects`
+/// policy): the Leases of workload budgets, by their prefix, in its own namespace; its
 /// busy-pod PodDisruptionBudget, by its one name and selecting protected opted-in pods only,
 /// outside the namespaces it never guards.
 pub fn busyguards_own_objects() -> String {

@@ -176,13 +176,39 @@ impl Ask<'_> {
 /// the workload budgets' Leases.
 pub const BUSYGUARD_NAMESPACE: &str = "busyguard";
 /// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
-/// its own. Any other opts out with the label `busyguard.io/enabled=false`.
+/// its own. Any other opts out with the label `busyguard.io/enabled=false` (see `Enrolment`).
 pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", BUSYGUARD_NAMESPACE];
 /// The user every controller of a controller-manager run without
 /// `--use-service-account-credentials` speaks as.
 pub const SHARED_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
-/// The namespace label that opts a namespace out (`"false"`).
-pub const NAMESPACE_OPT_OUT_LABEL: &str = "busyguard.io/enabled";
+/// The namespace label that opts a namespace out (`"false"`), or in (`"true"`) where only
+/// labelled namespaces are guarded (`Enrolment::OptIn`).
+pub const NAMESPACE_ENABLED_LABEL: &str = "busyguard.io/enabled";
+
+/// Which namespaces busyguard guards, by their `busyguard.io/enabled` label. Its webhooks'
+/// namespaceSelectors say the same: the base's every one not labelled `"false"`, the
+/// `manifests/opt-in` component's only those labelled `"true"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Enrolment {
+    #[default]
+    OptOut,
+    OptIn,
+}
+
+impl Enrolment {
+    /// The label value that sets a namespace apart from the rest: watched for.
+    pub fn exception(self) -> &'static str {
+        match self {
+            Enrolment::OptOut => "false",
+            Enrolment::OptIn => "true",
+        }
+    }
+
+    /// Whether busyguard leaves alone a namespace that carries the exception (or not).
+    pub fn leaves_alone(self, exception: bool) -> bool {
+        exception == (self == Enrolment::OptOut)
+    }
+}
 /// The namespace label that says no worker there writes pods (`"false"`): the own-flag rule
 /// then skips writes to its idle pods, sparing the API server the condition it evaluates on each
 /// of them (see `conditions`).

@@ -146,7 +146,7 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
 /// descheduler's eviction-in-progress once the deferred eviction was called off (its
 /// delete-requested label removed), so the descheduler no longer counts the pod as going. Only
 /// on a pod still opted in: the annotation is not busyguard's own key, and a pod that carries
-/// none of busyguard's keys is out of its token's reach (`manifests/fence`) and of its care;
+/// none of busyguard's keys is out of its token's reach (the base's fence) and of its care;
 /// `busyguard cleanup` takes it off there.
 fn marks_over(pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<&'static str> {
     let mut over = Vec::new();

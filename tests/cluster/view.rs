@@ -177,3 +177,30 @@ async fn every_watch_asks_the_api_server_to_end_it_within_the_clients_read_timeo
         assert!(watch.query.split('&').any(|p| p.starts_with("timeoutSeconds=")), "{} {}", watch.path, watch.query);
     }
 }
+
+/// With `--opt-in` (the `manifests/opt-in` component), only namespaces labelled
+/// `busyguard.io/enabled=true` are guarded: busyguard lists those, and a busy pod elsewhere is
+/// left alone, its eviction allowed, as in a namespace labelled out.
+#[tokio::test]
+async fn opted_in_by_label_only_a_labelled_namespaces_busy_pod_is_guarded() {
+    for labelled in [false, true] {
+        let api = ApiServer::start().await;
+        api.put_namespace("other", &[("busyguard.io/enabled", "true")]);
+        if labelled {
+            api.put_namespace("capture", &[("busyguard.io/enabled", "true")]);
+        }
+        api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+        let server = TestServer::start_with(|config| {
+            config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+            config.cluster.enrolment = busyguard::policy::Enrolment::OptIn;
+        })
+        .await;
+        server.wait_ready().await;
+        let answer = server.review("/validate", &eviction_of("worker-a")).await;
+        assert_eq!(answer["allowed"], !labelled, "labelled in: {labelled}");
+        let lists = api.calls().into_iter().filter(|c| c.path == "/api/v1/namespaces").collect::<Vec<_>>();
+        assert!(
+            !lists.is_empty() && lists.iter().all(|c| c.query.contains("labelSelector=busyguard.io%2Fenabled%3Dtrue"))
+        );
+    }
+}

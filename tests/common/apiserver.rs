@@ -70,6 +70,8 @@ struct Store {
     pdbs: BTreeMap<(String, String), Value>,
     /// Leases by (namespace, name), each with its own resourceVersion.
     leases: BTreeMap<(String, String), Value>,
+    /// Namespaces' labels by name, as set before busyguard starts (listed, never watched).
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// ReplicaSets and Deployments, by (resource, namespace, name), for reads.
     apps: BTreeMap<(String, String, String), Value>,
     /// Restarting: every call gets 503.
@@ -246,6 +248,12 @@ impl ApiServer {
         let (namespace, name) = (object["metadata"]["namespace"].as_str(), object["metadata"]["name"].as_str());
         let key = (resource.to_string(), namespace.unwrap_or("capture").to_string(), name.unwrap().to_string());
         self.store().apps.insert(key, object);
+    }
+
+    /// A namespace with `labels`, for busyguard's list of them; set it before busyguard starts.
+    pub fn put_namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.store().namespaces.insert(name.to_string(), labels);
     }
 
     pub fn put_pod(&self, pod: Value) -> Value {
@@ -502,14 +510,32 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             }
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
-        // No namespace opted out and no node going here; a watch stays open, empty, until its timeout.
+        // The namespaces put (selected by one `key=value`), no node going; a watch stays open,
+        // empty, until its timeout.
         (&Method::GET, ["api", "v1", kind @ ("namespaces" | "nodes")]) => {
             let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
             if param("watch") != Some("true") {
-                let rv = api.store().resource_version.to_string();
-                let list = if *kind == "nodes" { "NodeList" } else { "NamespaceList" };
+                let store = api.store();
+                let rv = store.resource_version.to_string();
+                let selector = param("labelSelector").map(|s| s.replace("%2F", "/").replace("%3D", "="));
+                let selected = |labels: &BTreeMap<String, String>| {
+                    selector
+                        .as_deref()
+                        .and_then(|s| s.split_once('='))
+                        .is_none_or(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+                };
+                let (list, items) = match *kind {
+                    "nodes" => ("NodeList", Vec::new()),
+                    _ => (
+                        "NamespaceList",
+                        (store.namespaces.iter())
+                            .filter(|(_, labels)| selected(labels))
+                            .map(|(name, labels)| json!({"metadata": {"name": name, "labels": labels}}))
+                            .collect(),
+                    ),
+                };
                 return ok(json!({"kind": list, "apiVersion": "v1", "metadata": {"resourceVersion": rv},
-                    "items": []}));
+                    "items": items}));
             }
             let timeout = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(300);
             let quiet = futures::stream::pending::<Result<Bytes, std::io::Error>>();

@@ -12,7 +12,7 @@ use busyguard::policy::Exemptions;
 use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::marks::MutationSettings;
 use busyguard::policy::outcome::AuditRecord;
-use busyguard::policy::{Mode, POD_GC_USER, PolicyConfig};
+use busyguard::policy::{Enrolment, Mode, POD_GC_USER, PolicyConfig};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
@@ -56,7 +56,7 @@ fn watched(pod: &Value) -> Option<ApiPod> {
 
 /// A listed, fresh view holding these pods (as the API would list them).
 pub fn view_of(pods: &[&Value]) -> View {
-    let view = View::watching(&[None], Duration::from_secs(60));
+    let view = View::watching(&[None], Duration::from_secs(60), Enrolment::OptOut);
     view.listed(&None);
     for watched in pods.iter().filter_map(|pod| watched(pod)) {
         view.insert(watched.namespace(), watched.name(), watched.record());

@@ -105,8 +105,11 @@ impl Rig {
                 *self.kubelet.pod_spec.lock().unwrap() = Some(object["spec"]["template"]["spec"].clone());
             }
         }
+        let kind = |o: &Value| o["kind"].as_str().unwrap_or_default().to_string();
         let (webhooks, rest): (Vec<Value>, Vec<Value>) =
-            objects.into_iter().partition(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")));
+            objects.into_iter().partition(|o| kind(o).ends_with("WebhookConfiguration"));
+        let (fence, rest): (Vec<Value>, Vec<Value>) =
+            rest.into_iter().partition(|o| kind(o).starts_with("ValidatingAdmissionPolicy"));
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
         self.kubectl(&[
             "-n",
@@ -118,18 +121,16 @@ impl Rig {
             &format!("--cert={}", certs.join("tls.crt").display()),
             &format!("--key={}", certs.join("tls.key").display()),
         ])?;
-        self.fence()?;
+        self.fence(fence)?;
         Kubelet::run(self.kubelet.clone());
         self.wait_for_replicas(2)?;
         *self.webhooks.lock().unwrap() = webhooks;
         self.register(&std::fs::read(certs.join("ca.crt"))?)
     }
 
-    /// `manifests/fence` as shipped (v1, Kubernetes 1.30 and later), or as v1beta1 where only
+    /// The base's fence as shipped (v1, Kubernetes 1.30 and later), or as v1beta1 where only
     /// that is served (1.28 with the feature turned on): the same fields.
-    fn fence(&self) -> Result<()> {
-        let shipped = std::fs::read_to_string(format!("{ROOT}/manifests/fence/policy.yaml"))?;
-        let objects: Vec<Value> = serde_saphyr::from_multiple(&shipped).context("the fence")?;
+    fn fence(&self, objects: Vec<Value>) -> Result<()> {
         let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
         if self.apply(&list).is_err() {
             let beta =

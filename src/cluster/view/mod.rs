@@ -14,12 +14,12 @@ pub use api_pod::ApiPod;
 pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
-use crate::policy::NEVER_GUARDED_NAMESPACES;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::is_available;
 use crate::policy::hold::NodeGoing;
 use crate::policy::keys::MAX_UNAVAILABLE;
 use crate::policy::pod::PodFacts;
+use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
 /// Pods by namespace, then name.
 type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
@@ -36,8 +36,10 @@ pub struct View {
     stale_after: Duration,
     /// The user busyguard's own requests are made as, once the API server said.
     own_user: OnceLock<String>,
-    /// Namespaces whose pods busyguard leaves alone (besides `NEVER_GUARDED_NAMESPACES`).
-    opted_out: RwLock<HashSet<String>>,
+    /// Which namespaces are guarded: every one but those labelled out, or only those labelled in.
+    enrolment: Enrolment,
+    /// The namespaces labelled the other way than the rest (`Enrolment::exception`), as watched.
+    excepted: RwLock<HashSet<String>>,
     /// The label sets, owners and nodes the view's pods share.
     shared: Mutex<Shared>,
     /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
@@ -74,11 +76,11 @@ impl std::fmt::Display for Unavailable {
 }
 
 impl View {
-    /// A view fed by watches over `scopes`.
-    pub fn watching(scopes: &[Scope], stale_after: Duration) -> View {
+    /// A view fed by watches over `scopes`, guarding the namespaces `enrolment` says.
+    pub fn watching(scopes: &[Scope], stale_after: Duration, enrolment: Enrolment) -> View {
         let unlisted = Some(scopes.iter().cloned().collect());
         let health = Health { unlisted, last_sign_of_life: Instant::now() };
-        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, ..View::without_cluster() }
+        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, enrolment, ..View::without_cluster() }
     }
 
     /// A view with no cluster behind it: evictions cannot be judged, everything else works.
@@ -88,7 +90,8 @@ impl View {
             health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now() }),
             stale_after: Duration::ZERO,
             own_user: OnceLock::new(),
-            opted_out: RwLock::default(),
+            enrolment: Enrolment::default(),
+            excepted: RwLock::default(),
             shared: Mutex::default(),
             nodes_going: RwLock::default(),
         }
@@ -103,15 +106,20 @@ impl View {
         let _ = self.own_user.set(user);
     }
 
-    /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
-    pub fn is_opted_out(&self, namespace: &str) -> bool {
-        NEVER_GUARDED_NAMESPACES.contains(&namespace) || self.opted_out.read().contains(namespace)
+    pub fn enrolment(&self) -> Enrolment {
+        self.enrolment
     }
 
-    /// Records whether `namespace` opted out; true when that changed.
-    pub fn set_opted_out(&self, namespace: &str, out: bool) -> bool {
-        let mut opted_out = self.opted_out.write();
-        if out { opted_out.insert(namespace.to_string()) } else { opted_out.remove(namespace) }
+    /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
+    pub fn is_opted_out(&self, namespace: &str) -> bool {
+        NEVER_GUARDED_NAMESPACES.contains(&namespace)
+            || self.enrolment.leaves_alone(self.excepted.read().contains(namespace))
+    }
+
+    /// Records whether `namespace` carries the exception's label value; true when that changed.
+    pub fn set_excepted(&self, namespace: &str, excepted: bool) -> bool {
+        let mut all = self.excepted.write();
+        if excepted { all.insert(namespace.to_string()) } else { all.remove(namespace) }
     }
 
     /// Whether `node` is going, and why, as its watch last said.
@@ -136,9 +144,9 @@ impl View {
         *self.nodes_going.write() = listed;
     }
 
-    /// The namespaces opted out by label, as recorded.
-    pub fn opted_out(&self) -> HashSet<String> {
-        self.opted_out.read().clone()
+    /// The namespaces labelled the other way than the rest, as recorded.
+    pub fn excepted(&self) -> HashSet<String> {
+        self.excepted.read().clone()
     }
 
     /// Whether decisions may rely on the view now.
@@ -353,7 +361,7 @@ mod tests {
     #[test]
     fn view_is_trusted_after_every_list_and_until_silent_too_long() {
         let scopes = [Some("a".to_string()), Some("b".to_string())];
-        let view = View::watching(&scopes, Duration::from_secs(30));
+        let view = View::watching(&scopes, Duration::from_secs(30), Enrolment::OptOut);
         let t0 = Instant::now();
         assert_eq!(view.check(t0), Err(Unavailable::NotListed));
         view.listed(&scopes[0]);
@@ -375,7 +383,7 @@ mod tests {
 
     #[test]
     fn a_new_list_drops_pods_deleted_while_the_watch_was_down() {
-        let view = View::watching(&[None], Duration::from_secs(30));
+        let view = View::watching(&[None], Duration::from_secs(30), Enrolment::OptOut);
         let record = api_pod(json!({"metadata": {"name": "x", "namespace": "a"}})).record();
         view.insert("a", "kept", record.clone());
         view.insert("b", "gone", record.clone());

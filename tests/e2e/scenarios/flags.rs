@@ -152,7 +152,7 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
     Ok(())
 }
 
-/// With `manifests/fence`, the API server itself refuses busyguard's own service account any
+/// With the base's fence, the API server itself refuses busyguard's own service account any
 /// write or delete of a pod that is not busyguard's (none of its labels or annotations), or in
 /// kube-system, any change of a pod's spec (an idle pod's image), and any PodDisruptionBudget
 /// or Lease but its own; its RBAC refuses it Leases outside its own namespace (kube-system's,
