@@ -102,7 +102,6 @@ impl Rig {
             if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
                 // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.
                 object["spec"]["template"]["metadata"]["annotations"] = json!({"k8s-local/ready": "false"});
-                *self.kubelet.pod_spec.lock().unwrap() = Some(object["spec"]["template"]["spec"].clone());
             }
         }
         let kind = |o: &Value| o["kind"].as_str().unwrap_or_default().to_string();
@@ -138,6 +137,24 @@ impl Rig {
             kubectl_stdin(&self.admin, &["apply", "-f", "-"], &beta).context("the fence, as v1beta1")?;
         }
         Ok(())
+    }
+
+    /// Registers the webhook configurations of `overlay` (under manifests/) instead, by URL,
+    /// trusting the live CA, and sets busyguard's Deployment's `env` as given (None: removed),
+    /// waiting for its rollout: an install switched to another overlay's choices.
+    pub fn switch_to(&self, overlay: &str, env: &[(&str, Option<&str>)]) -> Result<()> {
+        let rendered = run(Command::new("kubectl").args(["kustomize", &format!("{ROOT}/manifests/{overlay}")]))?;
+        let objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
+        *self.webhooks.lock().unwrap() = (objects.into_iter())
+            .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
+            .collect();
+        self.register(&std::fs::read(self.certs().join("ca.crt"))?)?;
+        let mut args =
+            vec!["-n".to_string(), "busyguard".into(), "set".into(), "env".into(), "deployment/busyguard".into()];
+        args.extend(env.iter().map(|(name, value)| value.map_or(format!("{name}-"), |v| format!("{name}={v}"))));
+        self.kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
+        self.wait_for_replicas(2)
     }
 
     /// Applies the webhook configurations as rendered, by URL, trusting `ca_bundle` (PEM).
@@ -405,8 +422,6 @@ impl Drop for Namespace<'_> {
 struct Kubelet {
     admin: PathBuf,
     work: PathBuf,
-    /// The Deployment's pod template spec, as rendered.
-    pod_spec: Mutex<Option<Value>>,
     replicas: Mutex<HashMap<String, Replica>>,
     stopped: AtomicBool,
 }
@@ -424,13 +439,7 @@ impl Kubelet {
     fn new(admin: PathBuf, work: PathBuf) -> Result<Kubelet> {
         let _ = std::fs::remove_dir_all(work.join("replicas"));
         std::fs::create_dir_all(work.join("replicas"))?;
-        Ok(Kubelet {
-            admin,
-            work,
-            pod_spec: Mutex::new(None),
-            replicas: Mutex::new(HashMap::new()),
-            stopped: AtomicBool::new(false),
-        })
+        Ok(Kubelet { admin, work, replicas: Mutex::new(HashMap::new()), stopped: AtomicBool::new(false) })
     }
 
     fn run(kubelet: Arc<Kubelet>) {
@@ -469,7 +478,7 @@ impl Kubelet {
             let terminating = !pod["metadata"]["deletionTimestamp"].is_null();
             let known = self.replicas.lock().unwrap().contains_key(&uid);
             if !known && !terminating && pod["status"]["phase"] == "Running" {
-                let replica = self.start(&name)?;
+                let replica = self.start(pod)?;
                 self.replicas.lock().unwrap().insert(uid.clone(), replica);
             }
             let mut replicas = self.replicas.lock().unwrap();
@@ -498,11 +507,11 @@ impl Kubelet {
         Ok(())
     }
 
-    /// The pod's container, on this machine: its args and env, the TLS volume where it is
-    /// mounted, its own addresses, and a token bound to the pod.
-    fn start(&self, pod: &str) -> Result<Replica> {
-        let spec = self.pod_spec.lock().unwrap().clone().context("no pod template")?;
-        let container = &spec["containers"][0];
+    /// The pod's container, on this machine: its args and env as the pod says them, the TLS
+    /// volume where it is mounted, its own addresses, and a token bound to the pod.
+    fn start(&self, pod: &Value) -> Result<Replica> {
+        let container = &pod["spec"]["containers"][0];
+        let pod = pod["metadata"]["name"].as_str().context("a pod's name")?;
         let token = bound_token(&self.admin, "busyguard", "busyguard", pod)?;
         let path = self.work.join("replicas").join(format!("{pod}.kubeconfig"));
         let kubeconfig = kubeconfig_for(&self.admin, &path, pod, &token)?;
@@ -549,13 +558,13 @@ impl Kubelet {
     /// What a kubelet does for a deleted pod: the preStop hook, SIGTERM, SIGKILL at the end of
     /// the grace period, then the final delete.
     fn terminate(&self, replica: &Replica, pod: &Value) {
-        let spec = self.pod_spec.lock().unwrap().clone().unwrap_or_default();
-        let pre_stop: Vec<String> = (spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"].as_array())
-            .into_iter()
-            .flatten()
-            .skip(1)
-            .filter_map(|a| a.as_str().map(String::from))
-            .collect();
+        let pre_stop: Vec<String> = (pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+            .as_array())
+        .into_iter()
+        .flatten()
+        .skip(1)
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect();
         let grace = pod["metadata"]["deletionGracePeriodSeconds"].as_u64().unwrap_or(30);
         let (child, name, admin) = (replica.child.clone(), replica.pod.clone(), self.admin.clone());
         std::thread::spawn(move || {

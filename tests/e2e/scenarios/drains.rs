@@ -61,3 +61,35 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     ensure!(ok, "the drain of an opted-out namespace's busy pod did not go through: {err}");
     Ok(())
 }
+
+/// A staged install (`manifests/opt-in`): with its webhooks and `--opt-in`, busyguard guards
+/// only the namespaces labelled `busyguard.io/enabled=true`. A busy pod elsewhere is deleted as
+/// if busyguard were not installed, and not protected; once its namespace opts in, it is.
+pub fn a_staged_install_guards_only_the_namespaces_opted_in(rig: &Rig) -> Result<()> {
+    let (opted_in, not_yet) = (rig.namespace("opted-in")?, rig.namespace("not-yet")?);
+    rig.kubectl(&["label", "namespace", &opted_in, "busyguard.io/enabled=true"])?;
+    rig.switch_to("examples/opt-in", &[("BUSYGUARD_OPT_IN", Some("true"))])?;
+    let staged = (|| {
+        for ns in [&*opted_in, &*not_yet] {
+            workers::start(rig, &workers::pod(ns, "busy", None), "busy", 1)?;
+            flip(rig, ns, "busy", true)?;
+        }
+        let delete = |ns: &str| rig.try_kubectl(&["-n", ns, "delete", "pod", "busy", "--dry-run=server"]);
+        ensure!(!rig.evict(&opted_in, "busy")?.0 && !delete(&opted_in)?.0, "an opted-in namespace's busy pod went");
+        ensure!(delete(&not_yet)?.0, "a busy pod of a namespace not opted in could not be deleted");
+        ensure!(
+            rig.pod(&not_yet, "busy")?.is_some_and(|p| label(&p, "busyguard.io/protected").is_none()),
+            "a busy pod of a namespace not opted in was protected"
+        );
+        rig.kubectl(&["label", "namespace", &not_yet, "busyguard.io/enabled=true"])?;
+        eventually("once its namespace opts in, the busy pod is protected", Duration::from_secs(20), || {
+            Ok(rig
+                .pod(&not_yet, "busy")?
+                .is_some_and(|p| label(&p, "busyguard.io/protected").as_deref() == Some("true")))
+        })?;
+        ensure!(!rig.evict(&not_yet, "busy")?.0, "an opted-in busy pod was evicted");
+        Ok(())
+    })();
+    rig.switch_to("base", &[("BUSYGUARD_OPT_IN", None)])?;
+    staged
+}

@@ -120,6 +120,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("an_opted_out_namespace_is_left_alone", drains::an_opted_out_namespace_is_left_alone),
     (
+        "a_staged_install_guards_only_the_namespaces_opted_in",
+        drains::a_staged_install_guards_only_the_namespaces_opted_in,
+    ),
+    (
         "while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down",
         outages::while_busyguard_is_down_only_busy_pods_wait,
     ),
