@@ -193,11 +193,13 @@ fn retired_key(key: RetiredKey) -> String {
     match key {
         RetiredKey::WhenUnreadyAnnotation => format!(
             "busyguard: annotation {RETIRED_WHEN_UNREADY} is no longer read, so this pod is not protected when not \
-             Ready: set the label {BUSY_LABEL}={WHEN_UNREADY} instead (in the pod template)"
+             Ready: set the label {BUSY_LABEL}={WHEN_UNREADY} instead, on the running pods first (kubectl label pod \
+             --overwrite), then in the pod template (changing only the template rolls the workload, whose old \
+             NotReady pods go first)"
         ),
         RetiredKey::BudgetAnnotation => format!(
             "busyguard: annotation {MAX_UNAVAILABLE} is no longer read, so this pod's workload has no budget: make \
-             it a label of the pod template"
+             it a label, on the running pods first (kubectl label pod), then in the pod template"
         ),
         RetiredKey::MarkWithoutLabel => format!(
             "busyguard: annotation {DELETE_REQUESTED} without its label is not carried out (a deferred delete of an \
@@ -776,8 +778,12 @@ mod tests {
         set_label(&mut doc, "true");
         let warnings = contract_warnings(&pod(doc.clone()), DAY);
         assert_eq!(warnings.len(), 3, "{warnings:#?}");
-        assert!(warnings[0].contains("set the label busyguard.io/busy=when-unready instead"), "{}", warnings[0]);
-        assert!(warnings[1].contains("make it a label of the pod template"), "{}", warnings[1]);
+        assert!(
+            warnings[0].contains("set the label busyguard.io/busy=when-unready instead, on the running pods first"),
+            "{}",
+            warnings[0]
+        );
+        assert!(warnings[1].contains("make it a label, on the running pods first"), "{}", warnings[1]);
         assert!(warnings[2].contains("delete the pod again once it is idle"), "{}", warnings[2]);
         doc["metadata"]["labels"][DELETE_REQUESTED] = json!("true");
         doc["metadata"]["annotations"].as_object_mut().unwrap().remove(RETIRED_WHEN_UNREADY);

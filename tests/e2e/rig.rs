@@ -26,6 +26,21 @@ use serde_json::{Value, json};
 
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 pub const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
+/// The image that runs the build of a previous release: `busyguard-previous:COMMIT`.
+pub const PREVIOUS_IMAGE: &str = "busyguard-previous:";
+
+/// Where `Rig::previous_release` builds `commit`.
+fn previous_build(commit: &str) -> PathBuf {
+    Path::new(ROOT).join("target/previous").join(commit)
+}
+
+/// The build a busyguard pod's image names: a previous release's, else this checkout's.
+fn binary(image: &str) -> PathBuf {
+    match image.strip_prefix(PREVIOUS_IMAGE) {
+        Some(commit) => previous_build(commit).join("debug/busyguard"),
+        None => PathBuf::from(BUSYGUARD),
+    }
+}
 
 pub struct Rig {
     /// The admin's kubeconfig: the person at the keyboard.
@@ -93,15 +108,29 @@ impl Rig {
 
     /// `manifests/base` as shipped, the webhooks by URL; returns once two replicas answer.
     fn install(&self) -> Result<()> {
-        let rendered = run(Command::new("kubectl").args(["kustomize", &format!("{ROOT}/manifests/base")]))?;
-        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
         let certs = self.work.join("certs");
         let _ = std::fs::remove_dir_all(&certs);
         run(Command::new(BUSYGUARD).args(["certs", "--dir"]).arg(&certs))?;
+        Kubelet::run(self.kubelet.clone());
+        self.install_release(Path::new(ROOT), None)
+    }
+
+    /// The base of the checkout at `root` applied whole, as `kubectl apply -k` does (the
+    /// webhooks by URL), its Deployment's image set to `image` if given (this kubelet runs the
+    /// build an image names: see `Kubelet::binary`); returns once two replicas of it answer. Over
+    /// an install, this is an upgrade (or a downgrade): the webhooks change at once, while the
+    /// Deployment rolls.
+    pub fn install_release(&self, root: &Path, image: Option<&str>) -> Result<()> {
+        let base = root.join("manifests/base");
+        let rendered = run(Command::new("kubectl").arg("kustomize").arg(&base))?;
+        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
         for object in &mut objects {
             if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
                 // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.
                 object["spec"]["template"]["metadata"]["annotations"] = json!({"k8s-local/ready": "false"});
+                if let Some(image) = image {
+                    object["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+                }
             }
         }
         let kind = |o: &Value| o["kind"].as_str().unwrap_or_default().to_string();
@@ -110,21 +139,63 @@ impl Rig {
         let (fence, rest): (Vec<Value>, Vec<Value>) =
             rest.into_iter().partition(|o| kind(o).starts_with("ValidatingAdmissionPolicy"));
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
-        self.kubectl(&[
-            "-n",
-            "busyguard",
-            "create",
-            "secret",
-            "tls",
-            "busyguard-tls",
-            &format!("--cert={}", certs.join("tls.crt").display()),
-            &format!("--key={}", certs.join("tls.key").display()),
-        ])?;
-        self.fence(fence)?;
-        Kubelet::run(self.kubelet.clone());
+        if !self.try_kubectl(&["-n", "busyguard", "get", "secret", "busyguard-tls"])?.0 {
+            let certs = self.certs();
+            self.kubectl(&[
+                "-n",
+                "busyguard",
+                "create",
+                "secret",
+                "tls",
+                "busyguard-tls",
+                &format!("--cert={}", certs.join("tls.crt").display()),
+                &format!("--key={}", certs.join("tls.key").display()),
+            ])?;
+        }
+        if !fence.is_empty() {
+            self.fence(fence)?;
+        }
+        let ca = std::fs::read(self.certs().join("ca.crt"))?;
+        let upgrade = !std::mem::replace(&mut *self.webhooks.lock().unwrap(), webhooks).is_empty();
+        if upgrade {
+            self.register(&ca)?;
+        }
+        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
         self.wait_for_replicas(2)?;
-        *self.webhooks.lock().unwrap() = webhooks;
-        self.register(&std::fs::read(certs.join("ca.crt"))?)
+        if !upgrade {
+            self.register(&ca)?;
+        }
+        Ok(())
+    }
+
+    /// The checkout of `commit` (a release before this one), with busyguard built from it, kept
+    /// under target/previous/COMMIT: its root, for `install_release`.
+    pub fn previous_release(commit: &str) -> Result<PathBuf> {
+        let dir = previous_build(commit);
+        let src = dir.join("src");
+        if dir.join("debug/busyguard").exists() {
+            return Ok(src);
+        }
+        let known =
+            Command::new("git").args(["-C", ROOT, "cat-file", "-e", &format!("{commit}^{{commit}}")]).status()?;
+        ensure!(
+            known.success(),
+            "the previous release's commit {commit} is not in this clone (a shallow one?): `git fetch --unshallow`"
+        );
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(&src)?;
+        let archive = format!("git -C '{ROOT}' archive {commit} | tar -x -C '{}'", src.display());
+        ensure!(Command::new("sh").args(["-c", &archive]).status()?.success(), "{archive} failed");
+        eprintln!("e2e: building busyguard {commit}, the previous release (once, into {})", dir.display());
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .args(["build", "--locked", "--bin", "busyguard", "--manifest-path"])
+            .arg(src.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&dir)
+            .status()?;
+        ensure!(built.success(), "building busyguard {commit} failed");
+        Ok(src)
     }
 
     /// The base's fence as shipped (v1, Kubernetes 1.30 and later), or as v1beta1 where only
@@ -519,7 +590,7 @@ impl Kubelet {
         let mounts: Vec<(String, PathBuf)> = (container["volumeMounts"].as_array().into_iter().flatten())
             .filter_map(|m| m["mountPath"].as_str().map(|p| (p.to_string(), self.work.join("certs"))))
             .collect();
-        let mut command = Command::new(BUSYGUARD);
+        let mut command = Command::new(binary(container["image"].as_str().unwrap_or_default()));
         for arg in container["args"].as_array().into_iter().flatten() {
             command.arg(arg.as_str().unwrap_or_default());
         }

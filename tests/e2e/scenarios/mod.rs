@@ -11,6 +11,7 @@ mod outages;
 mod queues;
 mod readiness;
 mod scale;
+mod upgrade;
 
 use anyhow::Result;
 
@@ -129,6 +130,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("a_rolling_restart_of_busyguard_fails_no_admission", outages::a_rolling_restart_fails_no_admission),
     ("certificate_rotation_under_traffic_fails_no_admission", outages::certificate_rotation_fails_no_admission),
+    (
+        "an_upgrade_from_the_previous_release_loses_no_busy_pod",
+        upgrade::an_upgrade_from_the_previous_release_loses_no_busy_pod,
+    ),
     (
         "busyguard_check_tells_an_install_that_works_from_one_that_does_not",
         outages::busyguard_check_tells_an_install_that_works_from_one_that_does_not,

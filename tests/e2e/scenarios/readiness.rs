@@ -11,7 +11,7 @@ use crate::workers::{self, annotation, label};
 /// Turns a Ready pod NotReady, and so busy in readiness mode. This kubelet turns a pod Ready as
 /// it starts it; a real one only after a probe, and NotReady again a probe period (at least a
 /// second) later. Busy is NotReady after having been Ready.
-fn turn_not_ready(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
+pub fn turn_not_ready(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
     std::thread::sleep(Duration::from_millis(1100));
     rig.kubectl(&["-n", ns, "annotate", "pod", pod, "k8s-local/ready=false", "--overwrite"])?;
     eventually("the pod turns NotReady", Duration::from_secs(20), || {
