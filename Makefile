@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: help build image install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build dist image install run certs test unit bench bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 # A plain `make` says what there is.
@@ -21,11 +21,20 @@ help:
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
 	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt and clippy'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
+	@echo 'make dist      the CLI archives per platform (DIST_TARGETS), their SHA-256 and a krew manifest, in target/dist'
 	@echo 'make image IMAGE=registry/busyguard:tag   build (amd64, arm64) and push the container image'
 	@echo 'make bench     benchmarks (BENCHMARKS.md);  make cluster-certs  certificates for manifests/self-managed'
 
 build:
 	$(CARGO) build --release --locked
+
+# The CLI for operators' laptops without Rust: a release build per Rust target of DIST_TARGETS
+# (default: this machine's; each needs `rustup target add TRIPLE` and a linker for it), packaged
+# with its SHA-256, and a krew plugin manifest over them all (DIST_URL: where the archives will
+# be downloaded from). See scripts/dist.sh.
+DIST_TARGETS ?=
+dist:
+	CARGO="$(CARGO)" scripts/dist.sh $(DIST_TARGETS)
 
 # The container image (Dockerfile), built for every platform of PLATFORMS and pushed as one
 # multi-arch image: make image IMAGE=registry.example.com/busyguard:0.2.0 [CONTAINER=podman]

@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+mod dist;
 mod docs;
 mod harness;
 mod layout;
