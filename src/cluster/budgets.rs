@@ -47,6 +47,7 @@ impl Budgets {
             let Some(grants) = crate::policy::budget::claim(claim, &recorded, still_there, Timestamp::now()) else {
                 return Ok(false);
             };
+            let replacing = lease.is_some();
             let written = match lease {
                 None => leases.create(&params, &new_lease(&name, &grants)).await,
                 // The resourceVersion read above is the precondition: a write in between is a 409.
@@ -62,6 +63,8 @@ impl Budgets {
             match written {
                 Ok(_) => return Ok(true),
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                // Deleted as spent (by any replica) since it was read: read again, and create it.
+                Err(kube::Error::Api(status)) if status.code == 404 && replacing => continue,
                 Err(e) => return Err(format!("writing Lease {name}: {e}")),
             }
         }

@@ -91,6 +91,30 @@ async fn a_workload_budget_whose_claim_cannot_be_recorded_refuses_and_the_retry_
     wait_until_eviction_allowed_is(&server, "ds-a", true).await;
 }
 
+/// A Lease deleted as spent between the claim's read and its write (404 on the replace) is
+/// read again, and the claim written: the pod goes at once, as it would have without the race.
+#[tokio::test]
+async fn a_budget_lease_deleted_as_spent_while_a_claim_writes_it_is_read_again() {
+    let api = ApiServer::start().await;
+    let mut pod = worker_pod("ds-a", false);
+    pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+    api.put_pod(pod);
+    let name = "busyguard-budget-capture.deployment-worker";
+    api.put_lease(
+        "busyguard",
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "busyguard"},
+            "annotations": {"busyguard.io/granted": json!({"gone": Timestamp::now()}).to_string()}}}),
+    );
+    let server = TestServer::with_cluster(&api).await;
+    let lease = format!("/apis/coordination.k8s.io/v1/namespaces/busyguard/leases/{name}");
+    api.fault("PUT", &lease, [Fault::Status(404)]);
+    let allowed = server.review("/validate", &eviction_of("ds-a")).await;
+    assert_eq!(allowed["allowed"], true, "{allowed:#}");
+    let puts = api.calls().into_iter().filter(|c| c.method == "PUT" && c.path == lease).count();
+    assert_eq!(puts, 2, "written again after the 404");
+}
+
 #[tokio::test]
 async fn a_workload_budget_lets_one_of_several_evictions_at_once_go() {
     let api = ApiServer::start().await;
