@@ -65,7 +65,7 @@ certs:
 	$(BUSYGUARD) certs --dir $(CERTS_DIR)
 
 run: certs
-	$(CARGO) run --quiet --locked -- serve --listen $(LISTEN) --admin-listen $(ADMIN_LISTEN) \
+	$(BUSYGUARD) serve --listen $(LISTEN) --admin-listen $(ADMIN_LISTEN) \
 		--tls-cert $(CERTS_DIR)/tls.crt --tls-key $(CERTS_DIR)/tls.key
 
 # Every test: the fast ones, then the end-to-end suite on a real control plane.

@@ -22,6 +22,7 @@ pub type Scenario = fn(&Rig) -> Result<()>;
 pub const ALL: &[(&str, Scenario)] = &[
     ("writes_that_cannot_matter_are_not_sent_to_busyguard", flags::writes_that_cannot_matter_are_not_sent),
     ("a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones", scale::idle_first_then_waits),
+    ("a_frameworks_own_cost_decides_among_idle_pods", scale::a_frameworks_own_cost_decides_among_idle_pods),
     (
         "a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits",
         lifecycle::preemption_of_a_busy_pod_waits,

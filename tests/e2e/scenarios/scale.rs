@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
+use serde_json::json;
 
-use crate::rig::{Rig, eventually, throughout};
+use crate::rig::{Rig, eventually, kubectl, throughout};
 use crate::workers::{self, annotation, flip, label};
 
 /// `kubectl scale` 4 → 1 with 2 busy pods: exactly the 2 idle ones go; the busy ones stay while
@@ -43,4 +44,52 @@ pub fn idle_first_then_waits(rig: &Rig) -> Result<()> {
         "no audit line for the ReplicaSet controller's refused delete"
     );
     Ok(())
+}
+
+/// A framework that steers its own scale-down by the deletion cost, as Spark 4.2's
+/// DeploymentPodsAllocator does: the template stamps cost 0, the driver (a pod of its own
+/// service account, not opted in) lowers the cost of the idle executors it chose with a
+/// strategic-merge patch, then scales the Deployment. Those pods go, the busy one and the other
+/// idle one stay: busyguard's refresh before the scale-down keeps an idle pod's own cost.
+pub fn a_frameworks_own_cost_decides_among_idle_pods(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("framework-cost")?;
+    rig.kubectl(&["-n", &ns, "create", "serviceaccount", "spark-driver"])?;
+    let driver_rights = [
+        ("executors", "--verb=get,list,patch", "--resource=pods"),
+        ("allocator", "--verb=get,patch,update", "--resource=deployments,deployments/scale"),
+    ];
+    for (role, verbs, resources) in driver_rights {
+        rig.kubectl(&["-n", &ns, "create", "role", role, verbs, resources])?;
+        let account = format!("--serviceaccount={}:spark-driver", &*ns);
+        rig.kubectl(&["-n", &ns, "create", "rolebinding", role, &format!("--role={role}"), &account])?;
+    }
+    let mut driver = workers::pod(&ns, "driver", None);
+    driver["metadata"]["labels"] = json!({"app": "driver"});
+    driver["spec"]["serviceAccountName"] = json!("spark-driver");
+    workers::start(rig, &driver, "driver", 1)?;
+    let mut executors = workers::deployment(&ns, "executor", 4);
+    executors["spec"]["template"]["metadata"]["annotations"] =
+        json!({"controller.kubernetes.io/pod-deletion-cost": "0"});
+    let pods = workers::start(rig, &executors, "executor", 4)?;
+    let (busy, chosen, kept) = (&pods[0], &pods[1..3], &pods[3]);
+    flip(rig, &ns, busy, true)?;
+
+    let token = rig.pod_token(&ns, "spark-driver", "driver")?;
+    let as_driver = rig.kubeconfig_for(&format!("{}-driver", &*ns), &token)?;
+    let lowered = r#"{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"-1"}}}"#;
+    for pod in chosen {
+        let args = ["-n", &*ns, "patch", "pod", pod, "--type=strategic", "-p", lowered];
+        let (ok, _, err) = kubectl(&as_driver, &args)?;
+        ensure!(ok, "the driver could not lower {pod}'s cost: {err}");
+    }
+    let (ok, _, err) = kubectl(&as_driver, &["-n", &ns, "scale", "deployment/executor", "--replicas=2"])?;
+    ensure!(ok, "the driver could not scale its executors: {err}");
+    let mut left = vec![busy.clone(), kept.clone()];
+    left.sort();
+    eventually("the executors the driver chose go", Duration::from_secs(30), || {
+        Ok(rig.live_pods(&ns, "executor")? == left)
+    })?;
+    throughout("the busy and the other idle executor stay", Duration::from_secs(3), || {
+        Ok(rig.live_pods(&ns, "executor")? == left)
+    })
 }
