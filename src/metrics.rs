@@ -5,7 +5,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::audit::AuditMetrics;
@@ -17,6 +16,12 @@ pub struct ReviewLabels {
     pub resource: &'static str,
     pub operation: &'static str,
     pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,9 +99,11 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("busyguard");
-        // `busyguard_build_info{version,commit} 1`: which replica runs what, during a rollout.
-        let build = Info::new(vec![("version", crate::VERSION), ("commit", crate::COMMIT)]);
-        registry.register("build", "The version busyguard is and the commit it was built from", build);
+        // `busyguard_build_info{version,commit} 1`: which replica runs what, during a rollout. A
+        // gauge, not OpenMetrics' info type, which scrapers of the older text format refuse.
+        let build = Family::<BuildLabels, Gauge>::default();
+        build.get_or_create(&BuildLabels { version: crate::VERSION, commit: crate::COMMIT }).set(1);
+        registry.register("build_info", "The version busyguard is and the commit it was built from", build);
         let reviews = Family::<ReviewLabels, Counter>::default();
         registry.register(
             "admission_reviews",
