@@ -71,12 +71,29 @@ pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, St
         return Err("certificate file holds no PEM certificate".into());
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| format!("certificate and key: {e}"))
+    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "the key file's private key is not the certificate's (a key of another pair?)".to_string()
+        }
+        e => format!("certificate and key: {e}"),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_of_another_pair_is_said_plainly() {
+        let pair = |name: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let certificate = rcgen::CertificateParams::new(vec![name.into()]).unwrap().self_signed(&key).unwrap();
+            (certificate.pem(), key.serialize_pem())
+        };
+        let ((certificate, _), (_, other_key)) = (pair("a"), pair("b"));
+        let refused = certified_key(certificate.as_bytes(), other_key.as_bytes()).err().unwrap();
+        assert_eq!(refused, "the key file's private key is not the certificate's (a key of another pair?)");
+    }
 
     #[test]
     fn a_certificates_expiry_is_read_from_its_der() {

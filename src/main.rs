@@ -57,14 +57,30 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // Where logs are read as JSON, as a log line; otherwise one plain line, for a person.
         Err(e) if json_logs => {
-            error!("{e:#}");
+            error!("{}", one_line(&e));
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes in one line, each said once: kube's errors repeat their causes in
+/// their own text ("client error (Connect): client error (Connect)").
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if line.contains(&cause) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause);
+    }
+    line
 }
 
 /// The command line; run as kubectl's plugin (`kubectl busyguard`, through a `kubectl-busyguard`

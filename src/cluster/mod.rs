@@ -185,22 +185,57 @@ async fn found_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Con
         ClusterSource::Context { kubeconfig, context } => {
             let read = match kubeconfig {
                 Some(path) => Kubeconfig::read_from(path),
-                None => Kubeconfig::read(),
+                None => kubeconfig_from_env().transpose().unwrap_or_else(Kubeconfig::read),
             };
             let kubeconfig = read.map_err(|e| anyhow::anyhow!("cannot read the kubeconfig: {}", innermost(&e)))?;
+            if !kubeconfig.contexts.iter().any(|c| c.name == *context) {
+                let known: Vec<&str> = kubeconfig.contexts.iter().map(|c| c.name.as_str()).collect();
+                anyhow::bail!(
+                    "cannot use context {context}: the kubeconfig has no such context (it has: {})",
+                    known.join(", ")
+                );
+            }
             let options = KubeConfigOptions { context: Some(context.clone()), ..KubeConfigOptions::default() };
             let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot use context {context}: {}", innermost(&e)))?;
             Ok(Some(config))
         }
-        ClusterSource::Infer => match kube::Config::infer().await {
-            Ok(config) => Ok(Some(config)),
-            Err(e) => {
-                debug!(error = %e, "no in-cluster config and no kubeconfig");
-                Ok(None)
-            }
+        ClusterSource::Infer => match kubeconfig_from_env() {
+            Ok(Some(kubeconfig)) => kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("cannot use the kubeconfig of KUBECONFIG: {}", innermost(&e))),
+            Err(e) => Err(anyhow::anyhow!("cannot read the kubeconfig of KUBECONFIG: {}", innermost(&e))),
+            Ok(None) => infer().await,
         },
+    }
+}
+
+/// The files of `KUBECONFIG` that exist, merged, as kubectl reads them (it skips the missing
+/// ones; kube's own reading fails on the first): `None` when it names no file that exists.
+fn kubeconfig_from_env() -> Result<Option<Kubeconfig>, kube::config::KubeconfigError> {
+    let Some(value) = std::env::var_os("KUBECONFIG") else { return Ok(None) };
+    let paths = std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty() && p.exists());
+    let mut merged = None;
+    for path in paths {
+        let next = Kubeconfig::read_from(path)?;
+        merged = Some(match merged {
+            None => next,
+            Some(merged) => Kubeconfig::merge(merged, next)?,
+        });
+    }
+    Ok(merged)
+}
+
+/// The in-cluster configuration, or `~/.kube/config`, as kube finds them.
+async fn infer() -> anyhow::Result<Option<kube::Config>> {
+    match kube::Config::infer().await {
+        Ok(config) => Ok(Some(config)),
+        Err(e) => {
+            debug!(error = %e, "no in-cluster config and no kubeconfig");
+            Ok(None)
+        }
     }
 }
 

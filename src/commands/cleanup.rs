@@ -103,11 +103,12 @@ where
 /// Cleans the namespaces given (all without) and says what it did, one line each.
 pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
+    let reading = format!("reading the webhook configurations from the API server at {}", config.cluster_url);
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let registered = mutating.get_opt("busyguard").await.context("reading the webhook configurations")?.is_some()
-        || validating.get_opt("busyguard").await.context("reading the webhook configurations")?.is_some();
+    let registered = mutating.get_opt("busyguard").await.context(reading.clone())?.is_some()
+        || validating.get_opt("busyguard").await.context(reading)?.is_some();
     if registered {
         bail!(
             "busyguard's webhooks are still registered, and would put back what this takes off: remove them \

@@ -148,10 +148,35 @@ fn status_and_check_take_a_kubeconfig_context_as_kubectl_does_and_name_the_serve
     let path = path.to_str().unwrap();
     let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path, "--context", "b"]));
     assert!(line.contains("the API server at https://127.0.0.1:2/"), "{line}");
+    assert!(line.ends_with("Connection refused (os error 111)"), "down to its cause: {line}");
+    assert!(!line.contains("client error (Connect): client error (Connect)"), "each cause once: {line}");
+    let line = error_line(&busyguard(dir.path(), &["cleanup", "--kubeconfig", path, "--context", "b"]));
+    assert!(line.contains("from the API server at https://127.0.0.1:2/"), "cleanup names it too: {line}");
     let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path]));
     assert!(line.contains("the API server at https://127.0.0.1:1/"), "the current context without it: {line}");
     let line = error_line(&busyguard(dir.path(), &["status", "--kubeconfig", path, "--context", "nope"]));
-    assert!(line.starts_with("error: cannot use context nope: "), "{line}");
+    assert_eq!(line, "error: cannot use context nope: the kubeconfig has no such context (it has: a, b)");
+    // KUBECONFIG as kubectl reads it: a file of its list that does not exist is skipped.
+    let missing = dir.path().join("missing.yaml");
+    let list = std::env::join_paths([missing.as_path(), Path::new(path)]).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_busyguard"))
+        .args(["status", "--context", "b"])
+        .env("KUBECONFIG", &list)
+        .env("HOME", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let line = error_line(&output);
+    assert!(line.contains("the API server at https://127.0.0.1:2/"), "{line}");
+    let output = Command::new(env!("CARGO_BIN_EXE_busyguard"))
+        .arg("status")
+        .env("KUBECONFIG", &list)
+        .env("HOME", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let line = error_line(&output);
+    assert!(line.contains("the API server at https://127.0.0.1:1/"), "its current context: {line}");
     // busyguard check does not blame busyguard for an API server it cannot reach.
     let check = ["check", "--kubeconfig", path, "--context", "b", "--timeout", "1s"];
     let line = error_line(&busyguard(dir.path(), &check));
