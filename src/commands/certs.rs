@@ -267,6 +267,6 @@ mod tests {
         let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
         std::fs::write(dir.path().join(TLS_KEY), other.serialize_pem()).unwrap();
         let reason = check_existing(&request(dir.path())).unwrap_err();
-        assert!(reason.contains("certificate and key"), "{reason}");
+        assert!(reason.contains("is not the certificate's"), "{reason}");
     }
 }
