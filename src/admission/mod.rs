@@ -18,7 +18,7 @@ use crate::policy::outcome::{Action, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, node, own_flag, scale, update};
+use crate::policy::{Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, mutate, node, scale, writes};
 
 /// Which registration called: only the mutating one may answer with a patch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
@@ -168,19 +168,19 @@ pub fn admit(
                 (Webhook::Mutating, Resource::PodStatus) => Outcome::allow(Decision::Unhandled),
                 // A resize changes resources alone: judged for the restart it may cause, not patched.
                 (Webhook::Mutating, Resource::PodResize) => match before {
-                    Some(before) => update::judge_resize(&ask, pod, before, policy, now),
+                    Some(before) => mutate::judge_resize(&ask, pod, before, policy, now),
                     None => Outcome::allow(Decision::Unhandled),
                 },
                 (Webhook::Mutating, _) => {
                     let node_going = inputs.view.node_going(&pod.spec.node_name);
-                    update::mutate_pod(&update::Mutation { ask: &ask, pod, before, node_going }, policy, now)
+                    mutate::mutate_pod(&mutate::Mutation { ask: &ask, pod, before, node_going }, policy, now)
                 }
                 // The validating registrations see the writes of workers, of busyguard's own
                 // keys and of busyguard's mark.
                 (Webhook::Validating, _) => {
                     let guarded = |namespace: &str, name: &str| inputs.view.holds(namespace, name);
-                    let writer = own_flag::writer(&ask.requester, inputs.view.own_user(), ask.namespace, pod, guarded);
-                    own_flag::judge_write(&ask, pod, before, writer, through_status, policy, now)
+                    let writer = writes::writer(&ask.requester, inputs.view.own_user(), ask.namespace, pod, guarded);
+                    writes::judge_write(&ask, pod, before, writer, through_status, policy, now)
                 }
             })
         }

@@ -134,7 +134,7 @@ impl Cluster {
 
 /// Asks the API server who busyguard is (a SelfSubjectReview, granted to every authenticated
 /// user), until it answers: busyguard's own writes to opted-in pods, and only they, pass its
-/// pod-write rules (`policy::update::judge_write`).
+/// pod-write rules (`policy::mutate::judge_write`).
 async fn learn_own_user(client: kube::Client, view: Arc<View>) {
     let api: Api<SelfSubjectReview> = Api::all(client);
     loop {

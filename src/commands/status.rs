@@ -18,7 +18,7 @@ use crate::cluster::view::{ApiPod, PodRecord};
 use crate::cluster::{ClusterSource, client_config};
 use crate::duration::whole_second;
 use crate::policy::busy::{BusyState, MaxBusy, busy_state};
-use crate::policy::hazards::{Budget, Opted, hazards};
+use crate::policy::hazards::{Opted, Pdb, hazards};
 use crate::policy::hold::{Holds, NodeGoing, held, held_refusal};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
@@ -43,7 +43,7 @@ pub struct Settings {
 /// What the report reads from the cluster.
 pub struct Cluster {
     pub pods: Vec<Listed>,
-    pub budgets: Result<Vec<Budget>, String>,
+    pub budgets: Result<Vec<Pdb>, String>,
     /// The nodes that are going, or why they could not be read.
     pub nodes_going: Result<HashMap<String, NodeGoing>, String>,
 }
@@ -85,14 +85,14 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settin
 }
 
 /// The PodDisruptionBudgets of the namespaces with opted-in pods.
-async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Budget>, kube::Error> {
+async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Pdb>, kube::Error> {
     let namespaces: std::collections::BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
     let mut budgets = Vec::new();
     for namespace in namespaces {
         let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
         for pdb in api.list(&ListParams::default()).await?.items {
             let spec = pdb.spec.unwrap_or_default();
-            budgets.push(Budget {
+            budgets.push(Pdb {
                 namespace: namespace.to_string(),
                 name: pdb.metadata.name.unwrap_or_default(),
                 selector: spec.selector.as_ref().and_then(|s| Selector::from_label_selector(s).ok()),

@@ -4,12 +4,12 @@
 use std::collections::BTreeSet;
 
 use super::busy::MaxBusy;
+use super::mutate::contract_warnings;
 use super::pod::PodFacts;
 use super::selector::Selector;
-use super::update::contract_warnings;
 
 /// One PodDisruptionBudget, as far as these rules read it.
-pub struct Budget {
+pub struct Pdb {
     pub namespace: String,
     pub name: String,
     /// `None`: its selector does not parse.
@@ -28,7 +28,7 @@ pub struct Opted<'a, P> {
 }
 
 /// Each hazard once, in order.
-pub fn hazards<P: PodFacts>(pods: &[Opted<'_, P>], budgets: &[Budget], max_busy: MaxBusy) -> Vec<String> {
+pub fn hazards<P: PodFacts>(pods: &[Opted<'_, P>], pdbs: &[Pdb], max_busy: MaxBusy) -> Vec<String> {
     let mut found = BTreeSet::new();
     for opted in pods {
         let workload = format!("{}/{}", opted.namespace, opted.workload);
@@ -38,7 +38,7 @@ pub fn hazards<P: PodFacts>(pods: &[Opted<'_, P>], budgets: &[Budget], max_busy:
         for warning in contract_warnings(opted.pod, max_busy) {
             found.insert(format!("{workload}: {}", warning.trim_start_matches("busyguard: ")));
         }
-        let selecting: Vec<&Budget> = budgets
+        let selecting: Vec<&Pdb> = pdbs
             .iter()
             .filter(|b| b.namespace == opted.namespace)
             .filter(|b| b.selector.as_ref().is_some_and(|s| s.matches(|key| opted.pod.label(key))))
@@ -83,9 +83,9 @@ mod tests {
     use crate::policy::testing::pod;
     use serde_json::json;
 
-    fn budget(name: &str, app: &str, always_allow: bool) -> Budget {
+    fn pdb(name: &str, app: &str, always_allow: bool) -> Pdb {
         let selector = serde_json::from_value(json!({"matchLabels": {"app": app}})).unwrap();
-        Budget {
+        Pdb {
             namespace: "jobs".into(),
             name: name.into(),
             selector: Some(Selector::from_label_selector(&selector).unwrap()),
@@ -103,8 +103,8 @@ mod tests {
         let cheap = pod(json!({"metadata": {"labels": {BUSY_LABEL: "false", "app": "worker"},
             "annotations": {DELETION_COST: "-200000000"}}}));
         let pods = [opted("w-1", &worker, true), opted("w-2", &worker, true), opted("w-3", &cheap, false)];
-        let budgets = [budget("mine", "worker", true), budget("other", "worker", false), budget("db", "db", true)];
-        let said = hazards(&pods, &budgets, MaxBusy::new(jiff::SignedDuration::from_hours(24)));
+        let pdbs = [pdb("mine", "worker", true), pdb("other", "worker", false), pdb("db", "db", true)];
+        let said = hazards(&pods, &pdbs, MaxBusy::new(jiff::SignedDuration::from_hours(24)));
         assert_eq!(said.len(), 6, "{said:#?}");
         assert!(said.iter().any(|s| s.starts_with("jobs/Deployment/worker: its pods tolerate every taint")));
         assert!(said.iter().any(|s| s.starts_with("jobs/Deployment/worker: controller.kubernetes.io/pod-deletion-cost=-200000000")));
@@ -118,7 +118,7 @@ mod tests {
         let worker = pod(json!({"metadata": {"labels": {BUSY_LABEL: "true", "app": "worker"}}}));
         let said = hazards(
             &[opted("w-1", &worker, false)],
-            &[budget("mine", "worker", false)],
+            &[pdb("mine", "worker", false)],
             MaxBusy::new(jiff::SignedDuration::from_hours(24)),
         );
         assert_eq!(said, Vec::<String>::new());

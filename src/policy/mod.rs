@@ -1,8 +1,8 @@
 //! Pure decisions: no I/O, and no clock but the `now` passed in.
 //!
 //! Each path is decided whole in one file, returning an [`outcome::Outcome`]:
-//! - [`update::mutate_pod`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy
-//!   flips), and [`own_flag::judge_write`], who may write opted-in pods;
+//! - [`mutate::mutate_pod`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy
+//!   flips), and [`writes::judge_write`], who may write opted-in pods;
 //! - [`disruption::judge_disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse,
 //!   defer);
 //! - [`scale::prepare_scale_down`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
@@ -21,25 +21,25 @@
 
 pub mod budget;
 pub mod busy;
-pub mod conditions;
 pub mod cost;
 pub mod disruption;
 pub mod hazards;
 pub mod hold;
 pub mod keys;
 pub mod marks;
+pub mod mutate;
 pub mod node;
 pub mod observed;
 pub mod outcome;
-pub mod own_flag;
 pub mod pdb;
 pub mod pod;
 pub mod scale;
 pub mod selector;
+pub mod selectors;
 #[cfg(test)]
 pub mod testing;
-pub mod update;
 pub mod workloads;
+pub mod writes;
 
 use busy::MaxBusy;
 use hold::Holds;

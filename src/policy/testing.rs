@@ -8,9 +8,9 @@ use super::busy::MaxBusy;
 use super::hold::Holds;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
+use super::mutate::{Mutation, mutate_pod};
 use super::outcome::{Answer, Outcome};
 use super::pod::Pod;
-use super::update::{Mutation, mutate_pod};
 use super::{Ask, Mode, PolicyConfig, Requester};
 
 pub fn ts(s: &str) -> Timestamp {

@@ -8,8 +8,8 @@ use jiff::Timestamp;
 
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::keys::ROLLOUTS_POD_TEMPLATE_HASH;
+use super::mutate::retired_keys;
 use super::pod::PodFacts;
-use super::update::retired_keys;
 
 /// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
 /// of any of its ReplicaSets, by the label its ReplicaSets select with (`template_hash`: the

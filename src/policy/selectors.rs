@@ -55,7 +55,7 @@ pub const RUN_TO_COMPLETION: [(&str, &str); 3] = [
 ];
 
 /// Pods created by a run-to-completion owner (`owner_label`) that did not opt in themselves:
-/// busyguard makes them busy for their whole run (`update::mutate_pod`). Selected by labels
+/// busyguard makes them busy for their whole run (`mutate::mutate_pod`). Selected by labels
 /// alone, so the API server pays nothing for any other pod.
 pub fn run_to_completion(owner_label: &str) -> Value {
     json!({"matchExpressions": [
@@ -179,7 +179,7 @@ pub fn pod_delete_counted_by_a_budget() -> String {
 
 /// The mark webhook (of [`marked`] pods, busyguard's own writes aside): a write that gives a pod
 /// a whole delete-requested mark (label and annotation) it did not carry before, or opts a pod in
-/// with one. As `own_flag::marks_anew`.
+/// with one. As `writes::marks_anew`.
 pub fn pod_write_marks_anew() -> String {
     let mark = |o: &str| {
         format!("{} && {}", has_key(o, "labels", DELETE_REQUESTED), has_key(o, "annotations", DELETE_REQUESTED))
@@ -333,9 +333,9 @@ mod tests {
     use crate::policy::Ask;
     use crate::policy::disruption;
     use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::mutate;
     use crate::policy::outcome::{Action, Answer, Outcome};
     use crate::policy::pod::{Pod, PodFacts};
-    use crate::policy::update;
 
     /// Whether a label selector of `matchExpressions` matches the labels of `object`.
     fn selects(selector: &Value, object: &Value) -> bool {
@@ -473,7 +473,7 @@ mod tests {
             // Stored unpatched, the pod reaches busyguard's watch, which plans as a create would.
             let repaired = |new: &Value| !crate::policy::marks::plan(&pod(new), None, config().mutation, config().max_busy, now()).is_empty();
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
-                let outcome = update::mutate_pod(&update::Mutation::of(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old))), &config(), now());
+                let outcome = mutate::mutate_pod(&mutate::Mutation::of(&ask("UPDATE", "alice"), &pod(&new), Some(&pod(&old))), &config(), now());
                 let allowed = matches!(outcome.answer, Answer::Allow { .. } | Answer::Patch { .. });
                 prop_assert!(allowed && outcome.audit.is_none() && outcome.effects.is_empty(), "skipped, but {:?}", outcome.answer);
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, and no one repairs it\nold {old}\nnew {new}");
@@ -482,7 +482,7 @@ mod tests {
             // webhook alone (by its owner's label: `run_to_completion`), and is made busy there.
             let opted_in = new["metadata"]["labels"].get(BUSY_LABEL).is_some();
             if opted_in && !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
-                let outcome = update::mutate_pod(&update::Mutation::of(&ask("CREATE", "alice"), &pod(&new), None), &config(), now());
+                let outcome = mutate::mutate_pod(&mutate::Mutation::of(&ask("CREATE", "alice"), &pod(&new), None), &config(), now());
                 prop_assert!(unchanged(&outcome) || repaired(&new), "skipped, but busyguard answers {:?}\nnew {new}", outcome.answer);
             }
         }
@@ -491,10 +491,10 @@ mod tests {
         fn a_write_the_mark_webhook_skips_gives_no_pod_a_new_mark((old, new) in an_update()) {
             let (selectors, expression) = ([marked()], pod_write_marks_anew());
             if !reaches(&selectors, &expression, "UPDATE", &new, &old) {
-                prop_assert!(!crate::policy::own_flag::marks_anew(&pod(&new), Some(&pod(&old))), "skipped\nold {old}\nnew {new}");
+                prop_assert!(!crate::policy::writes::marks_anew(&pod(&new), Some(&pod(&old))), "skipped\nold {old}\nnew {new}");
             }
             if !reaches(&selectors, &expression, "CREATE", &new, &Value::Null) {
-                prop_assert!(!crate::policy::own_flag::marks_anew(&pod(&new), None), "skipped\nnew {new}");
+                prop_assert!(!crate::policy::writes::marks_anew(&pod(&new), None), "skipped\nnew {new}");
             }
         }
 
@@ -543,7 +543,7 @@ mod tests {
             (old, new) in an_update(),
             worker in any::<bool>(),
         ) {
-            use crate::policy::own_flag::{Writer, judge_write, marks_anew};
+            use crate::policy::writes::{Writer, judge_write, marks_anew};
             // pod-flags, and idle-pod-flags (in every namespace not labelled own-flags=false).
             let mut user = json!({"username": "system:serviceaccount:jobs:worker"});
             if worker {
