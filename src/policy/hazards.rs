@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::busy::MaxBusy;
-use super::mutate::contract_warnings;
+use super::contract::contract_warnings;
 use super::pod::PodFacts;
 use super::selector::Selector;
 

@@ -21,6 +21,7 @@
 
 pub mod budget;
 pub mod busy;
+pub mod contract;
 pub mod cost;
 pub mod disruption;
 pub mod hazards;

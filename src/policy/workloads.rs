@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::busy::{BusyState, MaxBusy, busy_state};
+use super::contract::retired_keys;
 use super::keys::ROLLOUTS_POD_TEMPLATE_HASH;
-use super::mutate::retired_keys;
 use super::pod::PodFacts;
 
 /// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
