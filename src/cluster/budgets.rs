@@ -15,11 +15,11 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use tracing::{debug, warn};
 
 use super::view::View;
-use crate::policy::budget::{GRANTS_ANNOTATION, Grants, LEASE_PREFIX, lease_name, spent};
+use crate::policy::budget::{Grants, LEASE_PREFIX, lease_name, spent};
 use crate::policy::keys::FIELD_MANAGER;
+use crate::policy::keys::{GRANTS_ANNOTATION, MANAGED_BY};
 use crate::policy::outcome::BudgetClaim;
 // The label on busyguard's objects, for `busyguard cleanup` to find them.
-use crate::policy::pdb::MANAGED_BY;
 
 /// How many times a claim reads and writes again after another claim's write came first.
 const ATTEMPTS: usize = 8;

@@ -13,8 +13,9 @@ use super::outbox::{EffectResult, Outbox};
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
 use crate::policy::keys::BUSY_LABEL;
+use crate::policy::keys::MANAGED_BY;
 use crate::policy::outcome::Effect;
-use crate::policy::pdb::{ExistingPdb, MANAGED_BY, Step, as_busyguard_writes_it, steps};
+use crate::policy::pdb::{ExistingPdb, Step, as_busyguard_writes_it, steps};
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 

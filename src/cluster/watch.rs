@@ -19,10 +19,10 @@ use super::outbox::{EffectResult, Outbox};
 use super::pdb::BusyPdbs;
 use super::view::{ApiPod, PodRecord, Scope, View};
 use crate::metrics::Metrics;
-use crate::policy::keys::BUSY_LABEL;
+use crate::policy::PolicyConfig;
+use crate::policy::keys::{BUSY_LABEL, NAMESPACE_ENABLED_LABEL};
 use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::PodRef;
-use crate::policy::{NAMESPACE_ENABLED_LABEL, PolicyConfig};
 
 pub struct Watch {
     pub client: Client,

@@ -24,11 +24,12 @@ use crate::cluster::{ClusterSource, client_config};
 use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
+use crate::policy::keys::MANAGED_BY;
 use crate::policy::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS, FIELD_MANAGER, RELEASED_FROM,
 };
 use crate::policy::marks::{MutationSettings, plan};
-use crate::policy::pdb::{BUSY_PDB_NAME, MANAGED_BY};
+use crate::policy::pdb::BUSY_PDB_NAME;
 
 /// Every annotation busyguard may have written is restored or removed, whatever it was set to
 /// write.

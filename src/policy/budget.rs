@@ -24,9 +24,6 @@ pub struct Siblings {
 /// Pods let go under a workload's budget, by name, with when.
 pub type Grants = BTreeMap<String, Timestamp>;
 
-/// The Lease annotation that holds a workload's [`Grants`] (JSON).
-pub const GRANTS_ANNOTATION: &str = "busyguard.io/granted";
-
 /// How long a pod let go counts as unavailable by its grant alone: until the watch shows it
 /// going (then the view counts it), or the delete did not happen after all (refused further down
 /// the admission chain, or never sent).

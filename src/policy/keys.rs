@@ -1,5 +1,6 @@
 //! The names busyguard reads and writes on pods: every label and annotation of the contract,
-//! the other projects' annotations it manages, and the delete-requested mark's value. A leaf:
+//! the other projects' annotations it manages, and the delete-requested mark's value; and the
+//! namespaces' labels and the names on the objects it keeps. A leaf:
 //! it imports nothing of policy, so every other file may import it.
 
 use jiff::Timestamp;
@@ -157,3 +158,25 @@ pub const DECIDING_ANNOTATIONS: [&str; 16] = [
     DISRUPTION_REQUESTED,
     EVICTION_IN_PROGRESS,
 ];
+
+// On namespaces, Leases and PodDisruptionBudgets.
+
+/// The namespace label that opts a namespace out (`"false"`), or in (`"true"`) where only
+/// labelled namespaces are guarded (`Enrolment::OptIn`).
+pub const NAMESPACE_ENABLED_LABEL: &str = "busyguard.io/enabled";
+
+/// The namespace label that says no worker there writes pods (`"false"`): the own-flag rule
+/// then skips writes to its idle pods, sparing the API server the condition it evaluates on each
+/// of them (see `selectors`).
+pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
+
+/// The namespace label (`"true"`) under which the pods of run-to-completion owners (Jobs, Argo
+/// Workflows, Tekton TaskRuns) are busy while they run, with no label in their templates.
+pub const RUN_TO_COMPLETION_NAMESPACE_LABEL: &str = "busyguard.io/run-to-completion";
+
+/// The Lease annotation that holds a workload's grants (`budget::Grants`, JSON).
+pub const GRANTS_ANNOTATION: &str = "busyguard.io/granted";
+
+/// Marks the objects busyguard keeps (busy-pod PDBs, budget Leases), to tell them from the
+/// user's.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "busyguard");

@@ -182,9 +182,6 @@ pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", BUSYGUARD_NAMESP
 /// The user every controller of a controller-manager run without
 /// `--use-service-account-credentials` speaks as.
 pub const SHARED_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
-/// The namespace label that opts a namespace out (`"false"`), or in (`"true"`) where only
-/// labelled namespaces are guarded (`Enrolment::OptIn`).
-pub const NAMESPACE_ENABLED_LABEL: &str = "busyguard.io/enabled";
 
 /// Which namespaces busyguard guards, by their `busyguard.io/enabled` label. Its webhooks'
 /// namespaceSelectors say the same: the base's every one not labelled `"false"`, the
@@ -210,14 +207,6 @@ impl Enrolment {
         exception == (self == Enrolment::OptOut)
     }
 }
-/// The namespace label that says no worker there writes pods (`"false"`): the own-flag rule
-/// then skips writes to its idle pods, sparing the API server the condition it evaluates on each
-/// of them (see `conditions`).
-pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
-
-/// The namespace label (`"true"`) under which the pods of run-to-completion owners (Jobs, Argo
-/// Workflows, Tekton TaskRuns) are busy while they run, with no label in their templates.
-pub const RUN_TO_COMPLETION_NAMESPACE_LABEL: &str = "busyguard.io/run-to-completion";
 
 /// Where the API server names the pod a bound service-account token belongs to.
 pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";

@@ -15,15 +15,13 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::keys::{BUSY_LABEL, PROTECTED_LABEL};
+use super::keys::{BUSY_LABEL, MANAGED_BY, PROTECTED_LABEL};
 use super::selector::Selector;
 
 pub const BUSY_PDB_NAME: &str = "busyguard-busy";
 /// More than a namespace ever holds: no disruption is ever allowed, however many busy pods the
 /// PDB controller counts, and nothing needs updating as pods turn busy and idle.
 pub const BUSY_PDB_MIN_AVAILABLE: i32 = 1_000_000;
-/// Marks the PDBs busyguard keeps, to tell them from the user's.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "busyguard");
 
 /// A PDB as it stands: whose, and what it selects.
 pub struct ExistingPdb {
