@@ -10,7 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::App;
+use super::app::App;
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()

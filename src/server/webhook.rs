@@ -17,7 +17,8 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
-use super::{App, HttpService};
+use super::app::App;
+use super::listen::HttpService;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::outbox::EffectResult;

@@ -1,0 +1,139 @@
+//! What the request handlers share: the policy, the audit log, the metrics, the cluster view,
+//! the limits, and whether this replica serves; its health as `/status` reports it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use crate::audit::AuditLog;
+use crate::cluster::Cluster;
+use crate::cluster::view::Unavailable;
+use crate::metrics::Metrics;
+use crate::policy::PolicyConfig;
+
+/// Workloads with gauges of their own at most; the rest are summed as `(other)`.
+const MAX_WORKLOADS: usize = 500;
+
+/// How long a client may take at each step before the connection is dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub handshake_timeout: Duration,
+    /// Also bounds how long a connection may wait for its first request, and stay open idle
+    /// (HTTP/1.1 and HTTP/2 alike).
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold.
+    pub max_connections_per_peer: usize,
+    pub max_in_flight: usize,
+    /// Bytes of request bodies held in memory at once, at most.
+    pub max_body_memory: usize,
+}
+
+/// What the request handlers share.
+pub struct App {
+    pub policy: PolicyConfig,
+    pub audit: Arc<AuditLog>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub cluster: Cluster,
+    /// One permit per review being handled (`Limits::max_in_flight`).
+    pub in_flight: Semaphore,
+    /// One permit per byte of request bodies in memory (`Limits::max_body_memory`).
+    pub body_memory: Semaphore,
+    serving: AtomicBool,
+}
+
+impl App {
+    /// Not serving until `start_serving` is called.
+    pub fn new(
+        policy: PolicyConfig,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+        limits: Limits,
+        cluster: Cluster,
+    ) -> App {
+        let in_flight = Semaphore::new(limits.max_in_flight);
+        let body_memory = Semaphore::new(limits.max_body_memory);
+        App { policy, audit, metrics, limits, cluster, in_flight, body_memory, serving: AtomicBool::new(false) }
+    }
+
+    /// Takes reviews from now on (and reports ready, when the rest is).
+    pub fn start_serving(&self) {
+        self.serving.store(true, Ordering::Relaxed);
+    }
+
+    /// Not ready from now on: a shutdown has begun.
+    pub fn stop_serving(&self) {
+        self.serving.store(false, Ordering::Relaxed);
+    }
+
+    /// False from the start of a shutdown.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Ready means able to answer reviews: serving and not draining. A stale view or a failing
+    /// audit sink does not take a replica out of the Service: the delete path needs neither, and
+    /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
+    /// webhook fails closed). They are reported by `health` (`/status`) and the metrics instead.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_serving() {
+            return Err("shutting down".into());
+        }
+        Ok(())
+    }
+
+    /// Sets the per-workload gauges from the view, as of now.
+    pub fn count_workloads(&self) {
+        use crate::metrics::{WorkloadLabels, WorkloadOnlyLabels};
+        use crate::policy::workloads::{count, of_pod};
+        let now = jiff::Timestamp::now();
+        let pods = self.cluster.view.flat_map(|namespace, name, pod| {
+            let counts = of_pod(pod, self.policy.max_busy, now)?;
+            Some((namespace.to_string(), pod.workload(name), counts))
+        });
+        let counts = count(pods, MAX_WORKLOADS);
+        let metrics = &self.metrics;
+        let (pods, deletes, retired) =
+            (&metrics.workload_pods, &metrics.workload_deferred_deletes, &metrics.workload_retired_keys);
+        pods.clear();
+        deletes.clear();
+        retired.clear();
+        for ((namespace, workload), counts) in counts {
+            for (state, n) in [("busy", counts.busy), ("idle", counts.idle), ("lapsed", counts.lapsed)] {
+                let labels = WorkloadLabels { namespace: namespace.clone(), workload: workload.clone(), state };
+                pods.get_or_create(&labels).set(n as i64);
+            }
+            let labels = WorkloadOnlyLabels { namespace, workload };
+            deletes.get_or_create(&labels).set(counts.delete_requested as i64);
+            if counts.retired_keys > 0 {
+                retired.get_or_create(&labels).set(counts.retired_keys as i64);
+            }
+        }
+    }
+
+    /// Everything busyguard depends on besides serving: the audit log written, and the cluster
+    /// view (if any) listed and fresh. Sets the matching gauges.
+    pub fn health(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        let audit = self.audit.health();
+        self.metrics.audit_failing.set(i64::from(audit.is_err()));
+        problems.extend(audit.err());
+        let view = self.cluster.view.check(Instant::now()).map_err(|why| match why {
+            // Evictions get 503 here too, as while the view is stale: not "ok".
+            Unavailable::NoCluster => {
+                format!("{why}: evictions and node deletes are answered 503, scale-downs go unprepared")
+            }
+            why => why.to_string(),
+        });
+        self.metrics.view_unavailable.set(i64::from(view.is_err()));
+        problems.extend(view.err());
+        if !self.is_serving() {
+            problems.push("shutting down".into());
+        }
+        if problems.is_empty() { Ok(()) } else { Err(problems) }
+    }
+}
