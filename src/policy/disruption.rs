@@ -4,8 +4,10 @@
 
 use jiff::Timestamp;
 
+use super::ask::{Ask, Requester};
 use super::budget::Siblings;
 use super::busy::{BusyState, Lapse, busy_state};
+use super::config::{Exempt, Exemptions, Mode, PolicyConfig};
 use super::hold;
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
@@ -13,9 +15,9 @@ use super::keys::{
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::{Phase, PodFacts};
-use super::{
-    Ask, Exempt, Exemptions, GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, Mode, NAMESPACE_CONTROLLER_USER, PolicyConfig,
-    REPLICASET_CONTROLLER_USER, Requester, TAINT_MANAGER_USERS,
+use super::requesters::{
+    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, NAMESPACE_CONTROLLER_USER, REPLICASET_CONTROLLER_USER,
+    TAINT_MANAGER_USERS,
 };
 use crate::duration::whole_second;
 

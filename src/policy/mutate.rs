@@ -6,14 +6,15 @@
 
 use jiff::{SignedDuration, Timestamp};
 
+use super::ask::Ask;
 use super::busy::{BusyState, busy_state};
+use super::config::PolicyConfig;
 use super::contract::contract_warnings;
 use super::hold::{Hold, NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::marks::{json_patch, metadata_pointer, plan};
 use super::outcome::{Answer, AuditRecord, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
-use super::{Ask, PolicyConfig};
 use json_patch::{AddOperation, PatchOperation};
 
 /// A pod's create or update, as the mutating webhook reads it.

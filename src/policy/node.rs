@@ -7,13 +7,15 @@
 
 use jiff::Timestamp;
 
+use super::ask::Ask;
 use super::busy::{BusyState, busy_state};
+use super::config::{Mode, PolicyConfig};
 use super::hold;
 use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
-use super::{Ask, CLOUD_NODE_LIFECYCLE_USERS, Mode, PolicyConfig};
+use super::requesters::CLOUD_NODE_LIFECYCLE_USERS;
 use crate::duration::whole_second;
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.

@@ -4,13 +4,14 @@
 
 use jiff::Timestamp;
 
+use super::ask::Operation;
 use super::busy::{BusyState, busy_state};
+use super::config::PolicyConfig;
 use super::hold;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVICTION_IN_PROGRESS};
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, LossCause, PodRef, Reason, Subject};
 use super::pod::{Phase, PodFacts};
-use super::{Operation, PolicyConfig};
 
 /// A busy pod lost, to be reported once: its cause, and the audit line to write.
 #[derive(Debug, Clone, PartialEq)]

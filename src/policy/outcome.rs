@@ -7,10 +7,11 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::Serialize;
 
+use super::ask::{Ask, Operation};
+use super::config::{Exempt, Mode};
 use super::keys::DeleteRequest;
 use super::marks::{self, Plan};
 use super::pdb::BUSY_PDB_NAME;
-use super::{Ask, Mode, Operation};
 
 #[derive(Debug)]
 pub struct Outcome {
@@ -537,6 +538,26 @@ impl LossCause {
     /// The reason of the Warning Event that reports it.
     pub fn event_reason(&self) -> &'static str {
         if self.is_loss() { "BusyPodLost" } else { "BusyPodUnaccounted" }
+    }
+}
+
+// The request's and the exemption's words in the audit vocabulary, here so that `ask` and
+// `config` need nothing of it.
+
+impl Ask<'_> {
+    /// An audit line naming this request.
+    pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
+        AuditRecord::new(Subject::Request(self), decision, reason, detail, mode, now)
+    }
+}
+
+impl Exempt {
+    /// The audit reason of a request let through by this exemption.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Exempt::User(_) => Reason::ExemptUser,
+            Exempt::Group(_) => Reason::ExemptGroup,
+        }
     }
 }
 

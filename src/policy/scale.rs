@@ -5,12 +5,13 @@
 
 use jiff::Timestamp;
 
+use super::ask::Ask;
 use super::busy::{BusyState, busy_state};
+use super::config::PolicyConfig;
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
 use super::pod::PodFacts;
 use super::selector::Selector;
-use super::{Ask, PolicyConfig};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).

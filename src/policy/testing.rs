@@ -3,15 +3,16 @@
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use super::Exemptions;
+use super::ask::{Ask, Requester};
 use super::busy::MaxBusy;
+use super::config::Exemptions;
+use super::config::{Mode, PolicyConfig};
 use super::hold::Holds;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, FIELD_MANAGER};
 use super::marks::MutationSettings;
 use super::mutate::{Mutation, mutate_pod};
 use super::outcome::{Answer, Outcome};
 use super::pod::Pod;
-use super::{Ask, Mode, PolicyConfig, Requester};
 
 pub fn ts(s: &str) -> Timestamp {
     s.parse().unwrap()

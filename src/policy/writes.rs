@@ -5,12 +5,13 @@
 
 use jiff::Timestamp;
 
+use super::ask::{Ask, Requester};
 use super::busy::{busy_since, busy_state};
+use super::config::PolicyConfig;
 use super::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, PROTECTED_LABEL};
 use super::marks::{GUARDED, JUST_STAMPED, flip_keys, plan, written_on_a_flip};
 use super::outcome::{Answer, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
-use super::{Ask, PolicyConfig, Requester};
 
 /// Who writes a pod, as far as these rules go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

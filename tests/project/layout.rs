@@ -6,8 +6,8 @@ use std::path::Path;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The modules of `folder` (its `.rs` files but `mod.rs`; at the top, its folders too, each
-/// read whole) with their code, unit tests and comments left out.
+/// The modules of `folder` (its `.rs` files, `mod.rs` as `mod`; at the top, its folders instead,
+/// each read whole) with their code, unit tests and comments left out.
 fn modules(folder: &Path, top: bool) -> BTreeMap<String, String> {
     let mut modules = BTreeMap::new();
     for entry in std::fs::read_dir(folder).unwrap() {
@@ -17,7 +17,10 @@ fn modules(folder: &Path, top: bool) -> BTreeMap<String, String> {
             let files = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path());
             modules
                 .insert(name, files.filter(|f| f.extension().is_some_and(|e| e == "rs")).map(|f| code(&f)).collect());
-        } else if path.extension().is_some_and(|e| e == "rs") && !["mod", "main", "lib"].contains(&name.as_str()) {
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !["main", "lib"].contains(&name.as_str())
+            && (name != "mod" || !top)
+        {
             modules.insert(name, code(&path));
         }
     }
@@ -30,12 +33,31 @@ fn code(file: &Path) -> String {
     text.lines().map(|line| line.split("//").next().unwrap()).collect::<Vec<_>>().join("\n")
 }
 
-/// Which of `modules` each one imports, by `prefixes` (`super::`, `crate::policy::`).
-fn imports(modules: &BTreeMap<String, String>, prefixes: &[String]) -> BTreeMap<String, BTreeSet<String>> {
+/// Which of `modules` each one imports, by `prefixes` (`super::`, `crate::policy::`). A name
+/// there that is no module is `mod.rs`'s own (an arrow up to it); `mod.rs` imports a child it
+/// names a path through (`use child::…`, `child::f()`). `folders`: the child folders, modules
+/// too, whose own imports are not followed.
+fn imports(
+    modules: &BTreeMap<String, String>,
+    prefixes: &[String],
+    folders: &BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
     modules
         .iter()
         .map(|(module, code)| {
             let mut used = BTreeSet::new();
+            if module == "mod" {
+                for child in modules.keys().filter(|m| *m != "mod") {
+                    let path = format!("{child}::");
+                    let named = code.match_indices(&path).any(|(at, _)| {
+                        code[..at].chars().next_back().is_none_or(|c| !c.is_alphanumeric() && c != '_' && c != ':')
+                    });
+                    if named {
+                        used.insert(child.clone());
+                    }
+                }
+                return (module.clone(), used);
+            }
             for prefix in prefixes {
                 for (at, _) in code.match_indices(prefix.as_str()) {
                     let rest = &code[at + prefix.len()..];
@@ -48,6 +70,12 @@ fn imports(modules: &BTreeMap<String, String>, prefixes: &[String]) -> BTreeMap<
                         let name = name.trim().split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap();
                         if modules.contains_key(name) && name != module {
                             used.insert(name.to_string());
+                        } else if !modules.contains_key(name)
+                            && !folders.contains(name)
+                            && modules.contains_key("mod")
+                            && name != "super"
+                        {
+                            used.insert("mod".to_string());
                         }
                     }
                 }
@@ -77,7 +105,7 @@ fn in_a_loop_with(start: &str, graph: &BTreeMap<String, BTreeSet<String>>) -> BT
 #[test]
 fn no_module_folder_imports_itself_in_a_loop() {
     let src = Path::new(ROOT).join("src");
-    let top = imports(&modules(&src, true), &["crate::".to_string()]);
+    let top = imports(&modules(&src, true), &["crate::".to_string()], &BTreeSet::new());
     for module in top.keys() {
         let others = in_a_loop_with(module, &top);
         assert!(others.is_empty(), "src/{module} imports itself back through {others:?}");
@@ -85,7 +113,10 @@ fn no_module_folder_imports_itself_in_a_loop() {
     let folders: Vec<_> = top.keys().filter(|m| src.join(m).is_dir()).collect();
     assert!(folders.iter().any(|f| *f == "policy"), "the folders of src/ are found: {folders:?}");
     for parent in folders {
-        let graph = imports(&modules(&src.join(parent), false), &["super::".into(), format!("crate::{parent}::")]);
+        let children = std::fs::read_dir(src.join(parent)).unwrap().map(|e| e.unwrap().path());
+        let folders = children.filter(|p| p.is_dir()).map(|p| p.file_name().unwrap().to_str().unwrap().to_string());
+        let prefixes = ["super::".into(), format!("crate::{parent}::")];
+        let graph = imports(&modules(&src.join(parent), false), &prefixes, &folders.collect());
         for module in graph.keys() {
             let others = in_a_loop_with(module, &graph);
             assert!(others.is_empty(), "src/{parent}/{module}.rs imports itself back through {others:?}");
@@ -101,7 +132,12 @@ fn an_import_loop_is_found() {
     write("b.rs", "use super::{c::C, other};\n");
     write("c.rs", "use crate::house::a::A;\n#[cfg(test)]\nmod tests {\n    use super::super::d::D;\n}\n");
     write("d.rs", "// use super::a::A;\n");
-    let graph = imports(&modules(folder.path(), false), &["super::".into(), "crate::house::".into()]);
+    let graph = imports(&modules(folder.path(), false), &["super::".into(), "crate::house::".into()], &BTreeSet::new());
     assert_eq!(in_a_loop_with("a", &graph), BTreeSet::from(["b".to_string(), "c".to_string()]));
     assert!(in_a_loop_with("d", &graph).is_empty(), "comments and tests are not imports");
+    // A child that imports what its mod.rs holds, while mod.rs imports the child: a loop too.
+    write("mod.rs", "pub mod d;\npub use d::D;\npub struct Shared;\n");
+    write("d.rs", "use super::Shared;\n");
+    let graph = imports(&modules(folder.path(), false), &["super::".into(), "crate::house::".into()], &BTreeSet::new());
+    assert_eq!(in_a_loop_with("d", &graph), BTreeSet::from(["mod".to_string()]));
 }
