@@ -159,23 +159,18 @@ fn status_and_check_take_a_kubeconfig_context_as_kubectl_does_and_name_the_serve
     // KUBECONFIG as kubectl reads it: a file of its list that does not exist is skipped.
     let missing = dir.path().join("missing.yaml");
     let list = std::env::join_paths([missing.as_path(), Path::new(path)]).unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_busyguard"))
-        .args(["status", "--context", "b"])
-        .env("KUBECONFIG", &list)
-        .env("HOME", dir.path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    let line = error_line(&output);
+    let with_list = |args: &[&str]| {
+        let command = Command::new(env!("CARGO_BIN_EXE_busyguard"))
+            .args(args)
+            .env("KUBECONFIG", &list)
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output();
+        error_line(&command.unwrap())
+    };
+    let line = with_list(&["status", "--context", "b"]);
     assert!(line.contains("the API server at https://127.0.0.1:2/"), "{line}");
-    let output = Command::new(env!("CARGO_BIN_EXE_busyguard"))
-        .arg("status")
-        .env("KUBECONFIG", &list)
-        .env("HOME", dir.path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    let line = error_line(&output);
+    let line = with_list(&["status"]);
     assert!(line.contains("the API server at https://127.0.0.1:1/"), "its current context: {line}");
     // busyguard check does not blame busyguard for an API server it cannot reach.
     let check = ["check", "--kubeconfig", path, "--context", "b", "--timeout", "1s"];
