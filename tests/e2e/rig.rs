@@ -117,7 +117,7 @@ impl Rig {
 
     /// The base of the checkout at `root` applied whole, as `kubectl apply -k` does (the
     /// webhooks by URL), its Deployment's image set to `image` if given (this kubelet runs the
-    /// build an image names: see `Kubelet::binary`); returns once two replicas of it answer. Over
+    /// build an image names: see `binary`); returns once two replicas of it answer. Over
     /// an install, this is an upgrade (or a downgrade): the webhooks change at once, while the
     /// Deployment rolls.
     pub fn install_release(&self, root: &Path, image: Option<&str>) -> Result<()> {
