@@ -6,7 +6,8 @@
 //! their own nodes; here they share the machine): `BENCH_SERIES` (2) series of `BENCH_PAIRS`
 //! (3) pairs, each pair in the order opposite to the last (ABBA). Prints one row a write: requests per second
 //! (lowest to highest run), the loss from the median runs, and p99 latency. `BENCH_WRITES` picks
-//! the writes (`annotation,churn,flip`).
+//! the writes (`annotation,churn,flip`); `BENCH_NAMESPACE_LABELS` (`key=value,…`) labels the
+//! bench's namespace, e.g. `busyguard.io/own-flags=false` to measure without `idle-pod-flags`.
 
 #[allow(dead_code)]
 #[path = "../tests/e2e/rig.rs"]
@@ -113,6 +114,10 @@ fn cores() -> usize {
 fn prepare(rig: &rig::Rig) -> Result<()> {
     let _ = rig.try_kubectl(&["delete", "namespace", NAMESPACE, "--wait=true"]);
     rig.kubectl(&["create", "namespace", NAMESPACE])?;
+    let labels = std::env::var("BENCH_NAMESPACE_LABELS").unwrap_or_default();
+    for label in labels.split(',').filter(|l| !l.is_empty()) {
+        rig.kubectl(&["label", "namespace", NAMESPACE, label])?;
+    }
     let mut pods = Vec::new();
     let names = (0..IDLE_PODS).map(|i| (format!("idle-{i}"), "false"));
     let names = names.chain((0..CLIENTS).map(|i| (format!("flip-{i}"), "false")));
