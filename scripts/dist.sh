@@ -30,15 +30,20 @@ platform() {
 	esac
 }
 
+# The binary's file name on the platform of a Rust target triple.
+binary() {
+	case $1 in *-windows-*) echo busyguard.exe ;; *) echo busyguard ;; esac
+}
+
 # target/dist/busyguard-VERSION-TRIPLE.tar.gz and its .sha256, from BINARY.
 package() {
-	triple=$1 binary=$2
+	triple=$1 built=$2
 	platform "$triple" >/dev/null
 	name=busyguard-$VERSION-$triple
 	stage=$DIST_DIR/$name
 	rm -rf "$stage" && mkdir -p "$stage"
-	case $triple in *-windows-*) exe=busyguard.exe ;; *) exe=busyguard ;; esac
-	cp "$binary" "$stage/$exe"
+	exe=$(binary "$triple")
+	cp "$built" "$stage/$exe"
 	cp LICENSE README.md "$stage/"
 	tar -C "$stage" -czf "$DIST_DIR/$name.tar.gz" "$exe" LICENSE README.md
 	rm -rf "$stage"
@@ -70,7 +75,7 @@ YAML
 		triple=${file#busyguard-"$VERSION"-}
 		triple=${triple%.tar.gz}
 		set -- $(platform "$triple")
-		case $1 in windows) exe=busyguard.exe ;; *) exe=busyguard ;; esac
+		exe=$(binary "$triple")
 		cat >>"$out" <<YAML
   - selector:
       matchLabels:
@@ -98,8 +103,7 @@ else
 	for triple in "$@"; do
 		platform "$triple" >/dev/null
 		$CARGO build --release --locked --bin busyguard --target "$triple"
-		case $triple in *-windows-*) suffix=.exe ;; *) suffix= ;; esac
-		package "$triple" "target/$triple/release/busyguard$suffix"
+		package "$triple" "target/$triple/release/$(binary "$triple")"
 	done
 fi
 manifest

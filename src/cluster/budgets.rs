@@ -16,10 +16,8 @@ use tracing::{debug, warn};
 
 use super::view::View;
 use crate::policy::budget::{Grants, LEASE_PREFIX, lease_name, spent};
-use crate::policy::keys::FIELD_MANAGER;
-use crate::policy::keys::{GRANTS_ANNOTATION, MANAGED_BY};
+use crate::policy::keys::{FIELD_MANAGER, GRANTS_ANNOTATION, MANAGED_BY, managed_by_busyguard};
 use crate::policy::outcome::BudgetClaim;
-// The label on busyguard's objects, for `busyguard cleanup` to find them.
 
 /// How many times a claim reads and writes again after another claim's write came first.
 const ATTEMPTS: usize = 8;
@@ -70,15 +68,13 @@ impl Budgets {
         }
         Ok(false)
     }
-}
 
-impl Budgets {
     /// Every `interval`, deletes the Leases whose grants have all run out, each only as it was
     /// read (its resourceVersion the precondition: a claim written meanwhile keeps it), so the
     /// Leases go with the workloads and the disruptions they were for.
     pub async fn forget_spent(self, interval: Duration) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let ours = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let ours = ListParams::default().labels(&managed_by_busyguard());
         let mut ticks = tokio::time::interval(interval);
         loop {
             ticks.tick().await;

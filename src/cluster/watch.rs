@@ -65,7 +65,8 @@ impl Watch {
         // opted out would be taken for a guarded one (refreshed, or given a busy-pod PDB).
         while let Some(event) = namespaces.next().await {
             let listed = matches!(event, Ok(watcher::Event::InitDone));
-            self.namespace_event(event, &mut namespaces_listing).await;
+            // No pod is in the view yet: the pods' first list finds each namespace as recorded.
+            self.namespace_event(event, &mut namespaces_listing, false).await;
             if listed {
                 break;
             }
@@ -86,7 +87,7 @@ impl Watch {
                     continue;
                 }
                 Some(event) = namespaces.next() => {
-                    self.namespace_event(event, &mut namespaces_listing).await;
+                    self.namespace_event(event, &mut namespaces_listing, true).await;
                     continue;
                 }
             };
@@ -148,11 +149,12 @@ impl Watch {
         self.changed(namespace, name, before, Some(after)).await;
     }
 
-    /// A namespace labelled out (or in), or no longer.
+    /// A namespace labelled out (or in), or no longer; with `pods_seen`, its pods are acted on.
     async fn namespace_event(
         &self,
         event: Result<watcher::Event<Namespace>, watcher::Error>,
         listing: &mut Option<HashSet<String>>,
+        pods_seen: bool,
     ) {
         match event {
             Ok(watcher::Event::Init) => *listing = Some(HashSet::new()),
@@ -162,15 +164,15 @@ impl Watch {
             Ok(watcher::Event::InitDone) => {
                 let listed = listing.take().unwrap_or_default();
                 for gone in self.view.excepted().difference(&listed) {
-                    self.except(gone, false).await;
+                    self.except(gone, false, pods_seen).await;
                 }
                 for namespace in &listed {
-                    self.except(namespace, true).await;
+                    self.except(namespace, true, pods_seen).await;
                 }
             }
-            Ok(watcher::Event::Apply(namespace)) => self.except(&namespace.name_any(), true).await,
+            Ok(watcher::Event::Apply(namespace)) => self.except(&namespace.name_any(), true, pods_seen).await,
             // Deleted, or its label changed: the watch selects by the label.
-            Ok(watcher::Event::Delete(namespace)) => self.except(&namespace.name_any(), false).await,
+            Ok(watcher::Event::Delete(namespace)) => self.except(&namespace.name_any(), false, pods_seen).await,
             Err(e) => {
                 warn!(error = %e, "watch of the namespaces' busyguard.io/enabled label failed; retrying with backoff")
             }
@@ -178,9 +180,9 @@ impl Watch {
     }
 
     /// Records whether `namespace` carries the exception's label value, and when that opts it
-    /// out or in, acts on its pods.
-    async fn except(&self, namespace: &str, excepted: bool) {
-        if self.view.set_excepted(namespace, excepted) {
+    /// out or in, acts on its pods if `pods_seen`.
+    async fn except(&self, namespace: &str, excepted: bool, pods_seen: bool) {
+        if self.view.set_excepted(namespace, excepted) && pods_seen {
             self.opt_out(namespace, self.view.enrolment().leaves_alone(excepted)).await;
         }
     }

@@ -24,9 +24,9 @@ use crate::cluster::{ClusterSource, client_config};
 use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
-use crate::policy::keys::MANAGED_BY;
 use crate::policy::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS, FIELD_MANAGER, RELEASED_FROM,
+    managed_by_busyguard,
 };
 use crate::policy::marks::{MutationSettings, plan};
 use crate::policy::pdb::BUSY_PDB_NAME;
@@ -87,7 +87,7 @@ where
 {
     let kind = K::kind(&());
     let objects: Api<K> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
-    let labelled = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let labelled = ListParams::default().labels(&managed_by_busyguard());
     let listed = objects.list(&labelled).await.with_context(|| format!("listing busyguard's {kind}s"))?;
     let (mut out, verb) = (String::new(), if dry_run { "would delete" } else { "deleted" });
     for object in listed.items.iter().filter(|object| named(&object.name_any())) {

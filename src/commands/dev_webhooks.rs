@@ -8,6 +8,8 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
+use crate::policy::keys::MANAGED_BY;
+
 const BASE_WEBHOOKS: &str = include_str!("../../manifests/base/webhooks.yaml");
 
 /// Name of both dev configurations, distinct from the deployed ones so each can go on its own.
@@ -27,8 +29,7 @@ pub fn dev_webhooks(url: &str, ca_pem: &[u8]) -> anyhow::Result<String> {
     let mut configurations: Vec<Value> =
         serde_saphyr::from_multiple(BASE_WEBHOOKS).context("manifests/base/webhooks.yaml")?;
     for configuration in &mut configurations {
-        configuration["metadata"] =
-            json!({"name": DEV_NAME, "labels": {"app.kubernetes.io/managed-by": "busyguard-dev-register"}});
+        configuration["metadata"] = json!({"name": DEV_NAME, "labels": {MANAGED_BY.0: "busyguard-dev-register"}});
         for webhook in configuration["webhooks"].as_array_mut().into_iter().flatten() {
             let path = webhook["clientConfig"]["service"]["path"].as_str().unwrap_or("/").to_string();
             webhook["clientConfig"] = json!({"url": format!("{url}{path}"), "caBundle": ca_bundle});

@@ -43,7 +43,7 @@ pub struct Settings {
 /// What the report reads from the cluster.
 pub struct Cluster {
     pub pods: Vec<Listed>,
-    pub budgets: Result<Vec<Pdb>, String>,
+    pub pdbs: Result<Vec<Pdb>, String>,
     /// The nodes that are going, or why they could not be read.
     pub nodes_going: Result<HashMap<String, NodeGoing>, String>,
 }
@@ -73,26 +73,26 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settin
         }
     }
     // Read where there are opted-in pods; a user who may not list them is told, not refused.
-    let budgets = (budgets(&client, &listed).await)
+    let pdbs = (pdbs(&client, &listed).await)
         .map_err(|e| format!("cannot list PodDisruptionBudgets, so cannot check them: {e}"));
     let nodes_going = (Api::<Node>::all(client.clone()).list(&ListParams::default()).await)
         .map(|nodes| {
             (nodes.items.iter()).filter_map(|node| Some((node.name_any(), going(node, settings.holds)?))).collect()
         })
         .map_err(|e| format!("cannot list nodes, so cannot tell which are going: {e}"));
-    let cluster = Cluster { pods: listed, budgets, nodes_going };
+    let cluster = Cluster { pods: listed, pdbs, nodes_going };
     Ok(render(&cluster, settings, whole_second(Timestamp::now())))
 }
 
 /// The PodDisruptionBudgets of the namespaces with opted-in pods.
-async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Pdb>, kube::Error> {
+async fn pdbs(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Pdb>, kube::Error> {
     let namespaces: std::collections::BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
-    let mut budgets = Vec::new();
+    let mut pdbs = Vec::new();
     for namespace in namespaces {
         let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
         for pdb in api.list(&ListParams::default()).await?.items {
             let spec = pdb.spec.unwrap_or_default();
-            budgets.push(Pdb {
+            pdbs.push(Pdb {
                 namespace: namespace.to_string(),
                 name: pdb.metadata.name.unwrap_or_default(),
                 selector: spec.selector.as_ref().and_then(|s| Selector::from_label_selector(s).ok()),
@@ -100,12 +100,12 @@ async fn budgets(client: &kube::Client, pods: &[Listed]) -> Result<Vec<Pdb>, kub
             });
         }
     }
-    Ok(budgets)
+    Ok(pdbs)
 }
 
 /// The report, as a person reads it in a terminal.
 pub fn render(cluster: &Cluster, settings: Settings, now: Timestamp) -> String {
-    let (pods, budgets, max_busy) = (&cluster.pods, &cluster.budgets, settings.max_busy);
+    let (pods, pdbs, max_busy) = (&cluster.pods, &cluster.pdbs, settings.max_busy);
     let mut out = String::new();
     let counted = pods
         .iter()
@@ -187,8 +187,8 @@ pub fn render(cluster: &Cluster, settings: Settings, now: Timestamp) -> String {
             tolerates_every_taint: p.tolerates_every_taint,
         })
         .collect();
-    let mut warnings = hazards(&opted, budgets.as_deref().unwrap_or_default(), max_busy);
-    warnings.extend(budgets.as_ref().err().cloned());
+    let mut warnings = hazards(&opted, pdbs.as_deref().unwrap_or_default(), max_busy);
+    warnings.extend(pdbs.as_ref().err().cloned());
     warnings.extend(cluster.nodes_going.as_ref().err().cloned());
     if warnings.is_empty() {
         let _ = writeln!(out, "none");
@@ -246,7 +246,7 @@ mod tests {
         let settings =
             Settings { max_busy: MaxBusy::new(jiff::SignedDuration::from_hours(24)), holds: Holds::default() };
         let nodes_going = Ok(HashMap::from([("node-2".to_string(), NodeGoing::Karpenter)]));
-        let cluster = Cluster { pods: pods.into(), budgets: Ok(Vec::new()), nodes_going };
+        let cluster = Cluster { pods: pods.into(), pdbs: Ok(Vec::new()), nodes_going };
         let report = render(&cluster, settings, "2026-11-23T10:05:00Z".parse().unwrap());
         assert_eq!(
             report,

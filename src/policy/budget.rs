@@ -51,7 +51,12 @@ pub fn lease_name(namespace: &str, workload: &str) -> String {
 /// Whether a Lease's grants have all run out: it holds nothing a claim would read, and goes
 /// (a new claim makes it again).
 pub fn spent(recorded: &Grants, now: Timestamp) -> bool {
-    recorded.values().all(|at| now.duration_since(*at) >= GRANT_HELD_FOR)
+    !recorded.values().any(|at| held(*at, now))
+}
+
+/// Whether a grant made `at` still counts its pod unavailable.
+fn held(at: Timestamp, now: Timestamp) -> bool {
+    now.duration_since(at) < GRANT_HELD_FOR
 }
 
 /// The arbiter's rule for `claim` against the grants on record: the grants to record instead
@@ -64,7 +69,7 @@ pub fn claim(
     now: Timestamp,
 ) -> Option<Grants> {
     let mut grants: Grants = (recorded.iter())
-        .filter(|(pod, at)| **pod != claim.pod && now.duration_since(**at) < GRANT_HELD_FOR && still_there(pod))
+        .filter(|(pod, at)| **pod != claim.pod && held(**at, now) && still_there(pod))
         .map(|(pod, at)| (pod.clone(), *at))
         .collect();
     let unavailable: BTreeSet<&str> = claim.unavailable.iter().chain(grants.keys()).map(String::as_str).collect();

@@ -180,3 +180,8 @@ pub const GRANTS_ANNOTATION: &str = "busyguard.io/granted";
 /// Marks the objects busyguard keeps (busy-pod PDBs, budget Leases), to tell them from the
 /// user's.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "busyguard");
+
+/// The label selector of the objects busyguard keeps ([`MANAGED_BY`]).
+pub fn managed_by_busyguard() -> String {
+    format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)
+}

@@ -20,7 +20,7 @@ use super::keys::{
     IDLE_SAFE_TO_EVICT, JOB_NAME, MAX_UNAVAILABLE, NAMESPACE_ENABLED_LABEL, OWN_FLAGS_NAMESPACE_LABEL, PROTECTED_LABEL,
     RUN_TO_COMPLETION_NAMESPACE_LABEL, TEKTON_TASK_RUN, WHEN_UNREADY,
 };
-use super::namespaces::{BUSYGUARD_NAMESPACE, NEVER_GUARDED_NAMESPACES};
+use super::namespaces::{BUSYGUARD_NAMESPACE, Enrolment, NEVER_GUARDED_NAMESPACES};
 use super::pdb::BUSY_PDB_NAME;
 use super::requesters::{
     CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, POD_GC_USER, POD_NAME_CLAIM, TAINT_MANAGER_USERS,
@@ -66,8 +66,8 @@ pub fn run_to_completion(owner_label: &str) -> Value {
 
 /// The namespaces whose run-to-completion pods are busy while they run: those labelled
 /// [`RUN_TO_COMPLETION_NAMESPACE_LABEL`] `"true"`, among those busyguard guards.
-pub fn run_to_completion_namespaces() -> Value {
-    let mut selector = guarded_namespaces(false);
+pub fn run_to_completion_namespaces(enrolment: Enrolment) -> Value {
+    let mut selector = guarded_namespaces(false, enrolment);
     let expressions = selector["matchExpressions"].as_array_mut().expect("an array");
     expressions.push(json!({"key": RUN_TO_COMPLETION_NAMESPACE_LABEL, "operator": "In", "values": ["true"]}));
     selector
@@ -78,14 +78,20 @@ pub fn idle() -> Value {
     json!({"matchExpressions": [{"key": BUSY_LABEL, "operator": "In", "values": ["false"]}]})
 }
 
-/// The namespaces busyguard guards ([`NEVER_GUARDED_NAMESPACES`] never, and those that opted
-/// out), and with `own_flags`, of those the ones not labelled [`OWN_FLAGS_NAMESPACE_LABEL`]
-/// `"false"`: namespaces that grant their workers no pod write may spare the API server the
-/// own-flag rule's condition on every write to an idle pod.
-pub fn guarded_namespaces(own_flags: bool) -> Value {
+/// The namespaces busyguard guards ([`NEVER_GUARDED_NAMESPACES`] never, and of the others those
+/// `enrolment` lets in by [`NAMESPACE_ENABLED_LABEL`]: every one not labelled out, or only those
+/// labelled in, the value busyguard's watch selects by), and with `own_flags`, of those the ones
+/// not labelled [`OWN_FLAGS_NAMESPACE_LABEL`] `"false"`: namespaces that grant their workers no
+/// pod write may spare the API server the own-flag rule's condition on every write to an idle
+/// pod.
+pub fn guarded_namespaces(own_flags: bool, enrolment: Enrolment) -> Value {
+    let operator = match enrolment {
+        Enrolment::OptOut => "NotIn",
+        Enrolment::OptIn => "In",
+    };
     let mut expressions = vec![
         json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": NEVER_GUARDED_NAMESPACES}),
-        json!({"key": NAMESPACE_ENABLED_LABEL, "operator": "NotIn", "values": ["false"]}),
+        json!({"key": NAMESPACE_ENABLED_LABEL, "operator": operator, "values": [enrolment.exception()]}),
     ];
     if own_flags {
         expressions.push(json!({"key": OWN_FLAGS_NAMESPACE_LABEL, "operator": "NotIn", "values": ["false"]}));

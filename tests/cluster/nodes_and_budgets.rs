@@ -47,9 +47,7 @@ async fn a_node_running_busy_pods_is_not_deleted_and_one_without_is() {
 async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
     let api = ApiServer::start().await;
     for name in ["ds-a", "ds-b", "ds-c"] {
-        let mut pod = worker_pod(name, false);
-        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
-        api.put_pod(pod);
+        put_budgeted(&api, name);
     }
     let server = TestServer::with_cluster(&api).await;
     let delete = |name: &str| delete_of(&api.pod("capture", name).unwrap(), "pod-delete-by-user.json");
@@ -73,13 +71,10 @@ async fn a_workload_budget_lets_its_pods_go_one_at_a_time() {
 #[tokio::test]
 async fn a_workload_budget_whose_claim_cannot_be_recorded_refuses_and_the_retry_goes() {
     let api = ApiServer::start().await;
-    let mut pod = worker_pod("ds-a", false);
-    pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
-    api.put_pod(pod);
+    put_budgeted(&api, "ds-a");
     let server = TestServer::with_cluster(&api).await;
-    let leases = "/apis/coordination.k8s.io/v1/namespaces/busyguard/leases";
-    let lease = format!("{leases}/busyguard-budget-capture.deployment-worker");
-    for (method, path) in [("GET", &lease), ("PUT", &lease), ("POST", &leases.to_string())] {
+    let lease = format!("{LEASES}/busyguard-budget-capture.deployment-worker");
+    for (method, path) in [("GET", &lease), ("PUT", &lease), ("POST", &LEASES.to_string())] {
         api.fault(method, path, [Fault::Status(500), Fault::Status(500), Fault::Status(500)]);
     }
     let refused = server.review("/validate", &eviction_of("ds-a")).await;
@@ -96,9 +91,7 @@ async fn a_workload_budget_whose_claim_cannot_be_recorded_refuses_and_the_retry_
 #[tokio::test]
 async fn a_budget_lease_deleted_as_spent_while_a_claim_writes_it_is_read_again() {
     let api = ApiServer::start().await;
-    let mut pod = worker_pod("ds-a", false);
-    pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
-    api.put_pod(pod);
+    put_budgeted(&api, "ds-a");
     let name = "busyguard-budget-capture.deployment-worker";
     api.put_lease(
         "busyguard",
@@ -107,7 +100,7 @@ async fn a_budget_lease_deleted_as_spent_while_a_claim_writes_it_is_read_again()
             "annotations": {"busyguard.io/granted": json!({"gone": Timestamp::now()}).to_string()}}}),
     );
     let server = TestServer::with_cluster(&api).await;
-    let lease = format!("/apis/coordination.k8s.io/v1/namespaces/busyguard/leases/{name}");
+    let lease = format!("{LEASES}/{name}");
     api.fault("PUT", &lease, [Fault::Status(404)]);
     let allowed = server.review("/validate", &eviction_of("ds-a")).await;
     assert_eq!(allowed["allowed"], true, "{allowed:#}");
@@ -120,9 +113,7 @@ async fn a_workload_budget_lets_one_of_several_evictions_at_once_go() {
     let api = ApiServer::start().await;
     let names = ["ds-a", "ds-b", "ds-c", "ds-d"];
     for name in names {
-        let mut pod = worker_pod(name, false);
-        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
-        api.put_pod(pod);
+        put_budgeted(&api, name);
     }
     let server = TestServer::with_cluster(&api).await;
     // A drain evicts a node's pods together: nothing is unavailable yet when they arrive.
@@ -153,9 +144,7 @@ async fn two_replicas_let_one_of_several_evictions_at_once_go_under_a_budget_of_
     let api = ApiServer::start().await;
     let names = ["ds-a", "ds-b", "ds-c", "ds-d", "ds-e", "ds-f"];
     for name in names {
-        let mut pod = worker_pod(name, false);
-        pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
-        api.put_pod(pod);
+        put_budgeted(&api, name);
     }
     let replicas = [TestServer::with_cluster(&api).await, TestServer::with_cluster(&api).await];
     // Each replica's view knows nothing of the other's answers: the API server arbitrates, on
@@ -171,4 +160,14 @@ async fn two_replicas_let_one_of_several_evictions_at_once_go_under_a_budget_of_
         serde_json::from_str(lease["metadata"]["annotations"]["busyguard.io/granted"].as_str().unwrap()).unwrap();
     assert_eq!(granted.as_object().unwrap().keys().collect::<Vec<_>>(), allowed, "the pod let go, on record");
     assert_eq!(lease["metadata"]["labels"]["app.kubernetes.io/managed-by"], "busyguard");
+}
+
+/// Where busyguard keeps the budgets' Leases: its own namespace.
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/busyguard/leases";
+
+/// An idle worker of Deployment/worker in `capture`, under a workload budget of one.
+fn put_budgeted(api: &ApiServer, name: &str) {
+    let mut pod = worker_pod(name, false);
+    pod["metadata"]["labels"]["busyguard.io/max-unavailable"] = json!("1");
+    api.put_pod(pod);
 }

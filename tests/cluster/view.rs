@@ -202,5 +202,8 @@ async fn opted_in_by_label_only_a_labelled_namespaces_busy_pod_is_guarded() {
         assert!(
             !lists.is_empty() && lists.iter().all(|c| c.query.contains("labelSelector=busyguard.io%2Fenabled%3Dtrue"))
         );
+        // At start its pods come with everyone's, in the first list: not listed once more.
+        let again = api.calls().into_iter().filter(|c| c.path == "/api/v1/namespaces/capture/pods").count();
+        assert_eq!(again, 0, "labelled in: {labelled}");
     }
 }

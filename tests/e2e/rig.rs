@@ -29,6 +29,16 @@ pub const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
 /// The image that runs the build of a previous release: `busyguard-previous:COMMIT`.
 pub const PREVIOUS_IMAGE: &str = "busyguard-previous:";
 
+/// A kustomization directory, rendered by `kubectl kustomize`.
+fn rendered(dir: &Path) -> Result<Vec<Value>> {
+    let rendered = run(Command::new("kubectl").arg("kustomize").arg(dir))?;
+    serde_saphyr::from_multiple(&rendered).with_context(|| format!("the manifests of {}", dir.display()))
+}
+
+fn is_webhook_configuration(object: &Value) -> bool {
+    object["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration"))
+}
+
 /// Where `Rig::previous_release` builds `commit`.
 fn previous_build(commit: &str) -> PathBuf {
     Path::new(ROOT).join("target/previous").join(commit)
@@ -121,9 +131,7 @@ impl Rig {
     /// an install, this is an upgrade (or a downgrade): the webhooks change at once, while the
     /// Deployment rolls.
     pub fn install_release(&self, root: &Path, image: Option<&str>) -> Result<()> {
-        let base = root.join("manifests/base");
-        let rendered = run(Command::new("kubectl").arg("kustomize").arg(&base))?;
-        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
+        let mut objects = rendered(&root.join("manifests/base"))?;
         for object in &mut objects {
             if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
                 // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.
@@ -133,11 +141,10 @@ impl Rig {
                 }
             }
         }
-        let kind = |o: &Value| o["kind"].as_str().unwrap_or_default().to_string();
-        let (webhooks, rest): (Vec<Value>, Vec<Value>) =
-            objects.into_iter().partition(|o| kind(o).ends_with("WebhookConfiguration"));
-        let (fence, rest): (Vec<Value>, Vec<Value>) =
-            rest.into_iter().partition(|o| kind(o).starts_with("ValidatingAdmissionPolicy"));
+        let (webhooks, rest): (Vec<Value>, Vec<Value>) = objects.into_iter().partition(is_webhook_configuration);
+        let (fence, rest): (Vec<Value>, Vec<Value>) = rest
+            .into_iter()
+            .partition(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy")));
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
         if !self.try_kubectl(&["-n", "busyguard", "get", "secret", "busyguard-tls"])?.0 {
             let certs = self.certs();
@@ -155,17 +162,21 @@ impl Rig {
         if !fence.is_empty() {
             self.fence(fence)?;
         }
-        let ca = std::fs::read(self.certs().join("ca.crt"))?;
         let upgrade = !std::mem::replace(&mut *self.webhooks.lock().unwrap(), webhooks).is_empty();
         if upgrade {
-            self.register(&ca)?;
+            self.register_live()?;
         }
-        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
-        self.wait_for_replicas(2)?;
+        self.rolled_out()?;
         if !upgrade {
-            self.register(&ca)?;
+            self.register_live()?;
         }
         Ok(())
+    }
+
+    /// Waits for busyguard's Deployment to roll out, two replicas of it answering.
+    pub fn rolled_out(&self) -> Result<()> {
+        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
+        self.wait_for_replicas(2)
     }
 
     /// The checkout of `commit` (a release before this one), with busyguard built from it, kept
@@ -214,18 +225,19 @@ impl Rig {
     /// trusting the live CA, and sets busyguard's Deployment's `env` as given (None: removed),
     /// waiting for its rollout: an install switched to another overlay's choices.
     pub fn switch_to(&self, overlay: &str, env: &[(&str, Option<&str>)]) -> Result<()> {
-        let rendered = run(Command::new("kubectl").args(["kustomize", &format!("{ROOT}/manifests/{overlay}")]))?;
-        let objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).context("the rendered manifests")?;
-        *self.webhooks.lock().unwrap() = (objects.into_iter())
-            .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
-            .collect();
-        self.register(&std::fs::read(self.certs().join("ca.crt"))?)?;
+        let objects = rendered(&Path::new(ROOT).join("manifests").join(overlay))?;
+        *self.webhooks.lock().unwrap() = objects.into_iter().filter(is_webhook_configuration).collect();
+        self.register_live()?;
         let mut args =
             vec!["-n".to_string(), "busyguard".into(), "set".into(), "env".into(), "deployment/busyguard".into()];
         args.extend(env.iter().map(|(name, value)| value.map_or(format!("{name}-"), |v| format!("{name}={v}"))));
         self.kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
-        self.wait_for_replicas(2)
+        self.rolled_out()
+    }
+
+    /// Registers the webhook configurations held, trusting the CA busyguard serves under now.
+    pub fn register_live(&self) -> Result<()> {
+        self.register(&std::fs::read(self.certs().join("ca.crt"))?)
     }
 
     /// Applies the webhook configurations as rendered, by URL, trusting `ca_bundle` (PEM).

@@ -1,15 +1,21 @@
 //! A person's first commands: what goes wrong is said in one line, what is wrong and what to do,
 //! and `busyguard certs` says what it wrote.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// As on a fresh machine: no cluster to find.
 fn busyguard(dir: &Path, args: &[&str]) -> Output {
+    busyguard_with_kubeconfig(dir, dir.join("no-such-kubeconfig").as_os_str(), args)
+}
+
+/// With `KUBECONFIG` set to `kubeconfig`, and no home or pod to find another in.
+fn busyguard_with_kubeconfig(dir: &Path, kubeconfig: &OsStr, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_busyguard"))
         .args(args)
         .current_dir(dir)
-        // As on a fresh machine: no cluster to find.
-        .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+        .env("KUBECONFIG", kubeconfig)
         .env("HOME", dir)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
@@ -159,15 +165,7 @@ fn status_and_check_take_a_kubeconfig_context_as_kubectl_does_and_name_the_serve
     // KUBECONFIG as kubectl reads it: a file of its list that does not exist is skipped.
     let missing = dir.path().join("missing.yaml");
     let list = std::env::join_paths([missing.as_path(), Path::new(path)]).unwrap();
-    let with_list = |args: &[&str]| {
-        let command = Command::new(env!("CARGO_BIN_EXE_busyguard"))
-            .args(args)
-            .env("KUBECONFIG", &list)
-            .env("HOME", dir.path())
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .output();
-        error_line(&command.unwrap())
-    };
+    let with_list = |args: &[&str]| error_line(&busyguard_with_kubeconfig(dir.path(), &list, args));
     let line = with_list(&["status", "--context", "b"]);
     assert!(line.contains("the API server at https://127.0.0.1:2/"), "{line}");
     let line = with_list(&["status"]);

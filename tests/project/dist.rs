@@ -22,7 +22,7 @@ fn package(dir: &Path, triple: &str, binary: &str) {
 fn make_dist_packages_the_cli_for_krew_with_each_archives_sha256() {
     let dir = tempfile::tempdir().unwrap();
     let binary = env!("CARGO_BIN_EXE_busyguard");
-    for triple in ["x86_64-unknown-linux-gnu", "aarch64-apple-darwin"] {
+    for triple in ["x86_64-unknown-linux-gnu", "aarch64-apple-darwin", "x86_64-pc-windows-msvc"] {
         package(dir.path(), triple, binary);
     }
     let version = env!("CARGO_PKG_VERSION");
@@ -39,6 +39,7 @@ fn make_dist_packages_the_cli_for_krew_with_each_archives_sha256() {
     };
     let linux = on("linux", "amd64");
     on("darwin", "arm64");
+    assert_eq!(on("windows", "amd64")["bin"], "busyguard.exe");
     let archive = format!("busyguard-{version}-x86_64-unknown-linux-gnu.tar.gz");
     assert_eq!(linux["uri"], format!("https://downloads.example.com/busyguard/v1/{archive}"));
     assert_eq!(linux["bin"], "busyguard");

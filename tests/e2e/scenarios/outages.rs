@@ -148,8 +148,7 @@ fn answered_throughout(rig: &Rig, name: &str, change: impl FnOnce() -> Result<()
 pub fn a_rolling_restart_fails_no_admission(rig: &Rig) -> Result<()> {
     answered_throughout(rig, "restart", || {
         rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
-        rig.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
-        rig.wait_for_replicas(2)
+        rig.rolled_out()
     })
 }
 
@@ -245,7 +244,7 @@ pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()>
         Ok(())
     })();
     rig.scale_busyguard(2)?;
-    rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
+    rig.register_live()?;
     outcome
 }
 
@@ -281,7 +280,7 @@ pub fn busyguard_check_tells_an_install_that_works_from_one_that_does_not(rig: &
     rig.kubectl(&["-n", &ns, "delete", "resourcequota", "none"])?;
     rig.unregister()?;
     let outcome = check("4s");
-    rig.register(&std::fs::read(rig.certs().join("ca.crt"))?)?;
+    rig.register_live()?;
     let (ok, said) = outcome?;
     ensure!(!ok, "check passed with the webhooks unregistered: {said}");
     ensure!(said.contains("does not call its mutating webhook"), "{said}");
