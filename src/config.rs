@@ -15,6 +15,7 @@ use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
 use crate::policy::hold::Holds;
 use crate::policy::marks::MutationSettings;
+use crate::policy::owners::OwnerRule;
 use crate::policy::{Enrolment, KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
@@ -389,6 +390,14 @@ pub struct PolicyArgs {
     /// read that value as no annotation at all: only with 1.36 or later.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ON_COMPLETION", default_value_t = false, action = ArgAction::Set)]
     pub cluster_autoscaler_on_completion: bool,
+    /// Busy from the owner's status (repeated, one per owner kind): `GROUP/VERSION/KIND=EXPR`,
+    /// a CEL expression over the owner (`object`) that holds while its pods are busy. busyguard
+    /// watches those owners and flips their pods' busy label itself; their pods are opted in at
+    /// creation by a webhook of the kind's component (manifests/actions-runner-controller,
+    /// manifests/agones). A rule that does not compile, or a kind the API server does not
+    /// serve, stops the start.
+    #[arg(long = "busy-when-owner", value_name = "GROUP/VERSION/KIND=EXPR")]
+    pub busy_when_owner: Vec<OwnerRule>,
     #[command(flatten)]
     pub holds: HoldArgs,
 }
@@ -556,6 +565,7 @@ impl From<PolicyArgs> for PolicyConfig {
                 cluster_autoscaler_on_completion: args.cluster_autoscaler_on_completion,
             },
             holds: (&args.holds).into(),
+            owner_rules: args.busy_when_owner,
         }
     }
 }

@@ -738,3 +738,98 @@ fn an_overlay_of_your_own_sets_your_image_with_kubectl_alone() {
         "registry.example.com/busyguard:0.2.0"
     );
 }
+
+/// Whether the API server would send a pod's CREATE to `webhook`: its object selector, then its
+/// match conditions, evaluated as CEL.
+fn sends_create(webhook: &Value, pod: &Value) -> bool {
+    let labels = &pod["metadata"]["labels"];
+    selects(&selector(&webhook["objectSelector"]), labels)
+        && webhook["matchConditions"].as_array().unwrap().iter().all(|condition| {
+            let program = cel::Program::compile(condition["expression"].as_str().unwrap()).unwrap();
+            let mut context = cel::Context::default();
+            context.add_variable_from_value("object", cel::to_value(pod).unwrap());
+            program.execute(&context).unwrap() == cel::Value::Bool(true)
+        })
+}
+
+#[test]
+fn each_owner_recipe_opts_in_its_owners_pods_and_no_other_reads_its_owners_and_names_their_busy_rule() {
+    let cert_manager = render(&manifests("cert-manager"));
+    let recipes = [
+        (
+            "actions-runner-controller",
+            "actions-ephemeral-runner",
+            "actions.github.com/v1alpha1",
+            "EphemeralRunner",
+            "ephemeralrunners",
+        ),
+        ("agones", "agones.dev/gameserver", "agones.dev/v1", "GameServer", "gameservers"),
+    ];
+    for (recipe, label, api_version, kind, plural) in recipes {
+        let objects = render(&manifests(&format!("examples/{recipe}")));
+        let opt_in = webhook(&objects, &format!("{recipe}.busyguard.io"));
+        assert_eq!(opt_in["clientConfig"]["service"]["path"], "/mutate", "{recipe}");
+        assert_eq!(opt_in["rules"][0]["operations"], json!(["CREATE"]), "{recipe}");
+        let owned_by = |api_version: &str, kind: &str, labels: Value| {
+            json!({"metadata": {"name": "p", "labels": labels,
+                "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "o", "uid": "u", "controller": true}]}})
+        };
+        let theirs = owned_by(api_version, kind, json!({label: "x"}));
+        assert!(sends_create(opt_in, &theirs), "{recipe}: its owner's pod is opted in");
+        let version_later = owned_by(&api_version.replace("/v1", "/v2"), kind, json!({label: "x"}));
+        assert!(sends_create(opt_in, &version_later), "{recipe}: of another version of the group too");
+        assert!(
+            !sends_create(opt_in, &owned_by("apps/v1", "ReplicaSet", json!({label: "x"}))),
+            "{recipe}: not another's"
+        );
+        assert!(
+            !sends_create(opt_in, &owned_by("example.com/v1", kind, json!({label: "x"}))),
+            "{recipe}: nor a namesake's"
+        );
+        assert!(!sends_create(opt_in, &owned_by(api_version, kind, json!({label: "x", "busyguard.io/busy": "false"}))));
+        assert!(
+            !sends_create(opt_in, &owned_by(api_version, kind, json!({"app": "x"}))),
+            "{recipe}: by its label alone"
+        );
+
+        // busyguard is told the rule, which it parses as it starts; only the owners are read.
+        let args =
+            find(&objects, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+        let args: Vec<String> = serde_json::from_value(args).unwrap();
+        let cli = Cli::try_parse_from(std::iter::once("busyguard".to_string()).chain(args)).unwrap();
+        let BusyguardCommand::Serve(serve) = cli.command else { unreachable!() };
+        let rules = serve.into_config().policy.owner_rules;
+        assert_eq!(rules.len(), 1, "{recipe}");
+        assert!(rules[0].covers(api_version, kind), "{recipe}: {}", rules[0]);
+        let role = find(&objects, "ClusterRole", &format!("busyguard-{recipe}"));
+        let group = api_version.split('/').next().unwrap();
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [group], "resources": [plural], "verbs": ["get", "list", "watch"]}])
+        );
+        let binding = find(&objects, "ClusterRoleBinding", &format!("busyguard-{recipe}"));
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "busyguard", "namespace": "busyguard"}])
+        );
+
+        // Nothing else changes.
+        let without_the_recipe = |objects: &[Value]| -> Vec<Value> {
+            let mut objects: Vec<Value> = objects
+                .iter()
+                .filter(|o| !o["metadata"]["name"].as_str().unwrap().ends_with(recipe))
+                .cloned()
+                .collect();
+            for object in &mut objects {
+                if let Some(webhooks) = object.get_mut("webhooks").and_then(Value::as_array_mut) {
+                    webhooks.retain(|w| !w["name"].as_str().unwrap().starts_with(recipe));
+                }
+                if object["kind"] == "Deployment" {
+                    object["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["serve"]);
+                }
+            }
+            objects
+        };
+        assert_eq!(without_the_recipe(&objects), without_the_recipe(&cert_manager), "{recipe}");
+    }
+}

@@ -173,7 +173,9 @@ pub fn admit(
                 },
                 (Webhook::Mutating, _) => {
                     let node_going = inputs.view.node_going(&pod.spec.node_name);
-                    mutate::mutate_pod(&mutate::Mutation { ask: &ask, pod, before, node_going }, policy, now)
+                    let by_busyguard = inputs.view.own_user() == Some(ask.requester.username);
+                    let mutation = mutate::Mutation { ask: &ask, pod, before, node_going, by_busyguard };
+                    mutate::mutate_pod(&mutation, policy, now)
                 }
                 // The validating registrations see the writes of workers, of busyguard's own
                 // keys and of busyguard's mark.

@@ -4,6 +4,7 @@
 pub mod budgets;
 pub mod nodes;
 pub mod outbox;
+pub mod owners;
 pub mod pdb;
 pub mod view;
 pub mod watch;
@@ -123,9 +124,18 @@ impl Cluster {
                 round: Arc::default(),
             }),
         };
+        if !policy.owner_rules.is_empty() {
+            let rules = owners::resolve(&client, &policy.owner_rules).await?;
+            let owners = owners::OwnerWatch {
+                client: client.clone(),
+                view: view.clone(),
+                outbox: outbox.clone(),
+                watch_timeout_secs: timeout_secs(watch_timeout),
+            };
+            tokio::spawn(owners.run(rules, scopes.clone()));
+        }
         tokio::spawn(watch.run(scopes));
-        let timeout_secs = u32::try_from(watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
-        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs));
+        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs(watch_timeout)));
         let budgets = Budgets { client, view: view.clone(), namespace: settings.own_namespace };
         tokio::spawn(budgets.clone().forget_spent(settings.sweep_interval));
         Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
@@ -157,6 +167,11 @@ async fn learn_own_user(client: kube::Client, view: Arc<View>) {
 /// go without a sign of life, so a quiet but healthy watch renews well within it.
 fn watch_timeout(stale_after: Duration) -> Duration {
     (stale_after / 2).max(Duration::from_secs(1))
+}
+
+/// `watch_timeout` as a watch request's `timeoutSeconds`.
+pub(crate) fn timeout_secs(watch_timeout: Duration) -> u32 {
+    u32::try_from(watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1)
 }
 
 pub async fn client_config(source: &ClusterSource) -> anyhow::Result<Option<kube::Config>> {

@@ -382,6 +382,7 @@ impl Worker {
             Effect::Refresh { .. }
             | Effect::MarkDeleteRequested { .. }
             | Effect::MarkDisruptionWanted { .. }
+            | Effect::FollowOwner { .. }
             | Effect::Release { .. } => Ok(()),
         }
     }
@@ -476,7 +477,7 @@ fn moot(effect: &Effect, status: &kube::core::Status) -> bool {
         // The pod changed since the view saw it (a refresh: its watch event decides again; a
         // deferred delete: busy again, or deleted by another replica), or another replica got
         // there first (this interval's Event, the loss report, the PDB).
-        (Effect::Refresh { .. } | Effect::DeleteIdle { .. }, 409)
+        (Effect::Refresh { .. } | Effect::DeleteIdle { .. } | Effect::FollowOwner { .. }, 409)
         | (Effect::Event { .. } | Effect::ReportLoss { .. } | Effect::CreateBusyPdb { .. }, 409) => true,
         // Refused by busyguard itself: the pod turned busy again.
         (Effect::DeleteIdle { .. }, 429) => names_cause(status, BUSY_CAUSE),

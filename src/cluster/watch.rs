@@ -16,6 +16,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::outbox::{EffectResult, Outbox};
+use super::owners;
 use super::pdb::BusyPdbs;
 use super::view::{ApiPod, PodRecord, Scope, View};
 use crate::metrics::Metrics;
@@ -43,7 +44,7 @@ impl Watch {
     pub async fn run(self, scopes: Vec<Scope>) {
         let client = self.client.clone();
         // Every watch renews within the client's read timeout (see `watch_timeout`).
-        let seconds = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+        let seconds = super::timeout_secs(self.watch_timeout);
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<ApiPod> = match &scope {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
@@ -214,7 +215,9 @@ impl Watch {
     async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
-        let observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        let mut observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
+        // A pod seen after its owner under a busy rule changed follows it now.
+        observed.effects.extend(after.as_ref().and_then(|record| owners::follow(&self.view, &pod, record)));
         self.act(pod, before, after, observed).await;
     }
 
@@ -261,7 +264,8 @@ impl Watch {
         let now = Timestamp::now();
         let effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
-            observed::due(&pod, record, &self.policy, now)
+            let flip = owners::follow(&self.view, &pod, record);
+            observed::due(&pod, record, &self.policy, now).into_iter().chain(flip)
         });
         for effect in effects {
             drop(self.outbox.send(effect));

@@ -5,6 +5,7 @@ use super::ask::Requester;
 use super::busy::MaxBusy;
 use super::hold::Holds;
 use super::marks::MutationSettings;
+use super::owners::OwnerRule;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
@@ -31,6 +32,9 @@ pub struct PolicyConfig {
     pub exemptions: Exemptions,
     pub mutation: MutationSettings,
     pub holds: Holds,
+    /// Busy from the owner's status (`--busy-when-owner`): the pods of these owners are opted in
+    /// at creation, and flipped by busyguard as their owner's status changes.
+    pub owner_rules: Vec<OwnerRule>,
 }
 
 /// Who may take busy pods away, as configured (`--exempt-user`, `--exempt-group`,

@@ -518,6 +518,7 @@ mod tests {
                 cluster_autoscaler_on_completion: false,
             },
             holds: Default::default(),
+            owner_rules: Vec::new(),
         }
     }
 

@@ -35,6 +35,7 @@ pub mod namespaces;
 pub mod node;
 pub mod observed;
 pub mod outcome;
+pub mod owners;
 pub mod pdb;
 pub mod pod;
 pub mod requesters;

@@ -14,6 +14,7 @@ use super::hold::{Hold, NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::marks::{json_patch, metadata_pointer, plan};
 use super::outcome::{Answer, AuditRecord, Decision, Denial, Outcome, Reason};
+use super::owners::OwnerRule;
 use super::pod::{Pod, PodFacts};
 use json_patch::{AddOperation, PatchOperation};
 
@@ -26,12 +27,14 @@ pub struct Mutation<'a> {
     pub before: Option<&'a Pod>,
     /// Whether the pod's node is going, as the view knows it.
     pub node_going: Option<NodeGoing>,
+    /// Whether busyguard itself writes the pod, following its owner's status (`policy::owners`).
+    pub by_busyguard: bool,
 }
 
 impl<'a> Mutation<'a> {
     /// A write of a pod on a node that stays (or none yet).
     pub fn of(ask: &'a Ask<'a>, pod: &'a Pod, before: Option<&'a Pod>) -> Self {
-        Mutation { ask, pod, before, node_going: None }
+        Mutation { ask, pod, before, node_going: None, by_busyguard: false }
     }
 }
 
@@ -46,14 +49,20 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
     if before.is_none() && pod.label(BUSY_LABEL).is_none() {
-        return busy_from_creation(pod, config, now);
+        return match followed_owner(pod, config) {
+            Some(_) => opted_in_idle(pod),
+            None => busy_from_creation(pod, config, now),
+        };
     }
     let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
     if let Some(outcome) = before.and_then(|old| restart_refused(ask, pod, old, config, now)) {
         return outcome;
     }
-    // A create is never held: refusing it would only fail the pod's creation.
-    let hold = (turning_busy && before.is_some())
+    // A create is never held: refusing it would only fail the pod's creation. Nor is busyguard's
+    // flip of a pod whose owner took a task: the task has begun (a runner's job, a game
+    // server's players), and refusing the flip would leave it unguarded, not untaken.
+    let following_owner = m.by_busyguard && followed_owner(pod, config).is_some();
+    let hold = (turning_busy && before.is_some() && !following_owner)
         .then(|| held(pod, &pod.spec.node_name, m.node_going, config.holds, now))
         .flatten();
     let refusal = match (turning_busy, pod.metadata.deletion_timestamp, hold, config.max_busy.below_floor(pod)) {
@@ -102,6 +111,28 @@ fn busy_from_creation(pod: &Pod, config: &PolicyConfig, now: Timestamp) -> Outco
     // Such pods carry their owner's label, so the labels map is there.
     let label = AddOperation { path: metadata_pointer("labels", BUSY_LABEL), value: "true".into() };
     patch.0.insert(0, PatchOperation::Add(label));
+    Outcome::answer(Answer::Patch { patch, warnings: Vec::new() }, Decision::Patched)
+}
+
+/// The rule of the pod's controlling owner's kind, if its busy state follows its owner.
+fn followed_owner<'c>(pod: &Pod, config: &'c PolicyConfig) -> Option<&'c OwnerRule> {
+    let owner = pod.controller()?;
+    config.owner_rules.iter().find(|rule| rule.covers(&owner.api_version, &owner.kind))
+}
+
+/// A pod created without the busy label whose owner's kind has a busy rule (it reaches
+/// busyguard through that kind's webhook, e.g. manifests/agones): opted in, idle; busyguard's
+/// watch of its owner flips it busy when the owner's status says so.
+fn opted_in_idle(pod: &Pod) -> Outcome {
+    let label = if pod.metadata.labels.is_empty() {
+        AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "labels"]),
+            value: serde_json::json!({BUSY_LABEL: "false"}),
+        }
+    } else {
+        AddOperation { path: metadata_pointer("labels", BUSY_LABEL), value: "false".into() }
+    };
+    let patch = json_patch::Patch(vec![PatchOperation::Add(label)]);
     Outcome::answer(Answer::Patch { patch, warnings: Vec::new() }, Decision::Patched)
 }
 
@@ -383,7 +414,11 @@ mod tests {
         let mut flip = old.clone();
         set_label(&mut flip, "true");
         let (ask, old, flip) = (worker_write(), pod(old), pod(flip));
-        mutate_pod(&Mutation { ask: &ask, pod: &flip, before: Some(&old), node_going }, &config(), ts(now))
+        mutate_pod(
+            &Mutation { ask: &ask, pod: &flip, before: Some(&old), node_going, by_busyguard: false },
+            &config(),
+            ts(now),
+        )
     }
 
     fn refusal(outcome: &Outcome) -> (u16, &'static str, &str) {
@@ -429,11 +464,17 @@ mod tests {
         set_label(&mut idle, "false");
         let (ask, busy, idle) = (worker_write(), pod(busy), pod(idle));
         let going = Some(NodeGoing::ClusterAutoscaler);
-        let to_idle =
-            mutate_pod(&Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going }, &config(), now());
+        let to_idle = mutate_pod(
+            &Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going, by_busyguard: false },
+            &config(),
+            now(),
+        );
         assert!(to_idle.is_allowed());
-        let created =
-            mutate_pod(&Mutation { ask: &ask, pod: &busy, before: None, node_going: going }, &config(), now());
+        let created = mutate_pod(
+            &Mutation { ask: &ask, pod: &busy, before: None, node_going: going, by_busyguard: false },
+            &config(),
+            now(),
+        );
         assert!(created.is_allowed(), "refusing a create would only fail the pod's creation");
     }
 
@@ -728,6 +769,57 @@ mod tests {
         assert!(busy::busy_state(&pod(running.clone()), DAY, ts("2026-11-21T21:00:00Z")).is_protected());
         running["status"]["phase"] = json!("Succeeded");
         assert!(!busy::busy_state(&pod(running), DAY, ts("2026-11-21T21:00:00Z")).is_protected(), "free once done");
+    }
+
+    /// Busy while its `GameServer` is Allocated.
+    fn following_game_servers() -> PolicyConfig {
+        let rule = "agones.dev/v1/GameServer=has(object.status.state) && object.status.state == 'Allocated'";
+        PolicyConfig { owner_rules: vec![rule.parse().unwrap()], ..config() }
+    }
+
+    fn game_server_pod(labels: Value) -> Value {
+        json!({"metadata": {"name": "gs-1", "labels": labels, "ownerReferences": [
+                {"apiVersion": "agones.dev/v1", "kind": "GameServer", "name": "gs-1", "uid": "u", "controller": true}]},
+               "spec": {"nodeName": "n1", "containers": [{"name": "gs", "image": "example.com/game:1"}]}})
+    }
+
+    #[test]
+    fn a_pod_whose_owners_kind_has_a_busy_rule_is_created_opted_in_and_idle() {
+        let agones = ask("CREATE", "system:serviceaccount:agones-system:agones-controller");
+        for labels in [json!({"agones.dev/gameserver": "gs-1"}), json!({})] {
+            let created = game_server_pod(labels);
+            let outcome =
+                mutate_pod(&Mutation::of(&agones, &pod(created.clone()), None), &following_game_servers(), now());
+            let Answer::Patch { patch, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+            let mut stored = created.clone();
+            json_patch::patch(&mut stored, patch).unwrap();
+            assert_eq!(stored["metadata"]["labels"][BUSY_LABEL], "false", "{stored}");
+            assert!(stored["metadata"]["annotations"].is_null(), "idle: nothing else is written");
+        }
+        // Without the rule, a pod reaching busyguard unlabelled is a run-to-completion one.
+        let outcome = mutate_pod(&Mutation::of(&agones, &pod(game_server_pod(json!({}))), None), &config(), now());
+        let Answer::Patch { patch, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
+        assert!(format!("{patch:?}").contains("\"true\""), "{patch:?}");
+    }
+
+    #[test]
+    fn busyguards_own_flip_of_a_pod_whose_owner_took_a_task_is_not_held_and_anyone_elses_is() {
+        let mut idle = game_server_pod(json!({BUSY_LABEL: "false"}));
+        idle["metadata"]["annotations"] = json!({DISRUPTION_REQUESTED: r#"{"by":"system:serviceaccount:kube-system:drain","at":"2026-11-21T20:48:30Z"}"#});
+        let mut busy = idle.clone();
+        set_label(&mut busy, "true");
+        let (idle, busy) = (pod(idle), pod(busy));
+        let busyguard = ask("UPDATE", "system:serviceaccount:busyguard:busyguard");
+        let flip = |by_busyguard, config: &PolicyConfig| {
+            let m = Mutation { ask: &busyguard, pod: &busy, before: Some(&idle), node_going: None, by_busyguard };
+            mutate_pod(&m, config, ts("2026-11-21T20:48:44Z"))
+        };
+        assert_eq!(flip(true, &following_game_servers()).decision, Decision::Patched, "the game has begun: guard it");
+        assert_eq!(flip(false, &following_game_servers()).decision, Decision::Denied, "another writer is held");
+        assert_eq!(flip(true, &config()).decision, Decision::Denied, "a pod with no owner rule is held");
+        let going = Mutation { node_going: Some(NodeGoing::Karpenter), ..Mutation::of(&busyguard, &busy, Some(&idle)) };
+        let going = Mutation { by_busyguard: true, ..going };
+        assert_eq!(mutate_pod(&going, &following_game_servers(), now()).decision, Decision::Patched);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::ask::{Ask, Operation};
 use super::config::{Exempt, Mode};
 use super::keys::DeleteRequest;
 use super::marks::{self, Plan};
+use super::owners;
 use super::pdb::BUSY_PDB_NAME;
 
 #[derive(Debug)]
@@ -404,6 +405,10 @@ pub enum Effect {
     /// A busy pod lost: a Warning Event named for the pod's uid (so of several replicas the
     /// first reports it, the others find it there), then `audit` and the metric for `cause`.
     ReportLoss { pod: PodRef, cause: LossCause, audit: Box<AuditRecord> },
+    /// Set the busy label of a pod whose busy state follows its owner's status (`policy::owners`)
+    /// to `value`; busyguard's mutating webhook then writes the rest of the flip.
+    #[strum(serialize = "follow-owner")]
+    FollowOwner { pod: PodRef, value: &'static str },
     /// Create busyguard's busy-pod PodDisruptionBudget in the namespace (`policy::pdb`).
     CreateBusyPdb { namespace: String },
     /// Delete busyguard's PodDisruptionBudget `name` in the namespace.
@@ -421,16 +426,20 @@ impl Effect {
     /// The pod an effect writes, if it writes one, and its merge patch, with the pod's uid (and,
     /// for a refresh, the resourceVersion its plan was made on) as preconditions.
     pub fn pod_write(&self) -> Option<PodWrite<'_>> {
-        let (pod, changes, resource_version) = match self {
-            Effect::Refresh { pod, resource_version, plan } => (pod, plan.changes(), Some(resource_version)),
-            Effect::MarkDeleteRequested { pod, request, in_background } => {
-                (pod, marks::mark(request, *in_background), None)
+        let (pod, mut patch, resource_version) = match self {
+            Effect::Refresh { pod, resource_version, plan } => {
+                (pod, plan.changes().merge_patch(), Some(resource_version))
             }
-            Effect::Release { pod, label, hash, request } => (pod, marks::release(label, hash, request), None),
-            Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request), None),
+            Effect::MarkDeleteRequested { pod, request, in_background } => {
+                (pod, marks::mark(request, *in_background).merge_patch(), None)
+            }
+            Effect::Release { pod, label, hash, request } => {
+                (pod, marks::release(label, hash, request).merge_patch(), None)
+            }
+            Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request).merge_patch(), None),
+            Effect::FollowOwner { pod, value } => (pod, owners::flip_patch(value), None),
             _ => return None,
         };
-        let mut patch = changes.merge_patch();
         patch["metadata"]["uid"] = pod.uid.clone().into();
         if let Some(resource_version) = resource_version {
             patch["metadata"]["resourceVersion"] = resource_version.clone().into();
@@ -450,6 +459,7 @@ impl Effect {
             | Effect::MarkDeleteRequested { pod, .. }
             | Effect::MarkDisruptionWanted { pod, .. }
             | Effect::Release { pod, .. }
+            | Effect::FollowOwner { pod, .. }
             | Effect::DeleteIdle { pod, .. }
             | Effect::Event { pod, .. }
             | Effect::ReportLoss { pod, .. } => Some(pod),

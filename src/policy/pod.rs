@@ -78,6 +78,11 @@ pub struct ResizePolicy {
 }
 
 impl Pod {
+    /// The pod's controlling owner, if it has one.
+    pub fn controller(&self) -> Option<&OwnerReference> {
+        self.metadata.owner_references.iter().find(|o| o.controller == Some(true))
+    }
+
     /// The container whose task this update would end by restarting it, if any: its image
     /// changed, or a resource whose resize policy is `RestartContainer`. Only the task's
     /// containers count, as the pod stood before the write ([`PodFacts::is_task_container`]).
@@ -131,6 +136,9 @@ pub struct Metadata {
     /// `None` when the pod has no annotations map at all: a patch must then create the map.
     #[serde(default)]
     pub annotations: Option<Labels>,
+    /// Only the controlling one is read (`Pod::controller`).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub owner_references: Vec<OwnerReference>,
     #[serde(default, deserialize_with = "api_time")]
     pub creation_timestamp: Option<Timestamp>,
     #[serde(default, deserialize_with = "api_time")]
@@ -140,6 +148,20 @@ pub struct Metadata {
     /// no webhook of the pod's sees); the rest of managedFields is skipped.
     #[serde(default, rename = "managedFields", deserialize_with = "mark_by_busyguard")]
     pub mark_by_busyguard: bool,
+}
+
+/// A pod's owner, as its ownerReferences name it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerReference {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub controller: Option<bool>,
 }
 
 /// One managedFields entry, as far as the mark's writer goes.

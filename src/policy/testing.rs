@@ -41,6 +41,7 @@ pub fn config_with(max_busy: SignedDuration) -> PolicyConfig {
             cluster_autoscaler_on_completion: false,
         },
         holds: Holds::default(),
+        owner_rules: Vec::new(),
     }
 }
 

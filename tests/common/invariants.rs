@@ -46,6 +46,7 @@ pub fn policy() -> PolicyConfig {
             cluster_autoscaler_on_completion: false,
         },
         holds: Default::default(),
+        owner_rules: Vec::new(),
     }
 }
 

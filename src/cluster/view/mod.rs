@@ -45,6 +45,9 @@ pub struct View {
     /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
     /// lifecycle conditions), and why: their pods take no new task.
     nodes_going: RwLock<HashMap<String, NodeGoing>>,
+    /// The owners under a busy rule (`--busy-when-owner`), by namespace and `Kind/name`, and
+    /// whether their status says their pods are busy, as watched.
+    owners: RwLock<HashMap<(Box<str>, Box<str>), bool>>,
 }
 
 struct Health {
@@ -94,6 +97,7 @@ impl View {
             excepted: RwLock::default(),
             shared: Mutex::default(),
             nodes_going: RwLock::default(),
+            owners: RwLock::default(),
         }
     }
 
@@ -145,6 +149,21 @@ impl View {
     }
 
     /// The namespaces labelled the other way than the rest, as recorded.
+    /// Whether the owner (`Kind/name`) says its pods are busy; `None` if it is under no rule,
+    /// or not seen yet.
+    pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<bool> {
+        self.owners.read().get(&(namespace.into(), owner.into())).copied()
+    }
+
+    /// Records the owner's busy state (`None`: gone).
+    pub fn set_owner_busy(&self, namespace: &str, owner: &str, busy: Option<bool>) {
+        let key = (namespace.into(), owner.into());
+        match busy {
+            Some(busy) => self.owners.write().insert(key, busy),
+            None => self.owners.write().remove(&key),
+        };
+    }
+
     pub fn excepted(&self) -> HashSet<String> {
         self.excepted.read().clone()
     }

@@ -1,0 +1,188 @@
+//! Busy from the owner's status: for pods whose controlling owner is a custom resource that
+//! knows when its pod works (Actions Runner Controller's `EphemeralRunner` while it has a job,
+//! Agones' `GameServer` while Allocated), a rule per owner kind (`--busy-when-owner`) says when,
+//! as a CEL expression over the owner, as ValidatingAdmissionPolicy and CRD validation rules
+//! read objects. busyguard then flips the pod's busy label itself, and every path that guards a
+//! busy pod guards it.
+
+use std::fmt;
+
+use super::keys::BUSY_LABEL;
+
+/// One rule: pods owned by a `group/version` `kind` are busy while `expression` holds of the
+/// owner (bound as `object`).
+#[derive(Clone)]
+pub struct OwnerRule {
+    /// `actions.github.com/v1alpha1`, or `v1` for the core group.
+    pub api_version: String,
+    pub kind: String,
+    pub expression: String,
+    program: std::sync::Arc<cel::Program>,
+}
+
+impl fmt::Debug for OwnerRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self)
+    }
+}
+
+impl fmt::Display for OwnerRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}={}", self.api_version, self.kind, self.expression)
+    }
+}
+
+impl PartialEq for OwnerRule {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl std::str::FromStr for OwnerRule {
+    type Err = String;
+
+    /// `GROUP/VERSION/KIND=EXPRESSION` (`VERSION/KIND=…` for the core group), the expression
+    /// compiled here: a rule that does not compile is refused at start.
+    fn from_str(rule: &str) -> Result<OwnerRule, String> {
+        let usage = "expected GROUP/VERSION/KIND=EXPRESSION, e.g. \
+                     agones.dev/v1/GameServer=has(object.status.state) && object.status.state == 'Allocated'";
+        let (kind_path, expression) = rule.split_once('=').ok_or_else(|| format!("{rule:?}: {usage}"))?;
+        let (api_version, kind) = kind_path.trim().rsplit_once('/').ok_or_else(|| format!("{rule:?}: {usage}"))?;
+        let parts = api_version.split('/').count();
+        let named = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+        if !(1..=2).contains(&parts) || !api_version.split('/').all(named) || !named(kind) {
+            return Err(format!("{rule:?}: {usage}"));
+        }
+        let expression = expression.trim();
+        let program = cel::Program::compile(expression)
+            .map_err(|e| format!("{kind_path}: the expression {expression:?} does not compile: {e}"))?;
+        Ok(OwnerRule {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            expression: expression.to_string(),
+            program: std::sync::Arc::new(program),
+        })
+    }
+}
+
+impl OwnerRule {
+    /// The owner's API group (`""` for the core group).
+    pub fn group(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or("", |(group, _)| group)
+    }
+
+    pub fn version(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
+    }
+
+    /// Whether the rule is about owners of this `apiVersion` and `kind`, as an ownerReference
+    /// names them: of any version of the group, since a pod's reference keeps the version its
+    /// owner was created in.
+    pub fn covers(&self, api_version: &str, kind: &str) -> bool {
+        let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        kind == self.kind && group == self.group()
+    }
+
+    /// Whether the owner's pod is busy, or why the rule cannot tell (an expression that does not
+    /// evaluate to a boolean on this owner).
+    pub fn busy(&self, owner: &serde_json::Value) -> Result<bool, String> {
+        let mut context = cel::Context::default();
+        let value = cel::to_value(owner).map_err(|e| format!("{self}: the owner does not convert: {e}"))?;
+        context.add_variable_from_value("object", value);
+        match self.program.execute(&context) {
+            Ok(cel::Value::Bool(busy)) => Ok(busy),
+            Ok(other) => Err(format!("{self}: evaluates to {other:?}, not a boolean")),
+            Err(e) => Err(format!("{self}: {e}")),
+        }
+    }
+}
+
+/// The busy label's value an owner's pod should carry, if it carries another: `"true"` while its
+/// owner is busy, `"false"` when it is not. A pod being deleted, or finished, is left as it is:
+/// its end is under way, and a flip to busy would be refused.
+pub fn follow(label: Option<&str>, owner_busy: bool, ending: bool) -> Option<&'static str> {
+    let wanted = if owner_busy { "true" } else { "false" };
+    (!ending && label != Some(wanted)).then_some(wanted)
+}
+
+/// The merge patch that flips an owner's pod.
+pub fn flip_patch(value: &str) -> serde_json::Value {
+    serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(s: &str) -> OwnerRule {
+        s.parse().unwrap()
+    }
+
+    const RUNNER: &str = "actions.github.com/v1alpha1/EphemeralRunner=\
+                          has(object.status) && has(object.status.jobId) && object.status.jobId != ''";
+    const GAME_SERVER: &str =
+        "agones.dev/v1/GameServer=has(object.status) && has(object.status.state) && object.status.state == 'Allocated'";
+
+    #[test]
+    fn a_runner_is_busy_while_its_status_has_a_job_id() {
+        let runner = rule(RUNNER);
+        assert_eq!(runner.busy(&json!({"status": {"phase": "Running"}})), Ok(false));
+        assert_eq!(runner.busy(&json!({"status": {"jobId": "2794"}})), Ok(true));
+        assert_eq!(runner.busy(&json!({"status": {"jobId": ""}})), Ok(false));
+        assert_eq!(runner.busy(&json!({"metadata": {"name": "r"}})), Ok(false));
+    }
+
+    #[test]
+    fn a_game_server_is_busy_while_allocated() {
+        let game_server = rule(GAME_SERVER);
+        assert_eq!(game_server.busy(&json!({"status": {"state": "Allocated"}})), Ok(true));
+        assert_eq!(game_server.busy(&json!({"status": {"state": "Ready"}})), Ok(false));
+        assert_eq!(game_server.busy(&json!({"status": {"state": "Shutdown"}})), Ok(false));
+    }
+
+    #[test]
+    fn a_rule_names_its_kind_by_group_version_and_kind() {
+        let runner = rule(RUNNER);
+        assert_eq!(
+            (runner.group(), runner.version(), &*runner.kind),
+            ("actions.github.com", "v1alpha1", "EphemeralRunner")
+        );
+        assert!(runner.covers("actions.github.com/v1alpha1", "EphemeralRunner"));
+        assert!(runner.covers("actions.github.com/v1beta1", "EphemeralRunner"), "another version of the group");
+        assert!(!runner.covers("example.com/v1alpha1", "EphemeralRunner"), "another group's kind of that name");
+        assert!(!runner.covers("actions.github.com/v1alpha1", "EphemeralRunnerSet"));
+        let core = rule("v1/ConfigMap=true");
+        assert_eq!((core.group(), core.version()), ("", "v1"));
+        assert!(core.covers("v1", "ConfigMap"));
+    }
+
+    #[test]
+    fn a_rule_that_does_not_parse_or_compile_is_refused_with_the_form_expected() {
+        for bad in ["EphemeralRunner=true", "actions.github.com/v1alpha1/EphemeralRunner", "a/b/c/D=true", "/v1/X=true"]
+        {
+            let error = bad.parse::<OwnerRule>().unwrap_err();
+            assert!(error.contains("expected GROUP/VERSION/KIND=EXPRESSION"), "{bad}: {error}");
+        }
+        let error = "agones.dev/v1/GameServer=object.status.state ==".parse::<OwnerRule>().unwrap_err();
+        assert!(error.starts_with("agones.dev/v1/GameServer: the expression"), "{error}");
+        assert!(error.contains("does not compile"), "{error}");
+    }
+
+    #[test]
+    fn a_rule_that_is_not_a_boolean_on_an_owner_says_so() {
+        let error = rule("agones.dev/v1/GameServer=object.status.state").busy(&json!({"status": {"state": "Ready"}}));
+        assert!(error.unwrap_err().contains("not a boolean"));
+        let missing = rule("agones.dev/v1/GameServer=object.status.state == 'Allocated'").busy(&json!({}));
+        assert!(missing.is_err(), "a field the owner lacks is an error, as in Kubernetes' CEL");
+    }
+
+    #[test]
+    fn an_owners_pod_follows_it_unless_its_end_is_under_way() {
+        assert_eq!(follow(Some("false"), true, false), Some("true"));
+        assert_eq!(follow(Some("true"), false, false), Some("false"));
+        assert_eq!(follow(Some("true"), true, false), None);
+        assert_eq!(follow(None, false, false), Some("false"));
+        assert_eq!(follow(Some("false"), true, true), None, "a terminating or finished pod is left as it is");
+    }
+}
