@@ -131,7 +131,29 @@ impl Rig {
     /// an install, this is an upgrade (or a downgrade): the webhooks change at once, while the
     /// Deployment rolls.
     pub fn install_release(&self, root: &Path, image: Option<&str>) -> Result<()> {
-        let mut objects = rendered(&root.join("manifests/base"))?;
+        self.install_rendered(rendered(&root.join("manifests/base"))?, image)
+    }
+
+    /// This checkout's base with `components` (under manifests/), applied as `install_release`
+    /// applies a base: back to the base alone, `install_release(ROOT)` takes them away.
+    pub fn install_with(&self, components: &[&str]) -> Result<()> {
+        let overlay = self.work.join("overlay");
+        std::fs::create_dir_all(&overlay)?;
+        let overlay = overlay.canonicalize()?;
+        // kustomize takes relative paths only.
+        let up = "../".repeat(overlay.components().count() - 1);
+        let manifests = format!("{up}{}/manifests", ROOT.trim_start_matches('/'));
+        let components: Vec<String> = components.iter().map(|c| format!("  - {manifests}/{c}\n")).collect();
+        let kustomization = format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {manifests}/base\n\
+             components:\n{}",
+            components.concat()
+        );
+        std::fs::write(overlay.join("kustomization.yaml"), kustomization)?;
+        self.install_rendered(rendered(&overlay)?, None)
+    }
+
+    fn install_rendered(&self, mut objects: Vec<Value>, image: Option<&str>) -> Result<()> {
         for object in &mut objects {
             if object["kind"] == "Deployment" && object["metadata"]["name"] == "busyguard" {
                 // The rig's readinessProbe: the fake kubelet reads this annotation for Ready.

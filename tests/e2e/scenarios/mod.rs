@@ -8,6 +8,7 @@ mod lifecycle;
 mod neighbours;
 mod nodes;
 mod outages;
+mod owners;
 mod queues;
 mod readiness;
 mod scale;
@@ -46,6 +47,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         deletes::two_replicas_never_let_a_budget_of_one_lose_two_pods,
     ),
     ("a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle", drains::drain_waits_for_the_busy_pod),
+    (
+        "runners_and_game_servers_are_busy_from_their_owners_status",
+        owners::runners_and_game_servers_are_busy_from_their_owners_status,
+    ),
     ("a_drain_of_queue_workers_completes_within_a_task", queues::a_drain_of_queue_workers_completes_within_a_task),
     (
         "a_karpenter_disruption_of_queue_workers_completes_within_a_task",
