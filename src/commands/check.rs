@@ -8,13 +8,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::cluster::{ClusterSource, NO_CLUSTER, client_config};
+use crate::cluster::{ClusterSource, NO_CLUSTER, client_config, owners};
+use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DeleteRequest};
 use crate::policy::outcome::NOT_BUSYGUARDS_MARK_CAUSE;
+use crate::policy::owners::OwnerRule;
 
 /// Tries every `every` until both answers are right or `timeout` passes; what it saw.
 pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Duration) -> anyhow::Result<String> {
@@ -23,6 +26,12 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
     let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let rules = owner_rules(&client).await.with_context(|| format!("cannot reach the API server at {server}"))?;
+    let rules =
+        rules.map_err(|why| anyhow::anyhow!("busyguard cannot start with its busy rules: --busy-when-owner {why}"))?;
+    if !rules.is_empty() {
+        owners::resolve(&client, &rules).await.context("busyguard cannot start with its busy rules")?;
+    }
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let deadline = Instant::now() + timeout;
     loop {
@@ -97,6 +106,28 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
                 .into(),
         )),
     }
+}
+
+/// The busy rules (`--busy-when-owner`) busyguard's Deployment gives it, each compiled: a rule
+/// busyguard would refuse at start is named here, not left to a crash loop. None when busyguard
+/// is not installed under its own name and namespace.
+async fn owner_rules(client: &kube::Client) -> kube::Result<Result<Vec<OwnerRule>, String>> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), BUSYGUARD_NAMESPACE);
+    let deployment = match deployments.get_opt("busyguard").await {
+        Ok(Some(deployment)) => deployment,
+        // Not installed there, or not for this user to read: nothing to tell.
+        Ok(None) => return Ok(Ok(Vec::new())),
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Ok(Vec::new())),
+        Err(e) => return Err(e),
+    };
+    let containers = deployment.spec.template.spec.map(|s| s.containers).unwrap_or_default();
+    let args: Vec<String> = containers.into_iter().flat_map(|c| c.args.unwrap_or_default()).collect();
+    let values = args.iter().enumerate().filter_map(|(i, arg)| match arg.strip_prefix("--busy-when-owner") {
+        Some(value) if value.starts_with('=') => Some(value[1..].to_string()),
+        Some("") => args.get(i + 1).cloned(),
+        _ => None,
+    });
+    Ok(values.map(|value| value.parse()).collect())
 }
 
 /// Who other than busyguard refused a pod's create, by the API server's message: another

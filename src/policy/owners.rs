@@ -54,8 +54,11 @@ impl std::str::FromStr for OwnerRule {
             return Err(format!("{rule:?}: {usage}"));
         }
         let expression = expression.trim();
-        let program = cel::Program::compile(expression)
-            .map_err(|e| format!("{kind_path}: the expression {expression:?} does not compile: {e}"))?;
+        // CEL's error, in its first line (the rest draws the expression and a caret).
+        let program = cel::Program::compile(expression).map_err(|e| {
+            let why = e.to_string();
+            format!("{kind_path}: the expression {expression:?} does not compile: {}", why.lines().next().unwrap_or(""))
+        })?;
         Ok(OwnerRule {
             api_version: api_version.to_string(),
             kind: kind.to_string(),

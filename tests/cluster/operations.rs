@@ -177,3 +177,55 @@ async fn a_side_effect_still_in_flight_at_shutdown_is_carried_out_before_busygua
     let annotations = &api.pod("capture", "missed").unwrap()["metadata"]["annotations"];
     assert!(annotations.get("busyguard.io/busy-since").is_some(), "the refresh landed before the stop: {annotations}");
 }
+
+#[tokio::test]
+async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_stops_the_start_and_says_so() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    common::fresh_certs(dir.path());
+    let mut config = common::test_config(dir.path());
+    config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    config.policy.owner_rules = vec!["agones.dev/v1/GameServer=object.status.state == 'Allocated'".parse().unwrap()];
+    let Err(error) = busyguard::server::start(config).await else { panic!("started with a rule that guards nothing") };
+    let error = format!("{error:#}");
+    assert!(
+        error.starts_with(
+            "--busy-when-owner agones.dev/v1/GameServer: the API server does not serve this kind (is its project \
+             installed, in this version?)"
+        ),
+        "{error}"
+    );
+    assert!(api.calls().iter().any(|c| c.method == "GET" && c.path == "/apis/agones.dev/v1"), "asked discovery");
+}
+
+#[tokio::test]
+async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with() {
+    let api = ApiServer::start().await;
+    let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    let with_rule = |rule: &str| {
+        let container =
+            json!({"name": "busyguard", "image": "busyguard", "args": ["serve", "--busy-when-owner", rule]});
+        api.put_app(
+            "deployments",
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "busyguard", "namespace": "busyguard"},
+                "spec": {"selector": {}, "template": {"spec": {"containers": [container]}}}}),
+        );
+    };
+    let check = async || {
+        let outcome = busyguard::commands::check::run(&source, Some("capture"), Duration::from_secs(1)).await;
+        format!("{:#}", outcome.expect_err("check passed"))
+    };
+    with_rule("agones.dev/v1/GameServer=object.status.state ==");
+    let error = check().await;
+    assert!(
+        error.starts_with(
+            "busyguard cannot start with its busy rules: --busy-when-owner agones.dev/v1/GameServer: the expression"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("does not compile"), "{error}");
+    with_rule("agones.dev/v1/GameServer=object.status.state == 'Allocated'");
+    let error = check().await;
+    assert!(error.starts_with("busyguard cannot start with its busy rules: --busy-when-owner agones.dev/v1/GameServer: the API server does not serve this kind"), "{error}");
+}

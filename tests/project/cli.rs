@@ -223,3 +223,19 @@ fn as_kubectls_plugin_the_usage_says_kubectl_busyguard_and_lists_the_commands_fo
     let serve_help = Command::new(&plugin).args(["serve", "--help"]).output().unwrap();
     assert!(serve_help.status.success());
 }
+
+#[test]
+fn a_busy_rule_that_does_not_compile_stops_serve_and_says_which_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = "--busy-when-owner=agones.dev/v1/GameServer=object.status.state ==";
+    let output = busyguard(dir.path(), &[SERVE, &[rule]].concat());
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("agones.dev/v1/GameServer: the expression \"object.status.state ==\" does not compile: "),
+        "{stderr}"
+    );
+    let output = busyguard(dir.path(), &[SERVE, &["--busy-when-owner=GameServer=true"]].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("expected GROUP/VERSION/KIND=EXPRESSION"), "{stderr}");
+}
