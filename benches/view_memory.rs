@@ -143,6 +143,7 @@ fn config() -> PolicyConfig {
             cluster_autoscaler_on_completion: false,
         },
         holds: Default::default(),
+        owner_rules: Vec::new(),
     }
 }
 

@@ -395,8 +395,13 @@ pub struct PolicyArgs {
     /// watches those owners and flips their pods' busy label itself; their pods are opted in at
     /// creation by a webhook of the kind's component (manifests/actions-runner-controller,
     /// manifests/agones). A rule that does not compile, or a kind the API server does not
-    /// serve, stops the start.
-    #[arg(long = "busy-when-owner", value_name = "GROUP/VERSION/KIND=EXPR")]
+    /// serve, stops the start. In the environment, one rule per line.
+    #[arg(
+        long = "busy-when-owner",
+        env = "BUSYGUARD_BUSY_WHEN_OWNER",
+        value_delimiter = '\n',
+        value_name = "GROUP/VERSION/KIND=EXPR"
+    )]
     pub busy_when_owner: Vec<OwnerRule>,
     #[command(flatten)]
     pub holds: HoldArgs,

@@ -115,7 +115,7 @@ impl Cluster {
             metrics,
             policy: policy.clone(),
             sweep_interval: settings.sweep_interval,
-            watch_timeout,
+            watch_timeout_secs: timeout_secs(watch_timeout),
             pdbs: settings.busy_pdb.then(|| pdb::BusyPdbs {
                 client: client.clone(),
                 outbox: outbox.clone(),
@@ -170,7 +170,7 @@ fn watch_timeout(stale_after: Duration) -> Duration {
 }
 
 /// `watch_timeout` as a watch request's `timeoutSeconds`.
-pub(crate) fn timeout_secs(watch_timeout: Duration) -> u32 {
+fn timeout_secs(watch_timeout: Duration) -> u32 {
     u32::try_from(watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1)
 }
 

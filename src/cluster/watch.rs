@@ -34,7 +34,7 @@ pub struct Watch {
     /// How often every pod in the view is looked at again.
     pub sweep_interval: Duration,
     /// How long the API server keeps each watch request open.
-    pub watch_timeout: Duration,
+    pub watch_timeout_secs: u32,
     /// The busy-pod PDBs to keep on each sweep, if asked to.
     pub pdbs: Option<BusyPdbs>,
 }
@@ -44,7 +44,7 @@ impl Watch {
     pub async fn run(self, scopes: Vec<Scope>) {
         let client = self.client.clone();
         // Every watch renews within the client's read timeout (see `watch_timeout`).
-        let seconds = super::timeout_secs(self.watch_timeout);
+        let seconds = self.watch_timeout_secs;
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<ApiPod> = match &scope {
                 Some(namespace) => Api::namespaced(client.clone(), namespace),
@@ -217,7 +217,9 @@ impl Watch {
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
         let mut observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
         // A pod seen after its owner under a busy rule changed follows it now.
-        observed.effects.extend(after.as_ref().and_then(|record| owners::follow(&self.view, &pod, record)));
+        if self.follows_owners() {
+            observed.effects.extend(after.as_ref().and_then(|record| owners::follow(&self.view, &pod, record)));
+        }
         self.act(pod, before, after, observed).await;
     }
 
@@ -253,6 +255,11 @@ impl Watch {
         send(&self.outbox, &pod, observed);
     }
 
+    /// Whether any pod's busy state follows its owner's status (`--busy-when-owner`).
+    fn follows_owners(&self) -> bool {
+        !self.policy.owner_rules.is_empty()
+    }
+
     /// What is due for every pod, whether it changed or not.
     fn sweep(&self) {
         if let Some(pdbs) = self.pdbs.clone()
@@ -264,7 +271,7 @@ impl Watch {
         let now = Timestamp::now();
         let effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
-            let flip = owners::follow(&self.view, &pod, record);
+            let flip = self.follows_owners().then(|| owners::follow(&self.view, &pod, record)).flatten();
             observed::due(&pod, record, &self.policy, now).into_iter().chain(flip)
         });
         for effect in effects {

@@ -26,15 +26,13 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
     let namespace = namespace.map_or_else(|| config.default_namespace.clone(), str::to_string);
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    let rules = owner_rules(&client).await.with_context(|| format!("cannot reach the API server at {server}"))?;
-    let rules =
-        rules.map_err(|why| anyhow::anyhow!("busyguard cannot start with its busy rules: --busy-when-owner {why}"))?;
-    if !rules.is_empty() {
-        owners::resolve(&client, &rules).await.context("busyguard cannot start with its busy rules")?;
-    }
-    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + timeout;
+    let mut rules_checked = false;
     loop {
+        if !rules_checked {
+            rules_checked = owner_rules_checked(&client).await?;
+        }
         match attempt(&pods).await {
             Ok(()) => {
                 return Ok(format!(
@@ -108,17 +106,19 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     }
 }
 
-/// The busy rules (`--busy-when-owner`) busyguard's Deployment gives it, each compiled: a rule
-/// busyguard would refuse at start is named here, not left to a crash loop. None when busyguard
-/// is not installed under its own name and namespace.
-async fn owner_rules(client: &kube::Client) -> kube::Result<Result<Vec<OwnerRule>, String>> {
+/// Whether the busy rules (`--busy-when-owner`) busyguard's Deployment gives it were read, and
+/// an error if busyguard cannot start with one: a rule that does not compile, or whose kind the
+/// API server does not serve, is named here, not left to a crash loop. Nothing to check when
+/// busyguard is not installed under its own name and namespace, or the user may not read it;
+/// `false` while the API server cannot be reached (the probe says so).
+async fn owner_rules_checked(client: &kube::Client) -> anyhow::Result<bool> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), BUSYGUARD_NAMESPACE);
     let deployment = match deployments.get_opt("busyguard").await {
         Ok(Some(deployment)) => deployment,
-        // Not installed there, or not for this user to read: nothing to tell.
-        Ok(None) => return Ok(Ok(Vec::new())),
-        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Ok(Vec::new())),
-        Err(e) => return Err(e),
+        Ok(None) => return Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(true),
+        Err(kube::Error::Api(status)) => anyhow::bail!("cannot read busyguard's Deployment: {status}"),
+        Err(_) => return Ok(false),
     };
     let containers = deployment.spec.template.spec.map(|s| s.containers).unwrap_or_default();
     let args: Vec<String> = containers.into_iter().flat_map(|c| c.args.unwrap_or_default()).collect();
@@ -127,7 +127,13 @@ async fn owner_rules(client: &kube::Client) -> kube::Result<Result<Vec<OwnerRule
         Some("") => args.get(i + 1).cloned(),
         _ => None,
     });
-    Ok(values.map(|value| value.parse()).collect())
+    let cannot = "busyguard cannot start with its busy rules";
+    let rules: Vec<OwnerRule> = values
+        .map(|value| value.parse())
+        .collect::<Result<_, String>>()
+        .map_err(|why| anyhow::anyhow!("{cannot}: --busy-when-owner {why}"))?;
+    owners::resolve(client, &rules).await.context(cannot)?;
+    Ok(true)
 }
 
 /// Who other than busyguard refused a pod's create, by the API server's message: another

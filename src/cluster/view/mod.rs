@@ -24,6 +24,9 @@ use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 /// Pods by namespace, then name.
 type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
 
+/// Owners under a busy rule by namespace, then `Kind/name`: whether they say their pods are busy.
+type Owners = HashMap<Box<str>, HashMap<Box<str>, bool>>;
+
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
 
@@ -47,7 +50,7 @@ pub struct View {
     nodes_going: RwLock<HashMap<String, NodeGoing>>,
     /// The owners under a busy rule (`--busy-when-owner`), by namespace and `Kind/name`, and
     /// whether their status says their pods are busy, as watched.
-    owners: RwLock<HashMap<(Box<str>, Box<str>), bool>>,
+    owners: RwLock<Owners>,
 }
 
 struct Health {
@@ -152,16 +155,25 @@ impl View {
     /// Whether the owner (`Kind/name`) says its pods are busy; `None` if it is under no rule,
     /// or not seen yet.
     pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<bool> {
-        self.owners.read().get(&(namespace.into(), owner.into())).copied()
+        self.owners.read().get(namespace)?.get(owner).copied()
     }
 
     /// Records the owner's busy state (`None`: gone).
     pub fn set_owner_busy(&self, namespace: &str, owner: &str, busy: Option<bool>) {
-        let key = (namespace.into(), owner.into());
+        let mut owners = self.owners.write();
         match busy {
-            Some(busy) => self.owners.write().insert(key, busy),
-            None => self.owners.write().remove(&key),
-        };
+            Some(busy) => {
+                owners.entry(namespace.into()).or_default().insert(owner.into(), busy);
+            }
+            None => {
+                if let Some(in_namespace) = owners.get_mut(namespace) {
+                    in_namespace.remove(owner);
+                    if in_namespace.is_empty() {
+                        owners.remove(namespace);
+                    }
+                }
+            }
+        }
     }
 
     pub fn excepted(&self) -> HashSet<String> {
