@@ -24,9 +24,12 @@ struct BuildLabels {
     commit: &'static str,
 }
 
+/// A review's time is told by webhook and resource: a scale-down's answer waits for its pods'
+/// refresh by design (up to 2.5 s), an eviction's does not.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
     pub webhook: &'static str,
+    pub resource: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

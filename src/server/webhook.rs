@@ -92,7 +92,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         await_effects(waiting, budget, &request.uid).instrument(span).await;
     }
     let response = respond(app, webhook, &request, outcome.decision, encoded, review.http1);
-    let labels = WebhookLabels { webhook: webhook.as_str() };
+    let labels = WebhookLabels { webhook: webhook.as_str(), resource: Resource::of(&request).label() };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     Ok(response)
 }
