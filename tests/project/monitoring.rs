@@ -241,3 +241,39 @@ fn metrics_parse_in_the_older_text_format_too() {
     let (code, said) = promtool(&["check", "metrics"], Path::new(ROOT), Some(&encoded));
     assert!(matches!(code, Some(0 | 3)), "promtool check metrics ({code:?}):\n{said}");
 }
+
+/// `kubectl kustomize` of an overlay of this repository's `resources` and `components` (under
+/// manifests/) and `extra` lines, written in a directory of its own under target/.
+fn render_overlay(resources: &[&str], components: &[&str], extra: &str) -> Vec<Value> {
+    let target = Path::new(ROOT).join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let dir = tempfile::tempdir_in(&target).unwrap();
+    let listed = |paths: &[&str]| paths.iter().map(|p| format!("  - ../../manifests/{p}\n")).collect::<String>();
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n{}components:\n{}{extra}",
+        listed(resources),
+        listed(components)
+    );
+    std::fs::write(dir.path().join("kustomization.yaml"), kustomization).unwrap();
+    let output = Command::new("kubectl").arg("kustomize").arg(dir.path()).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+}
+
+#[test]
+fn runbook_links_open_where_the_overlay_says_the_docs_are_served() {
+    let base = "https://git.example.com/platform/busyguard/-/blob/v0.3.0/";
+    let runbooks = format!(
+        "configMapGenerator:\n  - name: busyguard-runbooks\n    literals: [base={base}]\n    options:\n      \
+         disableNameSuffixHash: true\n      annotations: {{config.kubernetes.io/local-config: \"true\"}}\n"
+    );
+    let objects = render_overlay(&["cert-manager"], &["monitoring", "runbook-links"], &runbooks);
+    assert!(!objects.iter().any(|o| o["metadata"]["name"] == "busyguard-runbooks"), "the ConfigMap is not applied");
+    let rule = objects.iter().find(|o| o["kind"] == "PrometheusRule").unwrap();
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    for rule in rules {
+        let alert = rule["alert"].as_str().unwrap();
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap();
+        assert_eq!(url, format!("{base}docs/troubleshooting.md#{}", alert.to_lowercase()), "{alert}");
+    }
+}
