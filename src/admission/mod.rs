@@ -199,7 +199,15 @@ pub fn admit(
             let trusted = inputs.view.check(inputs.arrived).is_ok();
             let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
                 let siblings = siblings.filter(|_| trusted);
-                let delete = Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings, grace_period: None };
+                let delete = Disruption {
+                    ask: &ask,
+                    action: Action::Delete,
+                    pod,
+                    seen,
+                    siblings,
+                    grace_period: None,
+                    container: None,
+                };
                 disruption::judge_disruption(&delete, policy, now)
             };
             let view = inputs.view;
@@ -216,8 +224,15 @@ pub fn admit(
             let view = inputs.trusted_view("the eviction")?;
             let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
                 let grace_period = eviction.grace_period();
-                let evict =
-                    Disruption { ask: &ask, action: Action::Evict, pod, seen: Some(pod), siblings, grace_period };
+                let evict = Disruption {
+                    ask: &ask,
+                    action: Action::Evict,
+                    pod,
+                    seen: Some(pod),
+                    siblings,
+                    grace_period,
+                    container: None,
+                };
                 disruption::judge_disruption(&evict, policy, now)
             });
             // None: not opted in (or no such pod: the API server answers 404 itself).

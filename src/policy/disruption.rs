@@ -118,6 +118,10 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// itself unavailable may always go.
 fn budget<'d>(d: &'d Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Budget<'d> {
     let pod = d.pod;
+    // A restart keeps the pod: no budget counts it.
+    if d.action == Action::Restart {
+        return Budget::NotHeld;
+    }
     let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
         return Budget::NotHeld;
     };
@@ -183,6 +187,8 @@ pub struct Disruption<'a, P: PodFacts + ?Sized> {
     /// The grace period an eviction asked for (its `deleteOptions`), kept for an eviction
     /// carried out later.
     pub grace_period: Option<i64>,
+    /// The task container a restart would end (`Action::Restart`).
+    pub container: Option<&'a str>,
 }
 
 /// What refusing a busy pod sets in motion besides the answer.
@@ -213,6 +219,10 @@ impl<'p> Consequence<'p> {
         now: Timestamp,
     ) -> Self {
         let (pod, action, requester) = (d.pod, d.action, d.ask.requester);
+        // A restart refused is retried by its sender (a person reads why): nothing to set going.
+        if action == Action::Restart {
+            return Consequence::Nothing;
+        }
         let confirmed =
             d.seen.is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
         if !confirmed || d.ask.dry_run {
@@ -313,6 +323,10 @@ fn refuse_busy(
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
     let (ask, pod) = (d.ask, d.pod);
+    if let (Action::Restart, Some(container)) = (d.action, d.container) {
+        let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
+        return Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit);
+    }
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::DryRun;
     let mut message = busy_denial(ask.namespace, ask.name, since, until, by_readiness, enforced);
@@ -400,6 +414,23 @@ pub fn busy_denial(
     }
     let _ = write!(message, "; to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
     message
+}
+
+/// An update refused because it would restart the container of a busy pod's task.
+pub fn restart_while_busy(
+    namespace: &str,
+    name: &str,
+    container: &str,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+) -> String {
+    let since = since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
+    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    format!(
+        "pod {namespace}/{name} is busy since {since}{until}: this update would restart its container {container:?} \
+         and end the task; retry once the pod is idle (to force: kubectl label pod {name} -n {namespace} \
+         {BUSY_LABEL}=false --overwrite)"
+    )
 }
 
 /// A disruption refused by the workload's own budget.
@@ -540,7 +571,15 @@ mod tests {
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
         let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
         judge_disruption(
-            &Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings, grace_period: None },
+            &Disruption {
+                ask: &ask(user, false),
+                action,
+                pod,
+                seen: Some(pod),
+                siblings,
+                grace_period: None,
+                container: None,
+            },
             &config(Mode::Enforce),
             now(),
         )
@@ -550,7 +589,15 @@ mod tests {
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
         let pod = busy_worker();
         judge_disruption(
-            &Disruption { ask: &ask, action, pod: &pod, seen: Some(&pod), siblings: None, grace_period: None },
+            &Disruption {
+                ask: &ask,
+                action,
+                pod: &pod,
+                seen: Some(&pod),
+                siblings: None,
+                grace_period: None,
+                container: None,
+            },
             &config(mode),
             now,
         )
@@ -565,12 +612,12 @@ mod tests {
     type Row<'a> =
         (&'static str, &'a Pod, &'static str, Action, Option<(u16, &'static str)>, Option<(Decision, Reason)>, bool);
 
-    /// The busy contract (docs/contract.md) for deletes and evictions, one row a case: the pod, who asks
-    /// what, and busyguard's answer (`None`: allowed), its audit line and whether it marks the
-    /// pod to delete it once idle.
+    /// The busy contract (docs/contract.md) for deletes, evictions and restarts, one row a case:
+    /// the pod, who asks what, and busyguard's answer (`None`: allowed), its audit line and
+    /// whether it marks the pod to delete (or evict) it once idle.
     #[test]
-    fn the_busy_contract_for_deletes_and_evictions_reads_as_docs_contract_states_it() {
-        use Action::{Delete, Evict};
+    fn the_busy_contract_for_deletes_evictions_and_restarts_reads_as_docs_contract_states_it() {
+        use Action::{Delete, Evict, Restart};
         let (person, rs, gc) = ("alice", REPLICASET_CONTROLLER_USER, GARBAGE_COLLECTOR_USER);
         let (karpenter, scheduler) = ("system:serviceaccount:kube-system:karpenter", "system:kube-scheduler");
         let lapsed = worker("true", json!({BUSY_SINCE: "2026-11-19T20:00:00Z"}), json!({"phase": "Running"}));
@@ -579,8 +626,14 @@ mod tests {
         let mut going = busy_worker();
         going.metadata.deletion_timestamp = Some(now());
         let busy = busy_worker();
+        let in_background = worker(
+            "true",
+            json!({BUSY_SINCE: "2026-11-21T20:00:00Z", REQUEST_EVICT_ONLY: ""}),
+            json!({"phase": "Running"}),
+        );
+        let descheduler = "system:serviceaccount:kube-system:descheduler";
         #[rustfmt::skip]
-        let rows: [Row<'_>; 17] = [
+        let rows: [Row<'_>; 22] = [
             ("busy", &busy, person, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
             ("busy", &busy, gc, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
             ("busy", &busy, rs, Delete, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::Busy)), false),
@@ -598,13 +651,25 @@ mod tests {
             ("idle", &idle, person, Evict, None, None, false),
             ("terminating", &going, person, Delete, None, None, false),
             ("terminal", &done, person, Evict, None, None, false),
+            ("busy, evict-only", &in_background, descheduler, Evict, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::BusyDeleteDeferred)), true),
+            ("busy", &busy, person, Restart, Some((429, BUSY_CAUSE)), Some((Decision::Denied, Reason::RestartWhileBusy)), false),
+            ("busy", &busy, "ops", Restart, None, Some((Decision::Exempted, Reason::ExemptUser)), false),
+            ("past max-busy", &lapsed, person, Restart, None, Some((Decision::Lapsed, Reason::MaxBusyExceeded)), false),
+            ("idle", &idle, person, Restart, None, None, false),
         ];
         for (state, pod, user, action, refused, audited, marked) in rows {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let disruption =
-                Disruption { ask: &ask(user, false), action, pod, seen: Some(pod), siblings: None, grace_period: None };
+            let disruption = Disruption {
+                ask: &ask(user, false),
+                action,
+                pod,
+                seen: Some(pod),
+                siblings: None,
+                grace_period: None,
+                container: (action == Restart).then_some("worker"),
+            };
             let outcome = judge_disruption(&disruption, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
@@ -716,6 +781,7 @@ mod tests {
                 seen: Some(&pod),
                 siblings,
                 grace_period: None,
+                container: None,
             };
             judge_disruption(&disruption, &config, now()).is_allowed()
         };
@@ -919,6 +985,7 @@ mod tests {
                 seen,
                 siblings: None,
                 grace_period: None,
+                container: None,
             };
             let outcome = judge_disruption(&disruption, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");

@@ -7,13 +7,13 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::ask::Ask;
-use super::busy::{BusyState, busy_state};
 use super::config::PolicyConfig;
 use super::contract::contract_warnings;
+use super::disruption::{Disruption, judge_disruption};
 use super::hold::{Hold, NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::marks::{json_patch, metadata_pointer, plan};
-use super::outcome::{Answer, AuditRecord, Decision, Denial, Outcome, Reason};
+use super::outcome::{Action, Answer, Decision, Denial, Outcome, Reason};
 use super::owners::OwnerRule;
 use super::pod::{Pod, PodFacts};
 use json_patch::{AddOperation, PatchOperation};
@@ -57,9 +57,13 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
         };
     }
     let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
-    if let Some(outcome) = before.and_then(|old| restart_refused(ask, pod, old, config, now)) {
-        return outcome;
-    }
+    // An update that restarts the task container is judged as the disruption it is.
+    let restart = before.and_then(|old| restart_judged(ask, pod, old, config, now));
+    let restart_audit = match restart {
+        Some(refused) if matches!(refused.decision, Decision::Denied | Decision::WouldDeny) => return refused,
+        Some(let_through) => let_through.audit,
+        None => None,
+    };
     // A create is never held: refusing it would only fail the pod's creation. Nor is busyguard's
     // flip of a pod whose owner took a task: the task has begun (a runner's job, a game
     // server's players), and refusing the flip would leave it unguarded, not untaken.
@@ -94,10 +98,16 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     let warnings = contract_warnings(pod, config.max_busy);
     let before = before.map(|old| old as &dyn PodFacts);
     let patch = json_patch(pod, &plan(pod, before, config.mutation, config.max_busy, now));
-    if patch.0.is_empty() {
-        return Outcome::answer(Answer::Allow { warnings }, Decision::Allowed);
+    let outcome = if patch.0.is_empty() {
+        Outcome::answer(Answer::Allow { warnings }, Decision::Allowed)
+    } else {
+        Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
+    };
+    // A restart let through (an exempt requester, a protection that lapsed) is audited as such.
+    match restart_audit {
+        Some(audit) => outcome.audited(audit),
+        None => outcome,
     }
-    Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
 }
 
 /// A pod created without the busy label reaches busyguard only through a run-to-completion
@@ -140,38 +150,25 @@ fn opted_in_idle(pod: &Pod) -> Outcome {
 
 /// A `pods/resize` of a busy pod: refused if its resize policy restarts the task container.
 pub fn judge_resize(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
-    restart_refused(ask, pod, before, config, now).unwrap_or_else(|| Outcome::allow(Decision::Allowed))
+    restart_judged(ask, pod, before, config, now).unwrap_or_else(|| Outcome::allow(Decision::Allowed))
 }
 
-/// An update that would restart a busy pod's task container (a new image, or a resize its
-/// resize policy restarts it for) is refused as its delete would be: 429, until it is idle.
-/// Anything else about a busy pod may still change.
-fn restart_refused(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Option<Outcome> {
-    let BusyState::Busy { since, until } = busy_state(before, config.max_busy, now) else { return None };
+/// An update that would restart a pod's task container (a new image, or a resize its resize
+/// policy restarts it for), judged as the disruption it is (`disruption::judge_disruption`): a
+/// busy pod's is refused 429 until it is idle, but for who may take it away (an exempt user or
+/// group, audited) or once its protection lapsed. Anything else about a busy pod may change.
+fn restart_judged(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Option<Outcome> {
     let container = pod.restarted_container(before)?;
-    let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
-    let audit = |decision, reason, detail| AuditRecord {
-        busy_since: since,
-        ..ask.audit(decision, reason, detail, config.mode, now)
+    let restart = Disruption {
+        ask,
+        action: Action::Restart,
+        pod: before,
+        seen: None,
+        siblings: None,
+        grace_period: None,
+        container: Some(container),
     };
-    Some(Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit))
-}
-
-/// An update refused because it would restart the container of a busy pod's task.
-pub fn restart_while_busy(
-    namespace: &str,
-    name: &str,
-    container: &str,
-    since: Option<Timestamp>,
-    until: Option<Timestamp>,
-) -> String {
-    let since = since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
-    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
-    format!(
-        "pod {namespace}/{name} is busy since {since}{until}: this update would restart its container {container:?} \
-         and end the task; retry once the pod is idle (to force: kubectl label pod {name} -n {namespace} \
-         {BUSY_LABEL}=false --overwrite)"
-    )
+    Some(judge_disruption(&restart, config, now))
 }
 
 /// A pod's own max-busy below the cluster's floor.
@@ -707,6 +704,27 @@ mod tests {
         assert!(cpu.is_allowed(), "a resize in place");
         let label = change(&|p| p["metadata"]["labels"]["team"] = json!("b"));
         assert!(label.is_allowed(), "anything else about a busy pod");
+    }
+
+    #[test]
+    fn an_exempt_users_restart_of_a_busy_pod_goes_through_audited_as_their_delete_would() {
+        let busy = busy_with_containers();
+        let mut new = busy.clone();
+        new["spec"]["containers"][0]["image"] = json!("example.com/worker:2");
+        let (old, new) = (pod(busy), pod(new));
+        let mut config = config();
+        config.exemptions.groups = vec!["ops:breakglass".into()];
+        let groups = ["ops:breakglass".to_string()];
+        let ops = Ask {
+            requester: crate::policy::Requester { username: "oncall", groups: &groups, pod: None },
+            ..worker_write()
+        };
+        let outcome = mutate_pod(&Mutation::of(&ops, &new, Some(&old)), &config, ts("2026-11-21T20:30:00Z"));
+        assert!(outcome.is_allowed(), "{:?}", outcome.answer);
+        let audit = outcome.audit.expect("the exemption is audited");
+        assert_eq!((audit.decision, audit.reason), (Decision::Exempted, Reason::ExemptGroup));
+        let person = mutate_pod(&Mutation::of(&worker_write(), &new, Some(&old)), &config, ts("2026-11-21T20:30:00Z"));
+        assert!(!person.is_allowed(), "anyone else's is refused");
     }
 
     #[test]

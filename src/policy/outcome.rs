@@ -370,6 +370,9 @@ impl fmt::Display for PodRef {
 pub enum Action {
     Delete,
     Evict,
+    /// An update of the pod that would restart its task container (a new image, a resize its
+    /// resize policy restarts it for).
+    Restart,
 }
 
 impl Action {

@@ -725,6 +725,7 @@ mod tests {
                 seen,
                 siblings,
                 grace_period: None,
+                container: None,
             };
             disruption::judge_disruption(&evict, &config, now);
             let delete = disruption::Disruption {
@@ -734,6 +735,7 @@ mod tests {
                 seen,
                 siblings: one(),
                 grace_period: None,
+                container: None,
             };
             disruption::judge_disruption(&delete, &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
