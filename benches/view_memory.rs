@@ -191,12 +191,17 @@ fn scale_down_of_2000_by_1000() {
     };
     let (config, now) = (config(), "2026-11-21T21:00:00Z".parse().unwrap());
     let started = Instant::now();
-    let request =
-        ScaleRequest { from: Some(2000), to: Some(1000), selector: Some(Selector::from_label_selector(&selector)) };
+    let request = ScaleRequest {
+        ask: &ask,
+        object: "deployments/scale jobs/worker",
+        from: Some(2000),
+        to: Some(1000),
+        selector: Some(Selector::from_label_selector(&selector)),
+    };
     let select = |selector: &Selector| {
         Ok(view.select("jobs", |pod| selector.matches(|key| busyguard::policy::pod::PodFacts::label(pod, key))))
     };
-    let outcome = prepare_scale_down(&ask, "deployments/scale jobs/worker", request, select, &config, now);
+    let outcome = prepare_scale_down(&request, select, &config, now);
     let took = started.elapsed();
     println!(
         "\nscale-down of a 2000-replica Deployment to 1000: prepared in {:.1} ms, {} pod patches to send (one per pod whose annotations are stale, here the 1000 busy ones)",

@@ -149,8 +149,9 @@ fn opted_in_idle(pod: &Pod) -> Outcome {
 }
 
 /// A `pods/resize` of a busy pod: refused if its resize policy restarts the task container.
-pub fn judge_resize(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Outcome {
-    restart_judged(ask, pod, before, config, now).unwrap_or_else(|| Outcome::allow(Decision::Allowed))
+pub fn judge_resize(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let restart = m.before.and_then(|before| restart_judged(m.ask, m.pod, before, config, now));
+    restart.unwrap_or_else(|| Outcome::allow(Decision::Allowed))
 }
 
 /// An update that would restart a pod's task container (a new image, or a resize its resize

@@ -742,8 +742,9 @@ mod tests {
             observed::due(&target, &recording, &config, now);
             observed::on_change(&target, Some(&recording), None, &config, now);
             let select = |_: &_| Ok(vec![("w".to_string(), recording)]);
-            let request = scale::ScaleRequest { from: Some(2), to: Some(1), selector: Some("app=w".parse()) };
-            scale::prepare_scale_down(&ask, "deployments ns/w", request, select, &config, now);
+            let (object, selector) = ("deployments ns/w", Some("app=w".parse()));
+            let request = scale::ScaleRequest { ask: &ask, object, from: Some(2), to: Some(1), selector };
+            scale::prepare_scale_down(&request, select, &config, now);
             let asked = asked.into_inner();
             let unkept: Vec<&String> =
                 asked.iter().filter(|key| !DECIDING_ANNOTATIONS.contains(&key.as_str())).collect();

@@ -16,7 +16,10 @@ use super::selector::Selector;
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).
 #[derive(Debug)]
-pub struct ScaleRequest {
+pub struct ScaleRequest<'a> {
+    pub ask: &'a Ask<'a>,
+    /// What is scaled, for the audit line: e.g. `deployments/scale capture/worker`.
+    pub object: &'a str,
     pub from: Option<i32>,
     pub to: Option<i32>,
     pub selector: Option<Result<Selector, String>>,
@@ -26,13 +29,12 @@ pub struct ScaleRequest {
 /// the cluster view: the pods of the request's namespace the selector matches, or why the view
 /// cannot say.
 pub fn prepare_scale_down<P: PodFacts>(
-    ask: &Ask<'_>,
-    object: &str,
-    scale: ScaleRequest,
+    scale: &ScaleRequest<'_>,
     select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, String>,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
+    let (ask, object) = (scale.ask, scale.object);
     let Some((from, to)) = is_scale_down(scale.from, scale.to) else {
         return Outcome::allow(Decision::Allowed);
     };
@@ -42,13 +44,13 @@ pub fn prepare_scale_down<P: PodFacts>(
         let detail = scale_unprepared(object, from, to, why);
         Outcome::allow(Decision::ScaleDown).audited(audit(reason, detail, None))
     };
-    let selector = match scale.selector {
+    let selector = match &scale.selector {
         None => return unprepared(Reason::NoSelector, NO_SELECTOR),
-        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &selector_unparsed(&e)),
+        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &selector_unparsed(e)),
         Some(Ok(selector)) if selector.is_empty() => return unprepared(Reason::NoSelector, EMPTY_SELECTOR),
         Some(Ok(selector)) => selector,
     };
-    let pods = match select(&selector) {
+    let pods = match select(selector) {
         Ok(pods) => pods,
         Err(why) => return unprepared(Reason::ViewUnavailable, &why),
     };
@@ -167,8 +169,28 @@ mod tests {
         ]
     }
 
-    fn request(from: i32, to: i32, selector: &str) -> ScaleRequest {
-        ScaleRequest { from: Some(from), to: Some(to), selector: Some(selector.parse()) }
+    /// A change of replicas, and the selector the object says.
+    struct Change {
+        from: Option<i32>,
+        to: Option<i32>,
+        selector: Option<Result<Selector, String>>,
+    }
+
+    fn request(from: i32, to: i32, selector: &str) -> Change {
+        Change { from: Some(from), to: Some(to), selector: Some(selector.parse()) }
+    }
+
+    /// `prepare_scale_down` of `change` of `object`, as `ask` asks it.
+    fn prepared<P: PodFacts>(
+        ask: &Ask<'_>,
+        object: &str,
+        change: Change,
+        select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, String>,
+        config: &PolicyConfig,
+        now: Timestamp,
+    ) -> Outcome {
+        let Change { from, to, selector } = change;
+        prepare_scale_down(&ScaleRequest { ask, object, from, to, selector }, select, config, now)
     }
 
     fn reason(outcome: &Outcome) -> Option<Reason> {
@@ -177,7 +199,7 @@ mod tests {
 
     #[test]
     fn a_scale_down_refreshes_stale_pods_waits_for_them_and_audits_the_plan() {
-        let outcome = prepare_scale_down(
+        let outcome = prepared(
             &ask(false),
             "deployments/scale capture/worker",
             request(3, 1, "app=worker"),
@@ -201,16 +223,15 @@ mod tests {
 
     #[test]
     fn a_dry_run_scale_down_plans_without_refreshing() {
-        let outcome =
-            prepare_scale_down(&ask(true), "d", request(3, 1, "app=worker"), |_| Ok(pods()), &config(), now());
+        let outcome = prepared(&ask(true), "d", request(3, 1, "app=worker"), |_| Ok(pods()), &config(), now());
         assert!(outcome.effects.is_empty());
         assert_eq!(reason(&outcome), Some(Reason::Plan));
     }
 
     #[test]
     fn a_scale_up_or_a_scale_down_selecting_nothing_is_allowed_quietly() {
-        let up = prepare_scale_down(&ask(false), "d", request(1, 3, "app=worker"), |_| Ok(pods()), &config(), now());
-        let empty = prepare_scale_down(
+        let up = prepared(&ask(false), "d", request(1, 3, "app=worker"), |_| Ok(pods()), &config(), now());
+        let empty = prepared(
             &ask(false),
             "d",
             request(3, 1, "app=other"),
@@ -227,13 +248,13 @@ mod tests {
     #[test]
     fn a_scale_down_that_cannot_be_prepared_is_allowed_and_audited_with_why() {
         let cases = [
-            (ScaleRequest { from: Some(3), to: Some(1), selector: None }, Ok(pods()), Reason::NoSelector),
+            (Change { from: Some(3), to: Some(1), selector: None }, Ok(pods()), Reason::NoSelector),
             (request(3, 1, ""), Ok(pods()), Reason::NoSelector),
             (request(3, 1, "app in (x"), Ok(pods()), Reason::InvalidSelector),
             (request(3, 1, "app=worker"), Err("the view is stale".to_string()), Reason::ViewUnavailable),
         ];
         for (scale, view, expected) in cases {
-            let outcome = prepare_scale_down(&ask(false), "d", scale, |_| view, &config(), now());
+            let outcome = prepared(&ask(false), "d", scale, |_| view, &config(), now());
             assert!(outcome.is_allowed());
             assert_eq!((outcome.decision, reason(&outcome)), (Decision::ScaleDown, Some(expected)));
             assert!(outcome.effects.is_empty());

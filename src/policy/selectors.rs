@@ -549,7 +549,8 @@ mod tests {
             (old, new) in an_update(),
             worker in any::<bool>(),
         ) {
-            use crate::policy::writes::{Writer, judge_write, marks_anew};
+            use crate::policy::testing::write_judged;
+            use crate::policy::writes::{Writer, marks_anew};
             // pod-flags, and idle-pod-flags (in every namespace not labelled own-flags=false).
             let mut user = json!({"username": "system:serviceaccount:jobs:worker"});
             if worker {
@@ -565,7 +566,7 @@ mod tests {
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
             ask.requester.pod = worker.then_some("w");
             let writer = if worker { Writer::Worker { namespace: "jobs", own_pod: "w" } } else { Writer::Other };
-            let outcome = judge_write(&ask, &pod(&new), Some(&pod(&old)), writer, false, &config(), now());
+            let outcome = write_judged(&ask, &pod(&new), Some(&pod(&old)), writer, false, &config(), now());
             // Writes of pods that are not opted in, before or after, are not the rule's business.
             let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());
             if opted_in && !reached && !marks_anew(&pod(&new), Some(&pod(&old))) {

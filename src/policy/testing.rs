@@ -103,3 +103,17 @@ pub fn unavailable_siblings(n: u32) -> super::budget::Siblings {
         unavailable: (0..n).map(|i| format!("agent-{i}")).collect(),
     }
 }
+
+/// `writes::judge_write` of a write given by its parts.
+pub fn write_judged(
+    ask: &Ask<'_>,
+    pod: &Pod,
+    before: Option<&Pod>,
+    writer: crate::policy::writes::Writer<'_>,
+    through_status: bool,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let write = crate::policy::writes::Write { ask, pod, before, writer, through_status };
+    crate::policy::writes::judge_write(&write, config, now)
+}

@@ -50,6 +50,19 @@ pub fn writer<'a>(
     }
 }
 
+/// A pod's create or update (or its status's), as the validating webhooks read it.
+#[derive(Clone, Copy)]
+pub struct Write<'a> {
+    pub ask: &'a Ask<'a>,
+    /// The pod as it is about to be stored.
+    pub pod: &'a Pod,
+    /// The version it replaces (an update).
+    pub before: Option<&'a Pod>,
+    pub writer: Writer<'a>,
+    /// Through `pods/status`, where no mutating webhook of the pod's sees the write.
+    pub through_status: bool,
+}
+
 /// The validating webhooks' rule for writes of opted-in pods (`through_status`: a write of
 /// `pods/status`, which no mutating webhook sees). busyguard's own writes always pass. Only
 /// busyguard writes the `busyguard.io/delete-requested` mark, since busyguard later deletes the
@@ -59,15 +72,8 @@ pub fn writer<'a>(
 /// namespace, and no other label or annotation of its own (busyguard's annotations aside: the
 /// mutating webhook wrote them in this very write). Everyone else writes the rest as before
 /// busyguard existed.
-pub fn judge_write(
-    ask: &Ask<'_>,
-    pod: &Pod,
-    before: Option<&Pod>,
-    writer: Writer<'_>,
-    through_status: bool,
-    config: &PolicyConfig,
-    now: Timestamp,
-) -> Outcome {
+pub fn judge_write(write: &Write<'_>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let Write { ask, pod, before, writer, through_status } = *write;
     if writer == Writer::Busyguard {
         return Outcome::allow(Decision::Unhandled);
     }
@@ -235,7 +241,7 @@ mod tests {
     fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
         let now = "2026-11-21T20:00:00Z";
         let judged = |old: &Value, new: &Value| {
-            judge_write(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), WORKER, false, &config(), ts(now))
+            write_judged(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), WORKER, false, &config(), ts(now))
         };
         let idle = worker(json!({DELETION_COST: "-5"}));
         for (key, value) in [(KARPENTER_DO_NOT_DISRUPT, "true"), (DELETION_COST, "2147483647"), (IDLE_COST, "9")] {
@@ -263,7 +269,7 @@ mod tests {
         let (_, refreshed) = mutated(&busy, &resent, lapsed_at);
         assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
         let outcome =
-            judge_write(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, false, &config(), ts(lapsed_at));
+            write_judged(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, false, &config(), ts(lapsed_at));
         assert!(outcome.is_allowed(), "{:?}", outcome.answer);
     }
 
@@ -306,8 +312,15 @@ mod tests {
         // A pod busyguard guards there: a worker, of namespace other.
         let writer = writer(&elsewhere.requester, Some(BUSYGUARD), "ns", &pod(flip.clone()), |_, _| true);
         assert_eq!(writer, Writer::Worker { namespace: "other", own_pod: "w" });
-        let outcome =
-            judge_write(&elsewhere, &pod(flip), Some(&pod(idle)), writer, false, &config(), ts("2026-11-21T20:00:00Z"));
+        let outcome = write_judged(
+            &elsewhere,
+            &pod(flip),
+            Some(&pod(idle)),
+            writer,
+            false,
+            &config(),
+            ts("2026-11-21T20:00:00Z"),
+        );
         let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
     }
@@ -328,7 +341,7 @@ mod tests {
         busyguard.requester.username = BUSYGUARD;
         let writer = writer(&busyguard.requester, Some(BUSYGUARD), "ns", &pod(marked.clone()), |_, _| false);
         assert_eq!(writer, Writer::Busyguard);
-        let outcome = judge_write(
+        let outcome = write_judged(
             &busyguard,
             &pod(marked),
             Some(&pod(idle)),
@@ -350,7 +363,7 @@ mod tests {
             ("a pod created with one", None, false),
             ("through the pod's status", Some(pod(idle.clone())), true),
         ] {
-            let outcome = judge_write(
+            let outcome = write_judged(
                 &worker_write(),
                 &pod(marked.clone()),
                 before.as_ref(),
@@ -365,7 +378,7 @@ mod tests {
         }
         let mut relabelled = marked.clone();
         relabelled["metadata"]["labels"]["team"] = json!("b");
-        let kept = judge_write(
+        let kept = write_judged(
             &worker_write(),
             &pod(relabelled),
             Some(&pod(marked.clone())),
@@ -377,7 +390,7 @@ mod tests {
         assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
         let mut unlabelled = marked.clone();
         unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let opting_in = judge_write(
+        let opting_in = write_judged(
             &worker_write(),
             &pod(marked.clone()),
             Some(&pod(unlabelled)),
@@ -392,7 +405,7 @@ mod tests {
         half["metadata"]["annotations"][DELETE_REQUESTED] = marked["metadata"]["annotations"][DELETE_REQUESTED].clone();
         assert!(pod(half.clone()).delete_request().is_none());
         assert!(
-            judge_write(&worker_write(), &pod(half), Some(&pod(idle)), Writer::Other, false, &config(), now)
+            write_judged(&worker_write(), &pod(half), Some(&pod(idle)), Writer::Other, false, &config(), now)
                 .is_allowed()
         );
     }
@@ -417,7 +430,7 @@ mod tests {
             let writer = writer(&ask.requester, Some(BUSYGUARD), "ns", &pod(changed.clone()), |_, _| false);
             assert_eq!(writer, Writer::Other, "{who}");
             let outcome =
-                judge_write(&ask, &pod(changed.clone()), Some(&pod(busy.clone())), writer, false, &config(), ts(now));
+                write_judged(&ask, &pod(changed.clone()), Some(&pod(busy.clone())), writer, false, &config(), ts(now));
             assert_eq!(outcome.decision, Decision::Allowed, "{who}: {:?}", outcome.answer);
             assert!(outcome.audit.is_none(), "{who}");
         }
@@ -462,7 +475,7 @@ mod tests {
         set_label(&mut flip, "true");
         let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         let judged = |new: &Value, through_status: bool| {
-            judge_write(
+            write_judged(
                 &worker_write(),
                 &pod(new.clone()),
                 Some(&pod(busy.clone())),
@@ -504,7 +517,7 @@ mod tests {
     /// A write of `new` over `old` by the token bound to pod `own_pod`, busyguard's own name known.
     fn written_by_pod(own_pod: &'static str, new: Value, old: Value) -> Outcome {
         let writer = Writer::Worker { namespace: "ns", own_pod };
-        judge_write(
+        write_judged(
             &from_pod(own_pod),
             &pod(new),
             Some(&pod(old)),

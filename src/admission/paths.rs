@@ -1,0 +1,104 @@
+//! What a request is, read once: which registration called, about which resource, and so which
+//! route decides it.
+
+use super::review::{AdmissionRequest, Operation};
+
+/// Which registration called: only the mutating one may answer with a patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
+pub enum Webhook {
+    Mutating,
+    Validating,
+}
+
+impl Webhook {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// What a request is about, parsed once from its group, resource and subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Pods,
+    /// `pods/status`: labels and annotations can be written there too, out of every mutating
+    /// webhook's sight.
+    PodStatus,
+    /// `pods/resize` (Kubernetes 1.33 and later): a container's resources changed in place.
+    PodResize,
+    Nodes,
+    PodEviction,
+    ReplicaSets,
+    Deployments,
+    ReplicaSetScale,
+    DeploymentScale,
+    Other,
+}
+
+impl Resource {
+    pub fn of(request: &AdmissionRequest) -> Resource {
+        match (request.resource.group.as_str(), request.resource.resource.as_str(), request.sub_resource()) {
+            ("", "pods", "") => Resource::Pods,
+            ("", "pods", "status") => Resource::PodStatus,
+            ("", "pods", "resize") => Resource::PodResize,
+            ("", "nodes", "") => Resource::Nodes,
+            ("", "pods", "eviction") => Resource::PodEviction,
+            ("apps", "replicasets", "") => Resource::ReplicaSets,
+            ("apps", "deployments", "") => Resource::Deployments,
+            ("apps", "replicasets", "scale") => Resource::ReplicaSetScale,
+            ("apps", "deployments", "scale") => Resource::DeploymentScale,
+            _ => Resource::Other,
+        }
+    }
+
+    /// As a metric label, from a fixed set so clients cannot grow the label space.
+    pub fn label(self) -> &'static str {
+        match self {
+            Resource::Pods => "pods",
+            Resource::PodStatus => "pods/status",
+            Resource::PodResize => "pods/resize",
+            Resource::Nodes => "nodes",
+            Resource::PodEviction => "pods/eviction",
+            Resource::ReplicaSets => "replicasets",
+            Resource::Deployments => "deployments",
+            Resource::ReplicaSetScale => "replicasets/scale",
+            Resource::DeploymentScale => "deployments/scale",
+            Resource::Other => "other",
+        }
+    }
+}
+
+/// Which path decides a request: one function each in `routes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A pod created or updated, on the mutating registration: its annotations planned.
+    PodMutate,
+    /// A `pods/resize`, on the mutating registration: judged for the restart it may cause.
+    PodResize,
+    /// A pod, its status or its resize written, on a validating registration: who may write what.
+    PodWriteCheck,
+    PodDelete,
+    PodEviction,
+    /// A ReplicaSet, a Deployment or the scale of either, updated: maybe a scale-down.
+    ScaleDown,
+    NodeDelete,
+    /// Not a request busyguard judges (`pods/status` on the mutating registration among them).
+    Unhandled,
+}
+
+impl Route {
+    pub fn of(webhook: Webhook, resource: Resource, operation: Operation) -> Route {
+        use Resource::*;
+        match (webhook, resource, operation) {
+            (Webhook::Mutating, Pods, Operation::Create | Operation::Update) => Route::PodMutate,
+            (Webhook::Mutating, PodResize, Operation::Update) => Route::PodResize,
+            (Webhook::Validating, Pods, Operation::Create | Operation::Update)
+            | (Webhook::Validating, PodStatus | PodResize, Operation::Update) => Route::PodWriteCheck,
+            (_, Pods, Operation::Delete) => Route::PodDelete,
+            (_, PodEviction, Operation::Create) => Route::PodEviction,
+            (_, ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
+            (_, Nodes, Operation::Delete) => Route::NodeDelete,
+            _ => Route::Unhandled,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! One function per route (`paths::Route`): each reads its objects, builds the one typed input
+//! its policy entry takes, and reads the view one way: `trusted_view` where a decision without
+//! it would be a guess (503), `view_if_trusted` where the request's pod suffices.
+
+use std::time::Instant;
+
+use jiff::Timestamp;
+
+use super::objects::Object;
+use super::paths::Resource;
+use super::review::{AdmissionRequest, InvalidReview};
+use crate::cluster::view::View;
+use crate::policy::budget::Siblings;
+use crate::policy::disruption::Disruption;
+use crate::policy::outcome::{Action, Decision, Outcome};
+use crate::policy::pod::{Pod, PodFacts};
+use crate::policy::scale::ScaleRequest;
+use crate::policy::selector::Selector;
+use crate::policy::{Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, mutate, node, scale, writes};
+
+/// Why no answer could be given: the request is at fault (400), or busyguard cannot decide
+/// now (503, so the API server applies the webhook's failurePolicy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unanswerable {
+    Invalid(InvalidReview),
+    Unavailable(String),
+}
+
+impl From<InvalidReview> for Unanswerable {
+    fn from(e: InvalidReview) -> Self {
+        Unanswerable::Invalid(e)
+    }
+}
+
+/// What decisions read besides the request.
+pub struct DecisionInputs<'a> {
+    pub policy: &'a PolicyConfig,
+    pub view: &'a View,
+    /// When the request arrived, to judge the view's freshness by.
+    pub arrived: Instant,
+}
+
+impl DecisionInputs<'_> {
+    /// The view, when decisions may rely on it now; otherwise why `what` cannot be judged (503).
+    fn trusted_view(&self, what: &str) -> Result<&View, Unanswerable> {
+        let why = |why| Unanswerable::Unavailable(format!("cannot judge {what}: {why}"));
+        self.view.check(self.arrived).map_err(why)?;
+        Ok(self.view)
+    }
+
+    /// The view, when decisions may rely on it now: where the request's own pod is enough to
+    /// answer, and the view only confirms it (for side effects) or adds what it knows.
+    fn view_if_trusted(&self) -> Option<&View> {
+        self.view.check(self.arrived).is_ok().then_some(self.view)
+    }
+}
+
+/// A pod created or updated, on the mutating registration.
+pub fn pod_mutate(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let (pod, before) = pods(request)?;
+    let ask = ask(request, request.is_dry_run());
+    let view = inputs.view;
+    let node_going = view.node_going(&pod.spec.node_name);
+    let by_busyguard = view.own_user() == Some(ask.requester.username);
+    let mutation = mutate::Mutation { ask: &ask, pod, before, node_going, by_busyguard };
+    Ok(mutate::mutate_pod(&mutation, inputs.policy, now))
+}
+
+/// A `pods/resize`, on the mutating registration: judged for the restart it may cause, not
+/// patched (it changes resources alone).
+pub fn pod_resize(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let (pod, before) = pods(request)?;
+    let ask = ask(request, request.is_dry_run());
+    Ok(mutate::judge_resize(&mutate::Mutation::of(&ask, pod, before), inputs.policy, now))
+}
+
+/// A pod, its status or its resize written, on a validating registration: the writes of
+/// workers, of busyguard's own keys and of busyguard's mark.
+pub fn pod_write_check(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let (pod, before) = pods(request)?;
+    let ask = ask(request, request.is_dry_run());
+    let view = inputs.view;
+    let guarded = |namespace: &str, name: &str| view.holds(namespace, name);
+    let writer = writes::writer(&ask.requester, view.own_user(), ask.namespace, pod, guarded);
+    let through_status = Resource::of(request) == Resource::PodStatus;
+    let write = writes::Write { ask: &ask, pod, before, writer, through_status };
+    Ok(writes::judge_write(&write, inputs.policy, now))
+}
+
+/// A pod deleted: judged on the pod the request carries; the view confirms it for side effects,
+/// and counts its workload's unavailable pods for a budget, when it can be trusted.
+pub fn pod_delete(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let pod = expect_pod(request.old_object()?, "oldObject")?;
+    let mut ask = ask(request, request.is_dry_run());
+    // A deletecollection's reviews, one per pod, carry no name: the pod has it.
+    if ask.name.is_empty() {
+        ask.name = &pod.metadata.name;
+    }
+    let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
+        let delete =
+            Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings, grace_period: None, container: None };
+        disruption::judge_disruption(&delete, inputs.policy, now)
+    };
+    // The view's record confirms the pod whatever its freshness; its siblings count only when
+    // it can be trusted.
+    let trusted = inputs.view_if_trusted().is_some();
+    let decided = inputs.view.with_pod_under_budget(&request.namespace, ask.name, |seen, siblings| {
+        delete(Some(seen), siblings.filter(|_| trusted))
+    });
+    Ok(decided.unwrap_or_else(|| delete(None, None)))
+}
+
+/// An eviction: the request carries no pod, so the view must hold it.
+pub fn pod_eviction(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let eviction = match request.object()? {
+        Object::Eviction(eviction) => eviction,
+        other => return Err(other.mismatch("object", "an Eviction").into()),
+    };
+    let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
+    let view = inputs.trusted_view("the eviction")?;
+    let grace_period = eviction.grace_period();
+    let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
+        let evict = Disruption {
+            ask: &ask,
+            action: Action::Evict,
+            pod,
+            seen: Some(pod),
+            siblings,
+            grace_period,
+            container: None,
+        };
+        disruption::judge_disruption(&evict, inputs.policy, now)
+    });
+    // None: not opted in (or no such pod: the API server answers 404 itself).
+    Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
+}
+
+/// A ReplicaSet's, a Deployment's or their scale's update: a scale-down is prepared with the
+/// view's pods; without a trusted view it is let through unprepared, and says why.
+pub fn scale_down(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let object = format!("{} {}/{}", Resource::of(request).label(), request.namespace, request.name);
+    let ask = ask(request, request.is_dry_run());
+    let scale = scale_request(request, &ask, &object)?;
+    let select = |selector: &Selector| {
+        inputs.view.check(inputs.arrived).map_err(|why| why.to_string())?;
+        Ok(inputs.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key))))
+    };
+    Ok(scale::prepare_scale_down(&scale, select, inputs.policy, now))
+}
+
+/// A Node deleted: the view says which busy pods run there.
+pub fn node_delete(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let view = inputs.trusted_view("the node delete")?;
+    let ask = ask(request, request.is_dry_run());
+    Ok(view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, inputs.policy, now)))
+}
+
+/// The pod a write stores, and the one it replaces (an update).
+fn pods(request: &AdmissionRequest) -> Result<(&Pod, Option<&Pod>), Unanswerable> {
+    let pod = expect_pod(request.object()?, "object")?;
+    let before = match request.old_object.as_ref() {
+        Some(old) => Some(expect_pod(old, "oldObject")?),
+        None => None,
+    };
+    Ok((pod, before))
+}
+
+/// The request as the policy sees it.
+fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
+    Ask {
+        uid: &request.uid,
+        operation: request.operation,
+        resource: &request.resource.resource,
+        subresource: request.sub_resource(),
+        namespace: &request.namespace,
+        name: &request.name,
+        requester: Requester {
+            username: &request.user_info.username,
+            groups: &request.user_info.groups,
+            pod: request.user_info.extra.get(POD_NAME_CLAIM).and_then(|names| names.first()).map(String::as_str),
+        },
+        dry_run,
+    }
+}
+
+/// The object a pod route reads, or why the request does not fit the route.
+fn expect_pod<'a>(object: &'a Object, field: &str) -> Result<&'a Pod, InvalidReview> {
+    match object {
+        Object::Pod(pod) => Ok(pod),
+        other => Err(other.mismatch(field, "a Pod")),
+    }
+}
+
+fn scale_request<'a>(
+    request: &AdmissionRequest,
+    ask: &'a Ask<'a>,
+    object: &'a str,
+) -> Result<ScaleRequest<'a>, InvalidReview> {
+    match (request.old_object()?, request.object()?) {
+        (Object::Scale(old), Object::Scale(new)) => {
+            let selector =
+                new.status.selector.as_ref().or(old.status.selector.as_ref()).filter(|s| !s.trim().is_empty());
+            Ok(ScaleRequest {
+                ask,
+                object,
+                from: old.spec.replicas,
+                to: new.spec.replicas,
+                selector: selector.map(|s| s.parse()),
+            })
+        }
+        (Object::Workload(old), Object::Workload(new)) => {
+            let selector = new.spec.selector.as_ref().or(old.spec.selector.as_ref());
+            let selector = selector.map(Selector::from_label_selector);
+            Ok(ScaleRequest { ask, object, from: old.spec.replicas, to: new.spec.replicas, selector })
+        }
+        (old, new) => Err(InvalidReview(format!(
+            "request.oldObject and request.object are a {} and a {}, not two Scales, Deployments or ReplicaSets",
+            old.kind(),
+            new.kind()
+        ))),
+    }
+}
