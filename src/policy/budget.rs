@@ -11,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::keys::MAX_UNAVAILABLE;
 use super::outcome::{BudgetClaim, Outcome};
+use super::pod::{Phase, PodFacts};
 
 /// The other pods of a pod's workload that are unavailable now, by name (not Running and
 /// Ready, or going away), as the view holds them, and the workload they count for.
@@ -19,6 +20,56 @@ pub struct Siblings {
     /// `Kind/name`: a Deployment across its ReplicaSets, else the pod's controlling owner.
     pub workload: String,
     pub unavailable: Vec<String>,
+}
+
+/// Running and Ready: what counts as available for a budget.
+pub fn is_available(pod: &(impl PodFacts + ?Sized)) -> bool {
+    pod.phase() == Phase::Running && pod.readiness().is_some_and(|r| r.ready)
+}
+
+/// What a workload's budget says of taking a pod away.
+pub enum Budget<'s> {
+    /// No budget holds it.
+    NotHeld,
+    /// There is a place for it among the workload's `siblings`, to be claimed with the arbiter.
+    Within { allowed: u32, siblings: &'s Siblings },
+    /// The refusal.
+    UsedUp(String),
+}
+
+/// Whether taking the pod `namespace/name` away stays within its workload's
+/// `busyguard.io/max-unavailable`: a budget for workloads a PodDisruptionBudget cannot cover
+/// (DaemonSets, direct deletes), counted in the view's unavailable `siblings` (`None`: unknown,
+/// no budget). `held`: the requester is held by budgets at all (its caller says). A pod itself
+/// unavailable may always go.
+pub fn budget<'s>(
+    pod: &(impl PodFacts + ?Sized),
+    siblings: Option<&'s Siblings>,
+    held: bool,
+    namespace: &str,
+    name: &str,
+) -> Budget<'s> {
+    let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
+        return Budget::NotHeld;
+    };
+    let Some(siblings) = siblings else { return Budget::NotHeld };
+    let unavailable = u32::try_from(siblings.unavailable.len()).unwrap_or(u32::MAX);
+    let itself_unavailable = pod.is_terminating() || !is_available(pod);
+    if itself_unavailable || !held {
+        Budget::NotHeld
+    } else if unavailable < allowed {
+        Budget::Within { allowed, siblings }
+    } else {
+        Budget::UsedUp(budget_used_up(namespace, name, allowed, unavailable))
+    }
+}
+
+/// A disruption refused by the workload's own budget.
+pub fn budget_used_up(namespace: &str, name: &str, allowed: u32, unavailable: u32) -> String {
+    format!(
+        "pod {namespace}/{name} may not go now: its workload allows {allowed} unavailable pod(s) at once \
+         ({MAX_UNAVAILABLE}) and {unavailable} already are; retry once they are back"
+    )
 }
 
 /// Pods let go under a workload's budget, by name, with when.

@@ -5,16 +5,16 @@
 use jiff::Timestamp;
 
 use super::ask::{Ask, Requester};
-use super::budget::Siblings;
+use super::budget::{self, Budget, Siblings, budget_used_up};
 use super::busy::{BusyState, Lapse, busy_state};
 use super::config::{Exempt, Exemptions, Mode, PolicyConfig};
 use super::hold;
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
-    EvictAs, MAX_UNAVAILABLE, RELEASED_FROM, REQUEST_EVICT_ONLY,
+    EvictAs, RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
-use super::pod::{Phase, PodFacts};
+use super::pod::PodFacts;
 use super::requesters::{
     GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, NAMESPACE_CONTROLLER_USER, REPLICASET_CONTROLLER_USER,
     TAINT_MANAGER_USERS,
@@ -110,44 +110,15 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
-/// Whether taking the pod away stays within its workload's `busyguard.io/max-unavailable`: a
-/// budget for workloads a PodDisruptionBudget cannot cover (DaemonSets, direct deletes), counted
-/// in the view's unavailable siblings (`None`: unknown, no budget). Exempt requesters and
-/// recovery are not held, nor deletes that must not wait: the garbage collector's (the owner is
-/// gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway). A pod
-/// itself unavailable may always go.
-fn budget<'d>(d: &'d Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Budget<'d> {
-    let pod = d.pod;
-    // A restart keeps the pod: no budget counts it.
-    if d.action == Action::Restart {
-        return Budget::NotHeld;
-    }
-    let Some(allowed) = pod.label(MAX_UNAVAILABLE).and_then(|n| n.trim().parse::<u32>().ok()).filter(|n| *n > 0) else {
-        return Budget::NotHeld;
-    };
-    let Some(siblings) = &d.siblings else { return Budget::NotHeld };
-    let unavailable = u32::try_from(siblings.unavailable.len()).unwrap_or(u32::MAX);
-    let itself_unavailable = pod.is_terminating() || !is_available(pod);
+/// Whether the workload's budget holds this disruption: not a restart (the pod stays), not
+/// for exempt requesters and recovery, nor deletes that must not wait: the garbage collector's
+/// (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes
+/// anyway).
+fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> bool {
     let username = d.ask.requester.username;
     let must_not_wait =
         d.action == Action::Delete && (username == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(username));
-    if itself_unavailable || must_not_wait || let_through(d.ask.requester, &config.exemptions).is_some() {
-        Budget::NotHeld
-    } else if unavailable < allowed {
-        Budget::Within { allowed, siblings }
-    } else {
-        Budget::UsedUp(budget_used_up(d.ask.namespace, d.ask.name, allowed, unavailable))
-    }
-}
-
-/// What a workload's budget says of taking a pod away.
-enum Budget<'d> {
-    /// No budget holds it.
-    NotHeld,
-    /// There is a place for it among the workload's `siblings`, to be claimed with the arbiter.
-    Within { allowed: u32, siblings: &'d Siblings },
-    /// The refusal.
-    UsedUp(String),
+    d.action != Action::Restart && !must_not_wait && let_through(d.ask.requester, &config.exemptions).is_none()
 }
 
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
@@ -163,11 +134,6 @@ pub fn release_confirmed(wanted: Option<i32>, has: Option<i32>, strategy: Option
         (Some(wanted), Some(has)) if wanted < has => Ok(()),
         _ => Err(format!("its ReplicaSet is not scaling down ({wanted:?} wanted, {has:?} there)")),
     }
-}
-
-/// Running and Ready: what counts as available for a budget.
-pub fn is_available(pod: &(impl PodFacts + ?Sized)) -> bool {
-    pod.phase() == Phase::Running && pod.readiness().is_some_and(|r| r.ready)
 }
 
 /// A delete or an eviction of one pod, as [`judge_disruption`] reads it.
@@ -276,7 +242,8 @@ fn within_budget(
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
     let (namespace, name) = (d.ask.namespace, d.ask.name);
-    match budget(d, config) {
+    let held = held_by_budget(d, config);
+    match budget::budget(d.pod, d.siblings.as_ref(), held, namespace, name) {
         Budget::NotHeld => Outcome::allow(Decision::Allowed),
         Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),
         // A dry run lets nothing go: nothing to claim.
@@ -433,14 +400,6 @@ pub fn restart_while_busy(
     )
 }
 
-/// A disruption refused by the workload's own budget.
-pub fn budget_used_up(namespace: &str, name: &str, allowed: u32, unavailable: u32) -> String {
-    format!(
-        "pod {namespace}/{name} may not go now: its workload allows {allowed} unavailable pod(s) at once \
-         ({MAX_UNAVAILABLE}) and {unavailable} already are; retry once they are back"
-    )
-}
-
 /// Added to a refusal of a delete busyguard will carry out itself.
 pub fn delete_deferred() -> String {
     format!(
@@ -514,7 +473,7 @@ mod tests {
     use crate::policy::POD_GC_USER;
     use crate::policy::busy::MaxBusy;
     use crate::policy::keys::BUSY_SINCE;
-    use crate::policy::keys::DELETE_REQUESTED;
+    use crate::policy::keys::{DELETE_REQUESTED, MAX_UNAVAILABLE};
     use crate::policy::marks::MutationSettings;
     use crate::policy::outcome::BUSY_CAUSE;
     use crate::policy::pod::Pod;

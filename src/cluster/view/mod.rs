@@ -15,7 +15,7 @@ pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
 use crate::policy::budget::Siblings;
-use crate::policy::disruption::is_available;
+use crate::policy::budget::is_available;
 use crate::policy::hold::NodeGoing;
 use crate::policy::keys::MAX_UNAVAILABLE;
 use crate::policy::pod::PodFacts;
