@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use busyguard::admission::review::{AdmissionResponse, decode};
 use busyguard::admission::{DecisionInputs, Webhook, admit};
+use busyguard::cli::{Cli, Command};
 use busyguard::cluster::view::{ApiPod, View};
-use busyguard::config::{Cli, Command};
 use busyguard::policy::Enrolment;
 use busyguard::policy::hold::NodeGoing;
 use clap::Parser;

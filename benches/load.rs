@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use busyguard::admission::review::AdmissionResponse;
-use busyguard::config::{Cli, Command as BusyguardCommand};
+use busyguard::cli::{Cli, Command as BusyguardCommand};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;

@@ -1,15 +1,14 @@
 //! Command line: every flag has a long name and a `BUSYGUARD_*` environment variable.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args};
 use jiff::SignedDuration;
 
 use crate::cluster::outbox::OutboxSettings;
 use crate::cluster::{ClusterSettings, ClusterSource};
-use crate::commands::certs::CertsRequest;
 use crate::duration::parse_positive_duration;
 use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
@@ -19,62 +18,6 @@ use crate::policy::owners::OwnerRule;
 use crate::policy::{Enrolment, KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
 use crate::server::tls::CertFiles;
 use crate::server::{Limits, ServeConfig};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "busyguard",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("BUSYGUARD_COMMIT"), ")"),
-    about = "Admission webhook that keeps busy pods alive through voluntary disruption"
-)]
-pub struct Cli {
-    /// Log format on stderr.
-    #[arg(long, env = "BUSYGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true, help_heading = "Logging")]
-    pub log_format: LogFormat,
-    /// Log filter: a level (`info`, `debug`) or tracing directives (`busyguard=debug`).
-    #[arg(
-        long,
-        env = "BUSYGUARD_LOG_LEVEL",
-        default_value = "info",
-        global = true,
-        value_parser = log_filter,
-        help_heading = "Logging"
-    )]
-    pub log_level: String,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve the admission webhook (HTTPS) and the admin port (HTTP).
-    Serve(Box<ServeArgs>),
-    /// Write a CA and a serving certificate, keeping valid ones unless --force.
-    Certs(CertsArgs),
-    /// Print webhook configurations that send the cluster's requests to a busyguard at --url
-    /// (`make dev-register`).
-    DevWebhooks(DevWebhooksArgs),
-    /// Wait, then exit: the Deployment's preStop hook, in an image without a shell.
-    Sleep(SleepArgs),
-    /// What the opted-in pods of the cluster are doing: per workload, busy pods since when, the
-    /// deletes that wait for them, and the nodes a drain would wait on. Uses your kubeconfig.
-    Status(StatusArgs),
-    /// A sidecar that turns the app's own HTTP endpoint into its pod's busy label: busy when the
-    /// endpoint answers --busy-status (or a body containing --busy-body), idle otherwise.
-    Agent(AgentArgs),
-    /// After an uninstall (its webhooks removed first): give every opted-in pod its own deletion
-    /// cost and autoscaler annotations back, take busyguard's labels, annotations and deferred
-    /// deletes off, and delete its busy-pod PodDisruptionBudgets. Uses your kubeconfig.
-    Cleanup(CleanupArgs),
-    /// Wait until the API server reaches busyguard and busyguard answers as it should (two
-    /// server-side dry runs in --namespace, nothing stored), for install scripts and CI.
-    Check(CheckArgs),
-}
 
 /// The cluster a person's command reaches with their own kubeconfig, and where in it.
 #[derive(Debug, Args)]
@@ -105,112 +48,11 @@ pub fn users_source(kubeconfig: Option<PathBuf>, context: Option<String>) -> Clu
     }
 }
 
-#[derive(Debug, Args)]
-pub struct CleanupArgs {
-    #[command(flatten)]
-    pub cluster: UsersCluster,
-    /// Say what would change, and change nothing (the API server's dry run).
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct CheckArgs {
-    /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
-    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use, as `kubectl --context`; its current one without it.
-    #[arg(long)]
-    pub context: Option<String>,
-    /// A namespace busyguard guards, to try the dry runs in; the context's without it, as kubectl.
-    #[arg(long, short = 'n')]
-    pub namespace: Option<String>,
-    /// How long to keep trying before giving up (exit 1).
-    #[arg(long, default_value = "2m", value_parser = std_duration)]
-    pub timeout: Duration,
-}
-
 /// An address to listen on, `IP:PORT`, with a hint for the forms people try first.
 fn listen_address(value: &str) -> Result<SocketAddr, String> {
     value.parse().map_err(|_| {
         format!("{value:?} is not IP:PORT: give an address and a port, e.g. 127.0.0.1:8443 (this machine only) or 0.0.0.0:8443 (every interface)")
     })
-}
-
-/// The app's endpoint: plain HTTP, as a pod's own containers talk to each other.
-fn app_url(value: &str) -> Result<http::Uri, String> {
-    let url: http::Uri = value.parse().map_err(|e| format!("{value:?} is not a URL: {e}"))?;
-    match (url.scheme_str(), url.host()) {
-        (Some("http"), Some(_)) => Ok(url),
-        _ => Err(format!(
-            "{value:?}: give the app's endpoint as http://HOST:PORT/PATH (plain HTTP, on the pod's own network)"
-        )),
-    }
-}
-
-#[derive(Debug, Args)]
-pub struct AgentArgs {
-    /// The app's endpoint, plain HTTP on the pod's own network, e.g. `http://127.0.0.1:8080/busy`.
-    #[arg(long, env = "BUSYGUARD_AGENT_URL", value_parser = app_url)]
-    pub url: http::Uri,
-    #[command(flatten)]
-    pub busy_when: BusyWhenArgs,
-    /// How often the endpoint is asked.
-    #[arg(long, env = "BUSYGUARD_AGENT_INTERVAL", default_value = "2s", value_parser = std_duration)]
-    pub interval: Duration,
-    /// This pod's name (the downward API's `metadata.name`): the pod whose busy label the agent sets.
-    #[arg(long, env = "POD_NAME")]
-    pub pod: String,
-    /// This pod's namespace (the downward API's `metadata.namespace`).
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub namespace: String,
-    /// Kubeconfig; without it, the pod's service account.
-    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-/// What in the app's answer means busy: one of the two.
-#[derive(Debug, Args)]
-#[group(required = true, multiple = false)]
-pub struct BusyWhenArgs {
-    /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
-    /// busy); any other means idle.
-    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_STATUS", value_parser = clap::value_parser!(u16).range(100..=599))]
-    pub busy_status: Option<u16>,
-    /// Text whose presence in the body means busy; its absence means idle.
-    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
-    pub busy_body: Option<String>,
-}
-
-impl AgentArgs {
-    pub fn into_agent(self) -> (crate::commands::agent::Agent, ClusterSource) {
-        // clap requires one of the two.
-        let busy_when = match self.busy_when.busy_status {
-            Some(code) => crate::commands::agent::BusyWhen::Status(code),
-            None => crate::commands::agent::BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
-        };
-        let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
-        let agent = crate::commands::agent::Agent {
-            url: self.url,
-            busy_when,
-            interval: self.interval,
-            namespace: self.namespace,
-            pod: self.pod,
-        };
-        (agent, source)
-    }
-}
-
-#[derive(Debug, Args)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    pub cluster: UsersCluster,
-    /// The cluster's own, to tell protected pods from lapsed ones.
-    #[command(flatten)]
-    pub max_busy: MaxBusyArgs,
-    /// The cluster's own, to tell the pods that take no new task.
-    #[command(flatten)]
-    pub holds: HoldArgs,
 }
 
 /// When a pod whose disruption is wanted takes no new task.
@@ -449,62 +291,7 @@ pub struct ClusterArgs {
     pub own_namespace: String,
 }
 
-#[derive(Debug, Args)]
-pub struct CertsArgs {
-    /// Folder for ca.crt, ca.key, tls.crt and tls.key.
-    #[arg(long, env = "BUSYGUARD_CERTS_DIR", default_value = "certs")]
-    pub dir: PathBuf,
-    /// DNS names of the serving certificate.
-    #[arg(
-        long = "dns",
-        env = "BUSYGUARD_CERTS_DNS",
-        value_delimiter = ',',
-        default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local",
-        value_parser = crate::commands::certs::dns_name
-    )]
-    pub dns_names: Vec<String>,
-    /// IP addresses of the serving certificate.
-    #[arg(long = "ip", env = "BUSYGUARD_CERTS_IPS", value_delimiter = ',', default_value = "127.0.0.1,::1")]
-    pub ips: Vec<IpAddr>,
-    /// No IP addresses in the serving certificate (for a Service, reached by name).
-    #[arg(long, conflicts_with = "ips")]
-    pub no_ip: bool,
-    /// Validity of new certificates, in days.
-    #[arg(long, env = "BUSYGUARD_CERTS_VALID_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
-    pub valid_days: u32,
-    /// Write a new CA and serving pair even when the files there are still valid (rotation).
-    /// Without it, a serving pair that no longer fits (a name added) is issued again under the
-    /// CA already there, so the registered caBundle stays good.
-    #[arg(long)]
-    pub force: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct DevWebhooksArgs {
-    /// Where the API server reaches this busyguard: `https://host:port`.
-    #[arg(long, env = "BUSYGUARD_DEV_URL", default_value = "https://127.0.0.1:8443")]
-    pub url: String,
-    /// CA of the serving certificate (PEM): the webhooks' caBundle.
-    #[arg(long, env = "BUSYGUARD_DEV_CA_FILE", default_value = "certs/ca.crt")]
-    pub ca_file: PathBuf,
-}
-
-#[derive(Debug, Args)]
-pub struct SleepArgs {
-    /// How long, e.g. `5s`.
-    #[arg(value_parser = std_duration)]
-    pub duration: Duration,
-}
-
 /// `0` (in any unit) turns the delay off; anything else is a positive duration.
-/// A filter tracing understands, said back when it is not one (rather than falling back to info).
-fn log_filter(text: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::builder()
-        .parse(text)
-        .map(|_| text.to_string())
-        .map_err(|e| format!("{e}: a level (error, warn, info, debug, trace) or directives such as busyguard=debug"))
-}
-
 fn zero_or_std_duration(text: &str) -> Result<Duration, String> {
     if text.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
         Ok(Duration::ZERO)
@@ -513,7 +300,7 @@ fn zero_or_std_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-fn std_duration(text: &str) -> Result<Duration, String> {
+pub fn std_duration(text: &str) -> Result<Duration, String> {
     let duration = parse_positive_duration(text)?;
     Duration::try_from(duration).map_err(|e| e.to_string())
 }
@@ -594,21 +381,11 @@ impl From<ClusterArgs> for ClusterSettings {
     }
 }
 
-impl From<CertsArgs> for CertsRequest {
-    fn from(args: CertsArgs) -> Self {
-        CertsRequest {
-            dir: args.dir,
-            dns_names: args.dns_names,
-            ips: if args.no_ip { Vec::new() } else { args.ips },
-            valid_days: args.valid_days,
-            force: args.force,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
 
     fn serve(args: &[&str]) -> ServeConfig {
         let cli = Cli::try_parse_from(["busyguard", "serve"].iter().chain(args)).unwrap();

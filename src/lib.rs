@@ -7,6 +7,7 @@ pub const COMMIT: &str = env!("BUSYGUARD_COMMIT");
 
 pub mod admission;
 pub mod audit;
+pub mod cli;
 pub mod cluster;
 pub mod commands;
 pub mod config;

@@ -5,15 +5,16 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use busyguard::cli::{Cli, Command, LogFormat};
+use busyguard::commands::certs::{self, CertsOutcome, CertsRequest};
+use busyguard::commands::dev_webhooks::DevWebhooksArgs;
+use busyguard::commands::{check, cleanup, dev_webhooks, status};
+use busyguard::config::ServeArgs;
+use busyguard::server;
 use clap::{CommandFactory, FromArgMatches};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
-
-use busyguard::commands::certs::{self, CertsOutcome, CertsRequest};
-use busyguard::commands::{check, cleanup, dev_webhooks, status};
-use busyguard::config::{Cli, Command, DevWebhooksArgs, LogFormat, ServeArgs};
-use busyguard::server;
 
 /// Keeps the webhook's workers off each other's allocator locks (see Cargo.toml).
 #[global_allocator]

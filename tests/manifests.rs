@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use busyguard::config::{Cli, Command as BusyguardCommand};
+use busyguard::cli::{Cli, Command as BusyguardCommand};
 use busyguard::policy::selector::Selector;
 use busyguard::policy::selectors;
 use busyguard::policy::{Enrolment, NEVER_GUARDED_NAMESPACES, POD_GC_USER};

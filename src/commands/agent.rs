@@ -5,18 +5,81 @@
 //! to a scale-down because its app is slow to answer) and the agent says so; max-busy still
 //! bounds it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Args;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tracing::{info, warn};
 
+use crate::cluster::ClusterSource;
 use crate::cluster::view::ApiPod;
+use crate::config::std_duration;
 use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER};
 use crate::policy::outcome::{DISRUPTION_WANTED_CAUSE, NODE_GOING_CAUSE, TERMINATING_CAUSE};
+
+/// The app's endpoint: plain HTTP, as a pod's own containers talk to each other.
+fn app_url(value: &str) -> Result<http::Uri, String> {
+    let url: http::Uri = value.parse().map_err(|e| format!("{value:?} is not a URL: {e}"))?;
+    match (url.scheme_str(), url.host()) {
+        (Some("http"), Some(_)) => Ok(url),
+        _ => Err(format!(
+            "{value:?}: give the app's endpoint as http://HOST:PORT/PATH (plain HTTP, on the pod's own network)"
+        )),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The app's endpoint, plain HTTP on the pod's own network, e.g. `http://127.0.0.1:8080/busy`.
+    #[arg(long, env = "BUSYGUARD_AGENT_URL", value_parser = app_url)]
+    pub url: http::Uri,
+    #[command(flatten)]
+    pub busy_when: BusyWhenArgs,
+    /// How often the endpoint is asked.
+    #[arg(long, env = "BUSYGUARD_AGENT_INTERVAL", default_value = "2s", value_parser = std_duration)]
+    pub interval: Duration,
+    /// This pod's name (the downward API's `metadata.name`): the pod whose busy label the agent sets.
+    #[arg(long, env = "POD_NAME")]
+    pub pod: String,
+    /// This pod's namespace (the downward API's `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// Kubeconfig; without it, the pod's service account.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// What in the app's answer means busy: one of the two.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct BusyWhenArgs {
+    /// The status code that means busy (e.g. 503 from a readiness endpoint that fails while
+    /// busy); any other means idle.
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_STATUS", value_parser = clap::value_parser!(u16).range(100..=599))]
+    pub busy_status: Option<u16>,
+    /// Text whose presence in the body means busy; its absence means idle.
+    #[arg(long, env = "BUSYGUARD_AGENT_BUSY_BODY")]
+    pub busy_body: Option<String>,
+}
+
+impl AgentArgs {
+    pub fn into_agent(self) -> (Agent, ClusterSource) {
+        // clap requires one of the two.
+        let busy_when = match self.busy_when.busy_status {
+            Some(code) => BusyWhen::Status(code),
+            None => BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
+        };
+        let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
+        let agent =
+            Agent { url: self.url, busy_when, interval: self.interval, namespace: self.namespace, pod: self.pod };
+        (agent, source)
+    }
+}
 
 /// How the app's answer says busy.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use clap::Args;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PKCS_ECDSA_P256_SHA256, SanType,
@@ -20,6 +21,48 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::crypto::{certified_key, provider};
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Folder for ca.crt, ca.key, tls.crt and tls.key.
+    #[arg(long, env = "BUSYGUARD_CERTS_DIR", default_value = "certs")]
+    pub dir: PathBuf,
+    /// DNS names of the serving certificate.
+    #[arg(
+        long = "dns",
+        env = "BUSYGUARD_CERTS_DNS",
+        value_delimiter = ',',
+        default_value = "localhost,busyguard,busyguard.busyguard,busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local",
+        value_parser = dns_name
+    )]
+    pub dns_names: Vec<String>,
+    /// IP addresses of the serving certificate.
+    #[arg(long = "ip", env = "BUSYGUARD_CERTS_IPS", value_delimiter = ',', default_value = "127.0.0.1,::1")]
+    pub ips: Vec<IpAddr>,
+    /// No IP addresses in the serving certificate (for a Service, reached by name).
+    #[arg(long, conflicts_with = "ips")]
+    pub no_ip: bool,
+    /// Validity of new certificates, in days.
+    #[arg(long, env = "BUSYGUARD_CERTS_VALID_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
+    pub valid_days: u32,
+    /// Write a new CA and serving pair even when the files there are still valid (rotation).
+    /// Without it, a serving pair that no longer fits (a name added) is issued again under the
+    /// CA already there, so the registered caBundle stays good.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl From<CertsArgs> for CertsRequest {
+    fn from(args: CertsArgs) -> Self {
+        CertsRequest {
+            dir: args.dir,
+            dns_names: args.dns_names,
+            ips: if args.no_ip { Vec::new() } else { args.ips },
+            valid_days: args.valid_days,
+            force: args.force,
+        }
+    }
+}
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";

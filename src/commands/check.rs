@@ -4,9 +4,11 @@
 //! busyguard's annotations (the mutating webhook), and a pod created with a delete-requested mark
 //! busyguard did not write must be refused (a validating webhook, failurePolicy Fail).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use clap::Args;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -14,10 +16,27 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::cluster::{ClusterSource, NO_CLUSTER, client_config, owners};
+use crate::config::std_duration;
 use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DeleteRequest};
 use crate::policy::outcome::NOT_BUSYGUARDS_MARK_CAUSE;
 use crate::policy::owners::OwnerRule;
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Kubeconfig to reach the cluster with; without it, `KUBECONFIG` or `~/.kube/config`.
+    #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use, as `kubectl --context`; its current one without it.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// A namespace busyguard guards, to try the dry runs in; the context's without it, as kubectl.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// How long to keep trying before giving up (exit 1).
+    #[arg(long, default_value = "2m", value_parser = std_duration)]
+    pub timeout: Duration,
+}
 
 /// Tries every `every` until both answers are right or `timeout` passes; what it saw.
 pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Duration) -> anyhow::Result<String> {

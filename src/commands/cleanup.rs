@@ -9,6 +9,7 @@
 use std::fmt::Debug;
 
 use anyhow::{Context, bail};
+use clap::Args;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
@@ -21,6 +22,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::view::ApiPod;
 use crate::cluster::{ClusterSource, client_config};
+use crate::config::UsersCluster;
 use crate::policy::BUSYGUARD_NAMESPACE;
 use crate::policy::budget::LEASE_PREFIX;
 use crate::policy::busy::MaxBusy;
@@ -30,6 +32,15 @@ use crate::policy::keys::{
 };
 use crate::policy::marks::{MutationSettings, plan};
 use crate::policy::pdb::BUSY_PDB_NAME;
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub cluster: UsersCluster,
+    /// Say what would change, and change nothing (the API server's dry run).
+    #[arg(long)]
+    pub dry_run: bool,
+}
 
 /// Every annotation busyguard may have written is restored or removed, whatever it was set to
 /// write.

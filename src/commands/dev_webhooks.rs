@@ -2,13 +2,26 @@
 //! busyguard running outside the cluster, for `make dev-register`. The rules, selectors and
 //! policies are the base's own, so a laptop sees exactly the requests a deployment would.
 
+use std::path::PathBuf;
+
 use anyhow::{Context, bail};
 use base64::Engine;
+use clap::Args;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
 use crate::policy::keys::MANAGED_BY;
+
+#[derive(Debug, Args)]
+pub struct DevWebhooksArgs {
+    /// Where the API server reaches this busyguard: `https://host:port`.
+    #[arg(long, env = "BUSYGUARD_DEV_URL", default_value = "https://127.0.0.1:8443")]
+    pub url: String,
+    /// CA of the serving certificate (PEM): the webhooks' caBundle.
+    #[arg(long, env = "BUSYGUARD_DEV_CA_FILE", default_value = "certs/ca.crt")]
+    pub ca_file: PathBuf,
+}
 
 const BASE_WEBHOOKS: &str = include_str!("../../manifests/base/webhooks.yaml");
 

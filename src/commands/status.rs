@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use anyhow::Context;
+use clap::Args;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -16,6 +17,7 @@ use kube::{Api, ResourceExt};
 use crate::cluster::nodes::going;
 use crate::cluster::view::{ApiPod, PodRecord};
 use crate::cluster::{ClusterSource, client_config};
+use crate::config::{HoldArgs, MaxBusyArgs, UsersCluster};
 use crate::duration::whole_second;
 use crate::policy::busy::{BusyState, MaxBusy, busy_state};
 use crate::policy::hazards::{Opted, Pdb, hazards};
@@ -24,6 +26,18 @@ use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 use crate::policy::workloads::{count, of_pod};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub cluster: UsersCluster,
+    /// The cluster's own, to tell protected pods from lapsed ones.
+    #[command(flatten)]
+    pub max_busy: MaxBusyArgs,
+    /// The cluster's own, to tell the pods that take no new task.
+    #[command(flatten)]
+    pub holds: HoldArgs,
+}
 
 /// One opted-in pod as listed.
 pub struct Listed {

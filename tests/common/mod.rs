@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use busyguard::cli::{Cli, Command};
 use busyguard::cluster::ClusterSource;
 use busyguard::commands::certs::{self, CertsRequest};
-use busyguard::config::{Cli, Command};
 use busyguard::server::tls::CertFiles;
 use busyguard::server::{self, Limits, ServeConfig, Server};
 use clap::Parser;
