@@ -6,8 +6,8 @@ use jiff::Timestamp;
 
 use super::ask::{Ask, Requester};
 use super::budget::{self, Budget, Siblings, budget_used_up};
-use super::busy::{BusyState, Lapse, busy_state};
-use super::config::{Exempt, Exemptions, Mode, PolicyConfig};
+use super::busy::{BusyState, busy_state};
+use super::config::{Mode, PolicyConfig};
 use super::hold;
 use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
@@ -15,92 +15,9 @@ use super::keys::{
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
-use super::requesters::{
-    GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, NAMESPACE_CONTROLLER_USER, REPLICASET_CONTROLLER_USER,
-    TAINT_MANAGER_USERS,
-};
+use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
+use super::verdict::{Override, Verdict, judge, let_through, override_detail};
 use crate::duration::whole_second;
-
-/// The busy rule's answer for one pod and one requester.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Nothing busy is at stake.
-    Allow,
-    /// A pod marked busy goes anyway, for the reason given (audited).
-    AllowBusy(Override),
-    /// The pod is busy and protected.
-    Deny { since: Option<Timestamp>, until: Option<Timestamp> },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Override {
-    Lapsed {
-        since: Timestamp,
-        lapse: Lapse,
-    },
-    /// A configured user or group.
-    Exempt(Exempt),
-    /// Recovery is never blocked: the taint manager clears a dead node (the work there is lost
-    /// either way; refusing only keeps the ReplicaSet from replacing the pod), and the namespace
-    /// controller empties a namespace being deleted (as a PodDisruptionBudget lets both through).
-    NodeTaintEviction,
-    NamespaceDeleted,
-    /// Karpenter deletes a pod (rather than evicting it) only when its node's
-    /// terminationGracePeriod is running out: the instance goes at the deadline anyway, and a
-    /// refusal would only turn the pod's graceful shutdown into a hard kill.
-    KarpenterDeadline,
-    /// A run-to-completion pod deleted by its own owner's controller (`--owner-controller-user`):
-    /// the workload decides its own end; busyguard protects it from the cluster only.
-    OwnerController,
-}
-
-impl Override {
-    pub fn decision(&self) -> Decision {
-        match self {
-            Override::Lapsed { .. } => Decision::Lapsed,
-            Override::Exempt(_)
-            | Override::NodeTaintEviction
-            | Override::NamespaceDeleted
-            | Override::KarpenterDeadline
-            | Override::OwnerController => Decision::Exempted,
-        }
-    }
-
-    pub fn reason(&self) -> Reason {
-        match self {
-            Override::Lapsed { lapse: Lapse::MaxBusy { .. }, .. } => Reason::MaxBusyExceeded,
-            Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => Reason::StaleAfterRestart,
-            Override::Exempt(exempt) => exempt.reason(),
-            Override::NodeTaintEviction => Reason::NodeTaintEviction,
-            Override::NamespaceDeleted => Reason::NamespaceDeleted,
-            Override::KarpenterDeadline => Reason::KarpenterDeadline,
-            Override::OwnerController => Reason::OwnerController,
-        }
-    }
-}
-
-pub fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions) -> Verdict {
-    match state {
-        BusyState::NotOptedIn | BusyState::Idle | BusyState::Terminating | BusyState::Terminal => Verdict::Allow,
-        BusyState::Lapsed { since, lapse } => Verdict::AllowBusy(Override::Lapsed { since, lapse }),
-        BusyState::Busy { since, until } => match let_through(requester, exemptions) {
-            Some(over) => Verdict::AllowBusy(over),
-            None => Verdict::Deny { since, until },
-        },
-    }
-}
-
-/// Who takes a pod away whatever protects it: recovery (the taint manager, the namespace
-/// controller), then exempt users and groups.
-fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Override> {
-    if TAINT_MANAGER_USERS.contains(&requester.username) {
-        return Some(Override::NodeTaintEviction);
-    }
-    if requester.username == NAMESPACE_CONTROLLER_USER {
-        return Some(Override::NamespaceDeleted);
-    }
-    exemptions.of(requester).map(Override::Exempt)
-}
 
 /// A refused delete is carried out later only for people and the garbage collector: they ask
 /// once. Controllers (ReplicaSet, scheduler preemption, ...) retry and choose again by
@@ -439,44 +356,18 @@ pub fn released(label: &str) -> String {
     )
 }
 
-/// Why a busy pod was let go.
-pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
-    let pod = format!("pod {namespace}/{name}");
-    match over {
-        Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
-            format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
-        }
-        Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
-            format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
-        }
-        Override::Exempt(Exempt::User(user)) => format!("{pod} is busy; user {user} is exempt"),
-        Override::Exempt(Exempt::Group(group)) => format!("{pod} is busy; group {group} is exempt"),
-        Override::NodeTaintEviction => format!(
-            "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
-             the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
-        ),
-        Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
-        Override::KarpenterDeadline => format!(
-            "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
-             the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
-        ),
-        Override::OwnerController => format!(
-            "{pod} is busy; its own controller ends it (a deadline, a suspend, a backoff limit, a success policy, a \
-             lowered parallelism; a stop, cancel or timeout): the workload decides its own end"
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::POD_GC_USER;
     use crate::policy::busy::MaxBusy;
+    use crate::policy::config::{Exempt, Exemptions};
     use crate::policy::keys::BUSY_SINCE;
     use crate::policy::keys::{DELETE_REQUESTED, MAX_UNAVAILABLE};
     use crate::policy::marks::MutationSettings;
     use crate::policy::outcome::BUSY_CAUSE;
     use crate::policy::pod::Pod;
+    use crate::policy::requesters::{NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS};
     use crate::policy::testing::*;
     use jiff::SignedDuration;
     use serde_json::json;

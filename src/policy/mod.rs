@@ -3,16 +3,17 @@
 //! Each path is decided whole in one file, returning an [`outcome::Outcome`]:
 //! - [`mutate::mutate_pod`]: pod CREATE/UPDATE, the mutating webhook (annotations on the busy
 //!   flips), and [`writes::judge_write`], who may write opted-in pods;
-//! - [`disruption::judge_disruption`]: pod DELETE and pods/eviction CREATE (deny, exempt, lapse,
-//!   defer);
+//! - [`disruption::judge_disruption`]: pod DELETE, pods/eviction CREATE and an update that would
+//!   restart a busy pod's task container (deny, exempt, lapse, defer);
 //! - [`scale::prepare_scale_down`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
 //! - [`node::judge_node_delete`]: Node DELETE (refused while busy pods run there);
 //! - [`observed::on_change`]: a change the watch saw (deferred deletes due, stale annotations,
 //!   losses), and [`observed::due`], asked of every pod by the sweep.
 //!
 //! The rest are the atoms they share: [`keys`] (the names on pods), [`pod`] (what a decision
-//! reads of a pod), [`busy`] (is a pod protected), [`cost`], [`selector`], [`marks`] (what
-//! busyguard keeps on a pod, and its patches). Each path's sentences
+//! reads of a pod), [`busy`] (is a pod protected), [`verdict`] (may the requester take it all
+//! the same), [`budget`] (the workload budget), [`owners`] (busy from the owner's status),
+//! [`cost`], [`selector`], [`marks`] (what busyguard keeps on a pod, and its patches). Each path's sentences
 //! (refusals, warnings, the `detail` of audit lines) are written beside its rule.
 //!
 //! Words: a `Verdict` is the busy rule's answer for one pod; a `Decision` is what busyguard did,
@@ -44,6 +45,7 @@ pub mod selector;
 pub mod selectors;
 #[cfg(test)]
 pub mod testing;
+pub mod verdict;
 pub mod workloads;
 pub mod writes;
 
