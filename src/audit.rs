@@ -35,6 +35,11 @@ const RETRY_AFTER: Duration = Duration::from_millis(250);
 /// for each line cost a busy webhook a context switch per denial (BENCHMARKS.md).
 const GATHER: Duration = Duration::from_millis(10);
 
+/// Why the audit log cannot be written: `/status` and the `busyguard_audit_failing` gauge say it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AuditFailing(pub String);
+
 pub struct AuditLog {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
@@ -128,13 +133,14 @@ impl AuditLog {
     }
 
     /// Ok while the sink takes every line; otherwise why not.
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Result<(), AuditFailing> {
         let queue = self.shared.lock();
         match &queue.failing {
             None => Ok(()),
-            Some(why) => {
-                Err(format!("the audit log cannot be written ({why}); {} lines wait in memory", queue.waiting()))
-            }
+            Some(why) => Err(AuditFailing(format!(
+                "the audit log cannot be written ({why}); {} lines wait in memory",
+                queue.waiting()
+            ))),
         }
     }
 
@@ -525,8 +531,8 @@ mod tests {
         }
         eventually("the refusal reported", || log.health().is_err() && metrics.held.get() == 3);
         let why = log.health().unwrap_err();
-        assert!(why.starts_with("the audit log cannot be written (No space left on device"), "{why}");
-        assert!(why.ends_with("; 3 lines wait in memory"), "{why}");
+        assert!(why.0.starts_with("the audit log cannot be written (No space left on device"), "{why}");
+        assert!(why.0.ends_with("; 3 lines wait in memory"), "{why}");
         assert!(metrics.write_errors.get() >= 1, "each refused attempt counted");
 
         free.store(true, Ordering::SeqCst);

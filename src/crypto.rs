@@ -63,21 +63,28 @@ fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 }
 
 /// A certificate chain (PEM, leaf first) and its private key (PEM), checked to belong together.
-pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
+pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, CertError> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("certificate file: {e}"))?;
+        .map_err(|e| CertError(format!("certificate file: {e}")))?;
     if chain.is_empty() {
-        return Err("certificate file holds no PEM certificate".into());
+        return Err(CertError("certificate file holds no PEM certificate".into()));
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
-            "the key file's private key is not the certificate's (a key of another pair?)".to_string()
-        }
-        e => format!("certificate and key: {e}"),
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertError(format!("key file: {e}")))?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| {
+        CertError(match e {
+            rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                "the key file's private key is not the certificate's (a key of another pair?)".to_string()
+            }
+            e => format!("certificate and key: {e}"),
+        })
     })
 }
+
+/// Why a certificate and key cannot serve: a reload keeps the pair in use, a start stops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CertError(pub String);
 
 #[cfg(test)]
 mod tests {
@@ -92,7 +99,7 @@ mod tests {
         };
         let ((certificate, _), (_, other_key)) = (pair("a"), pair("b"));
         let refused = certified_key(certificate.as_bytes(), other_key.as_bytes()).err().unwrap();
-        assert_eq!(refused, "the key file's private key is not the certificate's (a key of another pair?)");
+        assert_eq!(refused.0, "the key file's private key is not the certificate's (a key of another pair?)");
     }
 
     #[test]

@@ -166,7 +166,7 @@ pub fn scale_down(
     let ask = ask(request, request.is_dry_run());
     let scale = scale_request(request, &ask, &object)?;
     let select = |selector: &Selector| {
-        inputs.view.check(inputs.arrived).map_err(|why| why.to_string())?;
+        inputs.view.check(inputs.arrived).map_err(|why| scale::ViewUnavailable(why.to_string()))?;
         Ok(inputs.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key))))
     };
     Ok(scale::prepare_scale_down(&scale, select, inputs.policy, now))

@@ -30,16 +30,22 @@ pub struct Budgets {
     pub namespace: String,
 }
 
+/// Why a claim could not be recorded (the API server slow or refusing): the pod is refused, and
+/// the requester retries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ClaimError(pub String);
+
 impl Budgets {
     /// Records `claim`'s pod as let go if its workload's budget still has a place for it:
     /// `Ok(true)` once recorded, `Ok(false)` when the budget is used up (or other claims kept
     /// coming first: the requester retries), `Err` when the API server could not be asked.
-    pub async fn claim(&self, claim: &BudgetClaim) -> Result<bool, String> {
+    pub async fn claim(&self, claim: &BudgetClaim) -> Result<bool, ClaimError> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let name = lease_name(&claim.namespace, &claim.workload);
         let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
         for _ in 0..ATTEMPTS {
-            let lease = leases.get_opt(&name).await.map_err(|e| format!("reading Lease {name}: {e}"))?;
+            let lease = leases.get_opt(&name).await.map_err(|e| ClaimError(format!("reading Lease {name}: {e}")))?;
             let recorded = lease.as_ref().map(recorded_grants).unwrap_or_default();
             let still_there = |pod: &str| self.view.holds(&claim.namespace, pod);
             let Some(grants) = crate::policy::budget::claim(claim, &recorded, still_there, Timestamp::now()) else {
@@ -63,7 +69,7 @@ impl Budgets {
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 // Deleted as spent (by any replica) since it was read: read again, and create it.
                 Err(kube::Error::Api(status)) if status.code == 404 && replacing => continue,
-                Err(e) => return Err(format!("writing Lease {name}: {e}")),
+                Err(e) => return Err(ClaimError(format!("writing Lease {name}: {e}"))),
             }
         }
         Ok(false)

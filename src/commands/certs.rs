@@ -20,7 +20,7 @@ use rustls::client::danger::ServerCertVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::crypto::{certified_key, provider};
+use crate::crypto::{CertError, certified_key, provider};
 
 #[derive(Debug, Args)]
 pub struct CertsArgs {
@@ -100,7 +100,7 @@ pub fn ensure(request: &CertsRequest) -> anyhow::Result<CertsOutcome> {
     }
     let problem = match check_existing(request) {
         Ok(()) => return Ok(CertsOutcome::Kept),
-        Err(problem) => problem,
+        Err(NotKept(problem)) => problem,
     };
     // The CA stays when it can issue: a changed name must not make the registered caBundle stale.
     if let Some(issuer) = existing_ca(&request.dir) {
@@ -134,8 +134,31 @@ fn names(request: &CertsRequest) -> impl Iterator<Item = String> + '_ {
     request.dns_names.iter().cloned().chain(request.ips.iter().map(IpAddr::to_string))
 }
 
+/// Why the files in the folder are not kept (and a new pair is issued).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct NotKept(String);
+
+impl From<String> for NotKept {
+    fn from(why: String) -> Self {
+        NotKept(why)
+    }
+}
+
+impl From<&str> for NotKept {
+    fn from(why: &str) -> Self {
+        NotKept(why.to_string())
+    }
+}
+
+impl From<CertError> for NotKept {
+    fn from(e: CertError) -> Self {
+        NotKept(e.0)
+    }
+}
+
 /// `Ok` when the serving pair chains to the CA in the folder and stays valid for every name.
-fn check_existing(request: &CertsRequest) -> Result<(), String> {
+fn check_existing(request: &CertsRequest) -> Result<(), NotKept> {
     let read = |name: &str| {
         let path = request.dir.join(name);
         std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
@@ -309,7 +332,7 @@ mod tests {
         ensure(&request(dir.path())).unwrap();
         let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
         std::fs::write(dir.path().join(TLS_KEY), other.serialize_pem()).unwrap();
-        let reason = check_existing(&request(dir.path())).unwrap_err();
+        let reason = check_existing(&request(dir.path())).unwrap_err().0;
         assert!(reason.contains("is not the certificate's"), "{reason}");
     }
 }

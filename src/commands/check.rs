@@ -149,7 +149,7 @@ async fn owner_rules_checked(client: &kube::Client) -> anyhow::Result<bool> {
     let cannot = "busyguard cannot start with its busy rules";
     let rules: Vec<OwnerRule> = values
         .map(|value| value.parse())
-        .collect::<Result<_, String>>()
+        .collect::<Result<_, _>>()
         .map_err(|why| anyhow::anyhow!("{cannot}: --busy-when-owner {why}"))?;
     owners::resolve(client, &rules).await.context(cannot)?;
     Ok(true)

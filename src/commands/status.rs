@@ -54,12 +54,17 @@ pub struct Settings {
     pub holds: Holds,
 }
 
+/// What a user may not read (they are told, not refused), and so what `status` cannot check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unread(pub String);
+
 /// What the report reads from the cluster.
 pub struct Cluster {
     pub pods: Vec<Listed>,
-    pub pdbs: Result<Vec<Pdb>, String>,
+    pub pdbs: Result<Vec<Pdb>, Unread>,
     /// The nodes that are going, or why they could not be read.
-    pub nodes_going: Result<HashMap<String, NodeGoing>, String>,
+    pub nodes_going: Result<HashMap<String, NodeGoing>, Unread>,
 }
 
 /// Lists the opted-in pods (all namespaces, or those given) and renders the report.
@@ -88,12 +93,12 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settin
     }
     // Read where there are opted-in pods; a user who may not list them is told, not refused.
     let pdbs = (pdbs(&client, &listed).await)
-        .map_err(|e| format!("cannot list PodDisruptionBudgets, so cannot check them: {e}"));
+        .map_err(|e| Unread(format!("cannot list PodDisruptionBudgets, so cannot check them: {e}")));
     let nodes_going = (Api::<Node>::all(client.clone()).list(&ListParams::default()).await)
         .map(|nodes| {
             (nodes.items.iter()).filter_map(|node| Some((node.name_any(), going(node, settings.holds)?))).collect()
         })
-        .map_err(|e| format!("cannot list nodes, so cannot tell which are going: {e}"));
+        .map_err(|e| Unread(format!("cannot list nodes, so cannot tell which are going: {e}")));
     let cluster = Cluster { pods: listed, pdbs, nodes_going };
     Ok(render(&cluster, settings, whole_second(Timestamp::now())))
 }
@@ -202,8 +207,8 @@ pub fn render(cluster: &Cluster, settings: Settings, now: Timestamp) -> String {
         })
         .collect();
     let mut warnings = hazards(&opted, pdbs.as_deref().unwrap_or_default(), max_busy);
-    warnings.extend(pdbs.as_ref().err().cloned());
-    warnings.extend(cluster.nodes_going.as_ref().err().cloned());
+    warnings.extend(pdbs.as_ref().err().map(|e| e.0.clone()));
+    warnings.extend(cluster.nodes_going.as_ref().err().map(|e| e.0.clone()));
     if warnings.is_empty() {
         let _ = writeln!(out, "none");
     }

@@ -43,15 +43,20 @@ fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyCon
 /// ReplicaSet is scaling down (it wants fewer pods than it has), and its Deployment is not
 /// `Recreate`, which promises that old and new pods never run together (a released pod would
 /// run on beside the new ones). Otherwise why not.
-pub fn release_confirmed(wanted: Option<i32>, has: Option<i32>, strategy: Option<&str>) -> Result<(), String> {
+pub fn release_confirmed(wanted: Option<i32>, has: Option<i32>, strategy: Option<&str>) -> Result<(), NotReleased> {
     if strategy == Some("Recreate") {
-        return Err("its Deployment is Recreate: old and new pods never run together".into());
+        return Err(NotReleased("its Deployment is Recreate: old and new pods never run together".into()));
     }
     match (wanted, has) {
         (Some(wanted), Some(has)) if wanted < has => Ok(()),
-        _ => Err(format!("its ReplicaSet is not scaling down ({wanted:?} wanted, {has:?} there)")),
+        _ => Err(NotReleased(format!("its ReplicaSet is not scaling down ({wanted:?} wanted, {has:?} there)"))),
     }
 }
+
+/// Why a busy pod is not released from its ReplicaSet after all (the release is then moot).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReleased(pub String);
 
 /// A delete or an eviction of one pod, as [`judge_disruption`] reads it.
 pub struct Disruption<'a, P: PodFacts + ?Sized> {

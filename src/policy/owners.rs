@@ -88,17 +88,22 @@ impl OwnerRule {
 
     /// Whether the owner's pod is busy, or why the rule cannot tell (an expression that does not
     /// evaluate to a boolean on this owner).
-    pub fn busy(&self, owner: &serde_json::Value) -> Result<bool, String> {
+    pub fn busy(&self, owner: &serde_json::Value) -> Result<bool, Undecided> {
         let mut context = cel::Context::default();
-        let value = cel::to_value(owner).map_err(|e| format!("{self}: the owner does not convert: {e}"))?;
+        let value = cel::to_value(owner).map_err(|e| Undecided(format!("{self}: the owner does not convert: {e}")))?;
         context.add_variable_from_value("object", value);
         match self.program.execute(&context) {
             Ok(cel::Value::Bool(busy)) => Ok(busy),
-            Ok(other) => Err(format!("{self}: evaluates to {other:?}, not a boolean")),
-            Err(e) => Err(format!("{self}: {e}")),
+            Ok(other) => Err(Undecided(format!("{self}: evaluates to {other:?}, not a boolean"))),
+            Err(e) => Err(Undecided(format!("{self}: {e}"))),
         }
     }
 }
+
+/// Why a rule cannot tell whether an owner's pods are busy: they are left as they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Undecided(pub String);
 
 /// The busy label's value an owner's pod should carry, if it carries another: `"true"` while its
 /// owner is busy, `"false"` when it is not. A pod being deleted, or finished, is left as it is:
@@ -175,7 +180,7 @@ mod tests {
     #[test]
     fn a_rule_that_is_not_a_boolean_on_an_owner_says_so() {
         let error = rule("agones.dev/v1/GameServer=object.status.state").busy(&json!({"status": {"state": "Ready"}}));
-        assert!(error.unwrap_err().contains("not a boolean"));
+        assert!(error.unwrap_err().0.contains("not a boolean"));
         let missing = rule("agones.dev/v1/GameServer=object.status.state == 'Allocated'").busy(&json!({}));
         assert!(missing.is_err(), "a field the owner lacks is an error, as in Kubernetes' CEL");
     }

@@ -11,7 +11,7 @@ use super::config::PolicyConfig;
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
 use super::pod::PodFacts;
-use super::selector::Selector;
+use super::selector::{Selector, SelectorError};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it
 /// does not parse).
@@ -22,15 +22,21 @@ pub struct ScaleRequest<'a> {
     pub object: &'a str,
     pub from: Option<i32>,
     pub to: Option<i32>,
-    pub selector: Option<Result<Selector, String>>,
+    pub selector: Option<Result<Selector, SelectorError>>,
 }
+
+/// Why the view cannot say which pods a scale-down selects (not listed yet, stale): the
+/// scale-down is let through unprepared, and says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ViewUnavailable(pub String);
 
 /// The answer to a change of `object` (e.g. `deployments/scale capture/worker`). `select` reads
 /// the cluster view: the pods of the request's namespace the selector matches, or why the view
 /// cannot say.
 pub fn prepare_scale_down<P: PodFacts>(
     scale: &ScaleRequest<'_>,
-    select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, String>,
+    select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, ViewUnavailable>,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
@@ -46,13 +52,13 @@ pub fn prepare_scale_down<P: PodFacts>(
     };
     let selector = match &scale.selector {
         None => return unprepared(Reason::NoSelector, NO_SELECTOR),
-        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &selector_unparsed(e)),
+        Some(Err(e)) => return unprepared(Reason::InvalidSelector, &selector_unparsed(&e.0)),
         Some(Ok(selector)) if selector.is_empty() => return unprepared(Reason::NoSelector, EMPTY_SELECTOR),
         Some(Ok(selector)) => selector,
     };
     let pods = match select(selector) {
         Ok(pods) => pods,
-        Err(why) => return unprepared(Reason::ViewUnavailable, &why),
+        Err(ViewUnavailable(why)) => return unprepared(Reason::ViewUnavailable, &why),
     };
     if pods.is_empty() {
         return Outcome::allow(Decision::Allowed);
@@ -173,7 +179,7 @@ mod tests {
     struct Change {
         from: Option<i32>,
         to: Option<i32>,
-        selector: Option<Result<Selector, String>>,
+        selector: Option<Result<Selector, SelectorError>>,
     }
 
     fn request(from: i32, to: i32, selector: &str) -> Change {
@@ -185,7 +191,7 @@ mod tests {
         ask: &Ask<'_>,
         object: &str,
         change: Change,
-        select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, String>,
+        select: impl FnOnce(&Selector) -> Result<Vec<(String, P)>, ViewUnavailable>,
         config: &PolicyConfig,
         now: Timestamp,
     ) -> Outcome {
@@ -251,7 +257,11 @@ mod tests {
             (Change { from: Some(3), to: Some(1), selector: None }, Ok(pods()), Reason::NoSelector),
             (request(3, 1, ""), Ok(pods()), Reason::NoSelector),
             (request(3, 1, "app in (x"), Ok(pods()), Reason::InvalidSelector),
-            (request(3, 1, "app=worker"), Err("the view is stale".to_string()), Reason::ViewUnavailable),
+            (
+                request(3, 1, "app=worker"),
+                Err(ViewUnavailable("the view is stale".to_string())),
+                Reason::ViewUnavailable,
+            ),
         ];
         for (scale, view, expected) in cases {
             let outcome = prepared(&ask(false), "d", scale, |_| view, &config(), now());

@@ -31,22 +31,28 @@ impl Selector {
         self.0.is_empty()
     }
 
-    pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, String> {
-        let selector = KubeSelector::try_from(selector.clone()).map_err(|e| e.to_string())?;
+    pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, SelectorError> {
+        let selector = KubeSelector::try_from(selector.clone()).map_err(|e| SelectorError(e.to_string()))?;
         Ok(Selector(selector.into_iter().collect()))
     }
 }
 
+/// A selector that does not parse, and why: a scale-down with one is let through unprepared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SelectorError(pub String);
+
 impl std::str::FromStr for Selector {
-    type Err = String;
+    type Err = SelectorError;
 
     /// The string form the API server writes: `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
     /// `k notin (a,b)`, `k`, `!k`, separated by commas.
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, SelectorError> {
+        let unparsed = |part: &str| SelectorError(format!("cannot parse {part:?} in {text:?}"));
         split_top_level(text)
             .into_iter()
             .filter(|part| !part.trim().is_empty())
-            .map(|part| parse_requirement(part.trim()).ok_or_else(|| format!("cannot parse {part:?} in {text:?}")))
+            .map(|part| parse_requirement(part.trim()).ok_or_else(|| unparsed(part)))
             .collect::<Result<_, _>>()
             .map(Selector)
     }

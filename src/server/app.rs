@@ -32,6 +32,11 @@ pub struct Limits {
     pub max_body_memory: usize,
 }
 
+/// Why a replica is not ready: it drains its connections before it stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("shutting down")]
+pub struct ShuttingDown;
+
 /// What the request handlers share.
 pub struct App {
     pub policy: PolicyConfig,
@@ -79,9 +84,9 @@ impl App {
     /// audit sink does not take a replica out of the Service: the delete path needs neither, and
     /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
     /// webhook fails closed). They are reported by `health` (`/status`) and the metrics instead.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), ShuttingDown> {
         if !self.is_serving() {
-            return Err("shutting down".into());
+            return Err(ShuttingDown);
         }
         Ok(())
     }
@@ -121,7 +126,7 @@ impl App {
         let mut problems = Vec::new();
         let audit = self.audit.health();
         self.metrics.audit_failing.set(i64::from(audit.is_err()));
-        problems.extend(audit.err());
+        problems.extend(audit.err().map(|e| e.0));
         let view = self.cluster.view.check(Instant::now()).map_err(|why| match why {
             // Evictions get 503 here too, as while the view is stale: not "ok".
             Unavailable::NoCluster => {

@@ -22,7 +22,7 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use tracing::{info, warn};
 
-use crate::crypto::{certified_key, not_after, provider};
+use crate::crypto::{CertError, certified_key, not_after, provider};
 use crate::metrics::{Metrics, RELOAD_REJECTED, RELOADED, ResultLabels};
 
 fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
@@ -47,7 +47,7 @@ pub struct CertFiles {
 struct Contents(Vec<u8>, Vec<u8>);
 
 impl CertFiles {
-    fn read(&self) -> Result<Contents, String> {
+    fn read(&self) -> Result<Contents, CertError> {
         let read = |what: &str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| {
                 let hint = match e.kind() {
@@ -57,7 +57,7 @@ impl CertFiles {
                     }
                     _ => "",
                 };
-                format!("cannot read the serving {what} {}: {e}{hint}", path.display())
+                CertError(format!("cannot read the serving {what} {}: {e}{hint}", path.display()))
             })
         };
         Ok(Contents(read("certificate", &self.cert)?, read("key", &self.key)?))

@@ -106,7 +106,7 @@ async fn arbitrate(app: &App, mut outcome: Outcome, deadline: Duration) -> Outco
     match tokio::time::timeout(deadline, budgets.claim(&claim)).await {
         Ok(Ok(true)) => outcome,
         Ok(Ok(false)) => *claim.refusal,
-        Ok(Err(why)) => budget::unrecorded(claim, &why),
+        Ok(Err(why)) => budget::unrecorded(claim, &why.0),
         Err(_) => budget::unrecorded(claim, &format!("no answer within {deadline:?}")),
     }
 }

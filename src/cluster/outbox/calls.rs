@@ -13,7 +13,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 
 use crate::cluster::view::ApiPod;
-use crate::policy::disruption;
+use crate::policy::disruption::{self, NotReleased};
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::{Effect, PodRef, PodWrite};
 use crate::policy::pdb::busy_pdb;
@@ -94,13 +94,13 @@ impl Calls {
 
     /// What the API server says now of the pod's ReplicaSet and Deployment, judged by
     /// `disruption::release_confirmed`.
-    pub async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), String>, kube::Error> {
+    pub async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), NotReleased>, kube::Error> {
         let current = self.pods(pod).get(&pod.name).await?;
         let controller = |owners: Option<&Vec<OwnerReference>>, kind: &str| {
             owners.into_iter().flatten().find(|o| o.controller == Some(true) && o.kind == kind).map(|o| o.name.clone())
         };
         let Some(replica_set) = controller(current.metadata.owner_references.as_ref(), "ReplicaSet") else {
-            return Ok(Err("no ReplicaSet controls it".into()));
+            return Ok(Err(NotReleased("no ReplicaSet controls it".into())));
         };
         let replica_set = Api::<ReplicaSet>::namespaced(self.client.clone(), &pod.namespace).get(&replica_set).await?;
         let strategy = match controller(replica_set.metadata.owner_references.as_ref(), "Deployment") {

@@ -319,7 +319,7 @@ impl Worker {
             match self.calls.confirm_release(pod).await {
                 Ok(Ok(())) => {}
                 Ok(Err(why)) => {
-                    info!(%pod, why, "busy pod not released from its ReplicaSet");
+                    info!(%pod, %why, "busy pod not released from its ReplicaSet");
                     return Attempt::Done(EffectResult::Moot);
                 }
                 Err(e) => return classify(e),
