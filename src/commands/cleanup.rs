@@ -44,12 +44,7 @@ pub struct CleanupArgs {
 
 /// Every annotation busyguard may have written is restored or removed, whatever it was set to
 /// write.
-const EVERYTHING: MutationSettings = MutationSettings {
-    karpenter: true,
-    karpenter_bounded: true,
-    cluster_autoscaler: true,
-    cluster_autoscaler_on_completion: false,
-};
+const EVERYTHING: MutationSettings = MutationSettings::ALL;
 
 /// The merge patch that leaves `pod` as if busyguard had never seen it (its busy label aside),
 /// or `None` when nothing of busyguard's is on it.

@@ -296,12 +296,12 @@ pub fn busy_denial(
         }
     };
     if let Some(t) = until {
-        let _ = write!(message, " (protection lapses at {t} at the latest{counted})");
+        let _ = write!(message, " ({}{counted})", lapses_at(t));
     }
     if enforced {
         message.push_str("; it will be spared until it is idle");
     }
-    let _ = write!(message, "; to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite");
+    let _ = write!(message, "; {}", how_to_force(namespace, name));
     message
 }
 
@@ -314,12 +314,22 @@ pub fn restart_while_busy(
     until: Option<Timestamp>,
 ) -> String {
     let since = since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
-    let until = until.map_or_else(String::new, |t| format!(" (protection lapses at {t} at the latest)"));
+    let until = until.map_or_else(String::new, |t| format!(" ({})", lapses_at(t)));
+    let force = how_to_force(namespace, name);
     format!(
         "pod {namespace}/{name} is busy since {since}{until}: this update would restart its container {container:?} \
-         and end the task; retry once the pod is idle (to force: kubectl label pod {name} -n {namespace} \
-         {BUSY_LABEL}=false --overwrite)"
+         and end the task; retry once the pod is idle ({force})"
     )
+}
+
+/// Until when a busy pod is protected at the latest, as every refusal says it.
+pub fn lapses_at(until: Timestamp) -> String {
+    format!("protection lapses at {until} at the latest")
+}
+
+/// How a person takes a busy pod's protection away, as every refusal says it.
+pub fn how_to_force(namespace: &str, name: &str) -> String {
+    format!("to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite")
 }
 
 /// Added to a refusal of a delete busyguard will carry out itself.
@@ -397,12 +407,7 @@ mod tests {
                 karpenter: vec!["system:serviceaccount:kube-system:karpenter".into()],
                 owner_controllers: vec![JOB_CONTROLLER.into()],
             },
-            mutation: MutationSettings {
-                karpenter: true,
-                karpenter_bounded: true,
-                cluster_autoscaler: true,
-                cluster_autoscaler_on_completion: false,
-            },
+            mutation: MutationSettings::ALL,
             holds: Default::default(),
             owner_rules: Vec::new(),
         }

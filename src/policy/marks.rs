@@ -36,6 +36,17 @@ pub struct MutationSettings {
     pub cluster_autoscaler_on_completion: bool,
 }
 
+impl MutationSettings {
+    /// Every annotation written, Karpenter's bounded, cluster-autoscaler's as `"false"`: what
+    /// `busyguard cleanup` undoes whatever was set, and what the tests decide with.
+    pub const ALL: MutationSettings = MutationSettings {
+        karpenter: true,
+        karpenter_bounded: true,
+        cluster_autoscaler: true,
+        cluster_autoscaler_on_completion: false,
+    };
+}
+
 /// Annotation changes by key: `Some(value)` sets, `None` removes.
 pub type Changes = BTreeMap<&'static str, Option<String>>;
 

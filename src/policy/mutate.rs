@@ -198,12 +198,7 @@ mod tests {
     use crate::policy::testing::*;
     use serde_json::{Value, json};
 
-    const ALL: MutationSettings = MutationSettings {
-        karpenter: true,
-        karpenter_bounded: true,
-        cluster_autoscaler: true,
-        cluster_autoscaler_on_completion: false,
-    };
+    const ALL: MutationSettings = MutationSettings::ALL;
     const DAY: MaxBusy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
 
     /// Plans, applies the JSONPatch to the pod's JSON (the pod as stored) and returns the plan.

@@ -50,3 +50,6 @@ pub const OWNER_CONTROLLER_USERS: &str = "system:serviceaccount:kube-system:job-
 /// its own: `--karpenter-user`'s default (comma-separated).
 pub const KARPENTER_USERS: &str =
     "system:serviceaccount:kube-system:karpenter,system:serviceaccount:karpenter:karpenter";
+
+/// The scheduler, whose preemptions place the cluster's critical pods (busyguard's among them).
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";

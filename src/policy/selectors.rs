@@ -23,7 +23,8 @@ use super::keys::{
 use super::namespaces::{BUSYGUARD_NAMESPACE, Enrolment, NEVER_GUARDED_NAMESPACES};
 use super::pdb::BUSY_PDB_NAME;
 use super::requesters::{
-    CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, POD_GC_USER, POD_NAME_CLAIM, TAINT_MANAGER_USERS,
+    CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, POD_GC_USER, POD_NAME_CLAIM, SCHEDULER_USER,
+    TAINT_MANAGER_USERS,
 };
 
 /// Opted-in pods not labelled idle: busy, busy by readiness (and any value busyguard does not
@@ -204,9 +205,6 @@ pub fn pod_write_marks_anew() -> String {
 /// Scale-downs: an update that lowers the replica count (anything else is allowed unprepared).
 pub const LOWERS_REPLICAS: &str =
     "has(object.spec.replicas) && has(oldObject.spec.replicas) && object.spec.replicas < oldObject.spec.replicas";
-
-/// The scheduler, whose preemptions place the cluster's critical pods (busyguard's among them).
-pub const SCHEDULER_USER: &str = "system:kube-scheduler";
 
 /// Pod deletes sent to the fail-open hooks (`pod-preemptions`, `budget-preemptions`) rather than
 /// the fail-closed ones: the scheduler's preemptions, and Karpenter's deletes (`karpenter`), which

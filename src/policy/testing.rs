@@ -34,12 +34,7 @@ pub fn config_with(max_busy: SignedDuration) -> PolicyConfig {
         mode: Mode::Enforce,
         max_busy: MaxBusy::new(max_busy),
         exemptions: Exemptions::default(),
-        mutation: MutationSettings {
-            karpenter: true,
-            karpenter_bounded: true,
-            cluster_autoscaler: true,
-            cluster_autoscaler_on_completion: false,
-        },
+        mutation: MutationSettings::ALL,
         holds: Holds::default(),
         owner_rules: Vec::new(),
     }

@@ -46,8 +46,6 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
-    app.metrics.view_pods.set(app.cluster.view.len() as i64);
-    let _ = app.health();
-    app.count_workloads();
+    app.update_gauges();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.encode())
 }

@@ -121,12 +121,10 @@ impl App {
     }
 
     /// Everything busyguard depends on besides serving: the audit log written, and the cluster
-    /// view (if any) listed and fresh. Sets the matching gauges.
+    /// view (if any) listed and fresh.
     pub fn health(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
-        let audit = self.audit.health();
-        self.metrics.audit_failing.set(i64::from(audit.is_err()));
-        problems.extend(audit.err().map(|e| e.0));
+        problems.extend(self.audit.health().err().map(|e| e.0));
         let view = self.cluster.view.check(Instant::now()).map_err(|why| match why {
             // Evictions get 503 here too, as while the view is stale: not "ok".
             Unavailable::NoCluster => {
@@ -134,11 +132,16 @@ impl App {
             }
             why => why.to_string(),
         });
-        self.metrics.view_unavailable.set(i64::from(view.is_err()));
         problems.extend(view.err());
-        if !self.is_serving() {
-            problems.push("shutting down".into());
-        }
+        problems.extend(self.readiness().err().map(|e| e.to_string()));
         if problems.is_empty() { Ok(()) } else { Err(problems) }
+    }
+
+    /// Sets the gauges of what `health` checks, and the per-workload ones, as of now.
+    pub fn update_gauges(&self) {
+        self.metrics.view_pods.set(self.cluster.view.len() as i64);
+        self.metrics.audit_failing.set(i64::from(self.audit.health().is_err()));
+        self.metrics.view_unavailable.set(i64::from(self.cluster.view.check(Instant::now()).is_err()));
+        self.count_workloads();
     }
 }
