@@ -2,6 +2,7 @@
 //! flips the owners' pods busy or idle as their status changes. The pod watch asks the same of
 //! each pod that changes (`follow`), so a pod seen after its owner follows it too.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -64,17 +65,37 @@ impl OwnerWatch {
                     None => Api::all_with(self.client.clone(), &resource),
                 };
                 let config = watcher::Config::default().timeout(self.watch_timeout_secs);
-                let rule = rule.clone();
-                streams.push(watcher(api, config).default_backoff().map(move |event| (rule.clone(), event)).boxed());
+                let (rule, scope) = (rule.clone(), scope.clone());
+                let events = watcher(api, config).default_backoff();
+                streams.push(events.map(move |event| (rule.clone(), scope.clone(), event)).boxed());
             }
         }
         let mut events = futures::stream::select_all(streams);
-        while let Some((rule, event)) = events.next().await {
+        // Per kind and scope being listed: the owners the list had so far.
+        let mut listing: HashMap<(String, Scope), HashSet<(String, String)>> = HashMap::new();
+        while let Some((rule, scope, event)) = events.next().await {
+            let listed = (rule.kind.clone(), scope);
             match event {
-                Ok(watcher::Event::Apply(owner) | watcher::Event::InitApply(owner)) => self.changed(&rule, &owner),
+                Ok(watcher::Event::Init) => {
+                    listing.insert(listed, HashSet::new());
+                }
+                Ok(watcher::Event::InitApply(owner)) => {
+                    if let Some(seen) = listing.get_mut(&listed) {
+                        seen.insert((owner.namespace().unwrap_or_default(), owner_key(&rule, &owner)));
+                    }
+                    self.changed(&rule, &owner);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    // Owners gone while the watch was down (no delete event came): their pods
+                    // are idle, as on a delete.
+                    let seen = listing.remove(&listed).unwrap_or_default();
+                    for (namespace, key) in unlisted(self.view.owners_known(), &rule.kind, &listed.1, &seen) {
+                        self.follow_owner(&namespace, &key, None);
+                    }
+                    info!(kind = %rule.kind, "owners listed");
+                }
+                Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner),
                 Ok(watcher::Event::Delete(owner)) => self.gone(&rule, &owner),
-                Ok(watcher::Event::Init) => {}
-                Ok(watcher::Event::InitDone) => info!(kind = %rule.kind, "owners listed"),
                 Err(e) => warn!(kind = %rule.kind, error = %e, "watch of owners failed; retrying with backoff"),
             }
         }
@@ -94,26 +115,49 @@ impl OwnerWatch {
                 }
             },
         };
-        self.follow_owner(rule, owner, Some(busy));
+        self.follow_owner(&owner.namespace().unwrap_or_default(), &owner_key(rule, owner), Some(busy));
     }
 
     /// Gone: its pods are idle (the garbage collector deletes them, and must not wait on them).
     fn gone(&self, rule: &OwnerRule, owner: &DynamicObject) {
-        self.follow_owner(rule, owner, None);
+        self.follow_owner(&owner.namespace().unwrap_or_default(), &owner_key(rule, owner), None);
     }
 
-    fn follow_owner(&self, rule: &OwnerRule, owner: &DynamicObject, busy: Option<bool>) {
-        let namespace = owner.namespace().unwrap_or_default();
-        let key = format!("{}/{}", rule.kind, owner.name_any());
-        self.view.set_owner_busy(&namespace, &key, busy);
-        let pods = self.view.select(&namespace, |pod| pod.owner.as_deref() == Some(key.as_str()));
+    /// Records the owner `key` (`Kind/name`) as busy or not (`None`: gone, so idle), and flips
+    /// its pods in the view to match.
+    fn follow_owner(&self, namespace: &str, key: &str, busy: Option<bool>) {
+        self.view.set_owner_busy(namespace, key, busy);
+        let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(key));
         for (name, record) in pods {
-            let pod = PodRef { namespace: namespace.clone(), name, uid: record.uid.to_string() };
+            let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
             if let Some(effect) = flip(pod, &record, busy.unwrap_or(false)) {
                 drop(self.outbox.send(effect));
             }
         }
     }
+}
+
+/// Of the owners the view knows, those of `kind` in `scope` that a fresh list of them no longer
+/// has (`seen`): gone while the watch was down.
+fn unlisted(
+    known: Vec<(String, String)>,
+    kind: &str,
+    scope: &Scope,
+    seen: &HashSet<(String, String)>,
+) -> Vec<(String, String)> {
+    let of_kind = |key: &str| key.strip_prefix(kind).is_some_and(|rest| rest.starts_with('/'));
+    let in_scope = |namespace: &str| scope.as_deref().is_none_or(|scope| scope == namespace);
+    known
+        .into_iter()
+        .filter(|(namespace, key)| {
+            of_kind(key) && in_scope(namespace) && !seen.contains(&(namespace.clone(), key.clone()))
+        })
+        .collect()
+}
+
+/// An owner as its pods' records name it: `Kind/name`.
+fn owner_key(rule: &OwnerRule, owner: &DynamicObject) -> String {
+    format!("{}/{}", rule.kind, owner.name_any())
 }
 
 fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
@@ -130,4 +174,29 @@ fn flip(pod: PodRef, record: &PodRecord, owner_busy: bool) -> Option<Effect> {
     let ending = record.terminating || record.is_terminal();
     let value = owners::follow(record.label(BUSY_LABEL), owner_busy, ending)?;
     Some(Effect::FollowOwner { pod, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(namespace: &str, key: &str) -> (String, String) {
+        (namespace.to_string(), key.to_string())
+    }
+
+    #[test]
+    fn an_owner_a_relist_no_longer_has_is_gone_but_only_of_that_kind_and_scope() {
+        let known = vec![
+            pair("ci", "EphemeralRunner/a"),
+            pair("ci", "EphemeralRunner/b"),
+            pair("games", "GameServer/g"),
+            pair("other", "EphemeralRunner/c"),
+            pair("ci", "EphemeralRunnerSet/s"),
+        ];
+        let seen = HashSet::from([pair("ci", "EphemeralRunner/a")]);
+        let everywhere = unlisted(known.clone(), "EphemeralRunner", &None, &seen);
+        assert_eq!(everywhere, [pair("ci", "EphemeralRunner/b"), pair("other", "EphemeralRunner/c")]);
+        let in_ci = unlisted(known, "EphemeralRunner", &Some("ci".into()), &seen);
+        assert_eq!(in_ci, [pair("ci", "EphemeralRunner/b")], "another namespace's watch lists its own");
+    }
 }

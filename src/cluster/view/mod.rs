@@ -158,6 +158,15 @@ impl View {
         self.owners.read().get(namespace)?.get(owner).copied()
     }
 
+    /// Every owner under a busy rule the view knows of, by namespace and `Kind/name`.
+    pub fn owners_known(&self) -> Vec<(String, String)> {
+        let owners = self.owners.read();
+        let known = owners.iter().flat_map(|(namespace, in_namespace)| {
+            in_namespace.keys().map(move |key| (namespace.to_string(), key.to_string()))
+        });
+        known.collect()
+    }
+
     /// Records the owner's busy state (`None`: gone).
     pub fn set_owner_busy(&self, namespace: &str, owner: &str, busy: Option<bool>) {
         let mut owners = self.owners.write();
