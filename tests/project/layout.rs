@@ -112,15 +112,27 @@ fn no_module_folder_imports_itself_in_a_loop() {
     }
     let folders: Vec<_> = top.keys().filter(|m| src.join(m).is_dir()).collect();
     assert!(folders.iter().any(|f| *f == "policy"), "the folders of src/ are found: {folders:?}");
+    let mut checked = Vec::new();
     for parent in folders {
-        let children = std::fs::read_dir(src.join(parent)).unwrap().map(|e| e.unwrap().path());
-        let folders = children.filter(|p| p.is_dir()).map(|p| p.file_name().unwrap().to_str().unwrap().to_string());
-        let prefixes = ["super::".into(), format!("crate::{parent}::")];
-        let graph = imports(&modules(&src.join(parent), false), &prefixes, &folders.collect());
-        for module in graph.keys() {
-            let others = in_a_loop_with(module, &graph);
-            assert!(others.is_empty(), "src/{parent}/{module}.rs imports itself back through {others:?}");
-        }
+        no_loop_within(&src, parent, &mut checked);
+    }
+    assert!(checked.iter().any(|f| f == "policy/outcome"), "folders within folders too: {checked:?}");
+}
+
+/// No module of the folder `src/{folder}` imports itself back, nor does any of its own folders'.
+fn no_loop_within(src: &Path, folder: &str, checked: &mut Vec<String>) {
+    let children = std::fs::read_dir(src.join(folder)).unwrap().map(|e| e.unwrap().path());
+    let folders: BTreeSet<String> =
+        children.filter(|p| p.is_dir()).map(|p| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
+    let prefixes = ["super::".into(), format!("crate::{}::", folder.replace('/', "::"))];
+    let graph = imports(&modules(&src.join(folder), false), &prefixes, &folders);
+    for module in graph.keys() {
+        let others = in_a_loop_with(module, &graph);
+        assert!(others.is_empty(), "src/{folder}/{module}.rs imports itself back through {others:?}");
+    }
+    checked.push(folder.to_string());
+    for child in &folders {
+        no_loop_within(src, &format!("{folder}/{child}"), checked);
     }
 }
 
