@@ -18,7 +18,7 @@ use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::{Effect, PodRef};
-use crate::policy::owners::{self, OwnerRule, Undecided};
+use crate::policy::owners::{self, OwnerRule};
 use crate::policy::pod::PodFacts;
 
 /// Each rule with its kind as the API server serves it: a kind it does not serve, or one that
@@ -106,8 +106,8 @@ impl OwnerWatch {
     fn changed(&self, rule: &OwnerRule, owner: &DynamicObject) {
         let busy = match owner.metadata.deletion_timestamp {
             Some(_) => false,
-            None => match serde_json::to_value(owner).map_err(|e| Undecided(e.to_string())).and_then(|o| rule.busy(&o))
-            {
+            // Converted once, straight from the object as decoded.
+            None => match rule.busy(owner) {
                 Ok(busy) => busy,
                 Err(why) => {
                     warn!(owner = %owner_name(rule, owner), error = %why, "cannot tell whether the owner is busy; its pods are left as they are");

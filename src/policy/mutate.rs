@@ -48,12 +48,13 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     let (ask, pod, before) = (m.ask, m.pod, m.before);
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
+    let follows_owner = followed_owner(pod, config).is_some();
     if before.is_none() && pod.label(BUSY_LABEL).is_none() {
-        return match (followed_owner(pod, config), pod.runs_to_completion()) {
-            (Some(_), _) => opted_in_idle(pod),
-            (None, Some(_)) => busy_from_creation(pod, config, now),
+        return match (follows_owner, pod.runs_to_completion()) {
+            (true, _) => opted_in_idle(pod),
+            (false, Some(_)) => busy_from_creation(pod, config, now),
             // A webhook of an owner rule not (or no longer) configured here: left alone.
-            (None, None) => Outcome::allow(Decision::Unhandled),
+            (false, None) => Outcome::allow(Decision::Unhandled),
         };
     }
     let max_busy_written = before.is_none_or(|old| old.annotation(MAX_BUSY) != pod.annotation(MAX_BUSY));
@@ -67,7 +68,7 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     // A create is never held: refusing it would only fail the pod's creation. Nor is busyguard's
     // flip of a pod whose owner took a task: the task has begun (a runner's job, a game
     // server's players), and refusing the flip would leave it unguarded, not untaken.
-    let following_owner = m.by_busyguard && followed_owner(pod, config).is_some();
+    let following_owner = m.by_busyguard && follows_owner;
     let hold = (turning_busy && before.is_some() && !following_owner)
         .then(|| held(pod, &pod.spec.node_name, m.node_going, config.holds, now))
         .flatten();

@@ -32,12 +32,6 @@ impl fmt::Display for OwnerRule {
     }
 }
 
-impl PartialEq for OwnerRule {
-    fn eq(&self, other: &Self) -> bool {
-        self.to_string() == other.to_string()
-    }
-}
-
 impl std::str::FromStr for OwnerRule {
     type Err = String;
 
@@ -88,7 +82,7 @@ impl OwnerRule {
 
     /// Whether the owner's pod is busy, or why the rule cannot tell (an expression that does not
     /// evaluate to a boolean on this owner).
-    pub fn busy(&self, owner: &serde_json::Value) -> Result<bool, Undecided> {
+    pub fn busy(&self, owner: &impl serde::Serialize) -> Result<bool, Undecided> {
         let mut context = cel::Context::default();
         let value = cel::to_value(owner).map_err(|e| Undecided(format!("{self}: the owner does not convert: {e}")))?;
         context.add_variable_from_value("object", value);
