@@ -236,8 +236,9 @@ pub struct PolicyArgs {
     /// a CEL expression over the owner (`object`) that holds while its pods are busy. busyguard
     /// watches those owners and flips their pods' busy label itself; their pods are opted in at
     /// creation by a webhook of the kind's component (manifests/actions-runner-controller,
-    /// manifests/agones). A rule that does not compile, or a kind the API server does not
-    /// serve, stops the start. In the environment, one rule per line.
+    /// manifests/agones). A rule that does not compile stops the start; a kind the API server
+    /// does not serve (yet, or any more) is reported and followed once it is, while everything
+    /// else is served. In the environment, one rule per line.
     #[arg(
         long = "busy-when-owner",
         env = "BUSYGUARD_BUSY_WHEN_OWNER",

@@ -68,6 +68,12 @@ pub struct WorkloadOnlyLabels {
 }
 
 /// The `result` of a certificate reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OwnerRuleLabels {
+    /// The kind a `--busy-when-owner` rule follows: `agones.dev/v1/GameServer`.
+    pub rule: String,
+}
+
 pub const RELOADED: &str = "ok";
 pub const RELOAD_REJECTED: &str = "error";
 
@@ -97,6 +103,9 @@ pub struct Metrics {
     pub workload_deferred_deletes: Family<WorkloadOnlyLabels, Gauge>,
     pub workload_retired_keys: Family<WorkloadOnlyLabels, Gauge>,
     pub tls_certificate_expiry: Gauge,
+    pub owner_rule_followed: Family<OwnerRuleLabels, Gauge>,
+    pub owner_rule_ended_idle: Family<OwnerRuleLabels, Gauge>,
+    pub owner_rule_undecided: Family<OwnerRuleLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -248,6 +257,27 @@ impl Default for Metrics {
             "When the serving certificate in use expires (Unix seconds): the API server's calls fail after it",
             tls_certificate_expiry.clone(),
         );
+        let owner_rule_followed = Family::<OwnerRuleLabels, Gauge>::default();
+        registry.register(
+            "owner_rule_followed",
+            "1 while the owners of a --busy-when-owner rule's kind are followed; 0 while the API server does not serve \
+             the kind or its watch fails (the owners' pods keep the busy label they have; everything else is served)",
+            owner_rule_followed.clone(),
+        );
+        let owner_rule_ended_idle = Family::<OwnerRuleLabels, Gauge>::default();
+        registry.register(
+            "owner_rule_ended_idle",
+            "Owners of a --busy-when-owner rule's kind that ended one after the other without the rule ever holding for \
+             them (back to 0 when it holds): a rule reading a field the owner's release does not write holds for none",
+            owner_rule_ended_idle.clone(),
+        );
+        let owner_rule_undecided = Family::<OwnerRuleLabels, Counter>::default();
+        registry.register(
+            "owner_rule_undecided",
+            "Owner changes a --busy-when-owner rule could not judge (it did not evaluate to a boolean): their pods were \
+             left as they were",
+            owner_rule_undecided.clone(),
+        );
         Metrics {
             registry,
             reviews,
@@ -271,6 +301,9 @@ impl Default for Metrics {
             workload_deferred_deletes,
             workload_retired_keys,
             tls_certificate_expiry,
+            owner_rule_followed,
+            owner_rule_ended_idle,
+            owner_rule_undecided,
         }
     }
 }

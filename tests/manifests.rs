@@ -729,6 +729,55 @@ fn opted_in_every_webhook_that_selects_namespaces_asks_for_the_enabled_label_and
     assert_eq!(without_the_choice(opted_in), without_the_choice(render(&manifests("cert-manager"))));
 }
 
+/// An overlay of one's own in a copy of `manifests/` (under examples/, so `../../X` names a
+/// directory of manifests/), rendered.
+fn overlay_in(root: &Path, resource: &str, components: &[&str]) -> Vec<Value> {
+    let dir = root.join("examples/under-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let components: String = components.iter().map(|c| format!("  - ../../{c}\n")).collect();
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../{resource}\n\
+         components:\n{components}"
+    );
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+    render(&dir)
+}
+
+#[test]
+fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_order() {
+    let (dir, certs) = self_managed_copy();
+    let root = dir.path().join("manifests");
+    let ca = base64(&std::fs::read(certs.join("ca.crt")).unwrap());
+    let owners = ["actions-runner-controller", "agones"];
+    let together = render(&manifests("examples/actions-runner-controller-and-agones"));
+    for name in ["actions-runner-controller.busyguard.io", "agones.busyguard.io"] {
+        assert_eq!(webhook(&together, name)["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);
+    }
+    let args = &find(&together, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(
+        args.as_array().unwrap().iter().filter(|a| a.as_str().unwrap().starts_with("--busy-when-owner")).count(),
+        2
+    );
+    for order in [owners, [owners[1], owners[0]]] {
+        let opt_in_first = [&["opt-in"][..], &order[..]].concat();
+        let opt_in_last = [&order[..], &["opt-in"][..]].concat();
+        for components in [opt_in_first, opt_in_last] {
+            let objects = overlay_in(&root, "cert-manager", &components);
+            assert_eq!(
+                namespace_selectors_as_built(&objects, Enrolment::OptIn),
+                15,
+                "{components:?}: every webhook but node-deletes"
+            );
+        }
+        let objects = overlay_in(&root, "cert-manager", &order);
+        assert_eq!(namespace_selectors_as_built(&objects, Enrolment::OptOut), 15, "{order:?}");
+        let objects = overlay_in(&root, "self-managed", &order);
+        for webhook in webhooks(&objects) {
+            assert_eq!(without_whitespace(&webhook["clientConfig"]["caBundle"]), ca, "{order:?}: {}", webhook["name"]);
+        }
+    }
+}
+
 #[test]
 fn an_overlay_of_your_own_sets_your_image_with_kubectl_alone() {
     let objects = render(&manifests("examples/your-image"));

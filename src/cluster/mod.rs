@@ -125,14 +125,14 @@ impl Cluster {
             }),
         };
         if !policy.owner_rules.is_empty() {
-            let rules = owners::resolve(&client, &policy.owner_rules).await?;
             let owners = owners::OwnerWatch {
                 client: client.clone(),
                 view: view.clone(),
                 outbox: outbox.clone(),
+                metrics: metrics_for_pdbs.clone(),
                 watch_timeout_secs: timeout_secs(watch_timeout),
             };
-            tokio::spawn(owners.run(rules, scopes.clone()));
+            owners.start(&policy.owner_rules, &scopes);
         }
         tokio::spawn(watch.run(scopes));
         tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs(watch_timeout)));

@@ -1,9 +1,11 @@
 //! Busy from the owner's status (`policy::owners`): a watch of each kind a rule names, that
 //! flips the owners' pods busy or idle as their status changes. The pod watch asks the same of
-//! each pod that changes (`follow`), so a pod seen after its owner follows it too.
+//! each pod that changes (`follow`), so a pod seen after its owner follows it too. Each kind is
+//! followed on its own: one the API server does not serve takes nothing else down.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
@@ -16,115 +18,159 @@ use tracing::{info, warn};
 
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
+use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::{Effect, PodRef};
 use crate::policy::owners::{self, OwnerRule};
 use crate::policy::pod::PodFacts;
 
-/// Each rule with its kind as the API server serves it: a kind it does not serve, or one that
-/// cannot own pods (not namespaced), is an error, so a rule never guards nothing in silence.
-pub async fn resolve(client: &Client, rules: &[OwnerRule]) -> anyhow::Result<Vec<(OwnerRule, ApiResource)>> {
-    let mut resolved = Vec::with_capacity(rules.len());
-    for rule in rules {
-        let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
-        let (resource, capabilities) = discovery::pinned_kind(client, &gvk).await.with_context(|| {
-            format!(
-                "--busy-when-owner {}/{}: the API server does not serve this kind (is its project installed, in \
-                 this version?)",
-                rule.api_version, rule.kind
-            )
-        })?;
-        anyhow::ensure!(
-            capabilities.scope == ResourceScope::Namespaced,
-            "--busy-when-owner {}/{}: not a namespaced kind, so it owns no pods",
-            rule.api_version,
-            rule.kind
-        );
-        resolved.push((rule.clone(), resource));
-    }
-    Ok(resolved)
+/// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
+/// kind it does not serve, or one that cannot own pods (not namespaced).
+pub async fn resolve(client: &Client, rule: &OwnerRule) -> anyhow::Result<ApiResource> {
+    let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
+    let (resource, capabilities) = discovery::pinned_kind(client, &gvk).await.with_context(|| {
+        format!(
+            "--busy-when-owner {}: the API server does not serve this kind (is its project installed, in this \
+             version?)",
+            rule.kind_path()
+        )
+    })?;
+    anyhow::ensure!(
+        capabilities.scope == ResourceScope::Namespaced,
+        "--busy-when-owner {}: not a namespaced kind, so it owns no pods",
+        rule.kind_path()
+    );
+    Ok(resource)
 }
+
+/// The longest pause between two tries at a kind that is not served.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(60);
 
 pub struct OwnerWatch {
     pub client: Client,
     pub view: Arc<View>,
     pub outbox: Outbox,
+    pub metrics: Arc<Metrics>,
     /// How long the API server keeps each watch request open, in seconds.
     pub watch_timeout_secs: u32,
 }
 
 impl OwnerWatch {
-    /// Runs until the process stops; the watches reconnect with backoff on their own.
-    pub async fn run(self, rules: Vec<(OwnerRule, ApiResource)>, scopes: Vec<Scope>) {
-        let mut streams = Vec::new();
-        for (rule, resource) in rules {
-            let rule = Arc::new(rule);
-            for scope in &scopes {
-                let api: Api<DynamicObject> = match scope {
-                    Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
-                    None => Api::all_with(self.client.clone(), &resource),
-                };
-                let config = watcher::Config::default().timeout(self.watch_timeout_secs);
-                let (rule, scope) = (rule.clone(), scope.clone());
-                let events = watcher(api, config).default_backoff();
-                streams.push(events.map(move |event| (rule.clone(), scope.clone(), event)).boxed());
-            }
+    /// Follows each rule's kind on a task of its own, until the process stops. A kind that is
+    /// not served, at start or later (its CRD removed), leaves everything else serving: it is
+    /// reported (`/status`, the metrics) and followed again once it is served.
+    pub fn start(self, rules: &[OwnerRule], scopes: &[Scope]) {
+        let watch = Arc::new(self);
+        for rule in rules {
+            watch.view.update_owner_kind(&rule.kind_path(), |kind| {
+                kind.unfollowed = Some("not asked of the API server yet".into());
+            });
+            tokio::spawn(watch.clone().follow(Arc::new(rule.clone()), scopes.to_vec()));
         }
+    }
+
+    async fn follow(self: Arc<Self>, rule: Arc<OwnerRule>, scopes: Vec<Scope>) {
+        let resource = self.served(&rule).await;
+        let streams = scopes.into_iter().map(|scope| {
+            let api: Api<DynamicObject> = match &scope {
+                Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
+                None => Api::all_with(self.client.clone(), &resource),
+            };
+            let config = watcher::Config::default().timeout(self.watch_timeout_secs);
+            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+        });
         let mut events = futures::stream::select_all(streams);
-        // Per kind and scope being listed: the owners the list had so far.
-        let mut listing: HashMap<(String, Scope), HashSet<(String, String)>> = HashMap::new();
-        while let Some((rule, scope, event)) = events.next().await {
-            let listed = (rule.kind.clone(), scope);
+        // Per scope being listed: the owners the list had so far.
+        let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
+        // The owners the rule held for at least once (a runner that had a job).
+        let mut held: HashSet<(String, String)> = HashSet::new();
+        while let Some((scope, event)) = events.next().await {
             match event {
                 Ok(watcher::Event::Init) => {
-                    listing.insert(listed, HashSet::new());
+                    listing.insert(scope, HashSet::new());
                 }
                 Ok(watcher::Event::InitApply(owner)) => {
-                    if let Some(seen) = listing.get_mut(&listed) {
-                        seen.insert((owner.namespace().unwrap_or_default(), owner_key(&rule, &owner)));
+                    if let Some(seen) = listing.get_mut(&scope) {
+                        seen.insert((owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any())));
                     }
-                    self.changed(&rule, &owner);
+                    self.changed(&rule, &owner, &mut held);
                 }
                 Ok(watcher::Event::InitDone) => {
                     // Owners gone while the watch was down (no delete event came): their pods
                     // are idle, as on a delete.
-                    let seen = listing.remove(&listed).unwrap_or_default();
-                    for (namespace, key) in unlisted(self.view.owners_known(), &rule.kind, &listed.1, &seen) {
-                        self.follow_owner(&namespace, &key, None);
+                    let seen = listing.remove(&scope).unwrap_or_default();
+                    for owner in unlisted(self.view.owners_known(), &rule.owner_key(""), &scope, &seen) {
+                        self.ended(&rule, owner, &mut held);
                     }
-                    info!(kind = %rule.kind, "owners listed");
+                    self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = None);
+                    info!(kind = %rule.kind_path(), "owners listed");
                 }
-                Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner),
-                Ok(watcher::Event::Delete(owner)) => self.gone(&rule, &owner),
-                Err(e) => warn!(kind = %rule.kind, error = %e, "watch of owners failed; retrying with backoff"),
+                Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner, &mut held),
+                Ok(watcher::Event::Delete(owner)) => {
+                    let owner = (owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any()));
+                    self.ended(&rule, owner, &mut held);
+                }
+                Err(e) => {
+                    self.metrics.watch_errors.inc();
+                    warn!(kind = %rule.kind_path(), error = %e, "watch of owners failed; retrying with backoff");
+                    self.view.update_owner_kind(&rule.kind_path(), |kind| {
+                        kind.unfollowed = Some(format!("its watch failed: {e}"));
+                    });
+                }
             }
         }
     }
 
-    /// The owner's status read by its rule, and its pods flipped to match. An owner being
-    /// deleted has ended its pods' task: they go with it, so they are not held busy.
-    fn changed(&self, rule: &OwnerRule, owner: &DynamicObject) {
-        let busy = match owner.metadata.deletion_timestamp {
-            Some(_) => false,
-            // Converted once, straight from the object as decoded.
-            None => match rule.busy(owner) {
-                Ok(busy) => busy,
+    /// The rule's kind once the API server serves it, asked again with a growing pause.
+    async fn served(&self, rule: &OwnerRule) -> ApiResource {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match resolve(&self.client, rule).await {
+                Ok(resource) => return resource,
                 Err(why) => {
-                    warn!(owner = %owner_name(rule, owner), error = %why, "cannot tell whether the owner is busy; its pods are left as they are");
-                    return;
+                    let why = format!("{why:#}");
+                    warn!(kind = %rule.kind_path(), error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
+                    self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = Some(why));
                 }
-            },
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+
+    /// The owner's status read by its rule, and its pods flipped to match.
+    fn changed(&self, rule: &OwnerRule, owner: &DynamicObject, held: &mut HashSet<(String, String)>) {
+        // The rule reads the whole owner, its deletionTimestamp too: whether an owner being
+        // deleted still works is the rule's to say (Actions Runner Controller keeps a runner
+        // until its job ends; Agones ends a game server's match with it).
+        let busy = match rule.busy(owner) {
+            Ok(busy) => busy,
+            Err(why) => {
+                let labels = OwnerRuleLabels { rule: rule.kind_path() };
+                self.metrics.owner_rule_undecided.get_or_create(&labels).inc();
+                warn!(owner = %owner_name(rule, owner), error = %why, "cannot tell whether the owner is busy; its pods are left as they are");
+                return;
+            }
         };
-        self.follow_owner(&owner.namespace().unwrap_or_default(), &owner_key(rule, owner), Some(busy));
+        let key = (owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any()));
+        if busy {
+            self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle = 0);
+            held.insert(key.clone());
+        }
+        self.follow_owner(&key.0, &key.1, Some(busy));
     }
 
     /// Gone: its pods are idle (the garbage collector deletes them, and must not wait on them).
-    fn gone(&self, rule: &OwnerRule, owner: &DynamicObject) {
-        self.follow_owner(&owner.namespace().unwrap_or_default(), &owner_key(rule, owner), None);
+    /// An owner the rule never held for is counted: a rule that holds for none is told.
+    fn ended(&self, rule: &OwnerRule, owner: (String, String), held: &mut HashSet<(String, String)>) {
+        if !held.remove(&owner) {
+            self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle += 1);
+        }
+        self.follow_owner(&owner.0, &owner.1, None);
     }
 
-    /// Records the owner `key` (`Kind/name`) as busy or not (`None`: gone, so idle), and flips
-    /// its pods in the view to match.
+    /// Records the owner `key` (`group/Kind/name`) as busy or not (`None`: gone, so idle), and
+    /// flips its pods in the view to match.
     fn follow_owner(&self, namespace: &str, key: &str, busy: Option<bool>) {
         self.view.set_owner_busy(namespace, key, busy);
         let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(key));
@@ -137,31 +183,25 @@ impl OwnerWatch {
     }
 }
 
-/// Of the owners the view knows, those of `kind` in `scope` that a fresh list of them no longer
-/// has (`seen`): gone while the watch was down.
+/// Of the owners the view knows, those keyed with `prefix` (`group/Kind/`: of one rule's kind)
+/// in `scope` that a fresh list of them no longer has (`seen`): gone while the watch was down.
 fn unlisted(
     known: Vec<(String, String)>,
-    kind: &str,
+    prefix: &str,
     scope: &Scope,
     seen: &HashSet<(String, String)>,
 ) -> Vec<(String, String)> {
-    let of_kind = |key: &str| key.strip_prefix(kind).is_some_and(|rest| rest.starts_with('/'));
     let in_scope = |namespace: &str| scope.as_deref().is_none_or(|scope| scope == namespace);
     known
         .into_iter()
         .filter(|(namespace, key)| {
-            of_kind(key) && in_scope(namespace) && !seen.contains(&(namespace.clone(), key.clone()))
+            key.starts_with(prefix) && in_scope(namespace) && !seen.contains(&(namespace.clone(), key.clone()))
         })
         .collect()
 }
 
-/// An owner as its pods' records name it: `Kind/name`.
-fn owner_key(rule: &OwnerRule, owner: &DynamicObject) -> String {
-    format!("{}/{}", rule.kind, owner.name_any())
-}
-
 fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
-    format!("{} {}/{}", rule.kind, owner.namespace().unwrap_or_default(), owner.name_any())
+    format!("{} {}/{}", rule.kind_path(), owner.namespace().unwrap_or_default(), owner.name_any())
 }
 
 /// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
@@ -184,19 +224,59 @@ mod tests {
         (namespace.to_string(), key.to_string())
     }
 
+    const RUNNERS: &str = "actions.github.com/EphemeralRunner/";
+
+    /// A game server's pod, opted in idle, as the view records it.
+    fn game_server_pod() -> PodRecord {
+        let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": "gs", "namespace": "games", "uid": "u1", "labels": {BUSY_LABEL: "false"},
+            "ownerReferences": [{"apiVersion": "agones.dev/v1", "kind": "GameServer", "name": "gs", "uid": "o1",
+                "controller": true}]}}))
+        .unwrap();
+        pod.record()
+    }
+
     #[test]
-    fn an_owner_a_relist_no_longer_has_is_gone_but_only_of_that_kind_and_scope() {
+    fn an_owner_followed_pod_is_flipped_but_never_in_a_namespace_left_alone() {
+        let view = View::without_cluster();
+        let pod = PodRef { namespace: "games".into(), name: "gs".into(), uid: "u1".into() };
+        let record = game_server_pod();
+        assert_eq!(record.owner.as_deref(), Some("agones.dev/GameServer/gs"));
+        view.set_owner_busy("games", "agones.dev/GameServer/gs", Some(true));
+        let flipped = follow(&view, &pod, &record);
+        assert!(
+            matches!(flipped, Some(Effect::FollowOwner { value: "true", .. })),
+            "followed where guarded: {flipped:?}"
+        );
+        // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
+        assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
+        assert_eq!(flip(pod, &record.left_alone(), false), None);
+        // Another group's kind of the same name is another owner.
+        view.set_owner_busy("games", "example.com/GameServer/gs", Some(false));
+        assert_eq!(view.owner_busy("games", "agones.dev/GameServer/gs"), Some(true));
+    }
+
+    #[test]
+    fn an_owner_a_relist_no_longer_has_is_gone_but_only_of_that_kind_group_and_scope() {
         let known = vec![
-            pair("ci", "EphemeralRunner/a"),
-            pair("ci", "EphemeralRunner/b"),
-            pair("games", "GameServer/g"),
-            pair("other", "EphemeralRunner/c"),
-            pair("ci", "EphemeralRunnerSet/s"),
+            pair("ci", "actions.github.com/EphemeralRunner/a"),
+            pair("ci", "actions.github.com/EphemeralRunner/b"),
+            pair("games", "agones.dev/GameServer/g"),
+            pair("other", "actions.github.com/EphemeralRunner/c"),
+            pair("ci", "actions.github.com/EphemeralRunnerSet/s"),
+            pair("ci", "example.com/EphemeralRunner/b"),
         ];
-        let seen = HashSet::from([pair("ci", "EphemeralRunner/a")]);
-        let everywhere = unlisted(known.clone(), "EphemeralRunner", &None, &seen);
-        assert_eq!(everywhere, [pair("ci", "EphemeralRunner/b"), pair("other", "EphemeralRunner/c")]);
-        let in_ci = unlisted(known, "EphemeralRunner", &Some("ci".into()), &seen);
-        assert_eq!(in_ci, [pair("ci", "EphemeralRunner/b")], "another namespace's watch lists its own");
+        let seen = HashSet::from([pair("ci", "actions.github.com/EphemeralRunner/a")]);
+        let everywhere = unlisted(known.clone(), RUNNERS, &None, &seen);
+        assert_eq!(
+            everywhere,
+            [pair("ci", "actions.github.com/EphemeralRunner/b"), pair("other", "actions.github.com/EphemeralRunner/c")]
+        );
+        let in_ci = unlisted(known, RUNNERS, &Some("ci".into()), &seen);
+        assert_eq!(
+            in_ci,
+            [pair("ci", "actions.github.com/EphemeralRunner/b")],
+            "another namespace's watch lists its own"
+        );
     }
 }

@@ -47,16 +47,18 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + timeout;
-    let mut rules_checked = false;
+    let mut warnings = None;
     loop {
-        if !rules_checked {
-            rules_checked = owner_rules_checked(&client).await?;
+        if warnings.is_none() {
+            warnings = owner_rule_warnings(&client).await?;
         }
         match attempt(&pods).await {
             Ok(()) => {
+                let warned = warnings.iter().flatten().map(|w| format!("{w}\n"));
                 return Ok(format!(
                     "busyguard answers the API server in namespace {namespace}: a pod turning busy gets its \
-                     annotations, and a delete-requested mark busyguard did not write is refused\n"
+                     annotations, and a delete-requested mark busyguard did not write is refused\n{}",
+                    warned.collect::<String>()
                 ));
             }
             Err(Failure::Unreachable(why)) if Instant::now() + EVERY >= deadline => {
@@ -125,34 +127,51 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
     }
 }
 
-/// Whether the busy rules (`--busy-when-owner`) busyguard's Deployment gives it were read, and
-/// an error if busyguard cannot start with one: a rule that does not compile, or whose kind the
-/// API server does not serve, is named here, not left to a crash loop. Nothing to check when
-/// busyguard is not installed under its own name and namespace, or the user may not read it;
-/// `false` while the API server cannot be reached (the probe says so).
-async fn owner_rules_checked(client: &kube::Client) -> anyhow::Result<bool> {
+/// What busyguard's Deployment says of its busy rules (`--busy-when-owner`, as arguments or in
+/// `BUSYGUARD_BUSY_WHEN_OWNER`): an error for a rule that does not compile (busyguard would not
+/// start), a warning for a kind the API server does not serve (busyguard serves without
+/// following it). Nothing to check when busyguard is not installed under its own name and
+/// namespace, or the user may not read it; `None` while the API server cannot be reached (the
+/// probe says so).
+pub async fn owner_rule_warnings(client: &kube::Client) -> anyhow::Result<Option<Vec<String>>> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), BUSYGUARD_NAMESPACE);
     let deployment = match deployments.get_opt("busyguard").await {
         Ok(Some(deployment)) => deployment,
-        Ok(None) => return Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(true),
+        Ok(None) => return Ok(Some(Vec::new())),
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Some(Vec::new())),
         Err(kube::Error::Api(status)) => anyhow::bail!("cannot read busyguard's Deployment: {status}"),
-        Err(_) => return Ok(false),
+        Err(_) => return Ok(None),
     };
     let containers = deployment.spec.template.spec.map(|s| s.containers).unwrap_or_default();
-    let args: Vec<String> = containers.into_iter().flat_map(|c| c.args.unwrap_or_default()).collect();
-    let values = args.iter().enumerate().filter_map(|(i, arg)| match arg.strip_prefix("--busy-when-owner") {
-        Some(value) if value.starts_with('=') => Some(value[1..].to_string()),
-        Some("") => args.get(i + 1).cloned(),
-        _ => None,
-    });
-    let cannot = "busyguard cannot start with its busy rules";
+    let mut values = Vec::new();
+    for container in containers {
+        let args = container.args.unwrap_or_default();
+        values.extend(args.iter().enumerate().filter_map(|(i, arg)| match arg.strip_prefix("--busy-when-owner") {
+            Some(value) if value.starts_with('=') => Some(value[1..].to_string()),
+            Some("") => args.get(i + 1).cloned(),
+            _ => None,
+        }));
+        let from_env = container.env.into_iter().flatten().filter(|e| e.name == "BUSYGUARD_BUSY_WHEN_OWNER");
+        values.extend(from_env.flat_map(|e| {
+            let lines = e.value.unwrap_or_default();
+            lines.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect::<Vec<_>>()
+        }));
+    }
     let rules: Vec<OwnerRule> = values
+        .into_iter()
         .map(|value| value.parse())
         .collect::<Result<_, _>>()
-        .map_err(|why| anyhow::anyhow!("{cannot}: --busy-when-owner {why}"))?;
-    owners::resolve(client, &rules).await.context(cannot)?;
-    Ok(true)
+        .map_err(|why| anyhow::anyhow!("busyguard cannot start with its busy rules: --busy-when-owner {why}"))?;
+    let mut warnings = Vec::new();
+    for rule in &rules {
+        if let Err(why) = owners::resolve(client, rule).await {
+            warnings.push(format!(
+                "warning: {why:#}: busyguard serves without following it, and its owners' pods are not guarded \
+                 until it is served"
+            ));
+        }
+    }
+    Ok(Some(warnings))
 }
 
 /// Who other than busyguard refused a pod's create, by the API server's message: another

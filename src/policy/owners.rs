@@ -72,12 +72,21 @@ impl OwnerRule {
         self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
     }
 
+    /// The kind the rule follows, as the flag names it: `agones.dev/v1/GameServer`.
+    pub fn kind_path(&self) -> String {
+        format!("{}/{}", self.api_version, self.kind)
+    }
+
+    /// How the view keys an owner of this rule's kind named `name` (see [`owner_key`]).
+    pub fn owner_key(&self, name: &str) -> String {
+        owner_key(self.group(), &self.kind, name)
+    }
+
     /// Whether the rule is about owners of this `apiVersion` and `kind`, as an ownerReference
     /// names them: of any version of the group, since a pod's reference keeps the version its
     /// owner was created in.
     pub fn covers(&self, api_version: &str, kind: &str) -> bool {
-        let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
-        kind == self.kind && group == self.group()
+        kind == self.kind && group_of(api_version) == self.group()
     }
 
     /// Whether the owner's pod is busy, or why the rule cannot tell (an expression that does not
@@ -94,6 +103,22 @@ impl OwnerRule {
     }
 }
 
+/// An owner as the view keys it: `group/Kind/name` (`/Kind/name` for the core group), so two
+/// groups' kinds of the same name are never taken for each other.
+pub fn owner_key(group: &str, kind: &str, name: &str) -> String {
+    format!("{group}/{kind}/{name}")
+}
+
+/// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
+pub fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// The `Kind/name` of an owner key, as people name an owner.
+pub fn kind_and_name(owner_key: &str) -> &str {
+    owner_key.split_once('/').map_or(owner_key, |(_, kind_and_name)| kind_and_name)
+}
+
 /// Why a rule cannot tell whether an owner's pods are busy: they are left as they are.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -101,10 +126,11 @@ pub struct Undecided(pub String);
 
 /// The busy label's value an owner's pod should carry, if it carries another: `"true"` while its
 /// owner is busy, `"false"` when it is not. A pod being deleted, or finished, is left as it is:
-/// its end is under way, and a flip to busy would be refused.
+/// its end is under way, and a flip to busy would be refused. A pod without the label is not
+/// busyguard's to write: not opted in, or in a namespace busyguard leaves alone.
 pub fn follow(label: Option<&str>, owner_busy: bool, ending: bool) -> Option<&'static str> {
     let wanted = if owner_busy { "true" } else { "false" };
-    (!ending && label != Some(wanted)).then_some(wanted)
+    (!ending && label? != wanted).then_some(wanted)
 }
 
 /// The merge patch that flips an owner's pod.
@@ -121,31 +147,50 @@ mod tests {
         s.parse().unwrap()
     }
 
-    const RUNNER: &str = "actions.github.com/v1alpha1/EphemeralRunner=\
-                          has(object.status) && has(object.status.jobId) && object.status.jobId != ''";
-    const GAME_SERVER: &str =
-        "agones.dev/v1/GameServer=has(object.status) && has(object.status.state) && object.status.state == 'Allocated'";
-
-    #[test]
-    fn a_runner_is_busy_while_its_status_has_a_job_id() {
-        let runner = rule(RUNNER);
-        assert_eq!(runner.busy(&json!({"status": {"phase": "Running"}})), Ok(false));
-        assert_eq!(runner.busy(&json!({"status": {"jobId": "2794"}})), Ok(true));
-        assert_eq!(runner.busy(&json!({"status": {"jobId": ""}})), Ok(false));
-        assert_eq!(runner.busy(&json!({"metadata": {"name": "r"}})), Ok(false));
+    /// The rules the components ship (manifests/actions-runner-controller, manifests/agones).
+    fn shipped(component: &str) -> OwnerRule {
+        let path = format!("{}/manifests/{component}/kustomization.yaml", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let arg = text.lines().find_map(|line| line.trim().strip_prefix("value: \"--busy-when-owner=")).unwrap();
+        rule(arg.strip_suffix('"').unwrap())
     }
 
     #[test]
-    fn a_game_server_is_busy_while_allocated() {
-        let game_server = rule(GAME_SERVER);
-        assert_eq!(game_server.busy(&json!({"status": {"state": "Allocated"}})), Ok(true));
-        assert_eq!(game_server.busy(&json!({"status": {"state": "Ready"}})), Ok(false));
-        assert_eq!(game_server.busy(&json!({"status": {"state": "Shutdown"}})), Ok(false));
+    fn a_runner_is_busy_while_its_status_has_a_job_on_every_release_of_actions_runner_controller() {
+        let runner = shipped("actions-runner-controller");
+        assert_eq!(runner.busy(&json!({"status": {"phase": "Running"}})), Ok(false));
+        assert_eq!(runner.busy(&json!({"metadata": {"name": "r"}})), Ok(false));
+        // gha-runner-scale-set 0.9 to 0.12: the listener writes the job request's id only.
+        assert_eq!(runner.busy(&json!({"status": {"jobRequestId": 2794_u64}})), Ok(true));
+        assert_eq!(runner.busy(&json!({"status": {"jobRequestId": 0}})), Ok(false));
+        // 0.13 on: the job's id beside it.
+        assert_eq!(runner.busy(&json!({"status": {"jobRequestId": 2794, "jobId": "c0ffee"}})), Ok(true));
+        assert_eq!(runner.busy(&json!({"status": {"jobId": "c0ffee"}})), Ok(true));
+        assert_eq!(runner.busy(&json!({"status": {"jobId": ""}})), Ok(false));
+        // Being deleted while its job runs: Actions Runner Controller's finalizer waits for it.
+        let deleting =
+            json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}, "status": {"jobRequestId": 7}});
+        assert_eq!(runner.busy(&deleting), Ok(true));
+    }
+
+    #[test]
+    fn a_game_server_is_busy_while_allocated_and_not_being_deleted() {
+        let game_server = shipped("agones");
+        assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Allocated"}})), Ok(true));
+        assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Ready"}})), Ok(false));
+        assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Shutdown"}})), Ok(false));
+        let deleting =
+            json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}, "status": {"state": "Allocated"}});
+        assert_eq!(
+            game_server.busy(&deleting),
+            Ok(false),
+            "deleting a GameServer ends its match (Agones deletes the pod)"
+        );
     }
 
     #[test]
     fn a_rule_names_its_kind_by_group_version_and_kind() {
-        let runner = rule(RUNNER);
+        let runner = shipped("actions-runner-controller");
         assert_eq!(
             (runner.group(), runner.version(), &*runner.kind),
             ("actions.github.com", "v1alpha1", "EphemeralRunner")
@@ -157,6 +202,10 @@ mod tests {
         let core = rule("v1/ConfigMap=true");
         assert_eq!((core.group(), core.version()), ("", "v1"));
         assert!(core.covers("v1", "ConfigMap"));
+        assert_eq!(runner.kind_path(), "actions.github.com/v1alpha1/EphemeralRunner");
+        assert_eq!(runner.owner_key("r"), "actions.github.com/EphemeralRunner/r");
+        assert_eq!(core.owner_key("c"), "/ConfigMap/c");
+        assert_eq!(kind_and_name("apps/ReplicaSet/w"), "ReplicaSet/w");
     }
 
     #[test]
@@ -184,7 +233,7 @@ mod tests {
         assert_eq!(follow(Some("false"), true, false), Some("true"));
         assert_eq!(follow(Some("true"), false, false), Some("false"));
         assert_eq!(follow(Some("true"), true, false), None);
-        assert_eq!(follow(None, false, false), Some("false"));
+        assert_eq!(follow(None, true, false), None, "not opted in, or left alone: never written");
         assert_eq!(follow(Some("false"), true, true), None, "a terminating or finished pod is left as it is");
     }
 }

@@ -1,6 +1,7 @@
 //! What the request handlers share: the policy, the audit log, the metrics, the cluster view,
 //! the limits, and whether this replica serves; its health as `/status` reports it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -9,8 +10,8 @@ use tokio::sync::Semaphore;
 
 use crate::audit::AuditLog;
 use crate::cluster::Cluster;
-use crate::cluster::view::Unavailable;
-use crate::metrics::Metrics;
+use crate::cluster::view::{OwnerKind, Unavailable};
+use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::PolicyConfig;
 
 /// Workloads with gauges of their own at most; the rest are summed as `(other)`.
@@ -133,6 +134,7 @@ impl App {
             why => why.to_string(),
         });
         problems.extend(view.err());
+        problems.extend(owner_rule_problems(&self.cluster.view.owner_kinds()));
         problems.extend(self.readiness().err().map(|e| e.to_string()));
         if problems.is_empty() { Ok(()) } else { Err(problems) }
     }
@@ -143,5 +145,36 @@ impl App {
         self.metrics.audit_failing.set(i64::from(self.audit.health().is_err()));
         self.metrics.view_unavailable.set(i64::from(self.cluster.view.check(Instant::now()).is_err()));
         self.count_workloads();
+        for (kind, state) in self.cluster.view.owner_kinds() {
+            let labels = OwnerRuleLabels { rule: kind };
+            self.metrics.owner_rule_followed.get_or_create(&labels).set(i64::from(state.unfollowed.is_none()));
+            self.metrics.owner_rule_ended_idle.get_or_create(&labels).set(state.ended_idle as i64);
+        }
     }
+}
+
+/// Owners of a kind that end one after the other with the rule holding for none of them before
+/// `/status` says so (the metric counts from the first).
+pub const ENDED_IDLE_TOLD: u64 = 20;
+
+/// What `/status` says of the busy rules' kinds: one not followed, or one whose rule held for
+/// none of the last owners of its kind to end.
+fn owner_rule_problems(kinds: &BTreeMap<String, OwnerKind>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (kind, state) in kinds {
+        if let Some(why) = &state.unfollowed {
+            problems.push(format!(
+                "--busy-when-owner {kind}: its owners are not followed ({why}); their pods keep the busy label they \
+                 have, everything else is served, and busyguard tries again"
+            ));
+        }
+        if state.ended_idle >= ENDED_IDLE_TOLD {
+            problems.push(format!(
+                "--busy-when-owner {kind}: the rule held for none of the last {} owners of its kind to end: does it \
+                 read a field this release of the owner's project writes?",
+                state.ended_idle
+            ));
+        }
+    }
+    problems
 }

@@ -179,27 +179,34 @@ async fn a_side_effect_still_in_flight_at_shutdown_is_carried_out_before_busygua
 }
 
 #[tokio::test]
-async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_stops_the_start_and_says_so() {
+async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_leaves_everything_else_serving_and_says_so() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    common::fresh_certs(dir.path());
-    let mut config = common::test_config(dir.path());
-    config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
-    config.policy.owner_rules = vec!["agones.dev/v1/GameServer=object.status.state == 'Allocated'".parse().unwrap()];
-    let Err(error) = busyguard::server::start(config).await else { panic!("started with a rule that guards nothing") };
-    let error = format!("{error:#}");
+    api.put_pod(worker_pod("busy", true));
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.policy.owner_rules =
+            vec!["agones.dev/v1/GameServer=object.status.state == 'Allocated'".parse().unwrap()];
+    })
+    .await;
+    // The other paths are served: a person's delete of a busy pod is refused (429).
+    let review = delete_of(&api.pod("capture", "busy").unwrap(), "pod-delete-by-user.json");
+    let answer = server.review("/validate", &review).await;
+    assert_eq!(answer["status"]["code"], 429, "{answer}");
+    // Said where people and alerts look, and asked again.
+    let status = server.admin_get("/status").await.text();
     assert!(
-        error.starts_with(
-            "--busy-when-owner agones.dev/v1/GameServer: the API server does not serve this kind (is its project \
-             installed, in this version?)"
+        status.contains(
+            "--busy-when-owner agones.dev/v1/GameServer: its owners are not followed (--busy-when-owner \
+             agones.dev/v1/GameServer: the API server does not serve this kind"
         ),
-        "{error}"
+        "{status}"
     );
-    assert!(api.calls().iter().any(|c| c.method == "GET" && c.path == "/apis/agones.dev/v1"), "asked discovery");
+    assert_eq!(server.metric(r#"busyguard_owner_rule_followed{rule="agones.dev/v1/GameServer"}"#).await, Some(0.0));
+    api.wait_for(2, |c| c.method == "GET" && c.path == "/apis/agones.dev/v1").await;
 }
 
 #[tokio::test]
-async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with() {
+async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with_and_warns_of_one_it_would_not_follow() {
     let api = ApiServer::start().await;
     let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
     let with_rule = |rule: &str| {
@@ -226,6 +233,16 @@ async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with() {
     );
     assert!(error.contains("does not compile"), "{error}");
     with_rule("agones.dev/v1/GameServer=object.status.state == 'Allocated'");
-    let error = check().await;
-    assert!(error.starts_with("busyguard cannot start with its busy rules: --busy-when-owner agones.dev/v1/GameServer: the API server does not serve this kind"), "{error}");
+    // busyguard starts with a kind not served: check warns of it, and goes on to its dry runs.
+    let warnings = busyguard::commands::check::owner_rule_warnings(&kube::Client::try_from(api.kube_config()).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(
+            "warning: --busy-when-owner agones.dev/v1/GameServer: the API server does not serve this kind"
+        ),
+        "{warnings:?}"
+    );
 }

@@ -294,6 +294,13 @@ impl Rig {
         admins.into_iter().filter_map(|admin| get_body(admin, "/metrics")).collect()
     }
 
+    /// The `/status` page of every replica, whatever it answers (200: ok; 503: what is wrong).
+    pub fn statuses(&self) -> Vec<String> {
+        let admins: Vec<SocketAddr> = self.kubelet.replicas.lock().unwrap().values().map(|r| r.admin).collect();
+        let bodies = admins.into_iter().filter_map(|admin| get(admin, "/status"));
+        bodies.filter_map(|r| r.split_once("\r\n\r\n").map(|(_, body)| body.to_string())).collect()
+    }
+
     /// Takes busyguard's webhook configurations away: the API server calls it no more.
     #[allow(dead_code)] // benches/apiserver.rs
     pub fn unregister(&self) -> Result<()> {

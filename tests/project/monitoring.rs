@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::Command;
 
 use busyguard::metrics::{
-    CauseLabels, Metrics, ResultLabels, ReviewLabels, SideEffectLabels, StatusLabels, WebhookLabels, WorkloadLabels,
-    WorkloadOnlyLabels,
+    CauseLabels, Metrics, OwnerRuleLabels, ResultLabels, ReviewLabels, SideEffectLabels, StatusLabels, WebhookLabels,
+    WorkloadLabels, WorkloadOnlyLabels,
 };
 use serde_json::Value;
 
@@ -32,6 +32,10 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
     let only = WorkloadOnlyLabels { namespace: "jobs".into(), workload: "Deployment/w".into() };
     metrics.workload_deferred_deletes.get_or_create(&only).set(1);
     metrics.workload_retired_keys.get_or_create(&only).set(1);
+    let rule = OwnerRuleLabels { rule: "agones.dev/v1/GameServer".into() };
+    metrics.owner_rule_followed.get_or_create(&rule).set(1);
+    metrics.owner_rule_ended_idle.get_or_create(&rule).set(0);
+    metrics.owner_rule_undecided.get_or_create(&rule).inc();
     let mut series: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in metrics.encode().lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         let name = line.split(['{', ' ']).next().unwrap().to_string();

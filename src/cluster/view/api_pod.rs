@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER};
+use crate::policy::owners::{group_of, owner_key};
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 
 /// A pod as the API sends it (lists, watch events, the answers to writes), decoded into the
@@ -143,7 +144,9 @@ impl ApiPod {
             .filter_map(|(k, v)| Some((*DECIDING_ANNOTATIONS.iter().find(|key| **key == k.as_str())?, boxed(v))))
             .collect();
         let mut owners = meta.owner_references.iter().flatten();
-        let owner = owners.find(|o| o.controller == Some(true)).map(|o| Arc::from(format!("{}/{}", o.kind, o.name)));
+        let owner = owners
+            .find(|o| o.controller == Some(true))
+            .map(|o| Arc::from(owner_key(group_of(&o.api_version), &o.kind, &o.name)));
         let readiness = self.status.readiness();
         let phase = Phase::parse(self.status.phase.as_deref());
         let mut record = PodRecord {
@@ -287,7 +290,7 @@ mod tests {
         assert_eq!(record.label("app"), Some("worker"));
         assert_eq!(record.annotation(BUSY_SINCE), Some("2026-11-21T20:00:00Z"));
         assert_eq!(record.annotations.len(), 1, "unrelated annotations are not kept");
-        assert_eq!(record.owner.as_deref(), Some("ReplicaSet/w"));
+        assert_eq!(record.owner.as_deref(), Some("apps/ReplicaSet/w"));
         assert_eq!(record.node.as_deref(), Some("node-1"));
         assert_eq!(record.phase, Phase::Running);
         assert_eq!(record.readiness(), Some(Readiness { ready: true, since: None, gated: false }));

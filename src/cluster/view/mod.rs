@@ -4,7 +4,7 @@
 mod api_pod;
 mod record;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 /// Pods by namespace, then name.
 type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
 
-/// Owners under a busy rule by namespace, then `Kind/name`: whether they say their pods are busy.
+/// Owners under a busy rule by namespace, then `group/Kind/name`: whether they say their pods are busy.
 type Owners = HashMap<Box<str>, HashMap<Box<str>, bool>>;
 
 /// Which pods a watch covers: one namespace, or all of them.
@@ -48,9 +48,21 @@ pub struct View {
     /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
     /// lifecycle conditions), and why: their pods take no new task.
     nodes_going: RwLock<HashMap<String, NodeGoing>>,
-    /// The owners under a busy rule (`--busy-when-owner`), by namespace and `Kind/name`, and
-    /// whether their status says their pods are busy, as watched.
+    /// The owners under a busy rule (`--busy-when-owner`), by namespace and `group/Kind/name`,
+    /// and whether their status says their pods are busy, as watched.
     owners: RwLock<Owners>,
+    /// Each busy rule's kind (`agones.dev/v1/GameServer`) and how following it goes.
+    owner_kinds: RwLock<BTreeMap<String, OwnerKind>>,
+}
+
+/// How following one busy rule's kind goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnerKind {
+    /// Why its owners are not followed now (not served, the watch failing); `None`: followed.
+    pub unfollowed: Option<String>,
+    /// Owners of the kind that ended, one after the other, without the rule ever holding for
+    /// them: a rule reading a field the release does not write holds for none.
+    pub ended_idle: u64,
 }
 
 struct Health {
@@ -101,6 +113,7 @@ impl View {
             shared: Mutex::default(),
             nodes_going: RwLock::default(),
             owners: RwLock::default(),
+            owner_kinds: RwLock::default(),
         }
     }
 
@@ -152,13 +165,23 @@ impl View {
     }
 
     /// The namespaces labelled the other way than the rest, as recorded.
-    /// Whether the owner (`Kind/name`) says its pods are busy; `None` if it is under no rule,
+    /// How following each busy rule's kind goes, by the kind as the flag names it.
+    pub fn owner_kinds(&self) -> BTreeMap<String, OwnerKind> {
+        self.owner_kinds.read().clone()
+    }
+
+    /// Changes what is recorded of following the busy rule's `kind`.
+    pub fn update_owner_kind(&self, kind: &str, update: impl FnOnce(&mut OwnerKind)) {
+        update(self.owner_kinds.write().entry(kind.to_string()).or_default());
+    }
+
+    /// Whether the owner (`group/Kind/name`) says its pods are busy; `None` if it is under no rule,
     /// or not seen yet.
     pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<bool> {
         self.owners.read().get(namespace)?.get(owner).copied()
     }
 
-    /// Every owner under a busy rule the view knows of, by namespace and `Kind/name`.
+    /// Every owner under a busy rule the view knows of, by namespace and `group/Kind/name`.
     pub fn owners_known(&self) -> Vec<(String, String)> {
         let owners = self.owners.read();
         let known = owners.iter().flat_map(|(namespace, in_namespace)| {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED};
+use crate::policy::owners::kind_and_name;
 use crate::policy::pod::{Phase, PodFacts, Readiness};
 use crate::policy::workloads::workload;
 
@@ -46,7 +47,8 @@ impl Second {
 pub struct PodRecord {
     pub uid: Box<str>,
     pub resource_version: Box<str>,
-    /// `Kind/name` of the controlling owner (shared, as the labels are).
+    /// The controlling owner as `group/Kind/name` (`policy::owners::owner_key`; shared, as the
+    /// labels are).
     pub owner: Option<Arc<str>>,
     pub node: Option<Arc<str>>,
     pub phase: Phase,
@@ -88,7 +90,7 @@ impl PodRecord {
 
     /// The workload of the pod named `name`, as people name it (see [`workload`]).
     pub fn workload(&self, name: &str) -> String {
-        workload(self.owner.as_deref(), self.template_hash(), name)
+        workload(self.owner.as_deref().map(kind_and_name), self.template_hash(), name)
     }
 }
 

@@ -47,7 +47,7 @@ pub(super) fn running_busy(rig: &Rig, ns: &str, job: &Value) -> Result<String> {
 }
 
 /// The Job's pod is deleted by the Job controller and gone, its delete audited as its owner's.
-fn ended_by_its_job(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
+pub(super) fn ended_by_its_job(rig: &Rig, ns: &str, pod: &str) -> Result<()> {
     eventually("the Job controller's delete goes through", Duration::from_secs(45), || {
         Ok(rig.pod(ns, pod)?.is_none())
     })?;

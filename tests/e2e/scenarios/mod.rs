@@ -8,6 +8,7 @@ mod lifecycle;
 mod neighbours;
 mod nodes;
 mod outages;
+mod owner_kinds;
 mod owners;
 mod queues;
 mod readiness;
@@ -50,6 +51,14 @@ pub const ALL: &[(&str, Scenario)] = &[
     (
         "runners_and_game_servers_are_busy_from_their_owners_status",
         owners::runners_and_game_servers_are_busy_from_their_owners_status,
+    ),
+    (
+        "an_owner_rule_whose_kind_is_not_served_takes_nothing_else_down",
+        owner_kinds::an_owner_rule_whose_kind_is_not_served_takes_nothing_else_down,
+    ),
+    (
+        "runners_are_busy_on_every_release_of_actions_runner_controller",
+        owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
     ),
     ("a_drain_of_queue_workers_completes_within_a_task", queues::a_drain_of_queue_workers_completes_within_a_task),
     (

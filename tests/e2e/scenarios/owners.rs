@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::rig::{ROOT, Rig, eventually};
 use crate::workers::{self, label};
 
-const NODE: &str = "e2e-owners";
+pub(super) const NODE: &str = "e2e-owners";
 
 /// Owner-to-pod flips measured (each way) per owner kind.
 const FLIPS: usize = 10;
@@ -109,10 +109,10 @@ fn guarded_as_their_owners_say(rig: &Rig) -> Result<()> {
 }
 
 /// An owner and its pod, of the same name (as Actions Runner Controller and Agones name them).
-struct Owned {
-    namespace: String,
-    resource: &'static str,
-    name: String,
+pub(super) struct Owned {
+    pub namespace: String,
+    pub resource: &'static str,
+    pub name: String,
 }
 
 impl Owned {
@@ -174,29 +174,36 @@ fn start_runner(rig: &Rig, runner: &Owned) -> Result<()> {
         "spec": {"githubConfigUrl": "https://github.com/example"}}))?;
     let labels = json!({"actions.github.com/scale-set-name": "scale-set", "app.kubernetes.io/component": "runner",
         "actions-ephemeral-runner": "True", "app": runner.name});
-    start_pod(rig, runner, "actions.github.com/v1alpha1", "EphemeralRunner", labels)
+    start_pod(rig, runner, ("actions.github.com/v1alpha1", "EphemeralRunner"), labels, NODE)
 }
 
 /// Agones creates the `GameServer`, then its pod of the same name, owned by it, labelled
 /// `agones.dev/gameserver`; the game server's SDK then marks it Ready.
-fn start_game_server(rig: &Rig, game_server: &Owned) -> Result<()> {
+pub(super) fn start_game_server(rig: &Rig, game_server: &Owned) -> Result<()> {
     rig.apply(&json!({"apiVersion": "agones.dev/v1", "kind": "GameServer",
         "metadata": {"name": game_server.name, "namespace": game_server.namespace},
         "spec": {"ports": [{"name": "default", "containerPort": 7654}]},
         "status": {"state": "Scheduled"}}))?;
     let labels = json!({"agones.dev/gameserver": game_server.name, "agones.dev/role": "gameserver",
         "app": game_server.name});
-    start_pod(rig, game_server, "agones.dev/v1", "GameServer", labels)?;
+    start_pod(rig, game_server, ("agones.dev/v1", "GameServer"), labels, NODE)?;
     set_state(rig, game_server, "Ready")
 }
 
-fn start_pod(rig: &Rig, owned: &Owned, api_version: &str, kind: &str, labels: Value) -> Result<()> {
+/// The owner's pod, as its controller creates it, on `node`.
+pub(super) fn start_pod(
+    rig: &Rig,
+    owned: &Owned,
+    (api_version, kind): (&str, &str),
+    labels: Value,
+    node: &str,
+) -> Result<()> {
     let owner = rig.get(&["-n", &owned.namespace, owned.resource, &owned.name])?;
     let reference = json!({"apiVersion": api_version, "kind": kind, "name": owned.name,
         "uid": owner["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true});
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": owned.name, "namespace": owned.namespace, "labels": labels, "ownerReferences": [reference]},
-        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "main", "image": "example.com/owned"}]}});
     // Created as is (kubectl create, not apply: no last-applied annotation, as a controller's).
     crate::rig::kubectl_stdin(&rig.admin, &["create", "-f", "-"], &pod.to_string())?;
@@ -228,7 +235,7 @@ fn clear_job(rig: &Rig, runner: &Owned) -> Result<()> {
 
 /// The allocator's (and the SDK server's) write: the whole `GameServer` updated with its new
 /// state (Agones' GameServer has no status subresource).
-fn set_state(rig: &Rig, game_server: &Owned, state: &str) -> Result<()> {
+pub(super) fn set_state(rig: &Rig, game_server: &Owned, state: &str) -> Result<()> {
     let mut current = rig.get(&["-n", &game_server.namespace, game_server.resource, &game_server.name])?;
     current["status"]["state"] = json!(state);
     crate::rig::kubectl_stdin(&rig.admin, &["replace", "-f", "-"], &current.to_string()).map(drop)
@@ -245,7 +252,7 @@ fn ephemeral_runner_crd() -> Value {
     )
 }
 
-fn game_server_crd() -> Value {
+pub(super) fn game_server_crd() -> Value {
     crd("agones.dev", "v1", "GameServer", "gameservers", false, json!({"state": {"type": "string"}}))
 }
 

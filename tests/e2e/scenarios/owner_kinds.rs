@@ -1,0 +1,198 @@
+//! A busy rule's kind as its project really serves it: a CRD missing when busyguard starts, or
+//! removed while it runs, takes nothing else down; and Actions Runner Controller's own CRDs,
+//! release by release (../shared/peers), with the listener's write as each release makes it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::json;
+
+use super::jobs::{ended_by_its_job, job, run_to_completion, running_busy};
+use super::owners::{NODE, Owned, game_server_crd, set_state, start_game_server, start_pod};
+use crate::rig::{ROOT, Rig, eventually};
+use crate::workers::{self, flip, label};
+
+const GAME_SERVERS: &str = "gameservers.agones.dev";
+const NOT_FOLLOWED: &str = "--busy-when-owner agones.dev/v1/GameServer: its owners are not followed";
+
+/// The Agones component installed on a cluster without Agones' CRD (uninstalled, or never there):
+/// busyguard starts and serves every other path; `/status` says the kind is not followed. The
+/// CRD applied, its game servers are followed; removed while busyguard runs, it says so again;
+/// applied once more, they are followed again.
+pub fn an_owner_rule_whose_kind_is_not_served_takes_nothing_else_down(rig: &Rig) -> Result<()> {
+    rig.kubectl(&["delete", "crd", GAME_SERVERS, "--ignore-not-found", "--wait=true"])?;
+    // The rollout completes: two replicas answer though the rule's kind is not served.
+    rig.install_with(&["agones"])?;
+    let outcome = serves_without_the_kind(rig);
+    let _ = rig.kubectl(&["delete", "crd", GAME_SERVERS, "--ignore-not-found", "--wait=true"]);
+    rig.install_release(Path::new(ROOT), None)?;
+    outcome
+}
+
+fn serves_without_the_kind(rig: &Rig) -> Result<()> {
+    told_on_every_replica(rig, true)?;
+    // A person's delete of a busy pod is still refused and deferred.
+    let ns = rig.namespace("owner-kind-gone")?;
+    workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
+    flip(rig, &ns, "task", true)?;
+    let (deleted, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--wait=false"])?;
+    ensure!(!deleted && err.contains("busy"), "a person's delete of a busy pod was not refused: {err}");
+    // A Job's own end still passes.
+    let jobs = run_to_completion(rig, "owner-kind-gone-jobs")?;
+    let pod = running_busy(rig, &jobs, &job(&jobs, "suspended", json!({})))?;
+    rig.kubectl(&["-n", &jobs, "patch", "job", "suspended", "--type=merge", "-p", r#"{"spec":{"suspend":true}}"#])?;
+    ended_by_its_job(rig, &jobs, &pod)?;
+
+    // Agones installed: its game servers are followed (busyguard asks again every minute at most).
+    rig.node(NODE, "4")?;
+    rig.kubectl(&["uncordon", NODE])?;
+    let games = rig.namespace("owner-kind-games")?;
+    apply_game_server_crd(rig)?;
+    allocated_and_followed(rig, &games, "gs-first", Duration::from_secs(90))?;
+    told_on_every_replica(rig, false)?;
+
+    // Agones uninstalled while busyguard runs (its chart deletes its CRDs): said again.
+    let first = Owned { namespace: games.to_string(), resource: GAME_SERVERS, name: "gs-first".into() };
+    set_state(rig, &first, "Ready")?;
+    rig.kubectl(&["delete", "crd", GAME_SERVERS, "--wait=true"])?;
+    told_on_every_replica(rig, true)?;
+
+    // And installed again: followed again, with no restart.
+    apply_game_server_crd(rig)?;
+    allocated_and_followed(rig, &games, "gs-second", Duration::from_secs(90))
+}
+
+/// Whether every replica's `/status` says the GameServer rule is not followed (`told`), or none.
+fn told_on_every_replica(rig: &Rig, told: bool) -> Result<()> {
+    let what = if told { "every replica says the kind is not followed" } else { "no replica says so any more" };
+    eventually(what, Duration::from_secs(60), || {
+        let statuses = rig.statuses();
+        Ok(statuses.len() == 2 && statuses.iter().all(|s| s.contains(NOT_FOLLOWED) == told))
+    })
+    .with_context(|| format!("/status: {:?}", rig.statuses()))
+}
+
+fn apply_game_server_crd(rig: &Rig) -> Result<()> {
+    rig.apply(&game_server_crd())?;
+    rig.kubectl(&["wait", "--for=condition=Established", &format!("crd/{GAME_SERVERS}"), "--timeout=30s"])?;
+    Ok(())
+}
+
+/// A game server started and allocated; its pod turns busy within `within`.
+fn allocated_and_followed(rig: &Rig, ns: &str, name: &str, within: Duration) -> Result<()> {
+    let game_server = Owned { namespace: ns.to_string(), resource: GAME_SERVERS, name: name.into() };
+    start_game_server(rig, &game_server)?;
+    set_state(rig, &game_server, "Allocated")?;
+    eventually(&format!("{name}'s pod follows its Allocated GameServer"), within, || {
+        Ok(rig.pod(ns, name)?.is_some_and(|pod| label(&pod, "busyguard.io/busy").as_deref() == Some("true")))
+    })
+}
+
+/// Where `../shared` keeps Actions Runner Controller's charts at a release, if it is there.
+fn arc_release(release: &str) -> Option<PathBuf> {
+    let dir = Path::new(ROOT).join(format!("../shared/peers/actions-runner-controller-{release}"));
+    dir.is_dir().then_some(dir)
+}
+
+/// Actions Runner Controller's own `EphemeralRunner` CRD, release by release (0.12.1 writes
+/// `jobRequestId` only, 0.14.2 `jobId` beside it; the schemas prune anything else), with the
+/// listener's `HandleJobStarted` as each release's source makes it: a merge patch of the
+/// status subresource, no resourceVersion. The runner's pod turns busy on both; deleting the
+/// `EphemeralRunner` mid-job keeps it guarded (ARC's finalizer waits for the job), and a drain
+/// waits for it. Needs ../shared (skipped, and said, without it).
+pub fn runners_are_busy_on_every_release_of_actions_runner_controller(rig: &Rig) -> Result<()> {
+    let releases: Vec<(&str, PathBuf)> =
+        ["0.12.1", "0.14.2"].into_iter().filter_map(|r| Some((r, arc_release(r)?))).collect();
+    if releases.is_empty() {
+        println!(
+            "e2e: skipped: Actions Runner Controller's charts are not in ../shared/peers (a clone without ../shared)"
+        );
+        return Ok(());
+    }
+    rig.install_with(&["actions-runner-controller"])?;
+    let mut outcome = Ok(());
+    for (release, dir) in releases {
+        outcome = runner_guarded_on(rig, release, &dir).with_context(|| format!("gha-runner-scale-set {release}"));
+        if outcome.is_err() {
+            break;
+        }
+    }
+    let _ = rig.kubectl(&["delete", "crd", "ephemeralrunners.actions.github.com", "--ignore-not-found"]);
+    rig.install_release(Path::new(ROOT), None)?;
+    outcome
+}
+
+fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
+    let crd = dir.join("charts/gha-runner-scale-set-controller/crds/actions.github.com_ephemeralrunners.yaml");
+    // Replaced whole (create, or replace over another release's), as `helm upgrade` leaves CRDs
+    // to be: kubectl replace drops the fields 1.28 does not know, with a warning.
+    let crd = crd.to_str().context("the CRD's path")?;
+    if !rig.try_kubectl(&["replace", "-f", crd])?.0 {
+        rig.kubectl(&["create", "-f", crd])?;
+    }
+    rig.kubectl(&["wait", "--for=condition=Established", "crd/ephemeralrunners.actions.github.com", "--timeout=30s"])?;
+    let node = format!("e2e-arc-{}", release.replace('.', "-"));
+    rig.node(&node, "4")?;
+    let ns = rig.namespace(&format!("arc-{}", release.replace('.', "-")))?;
+    let runner = Owned {
+        namespace: ns.to_string(),
+        resource: "ephemeralrunners.actions.github.com",
+        name: "arc-runner-set-hx7qz-runner-4tb9k".into(),
+    };
+    rig.apply(&json!({"apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
+        "metadata": {"name": runner.name, "namespace": runner.namespace,
+            "finalizers": ["ephemeralrunner.actions.github.com/finalizer"],
+            "labels": {"actions.github.com/scale-set-name": "arc-runner-set", "app.kubernetes.io/component": "runner"}},
+        "spec": {"githubConfigUrl": "https://github.com/example", "githubConfigSecret": "github-config",
+            "runnerScaleSetId": 1, "spec": {"containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner"}]}}}))?;
+    let labels = json!({"actions.github.com/scale-set-name": "arc-runner-set", "app.kubernetes.io/component": "runner",
+        "actions-ephemeral-runner": "True", "app": runner.name});
+    start_pod(rig, &runner, ("actions.github.com/v1alpha1", "EphemeralRunner"), labels, &node)?;
+
+    // The listener's write on JobStarted, as this release makes it.
+    let mut status = json!({"jobRequestId": 8274, "jobRepositoryName": "example/app", "workflowRunId": 3001,
+        "jobWorkflowRef": "example/app/.github/workflows/ci.yaml@refs/heads/main", "jobDisplayName": "build"});
+    if release != "0.12.1" {
+        status["jobId"] = json!("6b7c1e0e-35c4-5f4d-8a4e-1e2f3a4b5c6d");
+    }
+    let args = ["-n", &ns, "patch", runner.resource, &runner.name, "--subresource=status", "--type=merge"];
+    rig.kubectl(&[&args[..], &["-p", &json!({"status": status}).to_string()]].concat())?;
+    let written = rig.get(&["-n", &ns, runner.resource, &runner.name])?;
+    ensure!(
+        written["status"]["jobRequestId"] == 8274 && (release != "0.12.1" || written["status"]["jobId"].is_null()),
+        "the release's schema did not keep what its listener writes: {}",
+        written["status"]
+    );
+    busy(rig, &runner, true)?;
+
+    // Deleted mid-job (a person's `kubectl delete ephemeralrunner`): ARC's finalizer waits for
+    // the job, and so does busyguard.
+    rig.kubectl(&["-n", &ns, "delete", runner.resource, &runner.name, "--wait=false"])?;
+    std::thread::sleep(Duration::from_secs(2));
+    busy(rig, &runner, true)?;
+    let (drained, _, _) = rig.try_kubectl(&["drain", &node, "--force", "--ignore-daemonsets", "--timeout=10s"])?;
+    ensure!(!drained, "a drain took the runner of a job still running");
+    ensure!(rig.pod(&ns, &runner.name)?.is_some(), "the runner's pod went mid-job");
+
+    // The job done, the runner exits (the kubelet writes the pod's end), ARC deletes the pod
+    // and its finalizer lets the EphemeralRunner go.
+    let finished = json!({"status": {"phase": "Succeeded", "containerStatuses": [{"name": "main",
+        "image": "example.com/owned", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": jiff::Timestamp::now().to_string()}}}]}});
+    let status = ["-n", &ns, "patch", "pod", &runner.name, "--subresource=status", "--type=merge"];
+    rig.kubectl(&[&status[..], &["-p", &finished.to_string()]].concat())?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", &runner.name, "--wait=false"])?;
+    let finalizer = r#"[{"op":"remove","path":"/metadata/finalizers"}]"#;
+    rig.kubectl(&["-n", &ns, "patch", runner.resource, &runner.name, "--type=json", "-p", finalizer])?;
+    rig.kubectl(&["uncordon", &node]).map(drop)
+}
+
+/// Whether the runner's pod carries `busyguard.io/busy: "true"` (`busy`), within 10 s.
+fn busy(rig: &Rig, runner: &Owned, busy: bool) -> Result<()> {
+    let want = if busy { "true" } else { "false" };
+    eventually(&format!("{}'s pod busy={want}", runner.name), Duration::from_secs(10), || {
+        let pod = rig.pod(&runner.namespace, &runner.name)?;
+        Ok(pod.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some(want)))
+    })
+}
