@@ -100,6 +100,8 @@ fn the_base_renders_offline_with_everything_an_install_needs_but_the_certificate
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingWebhookConfiguration"
@@ -683,6 +685,20 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
     assert_eq!(objects_policy["validations"][0]["expression"], selectors::busyguards_own_objects());
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-objects")["spec"];
     assert_eq!(binding["policyName"], "busyguard-fence-objects");
+    // Its evictions, which a rule on pods does not match.
+    let evictions = &find(&objects, "ValidatingAdmissionPolicy", "busyguard-fence-evictions")["spec"];
+    assert_eq!(evictions["matchConditions"], policy["matchConditions"]);
+    assert_eq!(evictions["failurePolicy"], "Fail");
+    assert_eq!(
+        evictions["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"]}])
+    );
+    assert_eq!(evictions["validations"][0]["expression"], selectors::busyguards_own_evictions());
+    let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-evictions")["spec"];
+    assert_eq!(
+        (&binding["policyName"], &binding["validationActions"]),
+        (&json!("busyguard-fence-evictions"), &json!(["Deny"]))
+    );
 }
 
 #[test]
@@ -690,7 +706,7 @@ fn before_1_30_the_component_leaves_out_the_fence_and_nothing_else() {
     let is_fence = |o: &Value| o["kind"].as_str().unwrap().starts_with("ValidatingAdmissionPolicy");
     let mut shipped = render(&manifests("cert-manager"));
     let fences = shipped.iter().filter(|o| is_fence(o)).count();
-    assert_eq!(fences, 4, "two policies and their bindings");
+    assert_eq!(fences, 6, "three policies and their bindings");
     shipped.retain(|o| !is_fence(o));
     assert_eq!(render(&manifests("examples/before-1.30")), shipped);
 }

@@ -138,6 +138,13 @@ pub fn pod_eviction(
     };
     let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
     let view = inputs.trusted_view("the eviction")?;
+    if view.own_user() == Some(ask.requester.username) {
+        let own = view.with_pod_under_budget(&request.namespace, &request.name, |pod, _| {
+            disruption::judge_own_eviction(&ask, Some(pod), inputs.policy, now)
+        });
+        let no_pod: Option<&Pod> = None;
+        return Ok(own.unwrap_or_else(|| disruption::judge_own_eviction(&ask, no_pod, inputs.policy, now)));
+    }
     let grace_period = eviction.grace_period();
     let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
         let evict = Disruption {

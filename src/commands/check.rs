@@ -12,6 +12,7 @@ use clap::Args;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -164,14 +165,36 @@ pub async fn owner_rule_warnings(client: &kube::Client) -> anyhow::Result<Option
         .map_err(|why| anyhow::anyhow!("busyguard cannot start with its busy rules: --busy-when-owner {why}"))?;
     let mut warnings = Vec::new();
     for rule in &rules {
-        if let Err(why) = owners::resolve(client, rule).await {
-            warnings.push(format!(
+        match owners::resolve(client, rule).await {
+            Err(why) => warnings.push(format!(
                 "warning: {why:#}: busyguard serves without following it, and its owners' pods are not guarded \
                  until it is served"
-            ));
+            )),
+            Ok(resource) => {
+                for field in pruned_by_the_schema(client, rule, &resource.plural).await {
+                    warnings.push(format!(
+                        "warning: --busy-when-owner {}: the rule reads {field}, which the API server's schema of {} \
+                         {} does not keep (it prunes it): that part of the rule never holds on this release",
+                        rule.kind_path(),
+                        rule.kind,
+                        rule.version()
+                    ));
+                }
+            }
         }
     }
     Ok(Some(warnings))
+}
+
+/// The fields the rule reads that its kind's CustomResourceDefinition (if it is one the user may
+/// read) prunes at the rule's version; none when that cannot be told.
+async fn pruned_by_the_schema(client: &kube::Client, rule: &OwnerRule, plural: &str) -> Vec<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Ok(Some(crd)) = crds.get_opt(&format!("{plural}.{}", rule.group())).await else { return Vec::new() };
+    let version = crd.spec.versions.into_iter().find(|v| v.name == rule.version());
+    let Some(schema) = version.and_then(|v| v.schema).and_then(|s| s.open_api_v3_schema) else { return Vec::new() };
+    let Ok(schema) = serde_json::to_value(schema) else { return Vec::new() };
+    crate::policy::owners::pruned_fields(&rule.expression, &schema)
 }
 
 /// Who other than busyguard refused a pod's create, by the API server's message: another

@@ -14,6 +14,7 @@ use super::keys::{
     EvictAs, RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
+use super::owners;
 use super::pod::PodFacts;
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
 use super::verdict::{Override, Verdict, judge, let_through, override_detail};
@@ -145,16 +146,41 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     };
     let user = d.ask.requester.username;
     let deadline = d.action == Action::Delete && config.exemptions.is_karpenter(user);
-    let owners_own = d.action == Action::Delete
-        && d.pod.runs_to_completion().is_some()
-        && config.exemptions.is_owner_controller(user);
+    let runs_to_completion = d.action == Action::Delete && d.pod.runs_to_completion().is_some();
+    let owners_own = runs_to_completion && config.exemptions.is_owner_controller(user);
+    // The garbage collector deletes a pod only once its owner is gone or going.
+    let owner_deleted = runs_to_completion && user == GARBAGE_COLLECTOR_USER;
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::Deny { .. } if deadline => let_busy_go(d, Override::KarpenterDeadline, audit),
         Verdict::Deny { .. } if owners_own => let_busy_go(d, Override::OwnerController, audit),
+        Verdict::Deny { .. } if owner_deleted => let_busy_go(d, Override::OwnerDeleted, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
         Verdict::Deny { since, until } => refuse_busy(d, since, until, config, now, audit),
     }
+}
+
+/// An eviction by busyguard's own token (`own_user`): only of a pod whose eviction busyguard
+/// deferred, as its mark (written by busyguard) says; any other is refused, so a stolen token
+/// evicts no other pod busyguard's webhooks see (the fence keeps it out of kube-system and
+/// busyguard's namespace). `pod`: the view's record, `None` for a pod not opted in.
+pub fn judge_own_eviction(
+    ask: &Ask<'_>,
+    pod: Option<&(impl PodFacts + ?Sized)>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let deferred = pod.and_then(|pod| pod.delete_request()).is_some_and(|request| request.evict.is_some());
+    if deferred {
+        return Outcome::allow(Decision::Allowed);
+    }
+    let message = format!(
+        "busyguard's own service account evicts only the pods whose eviction it deferred (marked {DELETE_REQUESTED} \
+         with an eviction, by busyguard); pod {}/{} is not one",
+        ask.namespace, ask.name
+    );
+    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
+    Outcome::refused(Denial::NotDeferred, Reason::NotDeferred, message, config.mode, audit)
 }
 
 /// A pod nothing busy holds: its workload's budget, if any, has the last word.
@@ -218,7 +244,10 @@ fn refuse_busy(
     }
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::DryRun;
-    let mut message = busy_denial(ask.namespace, ask.name, since, until, by_readiness, enforced);
+    let owner = pod.owner();
+    let followed = owner.as_deref().filter(|owner| owners::rule_of(&config.owner_rules, owner).is_some());
+    let busy = Busy { since, until, by_readiness, followed: followed.map(owners::kind_and_name) };
+    let mut message = busy_denial(ask.namespace, ask.name, &busy, enforced);
     if !enforced {
         return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
     }
@@ -268,24 +297,28 @@ fn refuse_busy(
     }
 }
 
+/// What makes a pod busy, as a refusal tells it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Busy<'a> {
+    pub since: Option<Timestamp>,
+    /// When its protection lapses at the latest.
+    pub until: Option<Timestamp>,
+    /// Busy because it is not Ready (compatibility mode), where the label says idle.
+    pub by_readiness: bool,
+    /// The owner (`Kind/name`) whose status its busy label follows (`--busy-when-owner`).
+    pub followed: Option<&'a str>,
+}
+
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
-/// `by_readiness`: busy because it is not Ready (compatibility mode), where the label says idle.
 /// `enforced`: the refusal stands (not `--mode dry-run`, where the pod goes all the same).
-pub fn busy_denial(
-    namespace: &str,
-    name: &str,
-    since: Option<Timestamp>,
-    until: Option<Timestamp>,
-    by_readiness: bool,
-    enforced: bool,
-) -> String {
+pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool) -> String {
     use std::fmt::Write;
     // One buffer, written once: every refusal of a busy pod builds this sentence.
     let mut message = String::with_capacity(256 + 2 * (namespace.len() + name.len()));
-    let busy = if by_readiness { "busy (not Ready)" } else { "busy" };
-    let _ = write!(message, "pod {namespace}/{name} is {busy}");
+    let what = if busy.by_readiness { "busy (not Ready)" } else { "busy" };
+    let _ = write!(message, "pod {namespace}/{name} is {what}");
     // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
-    let counted = match since {
+    let counted = match busy.since {
         Some(t) => {
             let _ = write!(message, " since {t}");
             ""
@@ -295,13 +328,25 @@ pub fn busy_denial(
             ", counted from the pod's creation"
         }
     };
-    if let Some(t) = until {
+    if let Some(t) = busy.until {
         let _ = write!(message, " ({}{counted})", lapses_at(t));
     }
     if enforced {
         message.push_str("; it will be spared until it is idle");
     }
-    let _ = write!(message, "; {}", how_to_force(namespace, name));
+    match busy.followed {
+        // Its label is busyguard's to write: a person's relabelling is undone at the next flip.
+        Some(owner) => {
+            let _ = write!(
+                message,
+                "; its busy label follows its owner {owner} (--busy-when-owner): to force, end the owner's task, or \
+                 delete the pod as a user busyguard exempts (--exempt-user)"
+            );
+        }
+        None => {
+            let _ = write!(message, "; {}", how_to_force(namespace, name));
+        }
+    }
     message
 }
 
@@ -539,6 +584,63 @@ mod tests {
             assert_eq!(outcome.audit.as_ref().map(|a| (a.decision, a.reason)), audited, "{row}");
             let marks = outcome.effects.iter().any(|e| matches!(e, Effect::MarkDeleteRequested { .. }));
             assert_eq!(marks, marked, "{row}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_pod_busy_by_its_owner_names_the_owner_and_what_really_forces_it() {
+        let rule = "actions.github.com/v1alpha1/EphemeralRunner=has(object.status.jobRequestId)";
+        let with_rule = PolicyConfig { owner_rules: vec![rule.parse().unwrap()], ..config(Mode::Enforce) };
+        let mut runner = busy_worker();
+        runner.metadata.owner_references = serde_json::from_value(json!([{"apiVersion": "actions.github.com/v1alpha1",
+            "kind": "EphemeralRunner", "name": "ci-4tb9k", "uid": "o", "controller": true}]))
+        .unwrap();
+        let refusal = |pod: &Pod, config: &PolicyConfig| {
+            let disruption = Disruption {
+                ask: &ask("alice", false),
+                action: Action::Evict,
+                pod,
+                seen: Some(pod),
+                siblings: None,
+                grace_period: None,
+                container: None,
+            };
+            let Answer::Deny { message, .. } = judge_disruption(&disruption, config, now()).answer else { panic!() };
+            message
+        };
+        let message = refusal(&runner, &with_rule);
+        assert!(message.contains("follows its owner EphemeralRunner/ci-4tb9k (--busy-when-owner)"), "{message}");
+        assert!(!message.contains("kubectl label"), "relabelling is undone at the next flip: {message}");
+        let message = refusal(&runner, &config(Mode::Enforce));
+        assert!(message.contains("kubectl label pod w"), "no rule for its owner: the label is the user's: {message}");
+    }
+
+    #[test]
+    fn busyguards_own_token_evicts_only_a_pod_whose_eviction_it_deferred() {
+        let marked = |mark: &str, by_busyguard: bool| -> Pod {
+            let managed = if by_busyguard { marked_by_busyguard() } else { json!([]) };
+            serde_json::from_value(json!({"metadata": {"name": "w", "namespace": "capture", "uid": "u-w",
+                "labels": {BUSY_LABEL: "false", DELETE_REQUESTED: "true"}, "annotations": {DELETE_REQUESTED: mark},
+                "managedFields": managed}, "status": {"phase": "Running"}}))
+            .unwrap()
+        };
+        let eviction = r#"{"by":"descheduler","at":"2026-11-21T20:30:00Z","evict":{}}"#;
+        let delete = r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#;
+        let busyguard = ask("system:serviceaccount:busyguard:busyguard", false);
+        let config = config(Mode::Enforce);
+        let own = |pod: Option<&Pod>| judge_own_eviction(&busyguard, pod, &config, now());
+        assert_eq!(own(Some(&marked(eviction, true))).decision, Decision::Allowed, "its deferred eviction");
+        for (what, pod) in [
+            ("an idle pod, unmarked", Some(worker("false", json!({}), json!({"phase": "Running"})))),
+            ("a deferred delete, not an eviction", Some(marked(delete, true))),
+            ("a mark someone else wrote", Some(marked(eviction, false))),
+            ("a pod not opted in", None),
+        ] {
+            let refused = own(pod.as_ref());
+            let Answer::Deny { denial, message } = &refused.answer else { panic!("{what}: {:?}", refused.answer) };
+            assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotDeferred"), "{what}");
+            assert!(message.contains("pod capture/"), "{what}: {message}");
+            assert_eq!(refused.audit.map(|a| a.reason), Some(Reason::NotDeferred), "{what}");
         }
     }
 
@@ -785,6 +887,22 @@ mod tests {
     }
 
     #[test]
+    fn a_run_to_completion_pod_goes_with_its_deleted_owner_and_a_workers_waits() {
+        let mut job_pod = busy_worker();
+        job_pod.metadata.labels.insert("batch.kubernetes.io/job-name".into(), "nightly-29000000".into());
+        // CronJob Replace deletes the running Job in background: the garbage collector deletes its pod.
+        let outcome = judged(GARBAGE_COLLECTOR_USER, Action::Delete, &job_pod, None);
+        assert!(outcome.is_allowed(), "the owner's deletion is the workload's end");
+        let audit = outcome.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason), (Decision::Exempted, Reason::OwnerDeleted));
+        assert!(audit.detail.contains("--cascade=orphan"), "{}", audit.detail);
+        // A worker of a ReplicaSet deleted in background still waits for its task.
+        let worker = judged(GARBAGE_COLLECTOR_USER, Action::Delete, &busy_worker(), None);
+        assert_eq!(reason_of(&worker), Some(Reason::BusyDeleteDeferred));
+        assert!(!judged(GARBAGE_COLLECTOR_USER, Action::Evict, &job_pod, None).is_allowed(), "nor an eviction");
+    }
+
+    #[test]
     fn a_controllers_delete_of_a_busy_pod_is_refused_without_a_mark() {
         let replicaset = "system:serviceaccount:kube-system:replicaset-controller";
         let outcome = busy_decided(ask(replicaset, false), Action::Delete, Mode::Enforce, now());
@@ -923,7 +1041,8 @@ mod tests {
     fn busy_denial_names_the_pod_the_time_and_the_override() {
         let (since, until) =
             (Some("2026-11-21T20:00:00Z".parse().unwrap()), Some("2026-11-22T20:00:00Z".parse().unwrap()));
-        let message = busy_denial("capture", "worker-1", since, until, false, true);
+        let busy = |since, until, by_readiness| Busy { since, until, by_readiness, followed: None };
+        let message = busy_denial("capture", "worker-1", &busy(since, until, false), true);
         assert_eq!(
             message,
             "pod capture/worker-1 is busy since 2026-11-21T20:00:00Z (protection lapses at \
@@ -931,17 +1050,24 @@ mod tests {
              kubectl label pod worker-1 -n capture busyguard.io/busy=false --overwrite"
         );
         assert_eq!(
-            busy_denial("ns", "p", None, until, false, true),
+            busy_denial("ns", "p", &busy(None, until, false), true),
             "pod ns/p is busy, since when busyguard cannot tell (protection lapses at 2026-11-22T20:00:00Z at the \
              latest, counted from the pod's creation); it will be spared until it is idle; to force: kubectl label \
              pod p -n ns busyguard.io/busy=false --overwrite"
         );
         assert_eq!(
-            busy_denial("ns", "p", since, None, true, true),
+            busy_denial("ns", "p", &busy(since, None, true), true),
             "pod ns/p is busy (not Ready) since 2026-11-21T20:00:00Z; it will be spared until it is idle; to force: \
              kubectl label pod p -n ns busyguard.io/busy=false --overwrite"
         );
-        let would = busy_denial("ns", "p", since, None, false, false);
+        let would = busy_denial("ns", "p", &busy(since, None, false), false);
         assert!(!would.contains("spared"), "in dry-run mode the pod goes: {would}");
+        let runner = Busy { followed: Some("EphemeralRunner/r"), ..busy(since, None, false) };
+        assert_eq!(
+            busy_denial("ci", "r", &runner, true),
+            "pod ci/r is busy since 2026-11-21T20:00:00Z; it will be spared until it is idle; its busy label follows \
+             its owner EphemeralRunner/r (--busy-when-owner): to force, end the owner's task, or delete the pod as a \
+             user busyguard exempts (--exempt-user)"
+        );
     }
 }

@@ -69,6 +69,12 @@ pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 /// The label by which an Argo Rollout's ReplicaSet selects its pods.
 pub const ROLLOUTS_POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
 
+/// Sets whose pods each have an owner of their own, by the label their project puts on every
+/// pod of the set, and the set's kind: Actions Runner Controller's scale set (a runner pod's
+/// owner is its `EphemeralRunner`), Agones' Fleet (a game server pod's, its `GameServer`).
+pub const SET_LABELS: [(&str, &str); 2] =
+    [("actions.github.com/scale-set-name", "AutoscalingRunnerSet"), ("agones.dev/fleet", "Fleet")];
+
 /// The labels by which run-to-completion owners mark their pods: a Job's (the Job controller,
 /// Kubernetes 1.27 and later), an Argo Workflow's, a Tekton TaskRun's.
 pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";

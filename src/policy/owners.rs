@@ -114,9 +114,43 @@ pub fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
+/// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`) busy, if any.
+pub fn rule_of<'r>(rules: &'r [OwnerRule], owner_key: &str) -> Option<&'r OwnerRule> {
+    rules.iter().find(|rule| owner_key.strip_prefix(&rule.owner_key("")).is_some_and(|name| !name.contains('/')))
+}
+
 /// The `Kind/name` of an owner key, as people name an owner.
 pub fn kind_and_name(owner_key: &str) -> &str {
     owner_key.split_once('/').map_or(owner_key, |(_, kind_and_name)| kind_and_name)
+}
+
+/// The fields under `spec` or `status` a rule's expression reads (`object.status.jobId`) that
+/// the owner kind's schema (its CRD's `openAPIV3Schema` for the rule's version) does not keep:
+/// the API server prunes them, so the parts of the rule reading them never hold.
+pub fn pruned_fields(expression: &str, schema: &serde_json::Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    for (at, _) in expression.match_indices("object.") {
+        let rest = &expression[at + "object.".len()..];
+        let path: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.').collect();
+        let fields: Vec<&str> = path.split('.').filter(|f| !f.is_empty()).collect();
+        if !matches!(fields.first(), Some(&"spec" | &"status")) || pruned.contains(&fields.join(".")) {
+            continue;
+        }
+        let mut node = schema;
+        for field in &fields {
+            if node.get("x-kubernetes-preserve-unknown-fields") == Some(&serde_json::Value::Bool(true)) {
+                break;
+            }
+            match node.get("properties").and_then(|p| p.get(*field)) {
+                Some(next) => node = next,
+                None => {
+                    pruned.push(fields.join("."));
+                    break;
+                }
+            }
+        }
+    }
+    pruned
 }
 
 /// Why a rule cannot tell whether an owner's pods are busy: they are left as they are.
@@ -186,6 +220,36 @@ mod tests {
             Ok(false),
             "deleting a GameServer ends its match (Agones deletes the pod)"
         );
+    }
+
+    #[test]
+    fn a_rule_reading_a_field_its_owners_schema_prunes_is_told_which() {
+        let schema = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "status": {"type": "object", "properties": {"jobRequestId": {"type": "integer"}}}}});
+        let runner = shipped("actions-runner-controller");
+        assert_eq!(pruned_fields(&runner.expression, &schema), ["status.jobId"], "0.12's schema has no jobId");
+        assert!(pruned_fields("has(object.spec.anything.at.all)", &schema).is_empty(), "kept as it comes");
+        assert!(pruned_fields("has(object.metadata.deletionTimestamp)", &schema).is_empty(), "every object's");
+    }
+
+    #[test]
+    fn the_shipped_runner_rule_reads_what_each_release_of_actions_runner_controller_keeps() {
+        let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/peers");
+        let runner = shipped("actions-runner-controller");
+        for (release, pruned) in [("0.12.1", vec!["status.jobId"]), ("0.14.2", vec![])] {
+            let path = format!(
+                "{peers}/actions-runner-controller-{release}/charts/gha-runner-scale-set-controller/crds/\
+                 actions.github.com_ephemeralrunners.yaml"
+            );
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                println!("skipped: needs ../shared/peers (Actions Runner Controller's CRDs), not on this clone");
+                return;
+            };
+            let crd: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+            let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            assert_eq!(pruned_fields(&runner.expression, schema), pruned, "{release}");
+        }
     }
 
     #[test]

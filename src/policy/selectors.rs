@@ -277,6 +277,19 @@ pub fn busyguards_own_pods() -> String {
     )
 }
 
+/// Where busyguard's own token may evict pods (the `busyguard-fence-evictions` policy of
+/// `manifests/base/fence.yaml`): outside the namespaces it never guards and those labelled out.
+/// Which pods there is its eviction webhook's to say: only those whose eviction busyguard
+/// deferred (`policy::disruption::judge_own_eviction`); the webhook sees no other namespace.
+pub fn busyguards_own_evictions() -> String {
+    format!(
+        "!(request.namespace in {}) && !(has(namespaceObject.metadata.labels) && \
+         namespaceObject.metadata.labels.exists(k, k == '{NAMESPACE_ENABLED_LABEL}' && \
+         namespaceObject.metadata.labels[k] == 'false'))",
+        list(&NEVER_GUARDED_NAMESPACES)
+    )
+}
+
 /// What busyguard's own token may do to a pod besides its metadata (the `busyguard-fence`
 /// policy's second rule): nothing. It writes labels and annotations, and deletes; a changed spec
 /// (an image, a resource) would be a stolen token's.
@@ -690,6 +703,24 @@ mod tests {
         assert!(!lets("leases", "busyguard", lease("busyguard-leader")), "another Lease of its namespace");
         assert!(!lets("leases", "jobs", lease("busyguard-budget-jobs.daemonset-agent")), "in a workload's namespace");
         assert!(!lets("leases", "kube-system", lease("busyguard-budget-x")), "in kube-system");
+    }
+
+    #[test]
+    fn the_fence_keeps_busyguards_evictions_out_of_the_namespaces_it_never_guards_or_is_kept_out_of() {
+        let lets = |namespace: &str, labels: Value| {
+            let program = cel::Program::compile(&busyguards_own_evictions()).unwrap();
+            let mut context = cel::Context::default();
+            let request = json!({"operation": "CREATE", "namespace": namespace, "subResource": "eviction"});
+            let namespace = json!({"metadata": {"name": namespace, "labels": labels}});
+            context.add_variable_from_value("request", cel::to_value(&request).unwrap());
+            context.add_variable_from_value("namespaceObject", cel::to_value(&namespace).unwrap());
+            program.execute(&context).unwrap() == cel::Value::Bool(true)
+        };
+        assert!(lets("jobs", json!({})));
+        assert!(lets("jobs", json!({NAMESPACE_ENABLED_LABEL: "true"})));
+        assert!(!lets("jobs", json!({NAMESPACE_ENABLED_LABEL: "false"})), "a namespace labelled out");
+        assert!(!lets("kube-system", json!({})));
+        assert!(!lets("busyguard", json!({})));
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub enum Override {
     /// A run-to-completion pod deleted by its own owner's controller (`--owner-controller-user`):
     /// the workload decides its own end; busyguard protects it from the cluster only.
     OwnerController,
+    /// A run-to-completion pod deleted by the garbage collector: its owner was deleted (a
+    /// person's `kubectl delete job`, CronJob `Replace` ending the run it replaces), which is
+    /// the workload's end too. `--cascade=orphan` is how one keeps the pods.
+    OwnerDeleted,
 }
 
 impl Override {
@@ -51,7 +55,8 @@ impl Override {
             | Override::NodeTaintEviction
             | Override::NamespaceDeleted
             | Override::KarpenterDeadline
-            | Override::OwnerController => Decision::Exempted,
+            | Override::OwnerController
+            | Override::OwnerDeleted => Decision::Exempted,
         }
     }
 
@@ -64,6 +69,7 @@ impl Override {
             Override::NamespaceDeleted => Reason::NamespaceDeleted,
             Override::KarpenterDeadline => Reason::KarpenterDeadline,
             Override::OwnerController => Reason::OwnerController,
+            Override::OwnerDeleted => Reason::OwnerDeleted,
         }
     }
 }
@@ -115,6 +121,10 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         Override::OwnerController => format!(
             "{pod} is busy; its own controller ends it (a deadline, a suspend, a backoff limit, a success policy, a \
              lowered parallelism; a stop, cancel or timeout): the workload decides its own end"
+        ),
+        Override::OwnerDeleted => format!(
+            "{pod} is busy; the garbage collector deletes it because its owner was deleted (a delete of its Job, \
+             CronJob Replace): the workload's end (--cascade=orphan keeps the pods)"
         ),
     }
 }

@@ -13,9 +13,18 @@ use super::pod::PodFacts;
 
 /// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
 /// of any of its ReplicaSets, by the label its ReplicaSets select with (`template_hash`: the
-/// label and its value), else the pod's controlling owner (`StatefulSet/db`, `Job/import`), else
-/// `Pod/<name>`.
-pub fn workload(owner: Option<&str>, template_hash: Option<(&str, &str)>, pod_name: &str) -> String {
+/// label and its value); a set whose pods each have an owner of their own by its label
+/// (`owners_set`: `AutoscalingRunnerSet/ci`, `Fleet/arena`); else the pod's controlling owner
+/// (`StatefulSet/db`, `Job/import`), else `Pod/<name>`.
+pub fn workload(
+    owner: Option<&str>,
+    template_hash: Option<(&str, &str)>,
+    owners_set: Option<(&str, &str)>,
+    pod_name: &str,
+) -> String {
+    if let Some((kind, name)) = owners_set {
+        return format!("{kind}/{name}");
+    }
     let Some(owner) = owner else { return format!("Pod/{pod_name}") };
     if let (Some(replica_set), Some((label, hash))) = (owner.strip_prefix("ReplicaSet/"), template_hash)
         && let Some(name) = replica_set.strip_suffix(hash).and_then(|name| name.strip_suffix('-'))
@@ -121,12 +130,36 @@ mod tests {
     #[test]
     fn a_deployments_pods_count_under_the_deployment_whatever_their_replica_set() {
         let hash = Some((POD_TEMPLATE_HASH, "6b8958b477"));
-        assert_eq!(workload(Some("ReplicaSet/worker-6b8958b477"), hash, "p"), "Deployment/worker");
+        assert_eq!(workload(Some("ReplicaSet/worker-6b8958b477"), hash, None, "p"), "Deployment/worker");
         let argo = Some((ROLLOUTS_POD_TEMPLATE_HASH, "7d9c4f"));
-        assert_eq!(workload(Some("ReplicaSet/worker-7d9c4f"), argo, "p"), "Rollout/worker");
-        assert_eq!(workload(Some("ReplicaSet/plain"), None, "p"), "ReplicaSet/plain");
-        assert_eq!(workload(Some("StatefulSet/db"), None, "db-0"), "StatefulSet/db");
-        assert_eq!(workload(None, None, "lonely"), "Pod/lonely");
+        assert_eq!(workload(Some("ReplicaSet/worker-7d9c4f"), argo, None, "p"), "Rollout/worker");
+        assert_eq!(workload(Some("ReplicaSet/plain"), None, None, "p"), "ReplicaSet/plain");
+        assert_eq!(workload(Some("StatefulSet/db"), None, None, "db-0"), "StatefulSet/db");
+        assert_eq!(workload(None, None, None, "lonely"), "Pod/lonely");
+    }
+
+    #[test]
+    fn runners_count_under_their_scale_set_and_game_servers_under_their_fleet() {
+        let runner: Pod = serde_json::from_value(json!({"metadata": {"name": "ci-runner-4tb9k", "labels": {
+            "actions.github.com/scale-set-name": "ci", "actions-ephemeral-runner": "True", BUSY_LABEL: "true"},
+            "ownerReferences": [{"apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
+                "name": "ci-runner-4tb9k", "uid": "u", "controller": true}]}}))
+        .unwrap();
+        let set = runner.owners_set();
+        assert_eq!(
+            workload(Some("EphemeralRunner/ci-runner-4tb9k"), None, set, "ci-runner-4tb9k"),
+            "AutoscalingRunnerSet/ci"
+        );
+        let game_server: Pod =
+            serde_json::from_value(json!({"metadata": {"labels": {"agones.dev/fleet": "arena"}}})).unwrap();
+        assert_eq!(workload(Some("GameServer/arena-x"), None, game_server.owners_set(), "arena-x"), "Fleet/arena");
+        let alone: Pod =
+            serde_json::from_value(json!({"metadata": {"labels": {"agones.dev/gameserver": "gs"}}})).unwrap();
+        assert_eq!(
+            workload(Some("GameServer/gs"), None, alone.owners_set(), "gs"),
+            "GameServer/gs",
+            "no fleet: its own"
+        );
     }
 
     #[test]

@@ -90,13 +90,17 @@ impl PodRecord {
 
     /// The workload of the pod named `name`, as people name it (see [`workload`]).
     pub fn workload(&self, name: &str) -> String {
-        workload(self.owner.as_deref().map(kind_and_name), self.template_hash(), name)
+        workload(self.owner.as_deref().map(kind_and_name), self.template_hash(), self.owners_set(), name)
     }
 }
 
 impl PodFacts for PodRecord {
     fn uid(&self) -> &str {
         &self.uid
+    }
+
+    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.owner.as_deref().map(Into::into)
     }
 
     fn resource_version(&self) -> &str {

@@ -63,6 +63,8 @@ pub enum Reason {
     ForgedKeys,
     /// Refused: a pod's own max-busy below the floor.
     MaxBusyBelowFloor,
+    /// Refused: an eviction by busyguard's own token of a pod whose eviction it did not defer.
+    NotDeferred,
     /// Refused: an update that would restart a busy pod's task container.
     RestartWhileBusy,
     BusyDeleteDeferred,
@@ -75,6 +77,8 @@ pub enum Reason {
     KarpenterDeadline,
     /// A run-to-completion pod deleted by its own owner's controller.
     OwnerController,
+    /// A run-to-completion pod deleted by the garbage collector: its owner was deleted.
+    OwnerDeleted,
     /// A node deleted by the cloud node lifecycle controller: its machine is gone.
     NodeGone,
     /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.

@@ -132,6 +132,8 @@ pub enum Denial {
     NotBusyguardsMark,
     /// busy-since or the protected label written by anyone but busyguard (403).
     NotBusyguardsKeys,
+    /// An eviction by busyguard's own token of a pod whose eviction it did not defer (403).
+    NotDeferred,
     /// A pod's own max-busy below the cluster's floor (400: kubectl shows the message of a
     /// 400 whole, and of a 422 only its causes' fields).
     MaxBusyBelowFloor,
@@ -148,6 +150,7 @@ pub const NOT_OWN_FLAG_CAUSE: &str = "BusyguardNotOwnFlag";
 pub const NOT_BUSYGUARDS_MARK_CAUSE: &str = "BusyguardNotBusyguardsMark";
 pub const NOT_BUSYGUARDS_KEYS_CAUSE: &str = "BusyguardNotBusyguardsKeys";
 pub const MAX_BUSY_BELOW_FLOOR_CAUSE: &str = "BusyguardMaxBusyBelowFloor";
+pub const NOT_DEFERRED_CAUSE: &str = "BusyguardNotDeferred";
 
 impl Denial {
     pub fn code(self) -> u16 {
@@ -155,7 +158,7 @@ impl Denial {
             Denial::PodBusy => 429,
             Denial::PodTerminating | Denial::DisruptionWanted | Denial::NodeGoing => 409,
             Denial::Budget => 429,
-            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => 403,
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys | Denial::NotDeferred => 403,
             Denial::MaxBusyBelowFloor => 400,
         }
     }
@@ -165,7 +168,9 @@ impl Denial {
             Denial::PodBusy => "TooManyRequests",
             Denial::PodTerminating | Denial::DisruptionWanted | Denial::NodeGoing => "Conflict",
             Denial::Budget => "TooManyRequests",
-            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys => "Forbidden",
+            Denial::NotOwnFlag | Denial::NotBusyguardsMark | Denial::NotBusyguardsKeys | Denial::NotDeferred => {
+                "Forbidden"
+            }
             Denial::MaxBusyBelowFloor => "BadRequest",
         }
     }
@@ -181,6 +186,7 @@ impl Denial {
             Denial::NotBusyguardsMark => NOT_BUSYGUARDS_MARK_CAUSE,
             Denial::NotBusyguardsKeys => NOT_BUSYGUARDS_KEYS_CAUSE,
             Denial::MaxBusyBelowFloor => MAX_BUSY_BELOW_FLOOR_CAUSE,
+            Denial::NotDeferred => NOT_DEFERRED_CAUSE,
         }
     }
 }

@@ -5,7 +5,7 @@ use jiff::Timestamp;
 
 use crate::policy::keys::{
     ARGO_WORKFLOW, DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, JOB_NAME, POD_TEMPLATE_HASH,
-    ROLLOUTS_POD_TEMPLATE_HASH, TASK_CONTAINER, TEKTON_TASK_RUN,
+    ROLLOUTS_POD_TEMPLATE_HASH, SET_LABELS, TASK_CONTAINER, TEKTON_TASK_RUN,
 };
 
 /// Who runs a pod to its end (a Job, an Argo Workflow, a Tekton TaskRun), by the label it puts
@@ -78,6 +78,8 @@ pub trait PodFacts {
     /// Whether busyguard wrote the delete-requested mark's annotation, as the API server's
     /// managedFields record the writer.
     fn mark_by_busyguard(&self) -> bool;
+    /// The controlling owner as `group/Kind/name` (`policy::owners::owner_key`).
+    fn owner(&self) -> Option<std::borrow::Cow<'_, str>>;
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
@@ -117,6 +119,12 @@ pub trait PodFacts {
     fn task_ends_with(&self, name: &str) -> bool {
         self.is_task_container(name)
             || (self.runs_to_completion() == Some(RunsToCompletion::ArgoWorkflow) && name == "wait")
+    }
+
+    /// The set the pod belongs to, as `(kind, name)`, where each of its pods has an owner of its
+    /// own (a runner's scale set, a game server's fleet): see [`SET_LABELS`].
+    fn owners_set(&self) -> Option<(&'static str, &str)> {
+        SET_LABELS.into_iter().find_map(|(key, kind)| Some((kind, self.label(key)?)))
     }
 
     fn template_hash(&self) -> Option<(&'static str, &str)> {

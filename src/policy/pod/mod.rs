@@ -227,6 +227,11 @@ impl PodFacts for Pod {
         &self.metadata.uid
     }
 
+    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let owner = self.controller()?;
+        Some(super::owners::owner_key(super::owners::group_of(&owner.api_version), &owner.kind, &owner.name).into())
+    }
+
     fn resource_version(&self) -> &str {
         &self.metadata.resource_version
     }
@@ -451,6 +456,9 @@ mod tests {
     impl PodFacts for Recording<'_> {
         fn uid(&self) -> &str {
             self.pod.uid()
+        }
+        fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
+            self.pod.owner()
         }
         fn resource_version(&self) -> &str {
             self.pod.resource_version()

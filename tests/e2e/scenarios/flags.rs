@@ -154,8 +154,9 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
 
 /// With the base's fence, the API server itself refuses busyguard's own service account any
 /// write or delete of a pod that is not busyguard's (none of its labels or annotations), or in
-/// kube-system, any change of a pod's spec (an idle pod's image), and any PodDisruptionBudget
-/// or Lease but its own; its RBAC refuses it Leases outside its own namespace (kube-system's,
+/// kube-system, any eviction there, any change of a pod's spec (an idle pod's image), and any
+/// PodDisruptionBudget or Lease but its own; busyguard refuses its evictions of pods it did
+/// not defer; its RBAC refuses it Leases outside its own namespace (kube-system's,
 /// the nodes' heartbeats). busyguard's own writes go through (every scenario runs with the fence).
 pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("fence")?;
@@ -180,8 +181,20 @@ pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
     rig.apply(&system)?;
     let args = ["-n", "kube-system", "delete", "pod", "e2e-fence", "--dry-run=server"];
     let (ok, _, err) = rig.try_kubectl_as(busyguard, &args)?;
+    // Evictions: the fence keeps its token out of kube-system, and busyguard's own webhook lets it
+    // evict only the pods whose eviction it deferred (the descheduler's scenario has one go).
+    let (evicted_there, there) = rig.evict_as(Some(busyguard), "kube-system", "e2e-fence")?;
     rig.kubectl(&["-n", "kube-system", "delete", "pod", "e2e-fence", "--wait=false"])?;
     ensure!(!ok && err.contains("busyguard-fence"), "busyguard's token could delete a pod in kube-system: {err}");
+    ensure!(
+        !evicted_there && there.contains("busyguard-fence-evictions"),
+        "busyguard's token could evict a pod in kube-system: {there}"
+    );
+    let (evicted, why) = rig.evict_as(Some(busyguard), &ns, "worker")?;
+    ensure!(
+        !evicted && why.contains("evicts only the pods whose eviction it deferred"),
+        "busyguard's token could evict a pod whose eviction it did not defer: {why}"
+    );
     let everything =
         ["-n", &ns, "create", "pdb", "payments", "--selector=app=plain", "--min-available=1", "--dry-run=server"];
     let (ok, _, err) = rig.try_kubectl_as(busyguard, &everything)?;

@@ -77,6 +77,40 @@ pub fn a_suspended_jobs_pod_goes(rig: &Rig) -> Result<()> {
     ended_by_its_job(rig, &ns, &pod)
 }
 
+/// A CronJob with `concurrencyPolicy: Replace` whose run outlasts its schedule: the controller
+/// deletes the running Job (background propagation) and starts the next; the garbage
+/// collector's delete of the replaced run's busy pod goes through (audited as its owner's
+/// deletion), so two generations never run side by side for long.
+pub fn a_cronjob_replace_never_runs_two_generations(rig: &Rig) -> Result<()> {
+    let ns = run_to_completion(rig, "cron-replace")?;
+    let template = job(&ns, "unused", json!({}));
+    rig.apply(
+        &json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly", "namespace": &*ns},
+        "spec": {"schedule": "* * * * *", "concurrencyPolicy": "Replace", "jobTemplate": {"spec": template["spec"]}}}),
+    )?;
+    let running = || -> Result<Vec<Value>> {
+        let pods = rig.get(&["-n", &ns, "pods", "-l", "batch.kubernetes.io/controller-uid"])?;
+        Ok((pods["items"].as_array().cloned().unwrap_or_default().into_iter())
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null() && p["status"]["phase"] == "Running")
+            .collect())
+    };
+    let mut first = Value::Null;
+    eventually("the first run's pod runs busy", Duration::from_secs(90), || {
+        first = running()?.into_iter().next().unwrap_or_default();
+        Ok(!first.is_null())
+    })?;
+    ensure!(label(&first, "busyguard.io/busy").as_deref() == Some("true"), "not busy: {}", first["metadata"]);
+    let first = first["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    eventually("the next run replaces it", Duration::from_secs(90), || {
+        Ok(running()?.iter().any(|p| p["metadata"]["name"] != first.as_str()))
+    })?;
+    eventually("the replaced run's pod goes", Duration::from_secs(30), || Ok(rig.pod(&ns, &first)?.is_none()))?;
+    rig.kubectl(&["-n", &ns, "delete", "cronjob", "nightly"])?;
+    eventually(&format!("{first}: the delete is audited as its owner's deletion"), Duration::from_secs(5), || {
+        Ok(rig.audited(&ns, &first, "exempted").iter().any(|a| a["reason"] == "owner-deleted"))
+    })
+}
+
 /// A Job's pod whose task fails (exit 1, restartPolicy Never) ended by itself: no loss reported.
 pub fn a_job_pod_that_exits_1_is_not_reported_lost(rig: &Rig) -> Result<()> {
     let ns = run_to_completion(rig, "job-failed")?;

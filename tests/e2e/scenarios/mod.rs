@@ -85,6 +85,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ),
     ("a_job_past_its_deadline_ends_its_busy_pod", jobs::a_job_past_its_deadline_ends_its_busy_pod),
     ("a_suspended_jobs_pod_goes", jobs::a_suspended_jobs_pod_goes),
+    ("a_cronjob_replace_never_runs_two_generations", jobs::a_cronjob_replace_never_runs_two_generations),
     ("a_job_pod_that_exits_1_is_not_reported_lost", jobs::a_job_pod_that_exits_1_is_not_reported_lost),
     ("a_pending_job_pod_can_be_deleted", jobs::a_pending_job_pod_can_be_deleted),
     (

@@ -135,6 +135,15 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
     let node = format!("e2e-arc-{}", release.replace('.', "-"));
     rig.node(&node, "4")?;
     let ns = rig.namespace(&format!("arc-{}", release.replace('.', "-")))?;
+    // busyguard check reads the release's schema: on 0.12 the rule's jobId part never holds.
+    let output = std::process::Command::new(crate::rig::BUSYGUARD)
+        .args(["check", "-n", &ns, "--timeout", "60s", "--kubeconfig"])
+        .arg(&rig.admin)
+        .output()?;
+    let said = String::from_utf8_lossy(&output.stdout);
+    ensure!(output.status.success(), "check failed: {said}{}", String::from_utf8_lossy(&output.stderr));
+    let warned = said.contains("the rule reads status.jobId, which the API server's schema of EphemeralRunner");
+    ensure!(warned == (release == "0.12.1"), "check's warnings on {release}: {said}");
     let runner = Owned {
         namespace: ns.to_string(),
         resource: "ephemeralrunners.actions.github.com",
