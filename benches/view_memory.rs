@@ -144,6 +144,7 @@ fn config() -> PolicyConfig {
         },
         holds: Default::default(),
         owner_rules: Vec::new(),
+        busy_with_pod: None,
     }
 }
 

@@ -246,6 +246,12 @@ pub struct PolicyArgs {
         value_name = "GROUP/VERSION/KIND=EXPR"
     )]
     pub busy_when_owner: Vec<OwnerRule>,
+    /// Busy with another pod: a pod carrying this label, whose value names a pod of its
+    /// namespace, is busy while that pod is (Actions Runner Controller's `runner-pod`, on the
+    /// workflow pods of `containerMode: kubernetes`); it is opted in at creation by the
+    /// component's webhook, and that pod's own token may delete it.
+    #[arg(long = "busy-with-pod", env = "BUSYGUARD_BUSY_WITH_POD", value_name = "LABEL")]
+    pub busy_with_pod: Option<String>,
     #[command(flatten)]
     pub holds: HoldArgs,
 }
@@ -359,6 +365,7 @@ impl From<PolicyArgs> for PolicyConfig {
             },
             holds: (&args.holds).into(),
             owner_rules: args.busy_when_owner,
+            busy_with_pod: args.busy_with_pod,
         }
     }
 }

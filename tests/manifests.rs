@@ -769,6 +769,12 @@ fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_ord
     for name in ["actions-runner-controller.busyguard.io", "agones.busyguard.io"] {
         assert_eq!(webhook(&together, name)["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);
     }
+    // containerMode: kubernetes: the hooks' workflow pod (labelled with its runner's pod, no owner).
+    let workflows = webhook(&together, "actions-runner-controller-workflows.busyguard.io");
+    assert_eq!(workflows["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);
+    let pod = |labels: Value| json!({"metadata": {"name": "r-workflow", "labels": labels}});
+    assert!(sends_create(workflows, &pod(json!({"runner-pod": "r"}))));
+    assert!(!sends_create(workflows, &pod(json!({"app": "w"}))), "only the hooks' pods");
     let args = &find(&together, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"];
     assert_eq!(
         args.as_array().unwrap().iter().filter(|a| a.as_str().unwrap().starts_with("--busy-when-owner")).count(),
@@ -781,16 +787,39 @@ fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_ord
             let objects = overlay_in(&root, "cert-manager", &components);
             assert_eq!(
                 namespace_selectors_as_built(&objects, Enrolment::OptIn),
-                15,
+                16,
                 "{components:?}: every webhook but node-deletes"
             );
         }
         let objects = overlay_in(&root, "cert-manager", &order);
-        assert_eq!(namespace_selectors_as_built(&objects, Enrolment::OptOut), 15, "{order:?}");
+        assert_eq!(namespace_selectors_as_built(&objects, Enrolment::OptOut), 16, "{order:?}");
         let objects = overlay_in(&root, "self-managed", &order);
         for webhook in webhooks(&objects) {
             assert_eq!(without_whitespace(&webhook["clientConfig"]["caBundle"]), ca, "{order:?}: {}", webhook["name"]);
         }
+    }
+}
+
+#[test]
+fn agones_own_deletes_of_its_game_servers_pods_skip_the_fail_closed_delete_webhooks() {
+    let objects = render(&manifests("examples/agones"));
+    let game_server = json!({"metadata": {"labels": {"agones.dev/gameserver": "gs", "busyguard.io/busy": "true"}}});
+    let worker = json!({"metadata": {"labels": {"app": "w", "busyguard.io/busy": "true"}}});
+    for name in ["pod-deletes.busyguard.io", "budget-deletes.busyguard.io"] {
+        let conditions = webhook(&objects, name)["matchConditions"].as_array().unwrap().clone();
+        let condition = conditions.iter().find(|c| c["name"] == "not-agones-ending-its-game-server").unwrap();
+        let sent = |user: &str, pod: &Value| {
+            let program = cel::Program::compile(condition["expression"].as_str().unwrap()).unwrap();
+            let mut context = cel::Context::default();
+            context.add_variable_from_value("request", cel::to_value(json!({"userInfo": {"username": user}})).unwrap());
+            context.add_variable_from_value("oldObject", cel::to_value(pod).unwrap());
+            program.execute(&context).unwrap() == cel::Value::Bool(true)
+        };
+        let agones = "system:serviceaccount:agones-system:agones-controller";
+        assert!(!sent(agones, &game_server), "{name}: Agones' end of its own game server");
+        assert!(sent(agones, &worker), "{name}: Agones' controller deleting another pod");
+        assert!(sent("alice", &game_server), "{name}: a person's delete");
+        assert!(conditions.len() > 1, "{name}: the base's conditions are kept");
     }
 }
 
@@ -809,7 +838,7 @@ fn an_overlay_of_your_own_sets_your_image_with_kubectl_alone() {
 fn sends_create(webhook: &Value, pod: &Value) -> bool {
     let labels = &pod["metadata"]["labels"];
     selects(&selector(&webhook["objectSelector"]), labels)
-        && webhook["matchConditions"].as_array().unwrap().iter().all(|condition| {
+        && webhook["matchConditions"].as_array().into_iter().flatten().all(|condition| {
             let program = cel::Program::compile(condition["expression"].as_str().unwrap()).unwrap();
             let mut context = cel::Context::default();
             context.add_variable_from_value("object", cel::to_value(pod).unwrap());
@@ -888,6 +917,9 @@ fn each_owner_recipe_opts_in_its_owners_pods_and_no_other_reads_its_owners_and_n
             for object in &mut objects {
                 if let Some(webhooks) = object.get_mut("webhooks").and_then(Value::as_array_mut) {
                     webhooks.retain(|w| !w["name"].as_str().unwrap().starts_with(recipe));
+                    for conditions in webhooks.iter_mut().filter_map(|w| w["matchConditions"].as_array_mut()) {
+                        conditions.retain(|c| !c["name"].as_str().unwrap().contains(recipe));
+                    }
                 }
                 if object["kind"] == "Deployment" {
                     object["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["serve"]);

@@ -140,10 +140,13 @@ pub fn pod_eviction(
     let view = inputs.trusted_view("the eviction")?;
     if view.own_user() == Some(ask.requester.username) {
         let own = view.with_pod_under_budget(&request.namespace, &request.name, |pod, _| {
-            disruption::judge_own_eviction(&ask, Some(pod), inputs.policy, now)
+            disruption::refuse_own_eviction(&ask, Some(pod), inputs.policy, now)
         });
         let no_pod: Option<&Pod> = None;
-        return Ok(own.unwrap_or_else(|| disruption::judge_own_eviction(&ask, no_pod, inputs.policy, now)));
+        if let Some(refused) = own.unwrap_or_else(|| disruption::refuse_own_eviction(&ask, no_pod, inputs.policy, now))
+        {
+            return Ok(refused);
+        }
     }
     let grace_period = eviction.grace_period();
     let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use kube::discovery::{self, Scope as ResourceScope};
@@ -21,7 +22,7 @@ use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::{Effect, PodRef};
-use crate::policy::owners::{self, OwnerRule};
+use crate::policy::owners::{self, OwnerRule, OwnerState};
 use crate::policy::pod::PodFacts;
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
@@ -157,7 +158,7 @@ impl OwnerWatch {
             self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle = 0);
             held.insert(key.clone());
         }
-        self.follow_owner(&key.0, &key.1, Some(busy));
+        self.follow_owner(&key.0, &key.1, Some(busy), last_written(owner));
     }
 
     /// Gone: its pods are idle (the garbage collector deletes them, and must not wait on them).
@@ -166,21 +167,29 @@ impl OwnerWatch {
         if !held.remove(&owner) {
             self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle += 1);
         }
-        self.follow_owner(&owner.0, &owner.1, None);
+        self.follow_owner(&owner.0, &owner.1, None, Timestamp::now());
     }
 
     /// Records the owner `key` (`group/Kind/name`) as busy or not (`None`: gone, so idle), and
     /// flips its pods in the view to match.
-    fn follow_owner(&self, namespace: &str, key: &str, busy: Option<bool>) {
-        self.view.set_owner_busy(namespace, key, busy);
+    fn follow_owner(&self, namespace: &str, key: &str, busy: Option<bool>, written: Timestamp) {
+        let owner = self.view.set_owner_busy(namespace, key, busy, written);
         let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(key));
         for (name, record) in pods {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
-            if let Some(effect) = flip(pod, &record, busy.unwrap_or(false)) {
+            if let Some(effect) = flip(pod, &record, owner) {
                 drop(self.outbox.send(effect));
             }
         }
     }
+}
+
+/// When the owner was last written, as its managedFields record it (the API server's clock, to
+/// the second), else now.
+fn last_written(owner: &DynamicObject) -> Timestamp {
+    let times = owner.metadata.managed_fields.iter().flatten().filter_map(|entry| entry.time.as_ref());
+    let latest = times.filter_map(|time| Timestamp::from_second(time.0.as_second()).ok()).max();
+    latest.unwrap_or_else(Timestamp::now)
 }
 
 /// Of the owners the view knows, those keyed with `prefix` (`group/Kind/`: of one rule's kind)
@@ -204,16 +213,49 @@ fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
     format!("{} {}/{}", rule.kind_path(), owner.namespace().unwrap_or_default(), owner.name_any())
 }
 
-/// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
-pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
-    let busy = view.owner_busy(&pod.namespace, record.owner.as_deref()?)?;
-    flip(pod.clone(), record, busy)
+/// The flip a pod busy with its leader (`--busy-with-pod`: it carries `label`, naming a pod of
+/// its namespace) is due: busy while its leader is, idle once its leader is not (or is gone).
+pub fn follow_leader(view: &View, label: &str, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
+    let leader = view.record(&pod.namespace, record.label(label)?);
+    flip_with(pod.clone(), record, leader.is_some_and(|leader| leads(&leader)))
 }
 
-fn flip(pod: PodRef, record: &PodRecord, owner_busy: bool) -> Option<Effect> {
+/// The flips due to the pods busy with the pod `name` (`--busy-with-pod`), as it is now
+/// (`None`: gone).
+pub fn lead(view: &View, label: &str, namespace: &str, name: &str, now: Option<&PodRecord>) -> Vec<Effect> {
+    let busy = now.is_some_and(leads);
+    let with_it = view.select(namespace, |pod| pod.label(label) == Some(name));
+    let flips = with_it.into_iter().filter_map(|(companion, record)| {
+        let pod = PodRef { namespace: namespace.to_string(), name: companion, uid: record.uid.to_string() };
+        flip_with(pod, &record, busy)
+    });
+    flips.collect()
+}
+
+/// Whether a leader's pods are busy with it: it is busy, and not going away.
+fn leads(leader: &PodRecord) -> bool {
+    leader.label(BUSY_LABEL) == Some("true") && !leader.terminating && !leader.is_terminal()
+}
+
+fn flip_with(pod: PodRef, record: &PodRecord, busy: bool) -> Option<Effect> {
     let ending = record.terminating || record.is_terminal();
-    let value = owners::follow(record.label(BUSY_LABEL), owner_busy, ending)?;
+    let value = owners::follow(record.label(BUSY_LABEL), busy, ending)?;
     Some(Effect::FollowOwner { pod, value })
+}
+
+/// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
+pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
+    let owner = view.owner_busy(&pod.namespace, record.owner.as_deref()?)?;
+    flip(pod.clone(), record, Some(owner))
+}
+
+/// The flip `record` is due for its owner as recorded (`None`: gone, so idle).
+fn flip(pod: PodRef, record: &PodRecord, owner: Option<OwnerState>) -> Option<Effect> {
+    let busy = owner.is_some_and(|owner| owner.busy_for(record.created()));
+    if owner.is_some_and(|owner| owner.busy && !busy) && record.label(BUSY_LABEL) != Some("true") {
+        info!(%pod, "created after its owner's task began: not the pod doing it, so not made busy");
+    }
+    flip_with(pod, record, busy)
 }
 
 #[cfg(test)]
@@ -236,13 +278,46 @@ mod tests {
         pod.record()
     }
 
+    /// A pod of namespace `ci` as the view records it.
+    fn ci_pod(name: &str, labels: serde_json::Value) -> PodRecord {
+        let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": name, "namespace": "ci", "uid": format!("u-{name}"), "labels": labels}}))
+        .unwrap();
+        pod.record()
+    }
+
+    #[test]
+    fn a_workflow_pod_is_busy_while_its_runner_is_and_idle_once_it_is_not_or_gone() {
+        let view = View::without_cluster();
+        let runner = ci_pod("r", serde_json::json!({BUSY_LABEL: "true"}));
+        let workflow = ci_pod("r-workflow", serde_json::json!({BUSY_LABEL: "false", "runner-pod": "r"}));
+        view.insert("ci", "r", runner.clone());
+        view.insert("ci", "r-workflow", workflow.clone());
+        let pod = PodRef { namespace: "ci".into(), name: "r-workflow".into(), uid: "u-r-workflow".into() };
+        let value = |effect: Option<Effect>| match effect {
+            Some(Effect::FollowOwner { value, .. }) => Some(value),
+            _ => None,
+        };
+        assert_eq!(value(follow_leader(&view, "runner-pod", &pod, &workflow)), Some("true"), "created while it works");
+        let idle_runner = ci_pod("r", serde_json::json!({BUSY_LABEL: "false"}));
+        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", Some(&runner)).pop()), Some("true"));
+        view.insert(
+            "ci",
+            "r-workflow",
+            ci_pod("r-workflow", serde_json::json!({BUSY_LABEL: "true", "runner-pod": "r"})),
+        );
+        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", Some(&idle_runner)).pop()), Some("false"), "job done");
+        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", None).pop()), Some("false"), "runner gone");
+        assert!(lead(&view, "runner-pod", "ci", "other", Some(&runner)).is_empty(), "another runner's");
+    }
+
     #[test]
     fn an_owner_followed_pod_is_flipped_but_never_in_a_namespace_left_alone() {
         let view = View::without_cluster();
         let pod = PodRef { namespace: "games".into(), name: "gs".into(), uid: "u1".into() };
         let record = game_server_pod();
         assert_eq!(record.owner.as_deref(), Some("agones.dev/GameServer/gs"));
-        view.set_owner_busy("games", "agones.dev/GameServer/gs", Some(true));
+        view.set_owner_busy("games", "agones.dev/GameServer/gs", Some(true), Timestamp::now());
         let flipped = follow(&view, &pod, &record);
         assert!(
             matches!(flipped, Some(Effect::FollowOwner { value: "true", .. })),
@@ -250,10 +325,10 @@ mod tests {
         );
         // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
         assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
-        assert_eq!(flip(pod, &record.left_alone(), false), None);
+        assert_eq!(flip(pod, &record.left_alone(), None), None);
         // Another group's kind of the same name is another owner.
-        view.set_owner_busy("games", "example.com/GameServer/gs", Some(false));
-        assert_eq!(view.owner_busy("games", "agones.dev/GameServer/gs"), Some(true));
+        view.set_owner_busy("games", "example.com/GameServer/gs", Some(false), Timestamp::now());
+        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
 use crate::policy::keys::{BUSY_LABEL, MANAGED_BY};
 use crate::policy::outcome::Effect;
-use crate::policy::pdb::{ExistingPdb, Step, as_busyguard_writes_it, steps};
+use crate::policy::pdb::{ExistingPdb, Step, allows_no_disruption, as_busyguard_writes_it, steps};
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
 
@@ -57,6 +57,9 @@ impl BusyPdbs {
             match step {
                 Step::Create { namespace } => changes.push(Effect::CreateBusyPdb { namespace }),
                 Step::Delete { namespace, name } => changes.push(Effect::DeleteBusyPdb { namespace, name }),
+                Step::Covered { namespace, by } => {
+                    debug!(%namespace, ?by, "no busy-pod PDB here: PDBs that allow no disruption select its pods already");
+                }
                 Step::Skip { namespace, conflicting } => {
                     skipped += 1;
                     warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
@@ -101,6 +104,7 @@ impl BusyPdbs {
                     ours,
                     selector,
                     as_kept,
+                    allows_none: allows_no_disruption(pdb.spec.as_ref()),
                 });
             }
         }

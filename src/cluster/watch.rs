@@ -220,6 +220,12 @@ impl Watch {
         if self.follows_owners() {
             observed.effects.extend(after.as_ref().and_then(|record| owners::follow(&self.view, &pod, record)));
         }
+        // A pod busy with another follows it; a pod others are busy with leads them.
+        if let Some(label) = &self.policy.busy_with_pod {
+            let follow = after.as_ref().and_then(|record| owners::follow_leader(&self.view, label, &pod, record));
+            observed.effects.extend(follow);
+            observed.effects.extend(owners::lead(&self.view, label, namespace, name, after.as_ref()));
+        }
         self.act(pod, before, after, observed).await;
     }
 
@@ -272,7 +278,9 @@ impl Watch {
         let effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
             let flip = self.follows_owners().then(|| owners::follow(&self.view, &pod, record)).flatten();
-            observed::due(&pod, record, &self.policy, now).into_iter().chain(flip)
+            let label = self.policy.busy_with_pod.as_deref();
+            let with_leader = label.and_then(|label| owners::follow_leader(&self.view, label, &pod, record));
+            observed::due(&pod, record, &self.policy, now).into_iter().chain(flip).chain(with_leader)
         });
         for effect in effects {
             drop(self.outbox.send(effect));

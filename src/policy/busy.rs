@@ -109,9 +109,12 @@ pub fn busy_from(
     now: Timestamp,
 ) -> BusyState {
     // A run-to-completion pod's restart is its task's retry (restartPolicy OnFailure), still
-    // protected within max-busy; anyone else's flag from before a restart is stale.
+    // protected within max-busy; a flag busyguard writes for the pod's owner or leader is theirs,
+    // not the pod's (an Agones SDK sidecar's restart ends no match); anyone else's flag from
+    // before a restart is stale.
     if let Some(since) = since
         && pod.runs_to_completion().is_none()
+        && !pod.busy_label_by_busyguard()
         && let Some(at) = pod.last_restart().filter(|at| *at > since)
     {
         return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
@@ -277,6 +280,22 @@ mod tests {
                 since: ts("2026-01-01T00:00:00Z"),
                 lapse: Lapse::Restarted { at: ts("2026-01-01T00:05:00Z") }
             }
+        );
+    }
+
+    #[test]
+    fn a_flag_busyguard_writes_for_the_owner_outlives_a_restart_of_a_container() {
+        // An Allocated game server whose SDK sidecar restarted: its flag is its GameServer's.
+        let p = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"},
+                "managedFields": [{"manager": "busyguard", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:busyguard.io/busy": {}}}}}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "agones-gameserver-sidecar",
+                "restartCount": 1, "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
+        assert!(p.busy_label_by_busyguard());
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")),
+            BusyState::Busy { since: Some(ts("2026-01-01T00:00:00Z")), until: Some(ts("2026-01-01T01:00:00Z")) }
         );
     }
 

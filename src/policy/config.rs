@@ -35,6 +35,18 @@ pub struct PolicyConfig {
     /// Busy from the owner's status (`--busy-when-owner`): the pods of these owners are opted in
     /// at creation, and flipped by busyguard as their owner's status changes.
     pub owner_rules: Vec<OwnerRule>,
+    /// Busy with another pod (`--busy-with-pod`): a pod carrying this label, whose value names a
+    /// pod of its namespace (its leader), is opted in at creation and busy while its leader is;
+    /// its leader's own token may delete it (Actions Runner Controller's `runner-pod`: the
+    /// workflow pod of `containerMode: kubernetes`, deleted by the runner's hooks).
+    pub busy_with_pod: Option<String>,
+}
+
+impl PolicyConfig {
+    /// The leader a pod is busy with (`--busy-with-pod`), if it names one.
+    pub fn leader_of<'p>(&self, pod: &'p (impl super::pod::PodFacts + ?Sized)) -> Option<&'p str> {
+        pod.label(self.busy_with_pod.as_deref()?)
+    }
 }
 
 /// Who may take busy pods away, as configured (`--exempt-user`, `--exempt-group`,

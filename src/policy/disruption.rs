@@ -150,29 +150,33 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     let owners_own = runs_to_completion && config.exemptions.is_owner_controller(user);
     // The garbage collector deletes a pod only once its owner is gone or going.
     let owner_deleted = runs_to_completion && user == GARBAGE_COLLECTOR_USER;
+    let by_its_leader =
+        d.action == Action::Delete && config.leader_of(d.pod).is_some_and(|leader| d.ask.requester.pod == Some(leader));
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::Deny { .. } if deadline => let_busy_go(d, Override::KarpenterDeadline, audit),
         Verdict::Deny { .. } if owners_own => let_busy_go(d, Override::OwnerController, audit),
         Verdict::Deny { .. } if owner_deleted => let_busy_go(d, Override::OwnerDeleted, audit),
+        Verdict::Deny { .. } if by_its_leader => let_busy_go(d, Override::Leader, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
         Verdict::Deny { since, until } => refuse_busy(d, since, until, config, now, audit),
     }
 }
 
-/// An eviction by busyguard's own token (`own_user`): only of a pod whose eviction busyguard
-/// deferred, as its mark (written by busyguard) says; any other is refused, so a stolen token
-/// evicts no other pod busyguard's webhooks see (the fence keeps it out of kube-system and
-/// busyguard's namespace). `pod`: the view's record, `None` for a pod not opted in.
-pub fn judge_own_eviction(
+/// An eviction by busyguard's own token: refused unless busyguard deferred the pod's eviction,
+/// as its mark (written by busyguard) says, so a stolen token evicts no other pod busyguard's
+/// webhooks see (the fence keeps it out of kube-system and busyguard's namespace). A deferred
+/// one is judged then as any eviction (`None`): a pod busy again is refused before its PDB
+/// counts it. `pod`: the view's record, `None` for a pod not opted in.
+pub fn refuse_own_eviction(
     ask: &Ask<'_>,
     pod: Option<&(impl PodFacts + ?Sized)>,
     config: &PolicyConfig,
     now: Timestamp,
-) -> Outcome {
+) -> Option<Outcome> {
     let deferred = pod.and_then(|pod| pod.delete_request()).is_some_and(|request| request.evict.is_some());
     if deferred {
-        return Outcome::allow(Decision::Allowed);
+        return None;
     }
     let message = format!(
         "busyguard's own service account evicts only the pods whose eviction it deferred (marked {DELETE_REQUESTED} \
@@ -180,7 +184,7 @@ pub fn judge_own_eviction(
         ask.namespace, ask.name
     );
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
-    Outcome::refused(Denial::NotDeferred, Reason::NotDeferred, message, config.mode, audit)
+    Some(Outcome::refused(Denial::NotDeferred, Reason::NotDeferred, message, config.mode, audit))
 }
 
 /// A pod nothing busy holds: its workload's budget, if any, has the last word.
@@ -245,8 +249,10 @@ fn refuse_busy(
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::DryRun;
     let owner = pod.owner();
-    let followed = owner.as_deref().filter(|owner| owners::rule_of(&config.owner_rules, owner).is_some());
-    let busy = Busy { since, until, by_readiness, followed: followed.map(owners::kind_and_name) };
+    let under_rule = owner.as_deref().filter(|owner| owners::rule_of(&config.owner_rules, owner).is_some());
+    let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
+    let followed = under_rule.map(owners::kind_and_name).or(leader.as_deref());
+    let busy = Busy { since, until, by_readiness, followed };
     let mut message = busy_denial(ask.namespace, ask.name, &busy, enforced);
     if !enforced {
         return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
@@ -305,7 +311,8 @@ pub struct Busy<'a> {
     pub until: Option<Timestamp>,
     /// Busy because it is not Ready (compatibility mode), where the label says idle.
     pub by_readiness: bool,
-    /// The owner (`Kind/name`) whose status its busy label follows (`--busy-when-owner`).
+    /// What its busy label follows (`Kind/name`): its owner's status (`--busy-when-owner`), or
+    /// the pod it is busy with (`--busy-with-pod`).
     pub followed: Option<&'a str>,
 }
 
@@ -339,8 +346,8 @@ pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool)
         Some(owner) => {
             let _ = write!(
                 message,
-                "; its busy label follows its owner {owner} (--busy-when-owner): to force, end the owner's task, or \
-                 delete the pod as a user busyguard exempts (--exempt-user)"
+                "; its busy label follows {owner}, and busyguard writes it: to force, end {owner}'s task, or delete \
+                 the pod as a user busyguard exempts (--exempt-user)"
             );
         }
         None => {
@@ -455,6 +462,7 @@ mod tests {
             mutation: MutationSettings::ALL,
             holds: Default::default(),
             owner_rules: Vec::new(),
+            busy_with_pod: None,
         }
     }
 
@@ -609,7 +617,7 @@ mod tests {
             message
         };
         let message = refusal(&runner, &with_rule);
-        assert!(message.contains("follows its owner EphemeralRunner/ci-4tb9k (--busy-when-owner)"), "{message}");
+        assert!(message.contains("follows EphemeralRunner/ci-4tb9k, and busyguard writes it"), "{message}");
         assert!(!message.contains("kubectl label"), "relabelling is undone at the next flip: {message}");
         let message = refusal(&runner, &config(Mode::Enforce));
         assert!(message.contains("kubectl label pod w"), "no rule for its owner: the label is the user's: {message}");
@@ -628,20 +636,49 @@ mod tests {
         let delete = r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#;
         let busyguard = ask("system:serviceaccount:busyguard:busyguard", false);
         let config = config(Mode::Enforce);
-        let own = |pod: Option<&Pod>| judge_own_eviction(&busyguard, pod, &config, now());
-        assert_eq!(own(Some(&marked(eviction, true))).decision, Decision::Allowed, "its deferred eviction");
+        let own = |pod: Option<&Pod>| refuse_own_eviction(&busyguard, pod, &config, now());
+        assert!(own(Some(&marked(eviction, true))).is_none(), "its deferred eviction, judged as any");
         for (what, pod) in [
             ("an idle pod, unmarked", Some(worker("false", json!({}), json!({"phase": "Running"})))),
             ("a deferred delete, not an eviction", Some(marked(delete, true))),
             ("a mark someone else wrote", Some(marked(eviction, false))),
             ("a pod not opted in", None),
         ] {
-            let refused = own(pod.as_ref());
+            let refused = own(pod.as_ref()).unwrap_or_else(|| panic!("{what}: let through"));
             let Answer::Deny { denial, message } = &refused.answer else { panic!("{what}: {:?}", refused.answer) };
             assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotDeferred"), "{what}");
             assert!(message.contains("pod capture/"), "{what}: {message}");
             assert_eq!(refused.audit.map(|a| a.reason), Some(Reason::NotDeferred), "{what}");
         }
+    }
+
+    #[test]
+    fn a_pod_busy_with_its_runner_goes_by_the_runners_own_token_and_no_one_elses() {
+        let config = PolicyConfig { busy_with_pod: Some("runner-pod".into()), ..config(Mode::Enforce) };
+        let mut workflow = busy_worker();
+        workflow.metadata.labels.insert("runner-pod".into(), "ci-runner-4tb9k".into());
+        let delete = |username: &'static str, pod: Option<&'static str>, action: Action| {
+            let ask = Ask { requester: Requester { username, groups: NO_GROUPS, pod }, ..ask(username, false) };
+            let disruption = Disruption {
+                ask: &ask,
+                action,
+                pod: &workflow,
+                seen: Some(&workflow),
+                siblings: None,
+                grace_period: None,
+                container: None,
+            };
+            judge_disruption(&disruption, &config, now())
+        };
+        let hooks = "system:serviceaccount:ci:ci-gha-rs-kube-mode";
+        let cleaned = delete(hooks, Some("ci-runner-4tb9k"), Action::Delete);
+        assert_eq!(reason_of(&cleaned), Some(Reason::Leader), "the runner's hooks clean up its job's pod");
+        assert!(cleaned.is_allowed());
+        assert!(!delete(hooks, Some("ci-runner-other"), Action::Delete).is_allowed(), "another runner's token");
+        assert!(!delete("alice", None, Action::Delete).is_allowed(), "a person");
+        assert!(!delete(hooks, Some("ci-runner-4tb9k"), Action::Evict).is_allowed(), "an eviction, even its runner's");
+        let Answer::Deny { message, .. } = delete("alice", None, Action::Evict).answer else { panic!() };
+        assert!(message.contains("follows Pod/ci-runner-4tb9k"), "{message}");
     }
 
     #[test]
@@ -989,7 +1026,7 @@ mod tests {
             json!({"phase": "Running"}),
         );
         marked.metadata.labels.insert(DELETE_REQUESTED.into(), "true".into());
-        marked.metadata.mark_by_busyguard = true;
+        marked.metadata.by_busyguard.mark = true;
         let outcome = judged("alice", Action::Delete, &marked, None);
         assert!(matches!(outcome.effects.as_slice(), [Effect::Event { .. }]));
     }
@@ -1066,8 +1103,8 @@ mod tests {
         assert_eq!(
             busy_denial("ci", "r", &runner, true),
             "pod ci/r is busy since 2026-11-21T20:00:00Z; it will be spared until it is idle; its busy label follows \
-             its owner EphemeralRunner/r (--busy-when-owner): to force, end the owner's task, or delete the pod as a \
-             user busyguard exempts (--exempt-user)"
+             EphemeralRunner/r, and busyguard writes it: to force, end EphemeralRunner/r's task, or delete the pod as \
+             a user busyguard exempts (--exempt-user)"
         );
     }
 }

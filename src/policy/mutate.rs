@@ -48,7 +48,8 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     let (ask, pod, before) = (m.ask, m.pod, m.before);
     let turning_busy =
         pod.label(BUSY_LABEL) == Some("true") && before.is_none_or(|old| old.label(BUSY_LABEL) != Some("true"));
-    let follows_owner = followed_owner(pod, config).is_some();
+    // Its busy label is busyguard's to write: it follows its owner's status, or its leader.
+    let follows_owner = followed_owner(pod, config).is_some() || config.leader_of(pod).is_some();
     if before.is_none() && pod.label(BUSY_LABEL).is_none() {
         return match (follows_owner, pod.runs_to_completion()) {
             (true, _) => opted_in_idle(pod),

@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use jiff::{SignedDuration, Timestamp};
+
 use super::keys::BUSY_LABEL;
 
 /// One rule: pods owned by a `group/version` `kind` are busy while `expression` holds of the
@@ -158,12 +160,47 @@ pub fn pruned_fields(expression: &str, schema: &serde_json::Value) -> Vec<String
 #[error("{0}")]
 pub struct Undecided(pub String);
 
+/// An owner under a busy rule as its watch last saw it: whether the rule holds, and since when
+/// at the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerState {
+    pub busy: bool,
+    pub busy_since: Option<Timestamp>,
+}
+
+impl OwnerState {
+    /// The owner seen `busy` after it was seen as `before` (`None`: never), last written at
+    /// `written` (its managedFields' latest time, as the API server keeps it): a task the owner
+    /// took while watched began with the write that showed it; one it already had when first
+    /// seen began at that write at the latest.
+    pub fn seen(before: Option<OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
+        let busy_since = match before {
+            _ if !busy => None,
+            Some(before) if before.busy => before.busy_since,
+            _ => Some(written),
+        };
+        OwnerState { busy, busy_since }
+    }
+
+    /// Whether the owner's pod created at `created` does the owner's task: the owner is busy, and
+    /// the pod was there when its task began. Actions Runner Controller re-creates the pod of a
+    /// runner whose job was already taken (its JIT config spent): that pod takes no job.
+    pub fn busy_for(self, created: Option<Timestamp>) -> bool {
+        let created_after = match (self.busy_since, created) {
+            // The API server's seconds against busyguard's clock: a margin for skew.
+            (Some(since), Some(created)) => created > since + SignedDuration::from_secs(5),
+            _ => false,
+        };
+        self.busy && !created_after
+    }
+}
+
 /// The busy label's value an owner's pod should carry, if it carries another: `"true"` while its
 /// owner is busy, `"false"` when it is not. A pod being deleted, or finished, is left as it is:
 /// its end is under way, and a flip to busy would be refused. A pod without the label is not
 /// busyguard's to write: not opted in, or in a namespace busyguard leaves alone.
-pub fn follow(label: Option<&str>, owner_busy: bool, ending: bool) -> Option<&'static str> {
-    let wanted = if owner_busy { "true" } else { "false" };
+pub fn follow(label: Option<&str>, busy: bool, ending: bool) -> Option<&'static str> {
+    let wanted = if busy { "true" } else { "false" };
     (!ending && label? != wanted).then_some(wanted)
 }
 
@@ -290,6 +327,23 @@ mod tests {
         assert!(error.unwrap_err().0.contains("not a boolean"));
         let missing = rule("agones.dev/v1/GameServer=object.status.state == 'Allocated'").busy(&json!({}));
         assert!(missing.is_err(), "a field the owner lacks is an error, as in Kubernetes' CEL");
+    }
+
+    #[test]
+    fn a_pod_created_after_its_owners_task_began_is_not_the_one_doing_it() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let idle = OwnerState::seen(None, false, at("2026-11-27T10:00:00Z"));
+        let busy = OwnerState::seen(Some(idle), true, at("2026-11-27T10:05:00Z"));
+        assert_eq!(busy.busy_since, Some(at("2026-11-27T10:05:00Z")), "turned busy while watched");
+        assert_eq!(OwnerState::seen(Some(busy), true, at("2026-11-27T10:09:00Z")), busy, "still the same task");
+        assert!(busy.busy_for(Some(at("2026-11-27T09:59:00Z"))), "the runner's pod that took the job");
+        assert!(busy.busy_for(Some(at("2026-11-27T10:05:03Z"))), "within the clocks' margin");
+        assert!(!busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "re-created after its job was taken");
+        // First seen busy (after busyguard's restart): its last write is the latest its task began.
+        let first_seen_busy = OwnerState::seen(None, true, at("2026-11-27T10:05:00Z"));
+        assert!(first_seen_busy.busy_for(Some(at("2026-11-27T10:04:00Z"))), "there when it was last written");
+        assert!(!first_seen_busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "created after it");
+        assert!(!OwnerState::seen(Some(busy), false, at("2026-11-27T10:10:00Z")).busy_for(None));
     }
 
     #[test]

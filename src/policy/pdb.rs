@@ -32,6 +32,19 @@ pub struct ExistingPdb {
     pub selector: Option<Selector>,
     /// Ours, and its spec is the one busyguard writes (not an older one, nor edited since).
     pub as_kept: bool,
+    /// It allows no disruption of the pods it selects (`maxUnavailable: 0` or `0%`,
+    /// `minAvailable: 100%`), as Agones' chart installs over its game servers.
+    pub allows_none: bool,
+}
+
+/// Whether a PDB's spec allows no disruption of the pods it selects, whatever their number.
+pub fn allows_no_disruption(spec: Option<&PodDisruptionBudgetSpec>) -> bool {
+    let Some(spec) = spec else { return false };
+    let zero = |v: &IntOrString| {
+        matches!(v, IntOrString::Int(0)) || matches!(v, IntOrString::String(s) if s == "0" || s == "0%")
+    };
+    spec.max_unavailable.as_ref().is_some_and(zero)
+        || matches!(&spec.min_available, Some(IntOrString::String(s)) if s == "100%")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +61,12 @@ pub enum Step {
         namespace: String,
         conflicting: Vec<String>,
     },
+    /// The PDBs there that select its pods (named) already allow no disruption of them: none
+    /// kept, and nothing to warn of (busy pods are held while busyguard is down all the same).
+    Covered {
+        namespace: String,
+        by: Vec<String>,
+    },
 }
 
 /// What to change so that each namespace in `pods` (namespace → the labels of its opted-in
@@ -59,7 +78,7 @@ pub fn steps(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &
     let ours: BTreeSet<(&str, &str)> =
         existing.iter().filter(|p| p.ours).map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
     for (namespace, labels) in pods {
-        let conflicting: Vec<String> = (existing.iter())
+        let selecting: Vec<&ExistingPdb> = (existing.iter())
             .filter(|pdb| !pdb.ours && &pdb.namespace == namespace)
             .filter(|pdb| {
                 pdb.name == BUSY_PDB_NAME
@@ -73,8 +92,9 @@ pub fn steps(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &
                         pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
                     })
             })
-            .map(|pdb| pdb.name.clone())
             .collect();
+        let covered = !selecting.is_empty() && selecting.iter().all(|pdb| pdb.allows_none && pdb.name != BUSY_PDB_NAME);
+        let conflicting: Vec<String> = selecting.iter().map(|pdb| pdb.name.clone()).collect();
         let have = ours.contains(&(namespace.as_str(), BUSY_PDB_NAME));
         let drifted = (existing.iter())
             .any(|pdb| pdb.ours && &pdb.namespace == namespace && pdb.name == BUSY_PDB_NAME && !pdb.as_kept);
@@ -89,7 +109,11 @@ pub fn steps(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &
                 if have {
                     steps.push(Step::Delete { namespace: namespace.clone(), name: BUSY_PDB_NAME.into() });
                 }
-                steps.push(Step::Skip { namespace: namespace.clone(), conflicting });
+                let namespace = namespace.clone();
+                steps.push(match covered {
+                    true => Step::Covered { namespace, by: conflicting },
+                    false => Step::Skip { namespace, conflicting },
+                });
             }
         }
     }
@@ -166,6 +190,7 @@ mod tests {
             ours,
             selector: selector.parse().ok(),
             as_kept: ours,
+            allows_none: false,
         }
     }
 
@@ -189,6 +214,29 @@ mod tests {
         );
         let elsewhere = pdb("jobs", "web", false, "app=web");
         assert_eq!(steps(&jobs, &[elsewhere]), [Step::Create { namespace: "jobs".into() }], "selects other pods");
+    }
+
+    #[test]
+    fn agones_own_pdb_that_allows_no_disruption_covers_its_game_servers_and_is_no_conflict() {
+        // eviction.safe: Never (Agones' default): its chart's PDB in each game-server namespace.
+        let games = pods("games", &[("agones.dev/gameserver", "gs-1"), ("agones.dev/safe-to-evict", "false")]);
+        let spec = |max_unavailable: &str| PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::String(max_unavailable.into())),
+            ..PodDisruptionBudgetSpec::default()
+        };
+        assert!(allows_no_disruption(Some(&spec("0%"))));
+        assert!(!allows_no_disruption(Some(&spec("10%"))));
+        let agones = ExistingPdb {
+            allows_none: true,
+            ..pdb("games", "agones-gameserver-safe-to-evict-false", false, "agones.dev/safe-to-evict=false")
+        };
+        assert_eq!(
+            steps(&games, std::slice::from_ref(&agones)),
+            [Step::Covered { namespace: "games".into(), by: vec!["agones-gameserver-safe-to-evict-false".into()] }]
+        );
+        // Beside a PDB of the user's that allows disruptions, it is a conflict as before.
+        let users = pdb("games", "arena", false, "agones.dev/gameserver");
+        assert!(matches!(&steps(&games, &[agones, users])[..], [Step::Skip { .. }]));
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub fn config_with(max_busy: SignedDuration) -> PolicyConfig {
         mutation: MutationSettings::ALL,
         holds: Holds::default(),
         owner_rules: Vec::new(),
+        busy_with_pod: None,
     }
 }
 

@@ -45,6 +45,9 @@ pub enum Override {
     /// person's `kubectl delete job`, CronJob `Replace` ending the run it replaces), which is
     /// the workload's end too. `--cascade=orphan` is how one keeps the pods.
     OwnerDeleted,
+    /// A pod busy with its leader (`--busy-with-pod`) deleted with its leader's own token: the
+    /// runner's hooks cleaning up the workflow pod of the job they ran.
+    Leader,
 }
 
 impl Override {
@@ -56,7 +59,8 @@ impl Override {
             | Override::NamespaceDeleted
             | Override::KarpenterDeadline
             | Override::OwnerController
-            | Override::OwnerDeleted => Decision::Exempted,
+            | Override::OwnerDeleted
+            | Override::Leader => Decision::Exempted,
         }
     }
 
@@ -70,6 +74,7 @@ impl Override {
             Override::KarpenterDeadline => Reason::KarpenterDeadline,
             Override::OwnerController => Reason::OwnerController,
             Override::OwnerDeleted => Reason::OwnerDeleted,
+            Override::Leader => Reason::Leader,
         }
     }
 }
@@ -126,5 +131,8 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
             "{pod} is busy; the garbage collector deletes it because its owner was deleted (a delete of its Job, \
              CronJob Replace): the workload's end (--cascade=orphan keeps the pods)"
         ),
+        Override::Leader => {
+            format!("{pod} is busy with the pod it works for, whose own token deletes it: that pod's task ends it")
+        }
     }
 }

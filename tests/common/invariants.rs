@@ -47,6 +47,7 @@ pub fn policy() -> PolicyConfig {
         },
         holds: Default::default(),
         owner_rules: Vec::new(),
+        busy_with_pod: None,
     }
 }
 

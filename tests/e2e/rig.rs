@@ -294,6 +294,16 @@ impl Rig {
         admins.into_iter().filter_map(|admin| get_body(admin, "/metrics")).collect()
     }
 
+    /// Waits until the CustomResourceDefinition `name` is Established (kubectl wait errs on one
+    /// whose status has no conditions yet, just after its create).
+    pub fn established(&self, name: &str) -> Result<()> {
+        eventually(&format!("crd/{name} Established"), Duration::from_secs(30), || {
+            let crd = self.get(&["crd", name])?;
+            let conditions = crd["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            Ok(conditions.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+        })
+    }
+
     /// The `/status` page of every replica, whatever it answers (200: ok; 503: what is wrong).
     pub fn statuses(&self) -> Vec<String> {
         let admins: Vec<SocketAddr> = self.kubelet.replicas.lock().unwrap().values().map(|r| r.admin).collect();

@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectM
 use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
-use crate::policy::keys::{DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER};
+use crate::policy::keys::{
+    BUSY_LABEL, DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER,
+};
 use crate::policy::owners::{group_of, owner_key};
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 
@@ -170,7 +172,8 @@ impl ApiPod {
             ),
             labels,
             annotations,
-            mark_by_busyguard: written_by(meta, FIELD_MANAGER, DELETE_REQUESTED),
+            mark_by_busyguard: written_by(meta, "f:annotations", DELETE_REQUESTED),
+            busy_label_by_busyguard: written_by(meta, "f:labels", BUSY_LABEL),
         };
         // Read through the record: which containers are the task's depends on its labels and annotations.
         record.task_ended = task_ended(&record, self.restart_policy.as_deref().unwrap_or_default(), &self.status);
@@ -178,17 +181,18 @@ impl ApiPod {
     }
 }
 
-/// Whether `manager` owns the annotation `key` through the pod itself (not its status), as the
-/// API server's managedFields record it.
-fn written_by(meta: &ObjectMeta, manager: &str, key: &str) -> bool {
+/// Whether busyguard (its field manager) owns `key` of the metadata map `map` (`f:labels`,
+/// `f:annotations`) through the pod itself (not its status), as the API server's managedFields
+/// record it.
+fn written_by(meta: &ObjectMeta, map: &str, key: &str) -> bool {
     let field = format!("f:{key}");
     let through_the_pod = |entry: &&ManagedFieldsEntry| {
-        entry.manager.as_deref() == Some(manager) && entry.subresource.as_deref().unwrap_or_default().is_empty()
+        entry.manager.as_deref() == Some(FIELD_MANAGER) && entry.subresource.as_deref().unwrap_or_default().is_empty()
     };
     let entries = meta.managed_fields.iter().flatten();
     entries.filter(through_the_pod).any(|entry| {
         let fields = entry.fields_v1.as_ref().map(|f| &f.0);
-        fields.and_then(|f| f.get("f:metadata")?.get("f:annotations")?.get(&field)).is_some()
+        fields.and_then(|f| f.get("f:metadata")?.get(map)?.get(&field)).is_some()
     })
 }
 
@@ -313,6 +317,20 @@ mod tests {
         };
         assert!(marked(None).delete_request().is_some());
         assert!(marked(Some("status")).delete_request().is_none(), "written through pods/status");
+    }
+
+    #[test]
+    fn a_busy_label_busyguard_wrote_for_an_owner_is_recorded_as_its_and_no_one_elses_is() {
+        let written_by = |manager: &str| {
+            let entry = json!({"manager": manager, "operation": "Update", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {"f:busyguard.io/busy": {}}}}});
+            api_pod(json!({"metadata": {"name": "gs", "namespace": "ns", "labels": {BUSY_LABEL: "true"},
+                "managedFields": [entry]}}))
+            .record()
+        };
+        assert!(written_by("busyguard").busy_label_by_busyguard());
+        assert!(!written_by("worker").busy_label_by_busyguard(), "the app's own flag");
+        assert!(!written_by("busyguard").mark_by_busyguard(), "a label is not the mark");
     }
 
     #[test]

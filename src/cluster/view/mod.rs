@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use jiff::Timestamp;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use api_pod::ApiPod;
@@ -18,14 +19,16 @@ use crate::policy::budget::Siblings;
 use crate::policy::budget::is_available;
 use crate::policy::hold::NodeGoing;
 use crate::policy::keys::MAX_UNAVAILABLE;
+use crate::policy::owners::OwnerState;
 use crate::policy::pod::PodFacts;
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
 /// Pods by namespace, then name.
 type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
 
-/// Owners under a busy rule by namespace, then `group/Kind/name`: whether they say their pods are busy.
-type Owners = HashMap<Box<str>, HashMap<Box<str>, bool>>;
+/// Owners under a busy rule by namespace, then `group/Kind/name`: whether they say their pods are
+/// busy, and since when.
+type Owners = HashMap<Box<str>, HashMap<Box<str>, OwnerState>>;
 
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
@@ -177,7 +180,7 @@ impl View {
 
     /// Whether the owner (`group/Kind/name`) says its pods are busy; `None` if it is under no rule,
     /// or not seen yet.
-    pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<bool> {
+    pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<OwnerState> {
         self.owners.read().get(namespace)?.get(owner).copied()
     }
 
@@ -190,12 +193,22 @@ impl View {
         known.collect()
     }
 
-    /// Records the owner's busy state (`None`: gone).
-    pub fn set_owner_busy(&self, namespace: &str, owner: &str, busy: Option<bool>) {
+    /// Records the owner's busy state, as last written at `written` (`None`: gone); what is
+    /// recorded now.
+    pub fn set_owner_busy(
+        &self,
+        namespace: &str,
+        owner: &str,
+        busy: Option<bool>,
+        written: Timestamp,
+    ) -> Option<OwnerState> {
         let mut owners = self.owners.write();
         match busy {
             Some(busy) => {
-                owners.entry(namespace.into()).or_default().insert(owner.into(), busy);
+                let in_namespace = owners.entry(namespace.into()).or_default();
+                let seen = OwnerState::seen(in_namespace.get(owner).copied(), busy, written);
+                in_namespace.insert(owner.into(), seen);
+                Some(seen)
             }
             None => {
                 if let Some(in_namespace) = owners.get_mut(namespace) {
@@ -204,6 +217,7 @@ impl View {
                         owners.remove(namespace);
                     }
                 }
+                None
             }
         }
     }
@@ -241,6 +255,11 @@ impl View {
     /// `read` applied to the pod's record and, for a workload under a budget, its unavailable
     /// siblings, under the view's read lock (a delete or an eviction judges the record where it
     /// lies instead of copying its maps out).
+    /// The record of a pod, if the view holds it.
+    pub fn record(&self, namespace: &str, name: &str) -> Option<PodRecord> {
+        self.read().get(namespace)?.get(name).cloned()
+    }
+
     pub fn with_pod_under_budget<T>(
         &self,
         namespace: &str,

@@ -72,6 +72,8 @@ pub struct PodRecord {
     pub annotations: Annotations,
     /// Whether managedFields show busyguard as the writer of the delete-requested mark.
     pub mark_by_busyguard: bool,
+    /// Whether managedFields show busyguard as the writer of the busy label.
+    pub busy_label_by_busyguard: bool,
 }
 
 impl PodRecord {
@@ -157,6 +159,10 @@ impl PodFacts for PodRecord {
 
     fn mark_by_busyguard(&self) -> bool {
         self.mark_by_busyguard
+    }
+
+    fn busy_label_by_busyguard(&self) -> bool {
+        self.busy_label_by_busyguard
     }
 }
 

@@ -79,6 +79,8 @@ pub enum Reason {
     OwnerController,
     /// A run-to-completion pod deleted by the garbage collector: its owner was deleted.
     OwnerDeleted,
+    /// A pod busy with its leader (`--busy-with-pod`), deleted with its leader's own token.
+    Leader,
     /// A node deleted by the cloud node lifecycle controller: its machine is gone.
     NodeGone,
     /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.

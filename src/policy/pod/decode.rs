@@ -1,5 +1,5 @@
 //! How a pod's JSON is read where serde's defaults would not do: `null` for an empty map, and
-//! the one fact busyguard reads of managedFields.
+//! the facts busyguard reads of managedFields.
 
 use serde::{Deserialize, Deserializer};
 
@@ -20,13 +20,15 @@ struct ManagedFields {
 #[derive(Deserialize)]
 struct MetadataFields {
     #[serde(default, rename = "f:metadata")]
-    metadata: Option<AnnotationFields>,
+    metadata: Option<KeyFields>,
 }
 
 #[derive(Deserialize)]
-struct AnnotationFields {
+struct KeyFields {
     #[serde(default, rename = "f:annotations")]
     annotations: Option<MarkField>,
+    #[serde(default, rename = "f:labels")]
+    labels: Option<BusyField>,
 }
 
 /// `f:` and [`DELETE_REQUESTED`] (a test holds the two together).
@@ -36,13 +38,34 @@ struct MarkField {
     mark: Option<serde::de::IgnoredAny>,
 }
 
-pub fn mark_by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+/// `f:` and [`BUSY_LABEL`](crate::policy::keys::BUSY_LABEL).
+#[derive(Deserialize)]
+struct BusyField {
+    #[serde(default, rename = "f:busyguard.io/busy")]
+    busy: Option<serde::de::IgnoredAny>,
+}
+
+/// Which of busyguard's keys busyguard itself (its field manager) last wrote through the pod
+/// itself, not its status (which no webhook of the pod's sees), as managedFields record it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByBusyguard {
+    /// The delete-requested mark's annotation.
+    pub mark: bool,
+    /// The busy label: busyguard writes it for a pod that follows its owner or its leader.
+    pub busy_label: bool,
+}
+
+pub fn by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ByBusyguard, D::Error> {
     let entries = Option::<Vec<ManagedFields>>::deserialize(deserializer)?.unwrap_or_default();
-    Ok(entries.iter().any(|entry| {
-        entry.manager.as_deref() == Some(FIELD_MANAGER)
-            && entry.subresource.as_deref().unwrap_or_default().is_empty()
-            && (entry.fields.as_ref().and_then(|f| f.metadata.as_ref()?.annotations.as_ref()?.mark.as_ref())).is_some()
-    }))
+    let ours = entries.iter().filter(|entry| {
+        entry.manager.as_deref() == Some(FIELD_MANAGER) && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    });
+    let mut by = ByBusyguard::default();
+    for keys in ours.filter_map(|entry| entry.fields.as_ref()?.metadata.as_ref()) {
+        by.mark |= keys.annotations.as_ref().is_some_and(|a| a.mark.is_some());
+        by.busy_label |= keys.labels.as_ref().is_some_and(|l| l.busy.is_some());
+    }
+    Ok(by)
 }
 
 /// Kubernetes sends `null` for empty maps and lists now and then; treat it as empty.

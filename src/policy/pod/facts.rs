@@ -78,6 +78,9 @@ pub trait PodFacts {
     /// Whether busyguard wrote the delete-requested mark's annotation, as the API server's
     /// managedFields record the writer.
     fn mark_by_busyguard(&self) -> bool;
+    /// Whether busyguard wrote the busy label itself: the pod follows its owner's status or its
+    /// leader (`policy::owners`), so its flag is not the pod's own.
+    fn busy_label_by_busyguard(&self) -> bool;
     /// The controlling owner as `group/Kind/name` (`policy::owners::owner_key`).
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>>;
 

@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use serde::Deserialize;
 
 use crate::duration::api_time;
-use decode::{mark_by_busyguard, null_as_default};
+use decode::{ByBusyguard, by_busyguard, null_as_default};
 pub use facts::{Phase, PodFacts, Readiness, RunsToCompletion};
 
 use super::keys::{DEFAULT_CONTAINER, TASK_CONTAINER};
@@ -135,11 +135,10 @@ pub struct Metadata {
     pub creation_timestamp: Option<Timestamp>,
     #[serde(default, deserialize_with = "api_time")]
     pub deletion_timestamp: Option<Timestamp>,
-    /// Whether the API server's managedFields show busyguard (its field manager) as the writer
-    /// of the delete-requested mark's annotation through the pod itself, not its status (which
-    /// no webhook of the pod's sees); the rest of managedFields is skipped.
-    #[serde(default, rename = "managedFields", deserialize_with = "mark_by_busyguard")]
-    pub mark_by_busyguard: bool,
+    /// Which of its keys busyguard wrote itself, as the API server's managedFields record it;
+    /// the rest of managedFields is skipped.
+    #[serde(default, rename = "managedFields", deserialize_with = "by_busyguard")]
+    pub by_busyguard: ByBusyguard,
 }
 
 /// A pod's owner, as its ownerReferences name it.
@@ -285,7 +284,11 @@ impl PodFacts for Pod {
     }
 
     fn mark_by_busyguard(&self) -> bool {
-        self.metadata.mark_by_busyguard
+        self.metadata.by_busyguard.mark
+    }
+
+    fn busy_label_by_busyguard(&self) -> bool {
+        self.metadata.by_busyguard.busy_label
     }
 }
 
@@ -502,6 +505,9 @@ mod tests {
         }
         fn mark_by_busyguard(&self) -> bool {
             self.pod.mark_by_busyguard()
+        }
+        fn busy_label_by_busyguard(&self) -> bool {
+            self.pod.busy_label_by_busyguard()
         }
     }
 

@@ -57,6 +57,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         owner_kinds::an_owner_rule_whose_kind_is_not_served_takes_nothing_else_down,
     ),
     (
+        "agones_own_end_of_a_game_server_passes_while_busyguard_is_down",
+        owner_kinds::agones_own_end_of_a_game_server_passes_while_busyguard_is_down,
+    ),
+    (
         "runners_are_busy_on_every_release_of_actions_runner_controller",
         owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
     ),

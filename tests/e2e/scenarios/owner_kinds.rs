@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::jobs::{ended_by_its_job, job, run_to_completion, running_busy};
 use super::owners::{NODE, Owned, game_server_crd, set_state, start_game_server, start_pod};
-use crate::rig::{ROOT, Rig, eventually};
+use crate::rig::{ROOT, Rig, eventually, throughout};
 use crate::workers::{self, flip, label};
 
 const GAME_SERVERS: &str = "gameservers.agones.dev";
@@ -75,7 +75,7 @@ fn told_on_every_replica(rig: &Rig, told: bool) -> Result<()> {
 
 fn apply_game_server_crd(rig: &Rig) -> Result<()> {
     rig.apply(&game_server_crd())?;
-    rig.kubectl(&["wait", "--for=condition=Established", &format!("crd/{GAME_SERVERS}"), "--timeout=30s"])?;
+    rig.established(GAME_SERVERS)?;
     Ok(())
 }
 
@@ -87,6 +87,41 @@ fn allocated_and_followed(rig: &Rig, ns: &str, name: &str, within: Duration) -> 
     eventually(&format!("{name}'s pod follows its Allocated GameServer"), within, || {
         Ok(rig.pod(ns, name)?.is_some_and(|pod| label(&pod, "busyguard.io/busy").as_deref() == Some("true")))
     })
+}
+
+/// Agones' controller deletes the pod of a game server whose match ended (its GameServer shut
+/// down or deleted): with busyguard down, that delete is not sent to the fail-closed delete
+/// webhook, so Agones' own end passes, while a person's delete of a busy game server's pod is
+/// still refused.
+pub fn agones_own_end_of_a_game_server_passes_while_busyguard_is_down(rig: &Rig) -> Result<()> {
+    rig.apply(&game_server_crd())?;
+    rig.established(GAME_SERVERS)?;
+    rig.install_with(&["agones"])?;
+    let outcome = agones_ends_its_own(rig);
+    rig.scale_busyguard(2)?;
+    rig.install_release(Path::new(ROOT), None)?;
+    outcome
+}
+
+fn agones_ends_its_own(rig: &Rig) -> Result<()> {
+    rig.node(NODE, "4")?;
+    rig.kubectl(&["uncordon", NODE])?;
+    let games = rig.namespace("agones-down")?;
+    allocated_and_followed(rig, &games, "gs-ending", Duration::from_secs(30))?;
+    rig.scale_busyguard(0)?;
+    let person = rig.try_kubectl(&["-n", &games, "delete", "pod", "gs-ending", "--wait=false"])?;
+    ensure!(
+        !person.0 && person.2.contains("busyguard"),
+        "a person's delete went through with busyguard down: {}",
+        person.2
+    );
+    // The match over, Agones shuts the GameServer down and its controller deletes the pod.
+    let game_server = Owned { namespace: games.to_string(), resource: GAME_SERVERS, name: "gs-ending".into() };
+    set_state(rig, &game_server, "Shutdown")?;
+    let agones = "system:serviceaccount:agones-system:agones-controller";
+    let (ok, _, err) = rig.try_kubectl_as(agones, &["-n", &games, "delete", "pod", "gs-ending", "--wait=false"])?;
+    ensure!(ok, "Agones' own delete of its game server's pod was refused with busyguard down: {err}");
+    Ok(())
 }
 
 /// Where `../shared` keeps Actions Runner Controller's charts at a release, if it is there.
@@ -118,6 +153,21 @@ pub fn runners_are_busy_on_every_release_of_actions_runner_controller(rig: &Rig)
             break;
         }
     }
+    // Whatever happened, ARC's finalizers are lifted first: the CRD's delete waits for its objects.
+    for runner in rig
+        .get(&["ephemeralrunners", "-A"])
+        .map(|l| l["items"].clone())
+        .unwrap_or_default()
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let (ns, name) = (runner["metadata"]["namespace"].as_str(), runner["metadata"]["name"].as_str());
+        if let (Some(ns), Some(name)) = (ns, name) {
+            let finalizers = r#"{"metadata":{"finalizers":null}}"#;
+            let _ = rig.kubectl(&["-n", ns, "patch", "ephemeralrunner", name, "--type=merge", "-p", finalizers]);
+        }
+    }
     let _ = rig.kubectl(&["delete", "crd", "ephemeralrunners.actions.github.com", "--ignore-not-found"]);
     rig.install_release(Path::new(ROOT), None)?;
     outcome
@@ -131,7 +181,14 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
     if !rig.try_kubectl(&["replace", "-f", crd])?.0 {
         rig.kubectl(&["create", "-f", crd])?;
     }
-    rig.kubectl(&["wait", "--for=condition=Established", "crd/ephemeralrunners.actions.github.com", "--timeout=30s"])?;
+    rig.established("ephemeralrunners.actions.github.com")?;
+    // busyguard asks for a kind it does not serve yet again within a minute: its runners are
+    // followed from then on (and it sees them turn busy, so it knows when their jobs began).
+    let not_followed = "--busy-when-owner actions.github.com/v1alpha1/EphemeralRunner: its owners are not followed";
+    eventually("busyguard follows the runners", Duration::from_secs(90), || {
+        let statuses = rig.statuses();
+        Ok(statuses.len() == 2 && !statuses.iter().any(|s| s.contains(not_followed)))
+    })?;
     let node = format!("e2e-arc-{}", release.replace('.', "-"));
     rig.node(&node, "4")?;
     let ns = rig.namespace(&format!("arc-{}", release.replace('.', "-")))?;
@@ -157,7 +214,7 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
             "runnerScaleSetId": 1, "spec": {"containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner"}]}}}))?;
     let labels = json!({"actions.github.com/scale-set-name": "arc-runner-set", "app.kubernetes.io/component": "runner",
         "actions-ephemeral-runner": "True", "app": runner.name});
-    start_pod(rig, &runner, ("actions.github.com/v1alpha1", "EphemeralRunner"), labels, &node)?;
+    start_pod(rig, &runner, ("actions.github.com/v1alpha1", "EphemeralRunner"), labels.clone(), &node)?;
 
     // The listener's write on JobStarted, as this release makes it.
     let mut status = json!({"jobRequestId": 8274, "jobRepositoryName": "example/app", "workflowRunId": 3001,
@@ -174,6 +231,7 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
         written["status"]
     );
     busy(rig, &runner, true)?;
+    workflow_pod_guarded_with_its_runner(rig, &runner, &node)?;
 
     // Deleted mid-job (a person's `kubectl delete ephemeralrunner`): ARC's finalizer waits for
     // the job, and so does busyguard.
@@ -192,9 +250,62 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
     let status = ["-n", &ns, "patch", "pod", &runner.name, "--subresource=status", "--type=merge"];
     rig.kubectl(&[&status[..], &["-p", &finished.to_string()]].concat())?;
     rig.kubectl(&["-n", &ns, "delete", "pod", &runner.name, "--wait=false"])?;
+    eventually("the finished runner's pod goes", Duration::from_secs(30), || {
+        Ok(rig.pod(&ns, &runner.name)?.is_none())
+    })?;
+
+    // A pod made for the runner after its job began (as ARC re-creates a vanished runner's pod,
+    // its JIT config spent) takes no job: opted in, and left idle.
+    start_pod(rig, &runner, ("actions.github.com/v1alpha1", "EphemeralRunner"), labels, &node)?;
+    let mut seen = None;
+    throughout("the re-created pod stays idle", Duration::from_secs(5), || {
+        seen = rig.pod(&ns, &runner.name)?.map(|p| p["metadata"].clone());
+        Ok(seen.as_ref().is_some_and(|p| p["labels"]["busyguard.io/busy"] == "false"))
+    })
+    .with_context(|| format!("the re-created pod: {seen:?}"))?;
+    rig.kubectl(&["-n", &ns, "delete", "pod", &runner.name, "--wait=false"])?;
     let finalizer = r#"[{"op":"remove","path":"/metadata/finalizers"}]"#;
     rig.kubectl(&["-n", &ns, "patch", runner.resource, &runner.name, "--type=json", "-p", finalizer])?;
     rig.kubectl(&["uncordon", &node]).map(drop)
+}
+
+/// `containerMode: kubernetes`: the runner's container hooks run the job's steps in a pod of
+/// their own, `<runner pod>-workflow`, labelled `runner-pod: <runner pod>`, no owner, on the
+/// runner's node (`createPod`). It is opted in and busy while its runner is, a drain's eviction
+/// is refused, and the hooks' cleanup (`prunePods`: a delete with grace 0, with the runner's own
+/// token) goes through.
+fn workflow_pod_guarded_with_its_runner(rig: &Rig, runner: &Owned, node: &str) -> Result<()> {
+    let ns = &runner.namespace;
+    let name = format!("{}-workflow", runner.name);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"runner-pod": runner.name}},
+        "spec": {"nodeName": node, "restartPolicy": "Never",
+            "containers": [{"name": "job", "image": "example.com/ci-job"}]}});
+    crate::rig::kubectl_stdin(&rig.admin, &["create", "-f", "-"], &pod.to_string())?;
+    eventually(&format!("{name} busy with its runner"), Duration::from_secs(20), || {
+        Ok(rig.pod(ns, &name)?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("true")))
+    })?;
+    let (evicted, why) = rig.evict(ns, &name)?;
+    ensure!(!evicted, "the workflow pod of a running job was evicted: {why}");
+    // The hooks speak with the runner pod's token (its service account may delete pods).
+    rig.kubectl(&["-n", ns, "create", "role", "hooks", "--verb=get,list,create,delete", "--resource=pods"])?;
+    rig.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "hooks",
+        "--role=hooks",
+        &format!("--serviceaccount={ns}:default"),
+    ])?;
+    let token = rig.pod_token(ns, "default", &runner.name)?;
+    let hooks = rig.kubeconfig_for(&format!("{}-hooks", runner.name), &token)?;
+    let (ok, _, err) =
+        crate::rig::kubectl(&hooks, &["-n", ns, "delete", "pod", &name, "--grace-period=0", "--wait=false"])?;
+    ensure!(ok, "the runner's hooks could not clean up its workflow pod: {err}");
+    eventually(&format!("{name}: let through as its runner's"), Duration::from_secs(10), || {
+        Ok(rig.audited(ns, &name, "exempted").iter().any(|a| a["reason"] == "leader"))
+    })
 }
 
 /// Whether the runner's pod carries `busyguard.io/busy: "true"` (`busy`), within 10 s.

@@ -23,7 +23,7 @@ const FLIPS: usize = 10;
 pub fn runners_and_game_servers_are_busy_from_their_owners_status(rig: &Rig) -> Result<()> {
     rig.apply(&json!({"apiVersion": "v1", "kind": "List", "items": [ephemeral_runner_crd(), game_server_crd()]}))?;
     for crd in ["ephemeralrunners.actions.github.com", "gameservers.agones.dev"] {
-        rig.kubectl(&["wait", "--for=condition=Established", &format!("crd/{crd}"), "--timeout=30s"])?;
+        rig.established(crd)?;
     }
     rig.install_with(&["actions-runner-controller", "agones"])?;
     let outcome = guarded_as_their_owners_say(rig);
