@@ -85,6 +85,9 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let Some(mut config) = client_config(&settings.source).await? else {
             warn!("no cluster configured: evictions are answered 503, scale-downs are not prepared");
+            if !policy.owner_rules.is_empty() {
+                warn!("no cluster configured: the busy rules (--busy-when-owner) follow no owner");
+            }
             return Ok(Cluster { view: Arc::new(View::without_cluster()), outbox: None, budgets: None });
         };
         // busyguard retries its own calls; the client's default retry would also retry the 429

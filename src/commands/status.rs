@@ -185,7 +185,12 @@ pub fn render(cluster: &Cluster, settings: Settings, now: Timestamp) -> String {
         .filter_map(|p| {
             let node = p.pod.node.as_deref().unwrap_or_default();
             let hold = held(&p.pod, node, nodes_going.get(node).copied(), settings.holds, now)?;
-            Some(held_refusal(&p.namespace, &p.name, &hold))
+            let line = held_refusal(&p.namespace, &p.name, &hold);
+            // A runner's or game server's work comes from its owner, which no hold stops.
+            Some(match p.pod.owners_set().is_some() || p.pod.busy_label_by_busyguard() {
+                true => format!("{line} (its owner may still give it work: busyguard guards it then too)"),
+                false => line,
+            })
         })
         .collect();
     if held.is_empty() {
@@ -290,6 +295,24 @@ mod tests {
              \n\
              WARNINGS (what would defeat protection)\n\
              none\n"
+        );
+    }
+
+    #[test]
+    fn a_runner_on_a_going_node_is_told_apart_its_owner_may_still_give_it_work() {
+        let mut runner = listed("ci-runner-x", "node-2", "false", json!({}));
+        let labels = [("actions.github.com/scale-set-name", "ci"), (BUSY_LABEL, "false")];
+        runner.pod.labels = labels.iter().map(|(k, v)| (Box::from(*k), Box::from(*v))).collect();
+        let settings =
+            Settings { max_busy: MaxBusy::new(jiff::SignedDuration::from_hours(24)), holds: Holds::default() };
+        let nodes_going = Ok(HashMap::from([("node-2".to_string(), NodeGoing::Karpenter)]));
+        let cluster = Cluster { pods: vec![runner], pdbs: Ok(Vec::new()), nodes_going };
+        let report = render(&cluster, settings, "2026-11-23T10:05:00Z".parse().unwrap());
+        assert!(
+            report.contains(
+                "the pod goes at its next idle moment (its owner may still give it work: busyguard guards it then too)"
+            ),
+            "{report}"
         );
     }
 }

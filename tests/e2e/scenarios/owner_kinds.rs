@@ -119,6 +119,8 @@ fn agones_ends_its_own(rig: &Rig) -> Result<()> {
     let game_server = Owned { namespace: games.to_string(), resource: GAME_SERVERS, name: "gs-ending".into() };
     set_state(rig, &game_server, "Shutdown")?;
     let agones = "system:serviceaccount:agones-system:agones-controller";
+    let grant = ["-n", &games, "create", "rolebinding", "agones", "--clusterrole=edit"];
+    rig.kubectl(&[&grant[..], &["--serviceaccount=agones-system:agones-controller"]].concat())?;
     let (ok, _, err) = rig.try_kubectl_as(agones, &["-n", &games, "delete", "pod", "gs-ending", "--wait=false"])?;
     ensure!(ok, "Agones' own delete of its game server's pod was refused with busyguard down: {err}");
     Ok(())
