@@ -787,12 +787,12 @@ fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_ord
             let objects = overlay_in(&root, "cert-manager", &components);
             assert_eq!(
                 namespace_selectors_as_built(&objects, Enrolment::OptIn),
-                16,
+                17,
                 "{components:?}: every webhook but node-deletes"
             );
         }
         let objects = overlay_in(&root, "cert-manager", &order);
-        assert_eq!(namespace_selectors_as_built(&objects, Enrolment::OptOut), 16, "{order:?}");
+        assert_eq!(namespace_selectors_as_built(&objects, Enrolment::OptOut), 17, "{order:?}");
         let objects = overlay_in(&root, "self-managed", &order);
         for webhook in webhooks(&objects) {
             assert_eq!(without_whitespace(&webhook["clientConfig"]["caBundle"]), ca, "{order:?}: {}", webhook["name"]);
@@ -821,6 +821,21 @@ fn agones_own_deletes_of_its_game_servers_pods_skip_the_fail_closed_delete_webho
         assert!(sent("alice", &game_server), "{name}: a person's delete");
         assert!(conditions.len() > 1, "{name}: the base's conditions are kept");
     }
+    // Only an allocation (a GameServer turning Allocated) is sent to busyguard.
+    let allocations = webhook(&objects, "agones-allocations.busyguard.io");
+    assert_eq!(allocations["clientConfig"], webhook(&objects, "pod-deletes.busyguard.io")["clientConfig"]);
+    let condition = allocations["matchConditions"][0]["expression"].as_str().unwrap();
+    let sent = |old: &str, new: &str| {
+        let program = cel::Program::compile(condition).unwrap();
+        let mut context = cel::Context::default();
+        let state = |s: &str| json!({"status": {"state": s}});
+        context.add_variable_from_value("object", cel::to_value(state(new)).unwrap());
+        context.add_variable_from_value("oldObject", cel::to_value(state(old)).unwrap());
+        program.execute(&context).unwrap() == cel::Value::Bool(true)
+    };
+    assert!(sent("Ready", "Allocated"));
+    assert!(!sent("Allocated", "Allocated"), "an Allocated server's other updates");
+    assert!(!sent("Allocated", "Ready"));
 }
 
 #[test]

@@ -82,6 +82,9 @@ pub enum Route {
     /// A ReplicaSet, a Deployment or the scale of either, updated: maybe a scale-down.
     ScaleDown,
     NodeDelete,
+    /// Another resource updated, on the validating registration: an owner under a busy rule
+    /// taking a new task, where its registration sends those (Agones' allocations).
+    OwnerUpdate,
     /// Not a request busyguard judges (`pods/status` on the mutating registration among them).
     Unhandled,
 }
@@ -98,6 +101,7 @@ impl Route {
             (_, PodEviction, Operation::Create) => Route::PodEviction,
             (_, ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
             (_, Nodes, Operation::Delete) => Route::NodeDelete,
+            (Webhook::Validating, Other, Operation::Update) => Route::OwnerUpdate,
             _ => Route::Unhandled,
         }
     }

@@ -16,7 +16,9 @@ use crate::policy::outcome::{Action, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
-use crate::policy::{Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, mutate, node, scale, writes};
+use crate::policy::{
+    Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, hold, mutate, node, owner_task, scale, writes,
+};
 
 /// Why no answer could be given: the request is at fault (400), or busyguard cannot decide
 /// now (503, so the API server applies the webhook's failurePolicy).
@@ -163,6 +165,28 @@ pub fn pod_eviction(
     });
     // None: not opted in (or no such pod: the API server answers 404 itself).
     Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
+}
+
+/// An owner under a busy rule updated (sent only as it turns busy: the registration's
+/// conditions): its pods as the view holds them, one held among them refusing the new task.
+pub fn owner_update(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let (group, kind) = (&request.resource.group, &request.kind.kind);
+    let Some(rule) = inputs.policy.owner_rules.iter().find(|r| r.group() == group && &r.kind == kind) else {
+        return Ok(Outcome::allow(Decision::Unhandled));
+    };
+    let view = inputs.trusted_view("an owner's new task")?;
+    let key = rule.owner_key(&request.name);
+    let pods = view.select(&request.namespace, |pod| pod.owner.as_deref() == Some(key.as_str()));
+    let held = pods.iter().find_map(|(name, pod)| {
+        let node = pod.node.as_deref().unwrap_or_default();
+        Some((name.as_str(), hold::held(pod, node, view.node_going(node), inputs.policy.holds, now)?))
+    });
+    let ask = ask(request, request.is_dry_run());
+    Ok(owner_task::judge_new_task(&ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
 }
 
 /// A ReplicaSet's, a Deployment's or their scale's update: a scale-down is prepared with the

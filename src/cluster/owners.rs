@@ -213,6 +213,20 @@ fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
     format!("{} {}/{}", rule.kind_path(), owner.namespace().unwrap_or_default(), owner.name_any())
 }
 
+/// A pod's effects, but a deferred delete of a pod being flipped busy for its owner or leader:
+/// its owner's next task has begun (a game server allocated again, a runner given a job), and
+/// the delete would end it at its start. It waits for the pod's next idle moment.
+pub fn no_delete_before_a_busy_flip(mut effects: Vec<Effect>) -> Vec<Effect> {
+    let turning_busy: Vec<String> = (effects.iter())
+        .filter_map(|e| match e {
+            Effect::FollowOwner { pod, value: "true" } => Some(pod.uid.clone()),
+            _ => None,
+        })
+        .collect();
+    effects.retain(|e| !matches!(e, Effect::DeleteIdle { pod, .. } if turning_busy.contains(&pod.uid)));
+    effects
+}
+
 /// The flip a pod busy with its leader (`--busy-with-pod`: it carries `label`, naming a pod of
 /// its namespace) is due: busy while its leader is, idle once its leader is not (or is gone).
 pub fn follow_leader(view: &View, label: &str, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
@@ -309,6 +323,28 @@ mod tests {
         assert_eq!(value(lead(&view, "runner-pod", "ci", "r", Some(&idle_runner)).pop()), Some("false"), "job done");
         assert_eq!(value(lead(&view, "runner-pod", "ci", "r", None).pop()), Some("false"), "runner gone");
         assert!(lead(&view, "runner-pod", "ci", "other", Some(&runner)).is_empty(), "another runner's");
+    }
+
+    #[test]
+    fn a_deferred_delete_waits_when_its_pods_owner_has_just_given_it_its_next_task() {
+        let pod = |name: &str| PodRef { namespace: "games".into(), name: name.into(), uid: format!("u-{name}") };
+        let delete = |name: &str| Effect::DeleteIdle {
+            pod: pod(name),
+            resource_version: "7".into(),
+            request: crate::policy::keys::DeleteRequest::new("alice", Timestamp::UNIX_EPOCH),
+            audit: Box::new(crate::policy::testing::ask("DELETE", "alice").audit(
+                crate::policy::outcome::Decision::DeletedWhenIdle,
+                crate::policy::outcome::Reason::DeleteRequested,
+                String::new(),
+                crate::policy::Mode::Enforce,
+                Timestamp::UNIX_EPOCH,
+            )),
+        };
+        let allocated = Effect::FollowOwner { pod: pod("gs-1"), value: "true" };
+        let kept = no_delete_before_a_busy_flip(vec![delete("gs-1"), allocated.clone(), delete("gs-2")]);
+        assert_eq!(kept, [allocated, delete("gs-2")], "only the pod turning busy keeps its delete for later");
+        let ended = Effect::FollowOwner { pod: pod("gs-1"), value: "false" };
+        assert_eq!(no_delete_before_a_busy_flip(vec![delete("gs-1"), ended.clone()]), [delete("gs-1"), ended]);
     }
 
     #[test]

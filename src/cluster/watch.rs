@@ -226,6 +226,7 @@ impl Watch {
             observed.effects.extend(follow);
             observed.effects.extend(owners::lead(&self.view, label, namespace, name, after.as_ref()));
         }
+        observed.effects = owners::no_delete_before_a_busy_flip(observed.effects);
         self.act(pod, before, after, observed).await;
     }
 
@@ -280,7 +281,8 @@ impl Watch {
             let flip = self.follows_owners().then(|| owners::follow(&self.view, &pod, record)).flatten();
             let label = self.policy.busy_with_pod.as_deref();
             let with_leader = label.and_then(|label| owners::follow_leader(&self.view, label, &pod, record));
-            observed::due(&pod, record, &self.policy, now).into_iter().chain(flip).chain(with_leader)
+            let due = observed::due(&pod, record, &self.policy, now).into_iter().chain(flip).chain(with_leader);
+            owners::no_delete_before_a_busy_flip(due.collect())
         });
         for effect in effects {
             drop(self.outbox.send(effect));

@@ -7,6 +7,8 @@
 //!   restart a busy pod's task container (deny, exempt, lapse, defer);
 //! - [`scale::prepare_scale_down`]: ReplicaSet and Deployment scale-downs (plan, pods to refresh);
 //! - [`node::judge_node_delete`]: Node DELETE (refused while busy pods run there);
+//! - [`owner_task::judge_new_task`]: an owner under a busy rule taking a new task (refused while
+//!   its pod is held);
 //! - [`observed::on_change`]: a change the watch saw (deferred deletes due, stale annotations,
 //!   losses), and [`observed::due`], asked of every pod by the sweep.
 //!
@@ -36,6 +38,7 @@ pub mod namespaces;
 pub mod node;
 pub mod observed;
 pub mod outcome;
+pub mod owner_task;
 pub mod owners;
 pub mod pdb;
 pub mod pod;

@@ -89,10 +89,11 @@ fn allocated_and_followed(rig: &Rig, ns: &str, name: &str, within: Duration) -> 
     })
 }
 
-/// Agones' controller deletes the pod of a game server whose match ended (its GameServer shut
-/// down or deleted): with busyguard down, that delete is not sent to the fail-closed delete
-/// webhook, so Agones' own end passes, while a person's delete of a busy game server's pod is
-/// still refused.
+/// Agones as it runs: an allocation of a game server whose pod is held is refused with a
+/// conflict; and Agones' controller deletes the pod of a game server whose match ended (its
+/// GameServer shut down or deleted): with busyguard down, that delete is not sent to the
+/// fail-closed delete webhook, so Agones' own end passes, while a person's delete of a busy game
+/// server's pod is still refused.
 pub fn agones_own_end_of_a_game_server_passes_while_busyguard_is_down(rig: &Rig) -> Result<()> {
     rig.apply(&game_server_crd())?;
     rig.established(GAME_SERVERS)?;
@@ -107,6 +108,7 @@ fn agones_ends_its_own(rig: &Rig) -> Result<()> {
     rig.node(NODE, "4")?;
     rig.kubectl(&["uncordon", NODE])?;
     let games = rig.namespace("agones-down")?;
+    allocation_of_a_held_server_is_refused(rig, &games)?;
     allocated_and_followed(rig, &games, "gs-ending", Duration::from_secs(30))?;
     rig.scale_busyguard(0)?;
     let person = rig.try_kubectl(&["-n", &games, "delete", "pod", "gs-ending", "--wait=false"])?;
@@ -123,6 +125,26 @@ fn agones_ends_its_own(rig: &Rig) -> Result<()> {
     rig.kubectl(&[&grant[..], &["--serviceaccount=agones-system:agones-controller"]].concat())?;
     let (ok, _, err) = rig.try_kubectl_as(agones, &["-n", &games, "delete", "pod", "gs-ending", "--wait=false"])?;
     ensure!(ok, "Agones' own delete of its game server's pod was refused with busyguard down: {err}");
+    Ok(())
+}
+
+/// A game server whose eviction was refused (its drain is under way) and whose match then
+/// ended takes no new match: the allocator's update to Allocated is refused with a conflict,
+/// which Agones' allocator answers by picking another server.
+fn allocation_of_a_held_server_is_refused(rig: &Rig, games: &str) -> Result<()> {
+    allocated_and_followed(rig, games, "gs-held", Duration::from_secs(30))?;
+    let (evicted, _) = rig.evict(games, "gs-held")?;
+    ensure!(!evicted, "an Allocated game server was evicted");
+    let game_server = Owned { namespace: games.to_string(), resource: GAME_SERVERS, name: "gs-held".into() };
+    set_state(rig, &game_server, "Ready")?;
+    eventually("gs-held idle once its match ended", Duration::from_secs(10), || {
+        Ok(rig.pod(games, "gs-held")?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("false")))
+    })?;
+    let refused = set_state(rig, &game_server, "Allocated").err().map(|e| format!("{e:#}")).unwrap_or_default();
+    ensure!(
+        refused.contains("takes no new task now") && refused.contains("Conflict"),
+        "the allocation of a held game server was not refused with a conflict: {refused:?}"
+    );
     Ok(())
 }
 
