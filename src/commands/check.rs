@@ -163,6 +163,9 @@ pub async fn owner_rule_warnings(client: &kube::Client) -> anyhow::Result<Option
         .map(|value| value.parse())
         .collect::<Result<_, _>>()
         .map_err(|why| anyhow::anyhow!("busyguard cannot start with its busy rules: --busy-when-owner {why}"))?;
+    if let Some(twice) = crate::policy::owners::same_kind_twice(&rules) {
+        anyhow::bail!("busyguard cannot start with its busy rules: {twice}");
+    }
     let mut warnings = Vec::new();
     for rule in &rules {
         match owners::resolve(client, rule).await {

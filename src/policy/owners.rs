@@ -55,6 +55,14 @@ impl std::str::FromStr for OwnerRule {
             let why = e.to_string();
             format!("{kind_path}: the expression {expression:?} does not compile: {}", why.lines().next().unwrap_or(""))
         })?;
+        let mut unknown = Vec::new();
+        unbound_names(program.expression(), &mut Vec::new(), &mut unknown);
+        if let Some(name) = unknown.first() {
+            return Err(format!(
+                "{kind_path}: the expression {expression:?} reads {name}, which is not a variable (only object is): a \
+                 string is quoted, '{name}'"
+            ));
+        }
         Ok(OwnerRule {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
@@ -62,6 +70,59 @@ impl std::str::FromStr for OwnerRule {
             program: std::sync::Arc::new(program),
         })
     }
+}
+
+/// The names `expr` reads that nothing binds: neither `object` nor a macro's own variables
+/// (`exists(o, …)`). CEL compiles them and fails only as each owner is judged.
+fn unbound_names(expr: &cel::IdedExpr, bound: &mut Vec<String>, found: &mut Vec<String>) {
+    use cel::common::ast::{EntryExpr, Expr};
+    fn entry(entry: &EntryExpr) -> Vec<&cel::IdedExpr> {
+        match entry {
+            EntryExpr::StructField(field) => vec![&field.value],
+            EntryExpr::MapEntry(entry) => vec![&entry.key, &entry.value],
+        }
+    }
+    match &expr.expr {
+        Expr::Ident(name) if name != "object" && !name.starts_with('@') && !bound.contains(name) => {
+            found.push(name.clone());
+        }
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        Expr::Call(call) => {
+            for operand in call.target.iter().map(|t| &**t).chain(&call.args) {
+                unbound_names(operand, bound, found);
+            }
+        }
+        Expr::Comprehension(comprehension) => {
+            unbound_names(&comprehension.iter_range, bound, found);
+            let outer = bound.len();
+            bound.push(comprehension.iter_var.clone());
+            bound.extend(comprehension.iter_var2.clone());
+            bound.push(comprehension.accu_var.clone());
+            for part in
+                [&comprehension.accu_init, &comprehension.loop_cond, &comprehension.loop_step, &comprehension.result]
+            {
+                unbound_names(part, bound, found);
+            }
+            bound.truncate(outer);
+        }
+        Expr::List(list) => list.elements.iter().for_each(|e| unbound_names(e, bound, found)),
+        Expr::Map(map) => map.entries.iter().flat_map(|e| entry(&e.expr)).for_each(|e| unbound_names(e, bound, found)),
+        Expr::Struct(structure) => {
+            structure.entries.iter().flat_map(|e| entry(&e.expr)).for_each(|e| unbound_names(e, bound, found))
+        }
+        Expr::Select(select) => unbound_names(&select.operand, bound, found),
+    }
+}
+
+/// Two rules for one kind (of one group): which would hold is anyone's guess, so neither may.
+pub fn same_kind_twice(rules: &[OwnerRule]) -> Option<String> {
+    let mut kinds = std::collections::BTreeSet::new();
+    let twice = rules.iter().find(|rule| !kinds.insert((rule.group().to_string(), rule.kind.clone())))?;
+    Some(format!(
+        "--busy-when-owner: two rules for {}/{}: keep one (join their expressions with || if both should hold)",
+        twice.group(),
+        twice.kind
+    ))
 }
 
 impl OwnerRule {
@@ -319,6 +380,23 @@ mod tests {
         let error = "agones.dev/v1/GameServer=object.status.state ==".parse::<OwnerRule>().unwrap_err();
         assert!(error.starts_with("agones.dev/v1/GameServer: the expression"), "{error}");
         assert!(error.contains("does not compile"), "{error}");
+    }
+
+    #[test]
+    fn a_rule_reading_an_unquoted_word_or_the_same_kind_twice_is_refused_at_start() {
+        let error = "agones.dev/v1/GameServer=object.status.state == Allocated".parse::<OwnerRule>().unwrap_err();
+        assert!(
+            error.contains("reads Allocated, which is not a variable (only object is): a string is quoted"),
+            "{error}"
+        );
+        let macros = "example.com/v1/Task=object.status.workers.exists(w, w.busy) && object.spec.all(k, k != '')";
+        assert!(macros.parse::<OwnerRule>().is_ok(), "a macro's own variables are bound");
+        let error = "example.com/v1/Task=object.status.workers.exists(w, x.busy)".parse::<OwnerRule>().unwrap_err();
+        assert!(error.contains("reads x"), "{error}");
+        let twice = [shipped("agones"), rule("agones.dev/v1/GameServer=true"), shipped("actions-runner-controller")];
+        let said = same_kind_twice(&twice).unwrap();
+        assert!(said.starts_with("--busy-when-owner: two rules for agones.dev/GameServer: keep one"), "{said}");
+        assert_eq!(same_kind_twice(&[shipped("agones"), shipped("actions-runner-controller")]), None);
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct Server {
 }
 
 pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
+    if let Some(twice) = crate::policy::owners::same_kind_twice(&config.policy.owner_rules) {
+        anyhow::bail!(twice);
+    }
     let metrics = Arc::new(Metrics::default());
     let audit = Arc::new(match &config.audit_log {
         Some(path) => AuditLog::file(path, metrics.audit.clone())
