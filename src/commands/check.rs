@@ -13,6 +13,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -48,14 +49,15 @@ pub async fn run(source: &ClusterSource, namespace: Option<&str>, timeout: Durat
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + timeout;
-    let mut warnings = None;
+    let mut rules = None;
     loop {
-        if warnings.is_none() {
-            warnings = owner_rule_warnings(&client).await?;
+        if rules.is_none() {
+            rules = busy_rules(&client).await?;
         }
-        match attempt(&pods).await {
+        let (owner_rules, warnings) = rules.clone().unwrap_or_default();
+        match attempt(&pods).await.and(owners_pods_opted_in(&pods, &owner_rules).await) {
             Ok(()) => {
-                let warned = warnings.iter().flatten().map(|w| format!("{w}\n"));
+                let warned = warnings.iter().map(|w| format!("{w}\n"));
                 return Ok(format!(
                     "busyguard answers the API server in namespace {namespace}: a pod turning busy gets its \
                      annotations, and a delete-requested mark busyguard did not write is refused\n{}",
@@ -135,11 +137,17 @@ async fn attempt(pods: &Api<Pod>) -> Result<(), Failure> {
 /// namespace, or the user may not read it; `None` while the API server cannot be reached (the
 /// probe says so).
 pub async fn owner_rule_warnings(client: &kube::Client) -> anyhow::Result<Option<Vec<String>>> {
+    Ok(busy_rules(client).await?.map(|(_, warnings)| warnings))
+}
+
+/// busyguard's busy rules as its Deployment gives them, and what to warn of (see
+/// [`owner_rule_warnings`]).
+async fn busy_rules(client: &kube::Client) -> anyhow::Result<Option<(Vec<OwnerRule>, Vec<String>)>> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), BUSYGUARD_NAMESPACE);
     let deployment = match deployments.get_opt("busyguard").await {
         Ok(Some(deployment)) => deployment,
-        Ok(None) => return Ok(Some(Vec::new())),
-        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Some(Vec::new())),
+        Ok(None) => return Ok(Some(Default::default())),
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Some(Default::default())),
         Err(kube::Error::Api(status)) => anyhow::bail!("cannot read busyguard's Deployment: {status}"),
         Err(_) => return Ok(None),
     };
@@ -186,7 +194,7 @@ pub async fn owner_rule_warnings(client: &kube::Client) -> anyhow::Result<Option
             }
         }
     }
-    Ok(Some(warnings))
+    Ok(Some((rules, warnings)))
 }
 
 /// The fields the rule reads that its kind's CustomResourceDefinition (if it is one the user may
@@ -198,6 +206,46 @@ async fn pruned_by_the_schema(client: &kube::Client, rule: &OwnerRule, plural: &
     let Some(schema) = version.and_then(|v| v.schema).and_then(|s| s.open_api_v3_schema) else { return Vec::new() };
     let Ok(schema) = serde_json::to_value(schema) else { return Vec::new() };
     crate::policy::owners::pruned_fields(&rule.expression, &schema)
+}
+
+/// The label each component's webhook (manifests/actions-runner-controller, manifests/agones)
+/// selects its owner kind's pods by, with a value.
+const OPT_IN_LABELS: [(&str, &str, &str, &str); 2] = [
+    ("actions.github.com", "EphemeralRunner", "actions-ephemeral-runner", "True"),
+    ("agones.dev", "GameServer", "agones.dev/gameserver", "busyguard-check"),
+];
+
+/// For each busy rule of a component's kind, a dry-run create of a pod that kind owns comes back
+/// opted in (`busyguard.io/busy: "false"`): the component's webhook is registered and called.
+async fn owners_pods_opted_in(pods: &Api<Pod>, rules: &[OwnerRule]) -> Result<(), Failure> {
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    for rule in rules {
+        let labelled = OPT_IN_LABELS.iter().find(|(group, kind, ..)| *group == rule.group() && *kind == rule.kind);
+        let Some((_, _, label, value)) = labelled else { continue };
+        let mut owned = pod(json!({*label: value}), json!({}));
+        owned.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: rule.api_version.clone(),
+            kind: rule.kind.clone(),
+            name: "busyguard-check".into(),
+            uid: "busyguard-check".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let created = pods.create(&dry_run, &owned).await.map_err(|e| match e {
+            kube::Error::Api(status) => {
+                Failure::Busyguard(format!("a dry-run create of a {}'s pod failed: {status}", rule.kind))
+            }
+            other => Failure::Unreachable(other.to_string()),
+        })?;
+        if created.metadata.labels.as_ref().and_then(|l| l.get(BUSY_LABEL)).map(String::as_str) != Some("false") {
+            return Err(Failure::Busyguard(format!(
+                "a pod owned by a {} came back not opted in: the API server does not call the component's webhook \
+                 (not registered, no caBundle, or the namespace is not guarded)",
+                rule.kind
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Who other than busyguard refused a pod's create, by the API server's message: another

@@ -245,4 +245,19 @@ async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with_and_wa
         ),
         "{warnings:?}"
     );
+    // Rules given in the environment, one per line, are read too.
+    let env = json!([{"name": "BUSYGUARD_BUSY_WHEN_OWNER",
+        "value": "agones.dev/v1/GameServer=object.status.state == 'Allocated'\nexample.com/v1/Task=true"}]);
+    api.put_app(
+        "deployments",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "busyguard", "namespace": "busyguard"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [
+                {"name": "busyguard", "image": "busyguard", "args": ["serve"], "env": env}]}}}}),
+    );
+    let warnings = busyguard::commands::check::owner_rule_warnings(&kube::Client::try_from(api.kube_config()).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(warnings.len(), 2, "both rules of BUSYGUARD_BUSY_WHEN_OWNER: {warnings:?}");
 }
