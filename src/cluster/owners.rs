@@ -86,6 +86,10 @@ impl OwnerWatch {
         // The owners the rule held for at least once (a runner that had a job).
         let mut held: HashSet<(String, String)> = HashSet::new();
         while let Some((scope, event)) = events.next().await {
+            // What the API server sent (Init is the watcher's own): the kind is followed again.
+            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
+                self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = None);
+            }
             match event {
                 Ok(watcher::Event::Init) => {
                     listing.insert(scope, HashSet::new());
@@ -103,7 +107,6 @@ impl OwnerWatch {
                     for owner in unlisted(self.view.owners_known(), &rule.owner_key(""), &scope, &seen) {
                         self.ended(&rule, owner, &mut held);
                     }
-                    self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = None);
                     info!(kind = %rule.kind_path(), "owners listed");
                 }
                 Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner, &mut held),

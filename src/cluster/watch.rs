@@ -24,6 +24,7 @@ use crate::policy::PolicyConfig;
 use crate::policy::keys::{BUSY_LABEL, NAMESPACE_ENABLED_LABEL};
 use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::PodRef;
+use crate::policy::pod::PodFacts;
 
 pub struct Watch {
     pub client: Client,
@@ -276,15 +277,22 @@ impl Watch {
             tokio::spawn(async move { pdbs.keep(&view).await });
         }
         let now = Timestamp::now();
-        let effects = self.view.flat_map(|namespace, name, record| {
+        let mut effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
             let flip = self.follows_owners().then(|| owners::follow(&self.view, &pod, record)).flatten();
-            let label = self.policy.busy_with_pod.as_deref();
-            let with_leader = label.and_then(|label| owners::follow_leader(&self.view, label, &pod, record));
-            let due = observed::due(&pod, record, &self.policy, now).into_iter().chain(flip).chain(with_leader);
-            owners::no_delete_before_a_busy_flip(due.collect())
+            observed::due(&pod, record, &self.policy, now).into_iter().chain(flip)
         });
-        for effect in effects {
+        // Pods busy with another: their leaders are read once the view's lock is let go.
+        if let Some(label) = &self.policy.busy_with_pod {
+            let with_leaders = self.view.flat_map(|namespace, name, record| {
+                let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
+                record.label(label).is_some().then(|| (pod, record.clone()))
+            });
+            let flips =
+                with_leaders.iter().filter_map(|(pod, record)| owners::follow_leader(&self.view, label, pod, record));
+            effects.extend(flips.collect::<Vec<_>>());
+        }
+        for effect in owners::no_delete_before_a_busy_flip(effects) {
             drop(self.outbox.send(effect));
         }
     }
