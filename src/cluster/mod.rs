@@ -125,6 +125,7 @@ impl Cluster {
                 scopes: scopes.clone(),
                 metrics: metrics_for_pdbs.clone(),
                 round: Arc::default(),
+                told: Arc::default(),
             }),
         };
         if !policy.owner_rules.is_empty() {

@@ -27,6 +27,8 @@ pub struct BusyPdbs {
     pub metrics: Arc<Metrics>,
     /// Held by the round under way: a sweep that comes while a slow one runs skips its own.
     pub round: Arc<tokio::sync::Mutex<()>>,
+    /// The conflicts last warned of, by namespace: each is said when it changes, not every round.
+    pub told: Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>,
 }
 
 impl BusyPdbs {
@@ -53,6 +55,7 @@ impl BusyPdbs {
         }
         let mut skipped = 0;
         let mut changes = Vec::new();
+        let mut conflicts = BTreeMap::new();
         for step in steps(&by_namespace, &existing) {
             match step {
                 Step::Create { namespace } => changes.push(Effect::CreateBusyPdb { namespace }),
@@ -62,11 +65,11 @@ impl BusyPdbs {
                 }
                 Step::Skip { namespace, conflicting } => {
                     skipped += 1;
-                    warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
-                        and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here");
+                    conflicts.insert(namespace, conflicting);
                 }
             }
         }
+        self.tell(conflicts);
         // Through the outbox, awaited: the round ends when its changes are done or given up.
         let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
         let results = futures::future::join_all(changes.into_iter().map(|change| self.outbox.send(change))).await;
@@ -79,6 +82,19 @@ impl BusyPdbs {
             }
         }
         self.metrics.busy_pdb_conflicts.set(skipped);
+    }
+
+    /// Warns of each namespace's conflicting PDBs when they change, not every round.
+    fn tell(&self, conflicts: BTreeMap<String, Vec<String>>) {
+        let mut told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (namespace, conflicting) in &conflicts {
+            if told.get(namespace) != Some(conflicting) {
+                warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
+                    and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here \
+                    (said again only if it changes; busyguard_busy_pdb_conflicts counts it meanwhile)");
+            }
+        }
+        *told = conflicts;
     }
 
     async fn list(&self) -> Result<Vec<ExistingPdb>, kube::Error> {
