@@ -67,13 +67,13 @@ pub struct WorkloadOnlyLabels {
     pub workload: String,
 }
 
-/// The `result` of a certificate reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OwnerRuleLabels {
     /// The kind a `--busy-when-owner` rule follows: `agones.dev/v1/GameServer`.
     pub rule: String,
 }
 
+/// The `result` of a certificate reload.
 pub const RELOADED: &str = "ok";
 pub const RELOAD_REJECTED: &str = "error";
 

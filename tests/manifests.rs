@@ -885,6 +885,12 @@ fn each_owner_recipe_opts_in_its_owners_pods_and_no_other_reads_its_owners_and_n
         };
         let theirs = owned_by(api_version, kind, json!({label: "x"}));
         assert!(sends_create(opt_in, &theirs), "{recipe}: its owner's pod is opted in");
+        // busyguard check dry-runs such a pod, labelled as the webhook selects it.
+        let (_, _, checked, value) = busyguard::commands::check::OPT_IN_LABELS
+            .into_iter()
+            .find(|(group, of, ..)| api_version.starts_with(&format!("{group}/")) && *of == kind)
+            .unwrap_or_else(|| panic!("{recipe}: busyguard check does not know its label"));
+        assert!(sends_create(opt_in, &owned_by(api_version, kind, json!({checked: value}))), "{recipe}");
         let version_later = owned_by(&api_version.replace("/v1", "/v2"), kind, json!({label: "x"}));
         assert!(sends_create(opt_in, &version_later), "{recipe}: of another version of the group too");
         assert!(

@@ -17,7 +17,7 @@ use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
 use crate::policy::{
-    Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, hold, mutate, node, owner_task, scale, writes,
+    Ask, POD_NAME_CLAIM, PolicyConfig, Requester, disruption, hold, mutate, node, owner_task, owners, scale, writes,
 };
 
 /// Why no answer could be given: the request is at fault (400), or busyguard cannot decide
@@ -140,18 +140,16 @@ pub fn pod_eviction(
     };
     let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
     let view = inputs.trusted_view("the eviction")?;
-    if view.own_user() == Some(ask.requester.username) {
-        let own = view.with_pod_under_budget(&request.namespace, &request.name, |pod, _| {
-            disruption::refuse_own_eviction(&ask, Some(pod), inputs.policy, now)
-        });
-        let no_pod: Option<&Pod> = None;
-        if let Some(refused) = own.unwrap_or_else(|| disruption::refuse_own_eviction(&ask, no_pod, inputs.policy, now))
-        {
-            return Ok(refused);
-        }
-    }
+    // busyguard's own token evicts only what it deferred (and then as anyone would).
+    let own = view.own_user() == Some(ask.requester.username);
+    let refused_as_own = |pod: Option<&dyn PodFacts>| {
+        own.then(|| disruption::refuse_own_eviction(&ask, pod, inputs.policy, now)).flatten()
+    };
     let grace_period = eviction.grace_period();
     let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
+        if let Some(refused) = refused_as_own(Some(pod)) {
+            return refused;
+        }
         let evict = Disruption {
             ask: &ask,
             action: Action::Evict,
@@ -164,7 +162,7 @@ pub fn pod_eviction(
         disruption::judge_disruption(&evict, inputs.policy, now)
     });
     // None: not opted in (or no such pod: the API server answers 404 itself).
-    Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
+    Ok(decided.or_else(|| refused_as_own(None)).unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
 }
 
 /// An owner under a busy rule updated (sent only as it turns busy: the registration's
@@ -174,8 +172,7 @@ pub fn owner_update(
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
-    let (group, kind) = (&request.resource.group, &request.kind.kind);
-    let Some(rule) = inputs.policy.owner_rules.iter().find(|r| r.group() == group && &r.kind == kind) else {
+    let Some(rule) = owners::rule_for(&inputs.policy.owner_rules, &request.resource.group, &request.kind.kind) else {
         return Ok(Outcome::allow(Decision::Unhandled));
     };
     let view = inputs.trusted_view("an owner's new task")?;

@@ -71,7 +71,8 @@ impl OwnerWatch {
     }
 
     async fn follow(self: Arc<Self>, rule: Arc<OwnerRule>, scopes: Vec<Scope>) {
-        let resource = self.served(&rule).await;
+        let kind = rule.kind_path();
+        let resource = self.served(&rule, &kind).await;
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<DynamicObject> = match &scope {
                 Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
@@ -88,7 +89,7 @@ impl OwnerWatch {
         while let Some((scope, event)) = events.next().await {
             // What the API server sent (Init is the watcher's own): the kind is followed again.
             if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
-                self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = None);
+                self.view.update_owner_kind(&kind, |state| state.unfollowed = None);
             }
             match event {
                 Ok(watcher::Event::Init) => {
@@ -107,7 +108,7 @@ impl OwnerWatch {
                     for owner in unlisted(self.view.owners_known(), &rule.owner_key(""), &scope, &seen) {
                         self.ended(&rule, owner, &mut held);
                     }
-                    info!(kind = %rule.kind_path(), "owners listed");
+                    info!(%kind, "owners listed");
                 }
                 Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner, &mut held),
                 Ok(watcher::Event::Delete(owner)) => {
@@ -115,26 +116,24 @@ impl OwnerWatch {
                     self.ended(&rule, owner, &mut held);
                 }
                 Err(e) => {
-                    self.metrics.watch_errors.inc();
-                    warn!(kind = %rule.kind_path(), error = %e, "watch of owners failed; retrying with backoff");
-                    self.view.update_owner_kind(&rule.kind_path(), |kind| {
-                        kind.unfollowed = Some(format!("its watch failed: {e}"));
-                    });
+                    warn!(%kind, error = %e, "watch of owners failed; retrying with backoff");
+                    self.view
+                        .update_owner_kind(&kind, |state| state.unfollowed = Some(format!("its watch failed: {e}")));
                 }
             }
         }
     }
 
     /// The rule's kind once the API server serves it, asked again with a growing pause.
-    async fn served(&self, rule: &OwnerRule) -> ApiResource {
+    async fn served(&self, rule: &OwnerRule, kind: &str) -> ApiResource {
         let mut pause = Duration::from_secs(1);
         loop {
             match resolve(&self.client, rule).await {
                 Ok(resource) => return resource,
                 Err(why) => {
                     let why = format!("{why:#}");
-                    warn!(kind = %rule.kind_path(), error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
-                    self.view.update_owner_kind(&rule.kind_path(), |kind| kind.unfollowed = Some(why));
+                    warn!(%kind, error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
+                    self.view.update_owner_kind(kind, |state| state.unfollowed = Some(why));
                 }
             }
             tokio::time::sleep(pause).await;
@@ -237,10 +236,20 @@ pub fn follow_leader(view: &View, label: &str, pod: &PodRef, record: &PodRecord)
     flip_with(pod.clone(), record, leader.is_some_and(|leader| leads(&leader)))
 }
 
-/// The flips due to the pods busy with the pod `name` (`--busy-with-pod`), as it is now
-/// (`None`: gone).
-pub fn lead(view: &View, label: &str, namespace: &str, name: &str, now: Option<&PodRecord>) -> Vec<Effect> {
+/// The flips due to the pods busy with the pod `name` (`--busy-with-pod`), as it changed from
+/// `before` to `now` (`None`: not there): none unless whether it leads them changed (the sweep
+/// mends the rest), so a pod's change scans its namespace only when it flips.
+pub fn lead(
+    view: &View,
+    label: &str,
+    (namespace, name): (&str, &str),
+    before: Option<&PodRecord>,
+    now: Option<&PodRecord>,
+) -> Vec<Effect> {
     let busy = now.is_some_and(leads);
+    if before.is_some_and(leads) == busy {
+        return Vec::new();
+    }
     let with_it = view.select(namespace, |pod| pod.label(label) == Some(name));
     let flips = with_it.into_iter().filter_map(|(companion, record)| {
         let pod = PodRef { namespace: namespace.to_string(), name: companion, uid: record.uid.to_string() };
@@ -268,11 +277,14 @@ pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
 
 /// The flip `record` is due for its owner as recorded (`None`: gone, so idle).
 fn flip(pod: PodRef, record: &PodRecord, owner: Option<OwnerState>) -> Option<Effect> {
-    let busy = owner.is_some_and(|owner| owner.busy_for(record.created()));
-    if owner.is_some_and(|owner| owner.busy && !busy) && record.label(BUSY_LABEL) != Some("true") {
-        info!(%pod, "created after its owner's task began: not the pod doing it, so not made busy");
-    }
-    flip_with(pod, record, busy)
+    flip_with(pod, record, owner.is_some_and(|owner| owner.busy_for(record.created())))
+}
+
+/// Whether the pod was made after its owner's busy task began, so is not the one doing it (and
+/// stays idle): said once, as the pod is first seen.
+pub fn made_after_its_owners_task(view: &View, pod: &PodRef, record: &PodRecord) -> bool {
+    let owner = record.owner.as_deref().and_then(|owner| view.owner_busy(&pod.namespace, owner));
+    owner.is_some_and(|owner| owner.busy() && !owner.busy_for(record.created()))
 }
 
 #[cfg(test)]
@@ -317,15 +329,22 @@ mod tests {
         };
         assert_eq!(value(follow_leader(&view, "runner-pod", &pod, &workflow)), Some("true"), "created while it works");
         let idle_runner = ci_pod("r", serde_json::json!({BUSY_LABEL: "false"}));
-        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", Some(&runner)).pop()), Some("true"));
+        let at = ("ci", "r");
+        assert_eq!(value(lead(&view, "runner-pod", at, Some(&idle_runner), Some(&runner)).pop()), Some("true"));
+        assert!(lead(&view, "runner-pod", at, Some(&runner), Some(&runner)).is_empty(), "no flip, no scan");
         view.insert(
             "ci",
             "r-workflow",
             ci_pod("r-workflow", serde_json::json!({BUSY_LABEL: "true", "runner-pod": "r"})),
         );
-        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", Some(&idle_runner)).pop()), Some("false"), "job done");
-        assert_eq!(value(lead(&view, "runner-pod", "ci", "r", None).pop()), Some("false"), "runner gone");
-        assert!(lead(&view, "runner-pod", "ci", "other", Some(&runner)).is_empty(), "another runner's");
+        assert_eq!(
+            value(lead(&view, "runner-pod", at, Some(&runner), Some(&idle_runner)).pop()),
+            Some("false"),
+            "job done"
+        );
+        assert_eq!(value(lead(&view, "runner-pod", at, Some(&runner), None).pop()), Some("false"), "runner gone");
+        let other = ("ci", "other");
+        assert!(lead(&view, "runner-pod", other, Some(&idle_runner), Some(&runner)).is_empty(), "another runner's");
     }
 
     #[test]
@@ -364,10 +383,12 @@ mod tests {
         );
         // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
         assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
-        assert_eq!(flip(pod, &record.left_alone(), None), None);
+        let owner_busy = view.owner_busy("games", "agones.dev/GameServer/gs");
+        assert!(flip(pod.clone(), &record, owner_busy).is_some(), "the same flip where guarded");
+        assert_eq!(flip(pod, &record.left_alone(), owner_busy), None, "and none where left alone");
         // Another group's kind of the same name is another owner.
         view.set_owner_busy("games", "example.com/GameServer/gs", Some(false), Timestamp::now());
-        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy));
+        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(OwnerState::busy));
     }
 
     #[test]

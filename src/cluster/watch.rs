@@ -218,14 +218,20 @@ impl Watch {
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
         let mut observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
         // A pod seen after its owner under a busy rule changed follows it now.
-        if self.follows_owners() {
-            observed.effects.extend(after.as_ref().and_then(|record| owners::follow(&self.view, &pod, record)));
+        if self.follows_owners()
+            && let Some(record) = &after
+        {
+            if before.is_none() && owners::made_after_its_owners_task(&self.view, &pod, record) {
+                info!(%pod, "made after its owner's task began: not the pod doing it, so not made busy");
+            }
+            observed.effects.extend(owners::follow(&self.view, &pod, record));
         }
         // A pod busy with another follows it; a pod others are busy with leads them.
         if let Some(label) = &self.policy.busy_with_pod {
             let follow = after.as_ref().and_then(|record| owners::follow_leader(&self.view, label, &pod, record));
             observed.effects.extend(follow);
-            observed.effects.extend(owners::lead(&self.view, label, namespace, name, after.as_ref()));
+            let leads = owners::lead(&self.view, label, (namespace, name), before.as_ref(), after.as_ref());
+            observed.effects.extend(leads);
         }
         observed.effects = owners::no_delete_before_a_busy_flip(observed.effects);
         self.act(pod, before, after, observed).await;

@@ -210,7 +210,7 @@ async fn pruned_by_the_schema(client: &kube::Client, rule: &OwnerRule, plural: &
 
 /// The label each component's webhook (manifests/actions-runner-controller, manifests/agones)
 /// selects its owner kind's pods by, with a value.
-const OPT_IN_LABELS: [(&str, &str, &str, &str); 2] = [
+pub const OPT_IN_LABELS: [(&str, &str, &str, &str); 2] = [
     ("actions.github.com", "EphemeralRunner", "actions-ephemeral-runner", "True"),
     ("agones.dev", "GameServer", "agones.dev/gameserver", "busyguard-check"),
 ];

@@ -144,23 +144,38 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
         busy_since,
         ..d.ask.audit(decision, reason, detail, config.mode, now)
     };
-    let user = d.ask.requester.username;
-    let deadline = d.action == Action::Delete && config.exemptions.is_karpenter(user);
-    let runs_to_completion = d.action == Action::Delete && d.pod.runs_to_completion().is_some();
-    let owners_own = runs_to_completion && config.exemptions.is_owner_controller(user);
-    // The garbage collector deletes a pod only once its owner is gone or going.
-    let owner_deleted = runs_to_completion && user == GARBAGE_COLLECTOR_USER;
-    let by_its_leader =
-        d.action == Action::Delete && config.leader_of(d.pod).is_some_and(|leader| d.ask.requester.pod == Some(leader));
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
-        Verdict::Deny { .. } if deadline => let_busy_go(d, Override::KarpenterDeadline, audit),
-        Verdict::Deny { .. } if owners_own => let_busy_go(d, Override::OwnerController, audit),
-        Verdict::Deny { .. } if owner_deleted => let_busy_go(d, Override::OwnerDeleted, audit),
-        Verdict::Deny { .. } if by_its_leader => let_busy_go(d, Override::Leader, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
-        Verdict::Deny { since, until } => refuse_busy(d, since, until, config, now, audit),
+        Verdict::Deny { since, until } => match deleted_as_its_end(d, config) {
+            Some(over) => let_busy_go(d, over, audit),
+            None => refuse_busy(d, since, until, config, now, audit),
+        },
     }
+}
+
+/// A busy pod's delete that is no disruption but the end its workload chose, or its node's: by
+/// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller or by
+/// the garbage collector (which deletes a pod only once its owner is gone or going); of a pod
+/// busy with its leader, with that leader's own token.
+fn deleted_as_its_end(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Option<Override> {
+    if d.action != Action::Delete {
+        return None;
+    }
+    let user = d.ask.requester.username;
+    if config.exemptions.is_karpenter(user) {
+        return Some(Override::KarpenterDeadline);
+    }
+    if d.pod.runs_to_completion().is_some() {
+        if config.exemptions.is_owner_controller(user) {
+            return Some(Override::OwnerController);
+        }
+        if user == GARBAGE_COLLECTOR_USER {
+            return Some(Override::OwnerDeleted);
+        }
+    }
+    let by_its_leader = config.leader_of(d.pod).is_some_and(|leader| d.ask.requester.pod == Some(leader));
+    by_its_leader.then_some(Override::Leader)
 }
 
 /// An eviction by busyguard's own token: refused unless busyguard deferred the pod's eviction,
@@ -248,7 +263,8 @@ fn refuse_busy(
     }
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::DryRun;
-    let owner = pod.owner();
+    // The owner's key is built only where a busy rule could name it: this is every refusal's path.
+    let owner = (!config.owner_rules.is_empty()).then(|| pod.owner()).flatten();
     let under_rule = owner.as_deref().filter(|owner| owners::rule_of(&config.owner_rules, owner).is_some());
     let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
     let followed = under_rule.map(owners::kind_and_name).or(leader.as_deref());

@@ -177,9 +177,15 @@ pub fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
+/// The rule for owners of `group`'s `kind`, if any.
+pub fn rule_for<'r>(rules: &'r [OwnerRule], group: &str, kind: &str) -> Option<&'r OwnerRule> {
+    rules.iter().find(|rule| rule.group() == group && rule.kind == kind)
+}
+
 /// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`) busy, if any.
 pub fn rule_of<'r>(rules: &'r [OwnerRule], owner_key: &str) -> Option<&'r OwnerRule> {
-    rules.iter().find(|rule| owner_key.strip_prefix(&rule.owner_key("")).is_some_and(|name| !name.contains('/')))
+    let mut parts = owner_key.splitn(3, '/');
+    rule_for(rules, parts.next()?, parts.next()?)
 }
 
 /// The `Kind/name` of an owner key, as people name an owner.
@@ -221,11 +227,10 @@ pub fn pruned_fields(expression: &str, schema: &serde_json::Value) -> Vec<String
 #[error("{0}")]
 pub struct Undecided(pub String);
 
-/// An owner under a busy rule as its watch last saw it: whether the rule holds, and since when
-/// at the latest.
+/// An owner under a busy rule as its watch last saw it: since when its rule holds, at the
+/// latest (`None`: it does not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnerState {
-    pub busy: bool,
     pub busy_since: Option<Timestamp>,
 }
 
@@ -235,24 +240,24 @@ impl OwnerState {
     /// took while watched began with the write that showed it; one it already had when first
     /// seen began at that write at the latest.
     pub fn seen(before: Option<OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
-        let busy_since = match before {
-            _ if !busy => None,
-            Some(before) if before.busy => before.busy_since,
-            _ => Some(written),
-        };
-        OwnerState { busy, busy_since }
+        let kept = before.and_then(|before| before.busy_since);
+        OwnerState { busy_since: busy.then(|| kept.unwrap_or(written)) }
+    }
+
+    pub fn busy(self) -> bool {
+        self.busy_since.is_some()
     }
 
     /// Whether the owner's pod created at `created` does the owner's task: the owner is busy, and
     /// the pod was there when its task began. Actions Runner Controller re-creates the pod of a
     /// runner whose job was already taken (its JIT config spent): that pod takes no job.
     pub fn busy_for(self, created: Option<Timestamp>) -> bool {
-        let created_after = match (self.busy_since, created) {
-            // The API server's seconds against busyguard's clock: a margin for skew.
-            (Some(since), Some(created)) => created > since + SignedDuration::from_secs(5),
-            _ => false,
-        };
-        self.busy && !created_after
+        match (self.busy_since, created) {
+            // Times to the second (and now, for an owner with no managedFields): a margin.
+            (Some(since), Some(created)) => created <= since + SignedDuration::from_secs(5),
+            (since, None) => since.is_some(),
+            (None, Some(_)) => false,
+        }
     }
 }
 
@@ -413,6 +418,7 @@ mod tests {
         let idle = OwnerState::seen(None, false, at("2026-11-27T10:00:00Z"));
         let busy = OwnerState::seen(Some(idle), true, at("2026-11-27T10:05:00Z"));
         assert_eq!(busy.busy_since, Some(at("2026-11-27T10:05:00Z")), "turned busy while watched");
+        assert!(busy.busy() && !idle.busy());
         assert_eq!(OwnerState::seen(Some(busy), true, at("2026-11-27T10:09:00Z")), busy, "still the same task");
         assert!(busy.busy_for(Some(at("2026-11-27T09:59:00Z"))), "the runner's pod that took the job");
         assert!(busy.busy_for(Some(at("2026-11-27T10:05:03Z"))), "within the clocks' margin");

@@ -155,7 +155,7 @@ impl App {
 
 /// Owners of a kind that end one after the other with the rule holding for none of them before
 /// `/status` says so (the metric counts from the first).
-pub const ENDED_IDLE_TOLD: u64 = 20;
+const ENDED_IDLE_TOLD: u64 = 20;
 
 /// What `/status` says of the busy rules' kinds: one not followed, or one whose rule held for
 /// none of the last owners of its kind to end.

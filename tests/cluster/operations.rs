@@ -260,4 +260,7 @@ async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with_and_wa
         .unwrap()
         .unwrap();
     assert_eq!(warnings.len(), 2, "both rules of BUSYGUARD_BUSY_WHEN_OWNER: {warnings:?}");
+    for kind in ["agones.dev/v1/GameServer", "example.com/v1/Task"] {
+        assert!(warnings.iter().any(|w| w.contains(&format!("--busy-when-owner {kind}:"))), "{kind}: {warnings:?}");
+    }
 }

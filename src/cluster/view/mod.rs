@@ -167,7 +167,6 @@ impl View {
         *self.nodes_going.write() = listed;
     }
 
-    /// The namespaces labelled the other way than the rest, as recorded.
     /// How following each busy rule's kind goes, by the kind as the flag names it.
     pub fn owner_kinds(&self) -> BTreeMap<String, OwnerKind> {
         self.owner_kinds.read().clone()
@@ -222,6 +221,7 @@ impl View {
         }
     }
 
+    /// The namespaces labelled the other way than the rest, as recorded.
     pub fn excepted(&self) -> HashSet<String> {
         self.excepted.read().clone()
     }
@@ -252,14 +252,14 @@ impl View {
         }
     }
 
-    /// `read` applied to the pod's record and, for a workload under a budget, its unavailable
-    /// siblings, under the view's read lock (a delete or an eviction judges the record where it
-    /// lies instead of copying its maps out).
     /// The record of a pod, if the view holds it.
     pub fn record(&self, namespace: &str, name: &str) -> Option<PodRecord> {
         self.read().get(namespace)?.get(name).cloned()
     }
 
+    /// `read` applied to the pod's record and, for a workload under a budget, its unavailable
+    /// siblings, under the view's read lock (a delete or an eviction judges the record where it
+    /// lies instead of copying its maps out).
     pub fn with_pod_under_budget<T>(
         &self,
         namespace: &str,
