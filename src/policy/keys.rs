@@ -28,9 +28,17 @@ pub const MAX_BUSY: &str = "busyguard.io/max-busy";
 pub const MAX_UNAVAILABLE: &str = "busyguard.io/max-unavailable";
 
 /// The container that runs the task: only its restarts make a busy flag stale (a sidecar's do
-/// not). Without it, the pod's default container ([`DEFAULT_CONTAINER`]) if it names one, else
-/// any container's restart does.
+/// not). Without it, the container of the first other annotation of [`TASK_CONTAINER_NAMED_BY`],
+/// else any container's restart does.
 pub const TASK_CONTAINER: &str = "busyguard.io/task-container";
+
+/// The annotations that name a pod's task container, the first one set wins: busyguard's own,
+/// kubectl's default container, Agones' game container.
+pub const TASK_CONTAINER_NAMED_BY: [&str; 3] = [TASK_CONTAINER, DEFAULT_CONTAINER, AGONES_CONTAINER];
+
+/// Agones' annotation on a game server's pod naming the container that runs the game
+/// (`GameServerContainerAnnotation`, from the GameServer's `spec.container`).
+pub const AGONES_CONTAINER: &str = "agones.dev/container";
 
 /// kubectl's annotation for a pod's main container (`kubectl logs` and `exec` pick it): the task
 /// container when `busyguard.io/task-container` is not set.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{
-    BUSY_LABEL, DECIDING_ANNOTATIONS, DEFAULT_CONTAINER, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER,
+    BUSY_LABEL, DECIDING_ANNOTATIONS, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER_NAMED_BY,
 };
 use crate::policy::owners::{group_of, owner_key};
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
@@ -168,7 +168,7 @@ impl ApiPod {
             created: Second::of(meta.creation_timestamp.as_ref().map(|t| t.0)),
             started: Second::of(self.status.start_time),
             last_restart: Second::of(
-                self.status.last_restart(get(&annotations, TASK_CONTAINER).or(get(&annotations, DEFAULT_CONTAINER))),
+                self.status.last_restart(TASK_CONTAINER_NAMED_BY.into_iter().find_map(|key| get(&annotations, key))),
             ),
             labels,
             annotations,

@@ -4,8 +4,8 @@
 use jiff::Timestamp;
 
 use crate::policy::keys::{
-    ARGO_WORKFLOW, DEFAULT_CONTAINER, DELETE_REQUESTED, DeleteRequest, JOB_NAME, POD_TEMPLATE_HASH,
-    ROLLOUTS_POD_TEMPLATE_HASH, SET_LABELS, TASK_CONTAINER, TEKTON_TASK_RUN,
+    ARGO_WORKFLOW, DELETE_REQUESTED, DeleteRequest, JOB_NAME, POD_TEMPLATE_HASH,
+    ROLLOUTS_POD_TEMPLATE_HASH, SET_LABELS, TASK_CONTAINER_NAMED_BY, TEKTON_TASK_RUN,
 };
 
 /// Who runs a pod to its end (a Job, an Argo Workflow, a Tekton TaskRun), by the label it puts
@@ -55,6 +55,11 @@ pub trait PodFacts {
     fn resource_version(&self) -> &str;
     fn label(&self, key: &str) -> Option<&str>;
     fn annotation(&self, key: &str) -> Option<&str>;
+    /// The container that runs the pod's task where an annotation names it
+    /// ([`TASK_CONTAINER_NAMED_BY`]).
+    fn task_container(&self) -> Option<&str> {
+        TASK_CONTAINER_NAMED_BY.into_iter().find_map(|key| self.annotation(key))
+    }
     fn phase(&self) -> Phase;
     /// Whether no task can have begun yet: see [`not_started`].
     fn not_started(&self) -> bool;
@@ -102,12 +107,12 @@ pub trait PodFacts {
         .find_map(|(label, owner)| self.label(label).map(|_| owner))
     }
 
-    /// Whether container `name` runs the pod's task: the one `busyguard.io/task-container`
-    /// names, else `kubectl.kubernetes.io/default-container`'s, else a Tekton TaskRun's steps
+    /// Whether container `name` runs the pod's task: the one an annotation names
+    /// ([`Self::task_container`]), else a Tekton TaskRun's steps
     /// (`step-*`, not its sidecars, which Tekton stops by swapping their image once the steps
     /// end) and an Argo Workflow's `main`, else any container.
     fn is_task_container(&self, name: &str) -> bool {
-        if let Some(task) = self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER)) {
+        if let Some(task) = self.task_container() {
             return name == task;
         }
         match self.runs_to_completion() {

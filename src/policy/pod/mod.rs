@@ -17,8 +17,6 @@ use crate::duration::api_time;
 use decode::{ByBusyguard, by_busyguard, null_as_default};
 pub use facts::{Phase, PodFacts, Readiness, RunsToCompletion};
 
-use super::keys::{DEFAULT_CONTAINER, TASK_CONTAINER};
-
 pub type Labels = BTreeMap<String, String>;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -268,7 +266,7 @@ impl PodFacts for Pod {
     }
 
     fn last_restart(&self) -> Option<Timestamp> {
-        self.status.last_restart(self.annotation(TASK_CONTAINER).or(self.annotation(DEFAULT_CONTAINER)))
+        self.status.last_restart(self.task_container())
     }
 
     fn readiness(&self) -> Option<Readiness> {
@@ -429,6 +427,29 @@ mod tests {
         let annotations = by_kubectls_default.metadata.annotations.as_mut().unwrap();
         annotations.insert(TASK_CONTAINER.into(), "busy-flag".into());
         assert!(by_kubectls_default.last_restart().is_some(), "busyguard's annotation comes first");
+    }
+
+    #[test]
+    fn an_agones_game_server_pods_task_container_is_the_game_agones_names() {
+        // As Agones 1.60 creates the pod: the SDK server as a sidecar, the game named in
+        // `agones.dev/container`.
+        let sidecar_restarted: Pod = serde_json::from_str(
+            r#"{"metadata":{"annotations":{"agones.dev/container":"simple-game-server"}},
+                "status":{"containerStatuses":[
+                  {"name":"agones-gameserver-sidecar","restartCount":1,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}},
+                  {"name":"simple-game-server","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(sidecar_restarted.task_container(), Some("simple-game-server"));
+        assert_eq!(sidecar_restarted.last_restart(), None, "the SDK sidecar's restart ends no match");
+        let game_restarted: Pod = serde_json::from_str(
+            r#"{"metadata":{"annotations":{"agones.dev/container":"simple-game-server"}},
+                "status":{"containerStatuses":[
+                  {"name":"agones-gameserver-sidecar","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}},
+                  {"name":"simple-game-server","restartCount":1,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(game_restarted.last_restart(), Some("2026-11-21T10:00:00Z".parse().unwrap()));
     }
 
     #[test]
