@@ -315,7 +315,8 @@ mod tests {
         let game_server = shipped("agones");
         assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Allocated"}})), Ok(true));
         // Held for a match until its reservedUntil (SDK.Reserve), when Agones moves it back to Ready.
-        let reserved = json!({"metadata": {}, "status": {"state": "Reserved", "reservedUntil": "2026-11-27T10:00:30Z"}});
+        let reserved =
+            json!({"metadata": {}, "status": {"state": "Reserved", "reservedUntil": "2026-11-27T10:00:30Z"}});
         assert_eq!(game_server.busy(&reserved), Ok(true));
         assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Ready"}})), Ok(false));
         assert_eq!(game_server.busy(&json!({"metadata": {}, "status": {"state": "Shutdown"}})), Ok(false));

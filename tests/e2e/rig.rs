@@ -466,6 +466,8 @@ impl Rig {
         let status = json!({"status": {
             "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "20"},
             "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "20"},
+            // As a kubelet reports them: Agones gives a game server its node's address.
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
         self.kubectl(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
@@ -817,12 +819,12 @@ fn get(addr: SocketAddr, path: &str) -> Option<String> {
     Some(response)
 }
 
-fn free_port() -> Result<SocketAddr> {
+pub fn free_port() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 /// The child gets SIGKILL if the rig dies, so no busyguard outlives a run.
-fn die_with_parent(command: &mut Command) {
+pub fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers; nothing is allocated after fork.
     unsafe {
@@ -863,7 +865,7 @@ pub fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<St
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn run(command: &mut Command) -> Result<String> {
+pub fn run(command: &mut Command) -> Result<String> {
     let output = command.output().with_context(|| format!("{command:?}"))?;
     ensure!(
         output.status.success(),

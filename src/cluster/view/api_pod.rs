@@ -7,9 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectM
 use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
-use crate::policy::keys::{
-    BUSY_LABEL, DECIDING_ANNOTATIONS, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER_NAMED_BY,
-};
+use crate::policy::keys::{BUSY_LABEL, DECIDING_ANNOTATIONS, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER_NAMED_BY};
 use crate::policy::owners::{group_of, owner_key};
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 

@@ -4,8 +4,8 @@
 use jiff::Timestamp;
 
 use crate::policy::keys::{
-    ARGO_WORKFLOW, DELETE_REQUESTED, DeleteRequest, JOB_NAME, POD_TEMPLATE_HASH,
-    ROLLOUTS_POD_TEMPLATE_HASH, SET_LABELS, TASK_CONTAINER_NAMED_BY, TEKTON_TASK_RUN,
+    ARGO_WORKFLOW, DELETE_REQUESTED, DeleteRequest, JOB_NAME, POD_TEMPLATE_HASH, ROLLOUTS_POD_TEMPLATE_HASH,
+    SET_LABELS, TASK_CONTAINER_NAMED_BY, TEKTON_TASK_RUN,
 };
 
 /// Who runs a pod to its end (a Job, an Argo Workflow, a Tekton TaskRun), by the label it puts

@@ -102,7 +102,7 @@ apiVersion: v1
 kind: Node
 metadata: {name: $n, labels: {kubernetes.io/hostname: $n}}
 EON
-  kubectl patch node "$n" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"16","memory":"64Gi","pods":"110"},"allocatable":{"cpu":"16","memory":"64Gi","pods":"110"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"fake","lastHeartbeatTime":"'"$(date -u +%FT%TZ)"'","lastTransitionTime":"'"$(date -u +%FT%TZ)"'"}]}}' >/dev/null
+  kubectl patch node "$n" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"16","memory":"64Gi","pods":"110"},"allocatable":{"cpu":"16","memory":"64Gi","pods":"110"},"addresses":[{"type":"InternalIP","address":"127.0.0.1"},{"type":"Hostname","address":"'"$n"'"}],"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"fake","lastHeartbeatTime":"'"$(date -u +%FT%TZ)"'","lastTransitionTime":"'"$(date -u +%FT%TZ)"'"}]}}' >/dev/null
   kubectl taint node "$n" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
 done
 start fake-kubelet python3 "$HERE/fake-kubelet.py"

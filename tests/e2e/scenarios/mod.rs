@@ -1,5 +1,6 @@
 //! Every scenario, by topic; `ALL` is the order they run in.
 
+mod agones;
 mod deletes;
 mod drains;
 mod flags;
@@ -63,6 +64,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     (
         "runners_are_busy_on_every_release_of_actions_runner_controller",
         owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
+    ),
+    (
+        "agones_drains_a_reusing_fleet_under_steady_allocations",
+        agones::agones_drains_a_reusing_fleet_under_steady_allocations,
     ),
     ("a_drain_of_queue_workers_completes_within_a_task", queues::a_drain_of_queue_workers_completes_within_a_task),
     (
