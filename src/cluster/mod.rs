@@ -2,6 +2,7 @@
 //! whose requests do not carry the pod, and the outbox through which side effects leave.
 
 pub mod budgets;
+mod driver;
 pub mod nodes;
 pub mod outbox;
 pub mod owners;
@@ -83,20 +84,9 @@ impl Cluster {
         audit: Arc<AuditLog>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Cluster> {
-        let Some(mut config) = client_config(&settings.source).await? else {
-            warn!("no cluster configured: evictions are answered 503, scale-downs are not prepared");
-            if !policy.owner_rules.is_empty() {
-                warn!("no cluster configured: the busy rules (--busy-when-owner) follow no owner");
-            }
-            return Ok(Cluster { view: Arc::new(View::without_cluster()), outbox: None, budgets: None });
+        let Some(config) = client_config(&settings.source).await? else {
+            return Ok(Cluster::without_cluster(policy));
         };
-        // busyguard retries its own calls; the client's default retry would also retry the 429
-        // busyguard itself answers for a pod that turned busy again.
-        config.default_retry = false;
-        // A watch that stops bringing bytes (a connection dead without a word) is given up and
-        // opened again; healthy watches end well before, every `watch_timeout`.
-        let watch_timeout = watch_timeout(settings.stale_after);
-        config.read_timeout = Some(2 * watch_timeout);
         info!(server = %config.cluster_url, "watching opted-in pods");
         let scopes: Vec<view::Scope> = if settings.namespaces.is_empty() {
             vec![None]
@@ -104,13 +94,17 @@ impl Cluster {
             settings.namespaces.iter().cloned().map(Some).collect()
         };
         let view = Arc::new(View::watching(&scopes, settings.stale_after, settings.enrolment));
-        let client = ClientBuilder::try_from(config)
-            .context("building the Kubernetes client")?
-            .with_layer(&WatchHealthLayer(view.clone()))
-            .build();
+        let watch_timeout = watch_timeout(settings.stale_after);
+        let client = client(config, watch_timeout, &view)?;
         tokio::spawn(learn_own_user(client.clone(), view.clone()));
-        let outbox = Outbox::start(client.clone(), audit.clone(), metrics.clone(), settings.outbox);
-        let metrics_for_pdbs = metrics.clone();
+        let outbox = Outbox::start(client.clone(), audit, metrics.clone(), settings.outbox);
+        let watch_timeout_secs = timeout_secs(watch_timeout);
+        if !policy.owner_rules.is_empty() {
+            let (client, view, outbox, metrics) = (client.clone(), view.clone(), outbox.clone(), metrics.clone());
+            owners::OwnerWatch { client, view, outbox, metrics, watch_timeout_secs }
+                .start(&policy.owner_rules, &scopes);
+        }
+        let pdbs = settings.busy_pdb.then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics));
         let watch = Watch {
             client: client.clone(),
             view: view.clone(),
@@ -118,32 +112,36 @@ impl Cluster {
             metrics,
             policy: policy.clone(),
             sweep_interval: settings.sweep_interval,
-            watch_timeout_secs: timeout_secs(watch_timeout),
-            pdbs: settings.busy_pdb.then(|| pdb::BusyPdbs {
-                client: client.clone(),
-                outbox: outbox.clone(),
-                scopes: scopes.clone(),
-                metrics: metrics_for_pdbs.clone(),
-                round: Arc::default(),
-                told: Arc::default(),
-            }),
+            watch_timeout_secs,
+            pdbs,
         };
-        if !policy.owner_rules.is_empty() {
-            let owners = owners::OwnerWatch {
-                client: client.clone(),
-                view: view.clone(),
-                outbox: outbox.clone(),
-                metrics: metrics_for_pdbs.clone(),
-                watch_timeout_secs: timeout_secs(watch_timeout),
-            };
-            owners.start(&policy.owner_rules, &scopes);
-        }
         tokio::spawn(watch.run(scopes));
-        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, timeout_secs(watch_timeout)));
+        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, watch_timeout_secs));
         let budgets = Budgets { client, view: view.clone(), namespace: settings.own_namespace };
         tokio::spawn(budgets.clone().forget_spent(settings.sweep_interval));
         Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
     }
+
+    /// No cluster configured: the decisions that need none are served, and it is said which not.
+    fn without_cluster(policy: &PolicyConfig) -> Cluster {
+        warn!("no cluster configured: evictions are answered 503, scale-downs are not prepared");
+        if !policy.owner_rules.is_empty() {
+            warn!("no cluster configured: the busy rules (--busy-when-owner) follow no owner");
+        }
+        Cluster { view: Arc::new(View::without_cluster()), outbox: None, budgets: None }
+    }
+}
+
+/// The client for `config`: no retries of its own (busyguard retries its calls; the client's
+/// default would also retry the 429 busyguard itself answers for a pod that turned busy again),
+/// and a watch that stops bringing bytes (a connection dead without a word) given up and opened
+/// again, healthy watches ending well before, every `watch_timeout`. Every response is a sign
+/// of life of the view's watch.
+fn client(mut config: kube::Config, watch_timeout: Duration, view: &Arc<View>) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    config.read_timeout = Some(2 * watch_timeout);
+    let client = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(client.with_layer(&WatchHealthLayer(view.clone())).build())
 }
 
 /// Asks the API server who busyguard is (a SelfSubjectReview, granted to every authenticated

@@ -2,46 +2,56 @@
 //! refused its next flip to busy. Only the verdict is kept, by node name; the Node objects are
 //! read and dropped.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tracing::{info, warn};
+use tracing::info;
 
-use super::view::View;
+use super::driver::{self, Index, Key};
+use super::view::{Scope, View};
 use crate::policy::hold::{Holds, NodeGoing, node_going};
 
 /// Runs until the process stops; the watch reconnects with backoff on its own.
 pub async fn watch_nodes(client: Client, view: Arc<View>, holds: Holds, timeout_secs: u32) {
     let config = watcher::Config::default().timeout(timeout_secs);
-    let mut events = watcher(Api::<Node>::all(client), config).default_backoff().boxed();
-    let mut listing: Option<HashMap<String, NodeGoing>> = None;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Init) => listing = Some(HashMap::new()),
-            Ok(watcher::Event::InitApply(node)) => {
-                if let (Some(listed), Some(going)) = (&mut listing, going(&node, holds)) {
-                    listed.insert(node.name_any(), going);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                let listed = listing.take().unwrap_or_default();
-                info!(going = listed.len(), "nodes listed");
-                view.keep_nodes_going(listed);
-            }
-            Ok(watcher::Event::Apply(node)) => {
-                let (name, now) = (node.name_any(), going(&node, holds));
-                if view.node_going(&name) != now {
-                    info!(node = %name, going = ?now, "node's going changed: its pods take new tasks only while it stays");
-                    view.set_node_going(&name, now);
-                }
-            }
-            Ok(watcher::Event::Delete(node)) => view.set_node_going(&node.name_any(), None),
-            Err(e) => warn!(error = %e, "watch of nodes failed; retrying with backoff"),
+    let events = watcher(Api::<Node>::all(client), config).default_backoff().map(|event| (None, event));
+    driver::drive(&mut NodesGoing { view, holds }, events).await;
+}
+
+/// The index of nodes: only those going are kept, with why.
+struct NodesGoing {
+    view: Arc<View>,
+    holds: Holds,
+}
+
+impl Index<Node> for NodesGoing {
+    fn what(&self) -> String {
+        "nodes".into()
+    }
+
+    fn key(&self, node: &Node) -> Key {
+        (String::new(), node.name_any())
+    }
+
+    async fn apply(&mut self, node: Node) {
+        let (name, now) = (node.name_any(), going(&node, self.holds));
+        if self.view.node_going(&name) != now {
+            info!(node = %name, going = ?now, "node's going changed: its pods take new tasks only while it stays");
+            self.view.set_node_going(&name, now);
         }
+    }
+
+    async fn delete(&mut self, node: Node) {
+        self.view.set_node_going(&node.name_any(), None);
+    }
+
+    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
+        let going = self.view.keep_nodes_going(|node| listed.contains(&(String::new(), node.to_string())));
+        info!(going, "nodes listed");
     }
 }
 
@@ -56,4 +66,46 @@ pub fn going(node: &Node, holds: Holds) -> Option<NodeGoing> {
             .collect();
     let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
     node_going(unschedulable, &taints, &conditions, holds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+
+    fn node(name: &str, taint: Option<&str>) -> Node {
+        let taints = taint.map(|key| serde_json::json!([{"key": key, "effect": "NoSchedule"}]));
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": {"taints": taints}})).unwrap()
+    }
+
+    const KARPENTER: &str = crate::policy::hold::KARPENTER_DISRUPTED_TAINT;
+
+    /// As kubert tests an index across a watch's restart: what a relist no longer has is gone,
+    /// what it has again is as it says now, and an error changes nothing.
+    #[tokio::test]
+    async fn a_node_a_relist_no_longer_has_or_that_stays_now_is_no_longer_going() {
+        let view = Arc::new(View::without_cluster());
+        let mut nodes = NodesGoing { view: view.clone(), holds: Holds::default() };
+        let list = |nodes: Vec<Node>| {
+            let applies = nodes.into_iter().map(|n| (None, Ok(Event::InitApply(n))));
+            let events = std::iter::once((None, Ok(Event::Init))).chain(applies);
+            futures::stream::iter(events.chain([(None, Ok(Event::InitDone))]).collect::<Vec<_>>())
+        };
+        driver::drive(&mut nodes, list(vec![node("a", Some(KARPENTER)), node("b", Some(KARPENTER)), node("c", None)]))
+            .await;
+        assert_eq!(view.node_going("a"), Some(NodeGoing::Karpenter));
+        assert_eq!(view.node_going("b"), Some(NodeGoing::Karpenter));
+        assert_eq!(view.node_going("c"), None);
+
+        // The watch fails: what was going stays going.
+        let failed = futures::stream::iter([(None, Err(watcher::Error::NoResourceVersion))]);
+        driver::drive(&mut nodes, failed).await;
+        assert_eq!(view.node_going("a"), Some(NodeGoing::Karpenter));
+
+        // Restarted: a is gone (deleted while the watch was down), b stays now, c is going.
+        driver::drive(&mut nodes, list(vec![node("b", None), node("c", Some(KARPENTER))])).await;
+        assert_eq!(view.node_going("a"), None, "gone while the watch was down");
+        assert_eq!(view.node_going("b"), None, "its taint removed while the watch was down");
+        assert_eq!(view.node_going("c"), Some(NodeGoing::Karpenter));
+    }
 }

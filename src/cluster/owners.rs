@@ -3,7 +3,7 @@
 //! each pod that changes (`follow`), so a pod seen after its owner follows it too. Each kind is
 //! followed on its own: one the API server does not serve takes nothing else down.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
+use super::driver::{self, Index, Key};
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
@@ -81,47 +82,8 @@ impl OwnerWatch {
             let config = watcher::Config::default().timeout(self.watch_timeout_secs);
             watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
         });
-        let mut events = futures::stream::select_all(streams);
-        // Per scope being listed: the owners the list had so far.
-        let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
-        // The owners the rule held for at least once (a runner that had a job).
-        let mut held: HashSet<(String, String)> = HashSet::new();
-        while let Some((scope, event)) = events.next().await {
-            // What the API server sent (Init is the watcher's own): the kind is followed again.
-            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
-                self.view.update_owner_kind(&kind, |state| state.unfollowed = None);
-            }
-            match event {
-                Ok(watcher::Event::Init) => {
-                    listing.insert(scope, HashSet::new());
-                }
-                Ok(watcher::Event::InitApply(owner)) => {
-                    if let Some(seen) = listing.get_mut(&scope) {
-                        seen.insert((owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any())));
-                    }
-                    self.changed(&rule, &owner, &mut held);
-                }
-                Ok(watcher::Event::InitDone) => {
-                    // Owners gone while the watch was down (no delete event came): their pods
-                    // are idle, as on a delete.
-                    let seen = listing.remove(&scope).unwrap_or_default();
-                    for owner in unlisted(self.view.owners_known(), &rule.owner_key(""), &scope, &seen) {
-                        self.ended(&rule, owner, &mut held);
-                    }
-                    info!(%kind, "owners listed");
-                }
-                Ok(watcher::Event::Apply(owner)) => self.changed(&rule, &owner, &mut held),
-                Ok(watcher::Event::Delete(owner)) => {
-                    let owner = (owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any()));
-                    self.ended(&rule, owner, &mut held);
-                }
-                Err(e) => {
-                    warn!(%kind, error = %e, "watch of owners failed; retrying with backoff");
-                    self.view
-                        .update_owner_kind(&kind, |state| state.unfollowed = Some(format!("its watch failed: {e}")));
-                }
-            }
-        }
+        let mut owners = Owners { watch: &self, rule: &rule, kind, held: HashSet::new() };
+        driver::drive(&mut owners, futures::stream::select_all(streams)).await;
     }
 
     /// The rule's kind once the API server serves it, asked again with a growing pause.
@@ -183,6 +145,56 @@ impl OwnerWatch {
                 drop(self.outbox.send(effect));
             }
         }
+    }
+}
+
+/// The index of one rule's owners: the view's record of each, busy or not, and its pods
+/// flipped to match.
+struct Owners<'a> {
+    watch: &'a OwnerWatch,
+    rule: &'a OwnerRule,
+    /// The rule's kind, as the flag names it.
+    kind: String,
+    /// The owners the rule held for at least once (a runner that had a job).
+    held: HashSet<(String, String)>,
+}
+
+impl Index<DynamicObject> for Owners<'_> {
+    fn what(&self) -> String {
+        format!("{} owners", self.kind)
+    }
+
+    fn key(&self, owner: &DynamicObject) -> Key {
+        (owner.namespace().unwrap_or_default(), self.rule.owner_key(&owner.name_any()))
+    }
+
+    async fn apply(&mut self, owner: DynamicObject) {
+        self.watch.changed(self.rule, &owner, &mut self.held);
+    }
+
+    async fn delete(&mut self, owner: DynamicObject) {
+        let key = self.key(&owner);
+        self.watch.ended(self.rule, key, &mut self.held);
+    }
+
+    /// Owners gone while the watch was down (no delete event came): their pods are idle, as on
+    /// a delete.
+    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
+        let known = self.watch.view.owners_known();
+        for owner in unlisted(known, &self.rule.owner_key(""), scope, &listed) {
+            self.watch.ended(self.rule, owner, &mut self.held);
+        }
+        info!(kind = %self.kind, "owners listed");
+    }
+
+    /// The API server answered: the kind is followed (again).
+    fn alive(&mut self) {
+        self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = None);
+    }
+
+    fn failed(&mut self, error: &watcher::Error) {
+        let why = format!("its watch failed: {error}");
+        self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = Some(why));
     }
 }
 

@@ -31,7 +31,24 @@ pub struct BusyPdbs {
     pub told: Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>,
 }
 
+/// The labels of the opted-in pods of the view, by namespace (pods of namespaces left alone are
+/// kept without the busy label).
+fn opted_in_by_namespace(view: &View) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
+    let opted_in = |pod: &PodRecord| pod.label(BUSY_LABEL).is_some();
+    let pods = view.flat_map(|namespace, _, pod| opted_in(pod).then(|| (namespace.to_string(), pod.labels_map())));
+    let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
+    for (namespace, labels) in pods {
+        by_namespace.entry(namespace).or_default().push(labels);
+    }
+    by_namespace
+}
+
 impl BusyPdbs {
+    pub fn new(client: Client, outbox: Outbox, scopes: &[Scope], metrics: &Arc<Metrics>) -> BusyPdbs {
+        let (round, told) = (Arc::default(), Arc::default());
+        BusyPdbs { client, outbox, scopes: scopes.to_vec(), metrics: metrics.clone(), round, told }
+    }
+
     /// One round: what the plan says, carried out; failures are logged and tried next round.
     /// None while another round of this replica's is still under way.
     pub async fn keep(&self, view: &View) {
@@ -46,13 +63,7 @@ impl BusyPdbs {
                 return;
             }
         };
-        // Opted in: pods of namespaces that opted out are kept without the busy label.
-        let opted_in = |pod: &PodRecord| pod.label(BUSY_LABEL).is_some();
-        let pods = view.flat_map(|namespace, _, pod| opted_in(pod).then(|| (namespace.to_string(), pod.labels_map())));
-        let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
-        for (namespace, labels) in pods {
-            by_namespace.entry(namespace).or_default().push(labels);
-        }
+        let by_namespace = opted_in_by_namespace(view);
         let mut skipped = 0;
         let mut changes = Vec::new();
         let mut conflicts = BTreeMap::new();
@@ -70,7 +81,12 @@ impl BusyPdbs {
             }
         }
         self.tell(conflicts);
-        // Through the outbox, awaited: the round ends when its changes are done or given up.
+        self.carry_out(changes).await;
+        self.metrics.busy_pdb_conflicts.set(skipped);
+    }
+
+    /// Through the outbox, awaited: the round ends when its changes are done or given up.
+    async fn carry_out(&self, changes: Vec<Effect>) {
         let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
         let results = futures::future::join_all(changes.into_iter().map(|change| self.outbox.send(change))).await;
         for (change, result) in described.iter().zip(results) {
@@ -81,7 +97,6 @@ impl BusyPdbs {
                 _ => warn!(%change, "busy-pod PDB not changed; tried again next round"),
             }
         }
-        self.metrics.busy_pdb_conflicts.set(skipped);
     }
 
     /// Warns of each namespace's conflicting PDBs when they change, not every round.

@@ -3,11 +3,12 @@
 //! date, busy pods lost outside admission. A sweep on a timer asks the same of every pod, so a
 //! protection that runs out, or a side effect that did not land, is acted on without a change.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
@@ -15,6 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
+use super::driver::{self, Driver, Index, Key, Scoped};
 use super::outbox::{EffectResult, Outbox};
 use super::owners;
 use super::pdb::BusyPdbs;
@@ -43,92 +45,54 @@ pub struct Watch {
 impl Watch {
     /// Runs until the process stops; the watches reconnect with backoff on their own.
     pub async fn run(self, scopes: Vec<Scope>) {
-        let client = self.client.clone();
-        // Every watch renews within the client's read timeout (see `watch_timeout`).
-        let seconds = self.watch_timeout_secs;
-        let streams = scopes.into_iter().map(|scope| {
-            let api: Api<ApiPod> = match &scope {
-                Some(namespace) => Api::namespaced(client.clone(), namespace),
-                None => Api::all(client.clone()),
-            };
-            let config = watcher::Config::default().labels(BUSY_LABEL).timeout(seconds);
-            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
-        });
-        let mut events = futures::stream::select_all(streams);
-        // The namespaces labelled out (or, opted in by label, in): which pods are left alone, as
-        // the webhooks do. Its watch renews within the client's read timeout too: a quiet one
-        // would be cut, and reopened from a resourceVersion too old to resume, relisting with a
-        // growing backoff.
-        let label = format!("{NAMESPACE_ENABLED_LABEL}={}", self.view.enrolment().exception());
-        let excepted = watcher::Config::default().labels(&label).timeout(seconds);
-        let mut namespaces = watcher(Api::<Namespace>::all(client.clone()), excepted).default_backoff().boxed();
-        let mut namespaces_listing: Option<HashSet<String>> = None;
-        // Those namespaces are listed before any pod is looked at: until then, a pod of one
-        // opted out would be taken for a guarded one (refreshed, or given a busy-pod PDB).
-        while let Some(event) = namespaces.next().await {
-            let listed = matches!(event, Ok(watcher::Event::InitDone));
-            // No pod is in the view yet: the pods' first list finds each namespace as recorded.
-            self.namespace_event(event, &mut namespaces_listing, false).await;
-            if listed {
-                break;
-            }
-        }
-        // Per scope being listed: the pods the list had so far.
-        let mut listing: HashMap<Scope, HashSet<(String, String)>> = HashMap::new();
-        let mut malformed_seen: HashSet<String> = HashSet::new();
+        let mut pod_events = self.pod_events(scopes);
+        let mut namespace_events = self.namespace_events();
+        let (mut namespace_driver, mut pod_driver) = (Driver::default(), Driver::default());
+        // The namespaces left alone are listed before any pod is looked at: until then, a pod of
+        // one would be taken for a guarded one (refreshed, or given a busy-pod PDB). No pod is
+        // in the view yet: the pods' first list finds each namespace as recorded.
+        let mut namespaces = Namespaces { watch: &self, pods_seen: false };
+        driver::drive_until_listed(&mut namespace_driver, &mut namespaces, &mut namespace_events).await;
+        namespaces.pods_seen = true;
+        let mut pods = Pods { watch: &self, malformed_seen: HashSet::new() };
         let mut sweep = tokio::time::interval(self.sweep_interval);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let (scope, event) = tokio::select! {
-                next = events.next() => match next {
-                    Some(next) => next,
+            tokio::select! {
+                next = pod_events.next() => match next {
+                    Some((scope, event)) => pod_driver.step(&mut pods, scope, event).await,
                     None => return,
                 },
-                _ = sweep.tick() => {
-                    self.sweep();
-                    continue;
-                }
-                Some(event) = namespaces.next() => {
-                    self.namespace_event(event, &mut namespaces_listing, true).await;
-                    continue;
-                }
-            };
-            // What the API server sent (Init is the watcher's own, before it asks).
-            if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
-                self.view.alive(Instant::now());
-            }
-            match event {
-                Ok(watcher::Event::Init) => {
-                    listing.insert(scope, HashSet::new());
-                }
-                Ok(watcher::Event::InitApply(pod)) => {
-                    if let Some(listed) = listing.get_mut(&scope) {
-                        listed.insert((pod.namespace().to_string(), pod.name().to_string()));
-                    }
-                    self.apply(pod, &mut malformed_seen).await;
-                }
-                Ok(watcher::Event::InitDone) => {
-                    let listed = listing.remove(&scope).unwrap_or_default();
-                    for (namespace, name, gone) in self.view.keep_only(&scope, &listed) {
-                        let pod = PodRef { namespace, name, uid: gone.uid.to_string() };
-                        let observed = observed::gone_unwatched(&pod, &gone, &self.policy, Timestamp::now());
-                        self.act(pod, Some(gone), None, observed).await;
-                    }
-                    self.view.listed(&scope);
-                    info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = self.view.len(), "pods listed");
-                }
-                Ok(watcher::Event::Apply(pod)) => self.apply(pod, &mut malformed_seen).await,
-                Ok(watcher::Event::Delete(pod)) => {
-                    let (namespace, name) = (pod.namespace(), pod.name());
-                    let gone = self.view.remove(namespace, name);
-                    self.changed(namespace, name, gone, None).await;
-                }
-                Err(e) => {
-                    self.metrics.watch_errors.inc();
-                    warn!(error = %e, "watch of opted-in pods failed; retrying with backoff");
+                _ = sweep.tick() => self.sweep(),
+                Some((scope, event)) = namespace_events.next() => {
+                    namespace_driver.step(&mut namespaces, scope, event).await;
                 }
             }
         }
+    }
+
+    /// The watches of opted-in pods, one per scope. Every watch renews within the client's read
+    /// timeout (see `watch_timeout`): a quiet one would be cut, and reopened from a
+    /// resourceVersion too old to resume, relisting with a growing backoff.
+    fn pod_events(&self, scopes: Vec<Scope>) -> BoxStream<'static, Scoped<ApiPod>> {
+        let streams = scopes.into_iter().map(|scope| {
+            let api: Api<ApiPod> = match &scope {
+                Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+                None => Api::all(self.client.clone()),
+            };
+            let config = watcher::Config::default().labels(BUSY_LABEL).timeout(self.watch_timeout_secs);
+            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+        });
+        futures::stream::select_all(streams).boxed()
+    }
+
+    /// The watch of the namespaces labelled out (or, opted in by label, in): which pods are
+    /// left alone, as the webhooks do.
+    fn namespace_events(&self) -> BoxStream<'static, Scoped<Namespace>> {
+        let label = format!("{NAMESPACE_ENABLED_LABEL}={}", self.view.enrolment().exception());
+        let excepted = watcher::Config::default().labels(&label).timeout(self.watch_timeout_secs);
+        let namespaces = watcher(Api::<Namespace>::all(self.client.clone()), excepted).default_backoff();
+        namespaces.map(|event| (None, event)).boxed()
     }
 
     async fn apply(&self, pod: ApiPod, malformed_seen: &mut HashSet<String>) {
@@ -149,36 +113,6 @@ impl Watch {
         let after = if self.view.is_opted_out(namespace) { after.left_alone() } else { after };
         let before = self.view.insert(namespace, name, after.clone());
         self.changed(namespace, name, before, Some(after)).await;
-    }
-
-    /// A namespace labelled out (or in), or no longer; with `pods_seen`, its pods are acted on.
-    async fn namespace_event(
-        &self,
-        event: Result<watcher::Event<Namespace>, watcher::Error>,
-        listing: &mut Option<HashSet<String>>,
-        pods_seen: bool,
-    ) {
-        match event {
-            Ok(watcher::Event::Init) => *listing = Some(HashSet::new()),
-            Ok(watcher::Event::InitApply(namespace)) => {
-                listing.get_or_insert_default().insert(namespace.name_any());
-            }
-            Ok(watcher::Event::InitDone) => {
-                let listed = listing.take().unwrap_or_default();
-                for gone in self.view.excepted().difference(&listed) {
-                    self.except(gone, false, pods_seen).await;
-                }
-                for namespace in &listed {
-                    self.except(namespace, true, pods_seen).await;
-                }
-            }
-            Ok(watcher::Event::Apply(namespace)) => self.except(&namespace.name_any(), true, pods_seen).await,
-            // Deleted, or its label changed: the watch selects by the label.
-            Ok(watcher::Event::Delete(namespace)) => self.except(&namespace.name_any(), false, pods_seen).await,
-            Err(e) => {
-                warn!(error = %e, "watch of the namespaces' busyguard.io/enabled label failed; retrying with backoff")
-            }
-        }
     }
 
     /// Records whether `namespace` carries the exception's label value, and when that opts it
@@ -300,6 +234,87 @@ impl Watch {
         }
         for effect in owners::no_delete_before_a_busy_flip(effects) {
             drop(self.outbox.send(effect));
+        }
+    }
+}
+
+/// The index of opted-in pods: the view's records, and what each change sets off.
+struct Pods<'a> {
+    watch: &'a Watch,
+    /// The pods that did not decode, each said once.
+    malformed_seen: HashSet<String>,
+}
+
+impl Index<ApiPod> for Pods<'_> {
+    fn what(&self) -> String {
+        "opted-in pods".into()
+    }
+
+    fn key(&self, pod: &ApiPod) -> Key {
+        (pod.namespace().to_string(), pod.name().to_string())
+    }
+
+    async fn apply(&mut self, pod: ApiPod) {
+        self.watch.apply(pod, &mut self.malformed_seen).await;
+    }
+
+    async fn delete(&mut self, pod: ApiPod) {
+        let (namespace, name) = (pod.namespace(), pod.name());
+        let gone = self.watch.view.remove(namespace, name);
+        self.watch.changed(namespace, name, gone, None).await;
+    }
+
+    /// Pods gone while the watch was down (no delete event came): each is acted on as gone.
+    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
+        let watch = self.watch;
+        for (namespace, name, gone) in watch.view.keep_only(scope, &listed) {
+            let pod = PodRef { namespace, name, uid: gone.uid.to_string() };
+            let observed = observed::gone_unwatched(&pod, &gone, &watch.policy, Timestamp::now());
+            watch.act(pod, Some(gone), None, observed).await;
+        }
+        watch.view.listed(scope);
+        info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = watch.view.len(), "pods listed");
+    }
+
+    fn alive(&mut self) {
+        self.watch.view.alive(Instant::now());
+    }
+
+    fn failed(&mut self, _: &watcher::Error) {
+        self.watch.metrics.watch_errors.inc();
+    }
+}
+
+/// The index of namespaces labelled out (or in): once the pods are seen (`pods_seen`), a
+/// namespace that changes side has its pods acted on.
+struct Namespaces<'a> {
+    watch: &'a Watch,
+    pods_seen: bool,
+}
+
+impl Index<Namespace> for Namespaces<'_> {
+    fn what(&self) -> String {
+        format!("the namespaces' {NAMESPACE_ENABLED_LABEL} label")
+    }
+
+    fn key(&self, namespace: &Namespace) -> Key {
+        (String::new(), namespace.name_any())
+    }
+
+    async fn apply(&mut self, namespace: Namespace) {
+        self.watch.except(&namespace.name_any(), true, self.pods_seen).await;
+    }
+
+    /// Deleted, or its label changed: the watch selects by the label.
+    async fn delete(&mut self, namespace: Namespace) {
+        self.watch.except(&namespace.name_any(), false, self.pods_seen).await;
+    }
+
+    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
+        for namespace in self.watch.view.excepted() {
+            if !listed.contains(&(String::new(), namespace.clone())) {
+                self.watch.except(&namespace, false, self.pods_seen).await;
+            }
         }
     }
 }

@@ -26,73 +26,84 @@ pub struct ApiPod {
     pub malformed: Option<String>,
 }
 
+/// What is read of a pod as the API sends it.
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<WireSpec>,
+    #[serde(default)]
+    status: Option<PodStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireSpec {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    restart_policy: Option<String>,
+    #[serde(default)]
+    tolerations: Option<Vec<WireToleration>>,
+}
+
+#[derive(Deserialize)]
+struct WireToleration {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    operator: Option<String>,
+    #[serde(default)]
+    effect: Option<String>,
+}
+
+impl WireToleration {
+    /// Tolerates every taint that evicts (no key, `Exists`, no effect or `NoExecute`).
+    fn of_every_taint(&self) -> bool {
+        self.key.as_deref().unwrap_or_default().is_empty()
+            && self.operator.as_deref() == Some("Exists")
+            && matches!(self.effect.as_deref().unwrap_or_default(), "" | "NoExecute")
+    }
+}
+
+/// A pod's identity, all that is kept of one that does not decode.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireIdentity {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireIdentityOnly {
+    metadata: WireIdentity,
+}
+
 impl<'de> Deserialize<'de> for ApiPod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Full {
-            #[serde(default)]
-            metadata: ObjectMeta,
-            #[serde(default)]
-            spec: Option<Spec>,
-            #[serde(default)]
-            status: Option<PodStatus>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Spec {
-            #[serde(default)]
-            node_name: Option<String>,
-            #[serde(default)]
-            restart_policy: Option<String>,
-            #[serde(default)]
-            tolerations: Option<Vec<Toleration>>,
-        }
-        #[derive(Deserialize)]
-        struct Toleration {
-            #[serde(default)]
-            key: Option<String>,
-            #[serde(default)]
-            operator: Option<String>,
-            #[serde(default)]
-            effect: Option<String>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Identity {
-            #[serde(default)]
-            name: Option<String>,
-            #[serde(default)]
-            namespace: Option<String>,
-            #[serde(default)]
-            uid: Option<String>,
-            #[serde(default)]
-            resource_version: Option<String>,
-        }
-        #[derive(Deserialize)]
-        struct IdentityOnly {
-            metadata: Identity,
-        }
-
         // Through a generic value first: watch events arrive inside a tagged enum, where only
         // self-describing values can be taken apart a second time.
         let value = serde_json::Value::deserialize(deserializer)?;
-        match Full::deserialize(&value) {
+        match Wire::deserialize(&value) {
             Ok(full) => Ok(ApiPod {
                 metadata: full.metadata,
                 tolerates_every_taint: (full.spec.as_ref().and_then(|s| s.tolerations.as_ref()).into_iter().flatten())
-                    .any(|t| {
-                        t.key.as_deref().unwrap_or_default().is_empty()
-                            && t.operator.as_deref() == Some("Exists")
-                            && matches!(t.effect.as_deref().unwrap_or_default(), "" | "NoExecute")
-                    }),
+                    .any(WireToleration::of_every_taint),
                 restart_policy: full.spec.as_ref().and_then(|s| s.restart_policy.clone()),
                 node_name: full.spec.and_then(|s| s.node_name),
                 status: full.status.unwrap_or_default(),
                 malformed: None,
             }),
             Err(error) => {
-                let identity = IdentityOnly::deserialize(&value).map_err(serde::de::Error::custom)?;
-                let Identity { name, namespace, uid, resource_version } = identity.metadata;
+                let identity = WireIdentityOnly::deserialize(&value).map_err(serde::de::Error::custom)?;
+                let WireIdentity { name, namespace, uid, resource_version } = identity.metadata;
                 Ok(ApiPod {
                     metadata: ObjectMeta { name, namespace, uid, resource_version, ..ObjectMeta::default() },
                     node_name: None,

@@ -162,9 +162,12 @@ impl View {
         };
     }
 
-    /// The nodes recorded as going, after a new list: those not listed stay no longer.
-    pub fn keep_nodes_going(&self, listed: HashMap<String, NodeGoing>) {
-        *self.nodes_going.write() = listed;
+    /// After a new list of nodes: those it did not have (`listed` false) are gone, so going no
+    /// longer; how many are going now.
+    pub fn keep_nodes_going(&self, listed: impl Fn(&str) -> bool) -> usize {
+        let mut nodes = self.nodes_going.write();
+        nodes.retain(|node, _| listed(node));
+        nodes.len()
     }
 
     /// How following each busy rule's kind goes, by the kind as the flag names it.
