@@ -108,18 +108,27 @@ pub fn busy_from(
     max_busy: MaxBusy,
     now: Timestamp,
 ) -> BusyState {
-    // A run-to-completion pod's restart is its task's retry (restartPolicy OnFailure), still
-    // protected within max-busy; a flag busyguard writes for the pod's owner or leader is theirs,
-    // not the pod's (an Agones SDK sidecar's restart ends no match); anyone else's flag from
-    // before a restart is stale.
+    // A run-to-completion pod busy from its creation (busyguard makes it so where its namespace
+    // says) is its task: a restart is the task's retry (restartPolicy OnFailure), still
+    // protected within max-busy. A flag busyguard writes for the pod's owner or leader is theirs,
+    // not the pod's (an Agones SDK sidecar's restart ends no match). Any other flag from before a
+    // restart is stale, a Job's work-queue worker's own flag too: its task died with it.
     if let Some(since) = since
-        && pod.runs_to_completion().is_none()
+        && !busy_from_creation(pod, since)
         && !pod.busy_label_by_busyguard()
         && let Some(at) = pod.last_restart().filter(|at| *at > since)
     {
         return BusyState::Lapsed { since, lapse: Lapse::Restarted { at } };
     }
     protection(since, pod.created(), max_busy.of(pod), now)
+}
+
+/// Whether `pod` runs to completion and has been busy since its creation (`since` within a
+/// moment of it: busyguard's admission clock against the API server's, to the second), so its
+/// whole run is its task, rather than a worker that flipped its own flag for one task later.
+fn busy_from_creation(pod: &(impl PodFacts + ?Sized), since: Timestamp) -> bool {
+    const CREATION_SLACK: SignedDuration = SignedDuration::from_secs(2);
+    pod.runs_to_completion().is_some() && pod.created().is_some_and(|created| since <= created + CREATION_SLACK)
 }
 
 /// Busy since `since`: protected until max-busy runs out. Without a known `since`, max-busy
@@ -301,13 +310,30 @@ mod tests {
 
     #[test]
     fn a_run_to_completion_pods_retry_after_a_restart_stays_protected_within_max_busy() {
+        // Busy from its creation, as busyguard makes a Job's pod where its namespace says.
         let p = pod(json!({
             "metadata": {"labels": {BUSY_LABEL: "true", "batch.kubernetes.io/job-name": "import"},
-                "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
+                "creationTimestamp": "2026-01-01T00:00:01Z", "annotations": {BUSY_SINCE: "2026-01-01T00:00:00Z"}},
             "status": {"phase": "Running", "containerStatuses": [{"restartCount": 1,
                 "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
         assert!(busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")).is_protected());
         assert!(!busy_state(&p, HOUR, ts("2026-01-01T01:00:00Z")).is_protected(), "max-busy still bounds it");
+    }
+
+    #[test]
+    fn a_job_work_queue_workers_own_flag_is_stale_after_it_crashed_mid_task() {
+        // Opted in idle by its template, busy from its own flip minutes later; then it crashed
+        // and restarted (restartPolicy OnFailure): the task that set the flag is gone.
+        let p = pod(json!({
+            "metadata": {"labels": {BUSY_LABEL: "true", "batch.kubernetes.io/job-name": "queue"},
+                "creationTimestamp": "2026-01-01T00:00:00Z", "annotations": {BUSY_SINCE: "2026-01-01T00:03:00Z"}},
+            "status": {"phase": "Running", "containerStatuses": [{"restartCount": 1,
+                "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]}}));
+        let restarted = ts("2026-01-01T00:05:00Z");
+        assert_eq!(
+            busy_state(&p, HOUR, ts("2026-01-01T00:06:00Z")),
+            BusyState::Lapsed { since: ts("2026-01-01T00:03:00Z"), lapse: Lapse::Restarted { at: restarted } }
+        );
     }
 
     #[test]
