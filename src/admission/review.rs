@@ -40,6 +40,8 @@ pub struct AdmissionRequest {
     pub object: Option<Object>,
     pub old_object: Option<Object>,
     pub dry_run: Option<bool>,
+    /// The field manager the writer named (a create's, update's or patch's options), if any.
+    pub field_manager: Option<String>,
 }
 
 /// Of the request's kind only the name is read: it says how to decode the objects.
@@ -101,6 +103,7 @@ enum Field {
     Object,
     OldObject,
     DryRun,
+    Options,
     #[serde(other)]
     Other,
 }
@@ -125,7 +128,7 @@ impl<'de> Visitor<'de> for RequestVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest, A::Error> {
         let (mut uid, mut kind, mut resource, mut operation) = (None, None::<GroupVersionKind>, None, None);
         let (mut sub_resource, mut name, mut namespace, mut user_info, mut dry_run) = (None, None, None, None, None);
-        let (mut object, mut old_object) = (None, None);
+        let (mut object, mut old_object, mut options) = (None, None, None::<Option<WriteOptions>>);
         while let Some(field) = map.next_key::<Field>()? {
             match field {
                 Field::Uid => set(&mut uid, map.next_value()?, "uid")?,
@@ -137,6 +140,7 @@ impl<'de> Visitor<'de> for RequestVisitor {
                 Field::Operation => set(&mut operation, map.next_value()?, "operation")?,
                 Field::UserInfo => set(&mut user_info, map.next_value()?, "userInfo")?,
                 Field::DryRun => set(&mut dry_run, map.next_value()?, "dryRun")?,
+                Field::Options => set(&mut options, map.next_value()?, "options")?,
                 Field::Object => set(&mut object, next_object(&mut map, kind.as_ref(), "object")?, "object")?,
                 Field::OldObject => {
                     let old = next_object(&mut map, kind.as_ref(), "oldObject")?;
@@ -164,8 +168,17 @@ impl<'de> Visitor<'de> for RequestVisitor {
             namespace: namespace.flatten().unwrap_or_default(),
             user_info: user_info.flatten().unwrap_or_default(),
             dry_run: dry_run.flatten(),
+            field_manager: options.flatten().and_then(|o| o.field_manager),
         })
     }
+}
+
+/// What is read of a request's options (CreateOptions, UpdateOptions, PatchOptions, or a
+/// delete's DeleteOptions, which name no field manager).
+#[derive(Deserialize)]
+struct WriteOptions {
+    #[serde(default, rename = "fieldManager")]
+    field_manager: Option<String>,
 }
 
 /// A field seen twice is refused: two readers of the same body must not see different values.
@@ -373,6 +386,25 @@ mod tests {
         assert_eq!(request.operation, Operation::Delete);
         assert_eq!(request.sub_resource(), "");
         assert!(!request.is_dry_run());
+    }
+
+    #[test]
+    fn the_writers_field_manager_is_read_from_its_options() {
+        let mut patch = minimal_request();
+        patch["operation"] = json!("UPDATE");
+        patch["options"] =
+            json!({"kind": "PatchOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "busyguard-agent"});
+        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": patch}))).unwrap();
+        assert_eq!(request.field_manager.as_deref(), Some("busyguard-agent"));
+        // A delete's options name none; a request may carry no options at all.
+        let mut delete = minimal_request();
+        delete["options"] = json!({"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1", "gracePeriodSeconds": 0});
+        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": delete}))).unwrap();
+        assert_eq!(request.field_manager, None);
+        let mut none = minimal_request();
+        none["options"] = json!(null);
+        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": none}))).unwrap();
+        assert_eq!(request.field_manager, None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::review::{AdmissionRequest, InvalidReview};
 use crate::cluster::view::View;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::Disruption;
+use crate::policy::keys::AGENT_FIELD_MANAGER;
 use crate::policy::outcome::{Action, Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
@@ -68,7 +69,9 @@ pub fn pod_mutate(
     let view = inputs.view;
     let node_going = view.node_going(&pod.spec.node_name);
     let by_busyguard = view.own_user() == Some(ask.requester.username);
-    let mutation = mutate::Mutation { ask: &ask, pod, before, node_going, by_busyguard };
+    let reports_begun_task =
+        request.field_manager.as_deref() == Some(AGENT_FIELD_MANAGER) && ask.requester.pod == Some(ask.name);
+    let mutation = mutate::Mutation { ask: &ask, pod, before, node_going, by_busyguard, reports_begun_task };
     Ok(mutate::mutate_pod(&mutation, inputs.policy, now))
 }
 

@@ -3,12 +3,19 @@
 //! busy or idle from the status code or the body, and PATCHes its own pod only when that
 //! changes. If the app does not answer, the flag stays as it is (a busy pod is not handed over
 //! to a scale-down because its app is slow to answer) and the agent says so; max-busy still
-//! bounds it.
+//! bounds it. A flip it reports this way is of a task already begun, so busyguard does not hold
+//! it. With `--listen`, the app may ask before each task (`POST /start`): the agent flips the
+//! pod busy then, and answers 409 "do not start" where busyguard holds the pod (its node going,
+//! its eviction wanted), so no task is started that a disruption waits to cut.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use axum::extract::State;
+use axum::http::StatusCode;
 use clap::Args;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -19,7 +26,7 @@ use tracing::{info, warn};
 use crate::cluster::ClusterSource;
 use crate::cluster::view::ApiPod;
 use crate::config::std_duration;
-use crate::policy::keys::{BUSY_LABEL, FIELD_MANAGER};
+use crate::policy::keys::{AGENT_FIELD_MANAGER, AGENT_START_FIELD_MANAGER, BUSY_LABEL};
 use crate::policy::outcome::{DISRUPTION_WANTED_CAUSE, NODE_GOING_CAUSE, TERMINATING_CAUSE};
 
 /// The app's endpoint: plain HTTP, as a pod's own containers talk to each other.
@@ -52,6 +59,11 @@ pub struct AgentArgs {
     /// Kubeconfig; without it, the pod's service account.
     #[arg(long, env = "BUSYGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Where the app asks before each task, `POST /start` (e.g. `127.0.0.1:8089`, the pod's own
+    /// network): 200 start (the pod is busy now), 409 do not start (busyguard holds the pod),
+    /// 503 busyguard could not be asked.
+    #[arg(long, env = "BUSYGUARD_AGENT_LISTEN")]
+    pub listen: Option<SocketAddr>,
 }
 
 /// What in the app's answer means busy: one of the two.
@@ -75,9 +87,8 @@ impl AgentArgs {
             None => BusyWhen::BodyContains(self.busy_when.busy_body.unwrap_or_default()),
         };
         let source = self.kubeconfig.map_or(ClusterSource::Infer, ClusterSource::Kubeconfig);
-        let agent =
-            Agent { url: self.url, busy_when, interval: self.interval, namespace: self.namespace, pod: self.pod };
-        (agent, source)
+        let (url, interval, namespace, pod, listen) = (self.url, self.interval, self.namespace, self.pod, self.listen);
+        (Agent { url, busy_when, interval, namespace, pod, listen }, source)
     }
 }
 
@@ -107,35 +118,43 @@ pub struct Agent {
     pub interval: Duration,
     pub namespace: String,
     pub pod: String,
+    /// Where the app asks before each task (`POST /start`), if it does.
+    pub listen: Option<SocketAddr>,
+}
+
+/// The pod's flag as the agent last set it, and when the app last asked to start a task. Held
+/// across each write, so the app's asks and the agent's reports are written one at a time.
+#[derive(Default)]
+struct Flag {
+    set: Option<bool>,
+    started: Option<Instant>,
+}
+
+/// What the agent's two sides share: the pod, and its flag.
+struct Pod {
+    api: Api<ApiPod>,
+    name: String,
+    flag: tokio::sync::Mutex<Flag>,
 }
 
 impl Agent {
     /// Runs until the process stops, setting the label through the API server of `config`.
     pub async fn run(self, config: kube::Config) -> anyhow::Result<()> {
         let api_server = config.cluster_url.to_string();
-        let pods: Api<ApiPod> = Api::namespaced(kube::Client::try_from(config)?, &self.namespace);
-        let mut flagged: Option<bool> = None;
+        let api: Api<ApiPod> = Api::namespaced(kube::Client::try_from(config)?, &self.namespace);
+        let pod = Arc::new(Pod { api, name: self.pod.clone(), flag: Default::default() });
+        if let Some(listen) = self.listen {
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
+            let app = axum::Router::new().route("/start", axum::routing::post(start)).with_state(pod.clone());
+            info!(%listen, "the app may ask before each task: POST /start");
+            tokio::spawn(async move { axum::serve(listener, app).await });
+        }
         let mut failures = 0u32;
         loop {
             match self.ask_app().await {
                 Ok(busy) => {
                     failures = 0;
-                    if flagged != Some(busy) {
-                        match flag(&pods, &self.pod, busy).await {
-                            Ok(()) => {
-                                info!(pod = %self.pod, busy, "busy flag set");
-                                flagged = Some(busy);
-                            }
-                            Err(e) => match going_cause(&e) {
-                                // The app has already started: the agent can only say so.
-                                Some(cause) => warn!(pod = %self.pod, cause, error = %e,
-                                    "busyguard refused the flip to busy: the pod is going and should not start a task; trying again"),
-                                None => {
-                                    warn!(pod = %self.pod, busy, %api_server, error = %e, "busy flag not set; trying again")
-                                }
-                            },
-                        }
-                    }
+                    self.report(&pod, busy, &api_server).await;
                 }
                 Err(e) => {
                     failures += 1;
@@ -146,6 +165,23 @@ impl Agent {
                 }
             }
             tokio::time::sleep(self.interval).await;
+        }
+    }
+
+    /// The app's state, as it said: written when it changed. A task the app asked to start is
+    /// not reported idle within an interval of its start: the app may not say busy yet.
+    async fn report(&self, pod: &Pod, busy: bool, api_server: &str) {
+        let mut flag = pod.flag.lock().await;
+        let just_started = flag.started.is_some_and(|at| at.elapsed() < self.interval);
+        if flag.set == Some(busy) || (!busy && just_started) {
+            return;
+        }
+        match set_flag(&pod.api, &pod.name, busy, AGENT_FIELD_MANAGER).await {
+            Ok(()) => {
+                info!(pod = %pod.name, busy, "busy flag set");
+                flag.set = Some(busy);
+            }
+            Err(e) => warn!(pod = %pod.name, busy, %api_server, error = %e, "busy flag not set; trying again"),
         }
     }
 
@@ -179,10 +215,40 @@ fn going_cause(error: &kube::Error) -> Option<&str> {
         .find(|cause| [TERMINATING_CAUSE, DISRUPTION_WANTED_CAUSE, NODE_GOING_CAUSE].contains(cause))
 }
 
-async fn flag(pods: &Api<ApiPod>, pod: &str, busy: bool) -> Result<(), kube::Error> {
+/// The app asks to start a task: the pod is flipped busy for it (from idle first, if the last
+/// task left it busy, so the flip is judged as a new task's). 200: start; 409: busyguard holds the
+/// pod, do not start; 503: busyguard could not be asked.
+async fn start(State(pod): State<Arc<Pod>>) -> (StatusCode, String) {
+    let mut flag = pod.flag.lock().await;
+    let flipped = async {
+        if flag.set == Some(true) {
+            set_flag(&pod.api, &pod.name, false, AGENT_START_FIELD_MANAGER).await?;
+            flag.set = Some(false);
+        }
+        set_flag(&pod.api, &pod.name, true, AGENT_START_FIELD_MANAGER).await
+    };
+    match flipped.await {
+        Ok(()) => {
+            (flag.set, flag.started) = (Some(true), Some(Instant::now()));
+            (StatusCode::OK, "start: the pod is busy\n".into())
+        }
+        Err(e) => match (going_cause(&e).map(str::to_string), &e) {
+            (Some(cause), kube::Error::Api(refused)) => {
+                info!(pod = %pod.name, cause, "the app asked to start a task; busyguard holds the pod: do not start");
+                (StatusCode::CONFLICT, format!("do not start ({cause}): {}\n", refused.message))
+            }
+            _ => {
+                warn!(pod = %pod.name, error = %e, "the app asked to start a task; busyguard could not be asked");
+                (StatusCode::SERVICE_UNAVAILABLE, format!("busyguard could not be asked: {e}\n"))
+            }
+        },
+    }
+}
+
+async fn set_flag(pods: &Api<ApiPod>, pod: &str, busy: bool, manager: &str) -> Result<(), kube::Error> {
     let value = if busy { "true" } else { "false" };
     let patch = serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}});
-    let params = PatchParams { field_manager: Some(format!("{FIELD_MANAGER}-agent")), ..PatchParams::default() };
+    let params = PatchParams { field_manager: Some(manager.to_string()), ..PatchParams::default() };
     pods.patch(pod, &params, &Patch::Merge(&patch)).await.map(|_| ())
 }
 

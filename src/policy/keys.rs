@@ -92,6 +92,15 @@ pub const TEKTON_TASK_RUN: &str = "tekton.dev/taskRun";
 /// The field manager busyguard writes as: the API server records it in `managedFields`.
 pub const FIELD_MANAGER: &str = "busyguard";
 
+/// The field manager of `busyguard agent`'s flips that report its app's own state (its poll):
+/// the app has begun its task, so such a flip to busy is not held (refusing it would leave the
+/// task unguarded, not untaken).
+pub const AGENT_FIELD_MANAGER: &str = "busyguard-agent";
+
+/// The field manager of `busyguard agent`'s flips its app asks for before a task (`POST
+/// /start`): judged as any flip, so a held pod's app learns not to start.
+pub const AGENT_START_FIELD_MANAGER: &str = "busyguard-agent-start";
+
 /// Set on a busy pod whose delete was refused and deferred: busyguard deletes it once idle.
 /// Both a label (`"true"`: what the API server selects the pod-marks webhook by) and an
 /// annotation, whose value is JSON: `{"by":"alice","at":"2026-11-21T20:00:00Z"}`.

@@ -29,12 +29,15 @@ pub struct Mutation<'a> {
     pub node_going: Option<NodeGoing>,
     /// Whether busyguard itself writes the pod, following its owner's status (`policy::owners`).
     pub by_busyguard: bool,
+    /// Whether the write reports a task its app has begun: `busyguard agent`'s flip from its
+    /// app's own state ([`AGENT_FIELD_MANAGER`], with the pod's own token).
+    pub reports_begun_task: bool,
 }
 
 impl<'a> Mutation<'a> {
     /// A write of a pod on a node that stays (or none yet).
     pub fn of(ask: &'a Ask<'a>, pod: &'a Pod, before: Option<&'a Pod>) -> Self {
-        Mutation { ask, pod, before, node_going: None, by_busyguard: false }
+        Mutation { ask, pod, before, node_going: None, by_busyguard: false, reports_begun_task: false }
     }
 }
 
@@ -66,11 +69,12 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
         Some(let_through) => let_through.audit,
         None => None,
     };
-    // A create is never held: refusing it would only fail the pod's creation. Nor is busyguard's
-    // flip of a pod whose owner took a task: the task has begun (a runner's job, a game
-    // server's players), and refusing the flip would leave it unguarded, not untaken.
-    let following_owner = m.by_busyguard && follows_owner;
-    let hold = (turning_busy && before.is_some() && !following_owner)
+    // A create is never held: refusing it would only fail the pod's creation. Nor is a flip that
+    // reports a task already begun, busyguard's of a pod whose owner took a task (a runner's job,
+    // a game server's players) or the agent's from its app's state: refusing it would leave the
+    // task unguarded, not untaken.
+    let task_begun = (m.by_busyguard && follows_owner) || m.reports_begun_task;
+    let hold = (turning_busy && before.is_some() && !task_begun)
         .then(|| held(pod, &pod.spec.node_name, m.node_going, config.holds, now))
         .flatten();
     let refusal = match (turning_busy, pod.metadata.deletion_timestamp, hold, config.max_busy.below_floor(pod)) {
@@ -412,7 +416,14 @@ mod tests {
         set_label(&mut flip, "true");
         let (ask, old, flip) = (worker_write(), pod(old), pod(flip));
         mutate_pod(
-            &Mutation { ask: &ask, pod: &flip, before: Some(&old), node_going, by_busyguard: false },
+            &Mutation {
+                ask: &ask,
+                pod: &flip,
+                before: Some(&old),
+                node_going,
+                by_busyguard: false,
+                reports_begun_task: false,
+            },
             &config(),
             ts(now),
         )
@@ -443,6 +454,21 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_report_of_a_task_its_app_began_is_not_held_and_its_apps_ask_to_start_is() {
+        let mark = json!({DISRUPTION_REQUESTED: r#"{"by":"system:serviceaccount:kube-system:drain","at":"2026-11-21T20:48:30Z"}"#});
+        let mut old = worker(mark);
+        old["spec"]["nodeName"] = json!("n1");
+        let mut flip = old.clone();
+        set_label(&mut flip, "true");
+        let (ask, old, flip) = (worker_write(), pod(old), pod(flip));
+        let reported = Mutation { reports_begun_task: true, ..Mutation::of(&ask, &flip, Some(&old)) };
+        let at = ts("2026-11-21T20:48:44Z");
+        assert_eq!(mutate_pod(&reported, &config(), at).decision, Decision::Patched, "begun: guard it");
+        let asked = Mutation::of(&ask, &flip, Some(&old));
+        assert_eq!(mutate_pod(&asked, &config(), at).decision, Decision::Denied, "not begun: do not start");
+    }
+
+    #[test]
     fn a_flip_to_busy_on_a_going_node_is_refused_409_and_on_a_staying_one_patched() {
         let outcome = flip_on(json!({}), Some(NodeGoing::Karpenter), "2026-11-21T20:48:44Z");
         let (code, cause, message) = refusal(&outcome);
@@ -462,13 +488,27 @@ mod tests {
         let (ask, busy, idle) = (worker_write(), pod(busy), pod(idle));
         let going = Some(NodeGoing::ClusterAutoscaler);
         let to_idle = mutate_pod(
-            &Mutation { ask: &ask, pod: &idle, before: Some(&busy), node_going: going, by_busyguard: false },
+            &Mutation {
+                ask: &ask,
+                pod: &idle,
+                before: Some(&busy),
+                node_going: going,
+                by_busyguard: false,
+                reports_begun_task: false,
+            },
             &config(),
             now(),
         );
         assert!(to_idle.is_allowed());
         let created = mutate_pod(
-            &Mutation { ask: &ask, pod: &busy, before: None, node_going: going, by_busyguard: false },
+            &Mutation {
+                ask: &ask,
+                pod: &busy,
+                before: None,
+                node_going: going,
+                by_busyguard: false,
+                reports_begun_task: false,
+            },
             &config(),
             now(),
         );
@@ -829,7 +869,14 @@ mod tests {
         let (idle, busy) = (pod(idle), pod(busy));
         let busyguard = ask("UPDATE", "system:serviceaccount:busyguard:busyguard");
         let flip = |by_busyguard, config: &PolicyConfig| {
-            let m = Mutation { ask: &busyguard, pod: &busy, before: Some(&idle), node_going: None, by_busyguard };
+            let m = Mutation {
+                ask: &busyguard,
+                pod: &busy,
+                before: Some(&idle),
+                node_going: None,
+                by_busyguard,
+                reports_begun_task: false,
+            };
             mutate_pod(&m, config, ts("2026-11-21T20:48:44Z"))
         };
         assert_eq!(flip(true, &following_game_servers()).decision, Decision::Patched, "the game has begun: guard it");

@@ -82,6 +82,7 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
         interval: Duration::from_millis(100),
         namespace: "capture".into(),
         pod: "worker-a".into(),
+        listen: None,
     };
     let running = tokio::spawn(agent.run(api.kube_config()));
     let label =
@@ -102,5 +103,79 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
         .map(|c| c.body["metadata"]["labels"]["busyguard.io/busy"].clone())
         .collect();
     assert_eq!(flips, [json!("false"), json!("true"), json!("false")], "a PATCH only when it changes");
+    running.abort();
+}
+
+#[tokio::test]
+async fn the_app_asks_busyguard_agent_before_each_task_and_is_told_not_to_start_where_the_pod_is_held() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("worker-a", false));
+    // The app: its endpoint says busy (503) while it works.
+    let working = std::sync::Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    let answering = working.clone();
+    let app = axum::Router::new().route(
+        "/busy",
+        axum::routing::get(move || {
+            let busy = answering.load(Ordering::SeqCst);
+            async move { if busy { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK } }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let agent = busyguard::commands::agent::Agent {
+        url: format!("http://{app_addr}/busy").parse().unwrap(),
+        busy_when: busyguard::commands::agent::BusyWhen::Status(503),
+        interval: Duration::from_millis(100),
+        namespace: "capture".into(),
+        pod: "worker-a".into(),
+        listen: Some(listen),
+    };
+    let running = tokio::spawn(agent.run(api.kube_config()));
+    let label =
+        |api: &ApiServer| api.pod("capture", "worker-a").unwrap()["metadata"]["labels"]["busyguard.io/busy"].clone();
+    let ask_to_start = async || {
+        let mut stream = loop {
+            match tokio::net::TcpStream::connect(listen).await {
+                Ok(stream) => break stream,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let request =
+            format!("POST /start HTTP/1.1\r\nHost: {listen}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await.unwrap();
+        answer
+    };
+    // The agent's first report: the app is idle.
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    // Free to start: the pod is busy before the task begins.
+    let answer = ask_to_start().await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(label(&api), "true");
+    working.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(label(&api), "true", "the task runs: still busy");
+    // The task ends; the pod is held (busyguard refuses the next flip): do not start.
+    working.store(false, Ordering::SeqCst);
+    eventually("flagged idle", async || (label(&api) == "false").then_some(())).await;
+    api.fault("PATCH", "/api/v1/namespaces/capture/pods/worker-a", [Fault::Refused("BusyguardDisruptionWanted")]);
+    let answer = ask_to_start().await;
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(answer.contains("do not start (BusyguardDisruptionWanted)"), "{answer}");
+    assert_eq!(label(&api), "false", "idle, so the disruption takes it now");
+    // The asks are judged as any flip; the agent's own reports say a task has begun.
+    let managers: Vec<String> = (api.writes().into_iter())
+        .filter(pod_call("PATCH", "worker-a"))
+        .map(|c| c.query.split('&').find_map(|p| p.strip_prefix("fieldManager=")).unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        managers,
+        ["busyguard-agent", "busyguard-agent-start", "busyguard-agent", "busyguard-agent-start"],
+        "the first report (idle), a start, the report of its end, the start refused"
+    );
     running.abort();
 }

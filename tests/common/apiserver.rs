@@ -50,6 +50,8 @@ impl Call {
 #[derive(Debug, Clone)]
 pub enum Fault {
     Status(u16),
+    /// As busyguard's webhook refuses a write: 409 with busyguard's cause.
+    Refused(&'static str),
     /// Answer only after this long.
     Delay(Duration),
 }
@@ -451,6 +453,13 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     };
     match fault {
         Some(Fault::Status(code)) => return status(code, "Injected", "injected by the test"),
+        Some(Fault::Refused(cause)) => {
+            let message = "admission webhook \"pods.busyguard.io\" denied the request: pod takes no new task";
+            let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": "Conflict", "code": 409,
+                "details": {"causes": [{"reason": cause, "message": "injected by the test"}]}});
+            return (StatusCode::CONFLICT, [("content-type", "application/json")], body.to_string()).into_response();
+        }
         Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
         None => {}
     }

@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 
-use crate::rig::{Rig, eventually, kubectl};
+use crate::rig::{Rig, eventually};
 
 /// A Deployment of opted-in workers `app=NAME` (idle in the template; grace period 1 s).
 pub fn deployment(ns: &str, name: &str, replicas: u32) -> Value {
@@ -140,23 +144,25 @@ pub fn grant_workers(rig: &Rig, ns: &str, sa: &str) -> Result<()> {
     Ok(())
 }
 
+/// A worker: it flips its pod busy through the API server as its app would (no process spawned
+/// between tasks), so it takes its next task the moment one ends.
 fn work(kubeconfig: &Path, ns: &str, pod: &str, task: Duration, stop: &AtomicBool) -> Tally {
     let mut tally = Tally { pod: pod.to_string(), ..Tally::default() };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let Ok(pods) = runtime.block_on(pods_as(kubeconfig, ns)) else { return tally };
     let label = |value: &str| {
-        let flag = format!("busyguard.io/busy={value}");
-        kubectl(kubeconfig, &["-n", ns, "label", "pod", pod, &flag, "--overwrite"])
+        let patch = json!({"metadata": {"labels": {"busyguard.io/busy": value}}});
+        runtime.block_on(pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))).map(drop)
     };
     // Gone, or going: the worker's process is about to be stopped.
-    let going = || match kubectl(kubeconfig, &["-n", ns, "get", "pod", pod, "-o", "json"]) {
-        Ok((true, out, _)) => {
-            serde_json::from_str::<Value>(&out).map_or(true, |p| !p["metadata"]["deletionTimestamp"].is_null())
-        }
-        Ok((false, _, err)) => err.contains("NotFound"),
+    let going = || match runtime.block_on(pods.get_opt(pod)) {
+        Ok(Some(found)) => found.metadata.deletion_timestamp.is_some(),
+        Ok(None) => true,
         Err(_) => false,
     };
     while !stop.load(Ordering::SeqCst) {
         match label("true") {
-            Ok((true, _, _)) => {
+            Ok(()) => {
                 tally.started.push(Instant::now());
                 let end = Instant::now() + task;
                 while Instant::now() < end {
@@ -166,19 +172,26 @@ fn work(kubeconfig: &Path, ns: &str, pod: &str, task: Duration, stop: &AtomicBoo
                         return tally;
                     }
                 }
-                if !matches!(label("false"), Ok((true, _, _))) && going() {
+                if label("false").is_err() && going() {
                     return tally;
                 }
             }
-            Ok((false, _, err)) => {
+            Err(kube::Error::Api(refused)) => {
                 if going() {
                     return tally;
                 }
-                tally.refused.push((Instant::now(), err.trim().to_string()));
+                tally.refused.push((Instant::now(), refused.message));
                 std::thread::sleep(Duration::from_secs(1));
             }
             Err(_) => std::thread::sleep(Duration::from_secs(1)),
         }
     }
     tally
+}
+
+/// The pods of `ns`, as the holder of `kubeconfig`.
+async fn pods_as(kubeconfig: &Path, ns: &str) -> Result<Api<Pod>> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Api::namespaced(kube::Client::try_from(config)?, ns))
 }

@@ -79,6 +79,10 @@ pub const ALL: &[(&str, Scenario)] = &[
         queues::a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task,
     ),
     (
+        "a_drain_of_a_queue_worker_behind_the_agent_completes_and_cuts_no_task",
+        queues::a_drain_of_a_queue_worker_behind_the_agent_completes_and_cuts_no_task,
+    ),
+    (
         "an_abandoned_drain_leaves_queue_workers_free_within_the_hold",
         queues::an_abandoned_drain_leaves_queue_workers_free_within_the_hold,
     ),

@@ -3,13 +3,19 @@
 //! cuts no task, and one abandoned halfway leaves the workers free again within the hold.
 
 use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::rig::{Namespace, Rig, eventually};
 use crate::workers::{self, Queue, Tally, grant_workers, label};
+
+/// Karpenter's annotation on a pod it must not disrupt (busyguard writes it on busy pods).
+const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
 /// How long each task takes.
 const TASK: Duration = Duration::from_secs(6);
@@ -86,11 +92,17 @@ pub fn a_drain_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()>
 
 /// Karpenter's way: the node tainted karpenter.sh/disrupted:NoSchedule, then each pod evicted
 /// by Karpenter's terminator, retried per pod with a backoff from 100 ms to 10 s (its eviction
-/// queue). The taint alone refuses every flip to busy.
+/// queue); a pod carrying `karpenter.sh/do-not-disrupt` (a busy one: busyguard writes it) is not
+/// evicted at all, only waited for, as Karpenter's terminator does. The taint alone refuses
+/// every flip to busy.
 pub fn a_karpenter_disruption_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
     let backoff = |delay: Duration| (delay * 2).min(Duration::from_secs(10));
-    let disruption =
-        Autoscaler { name: "karpenter", user: ("karpenter", "karpenter"), first_retry: Duration::from_millis(100) };
+    let disruption = Autoscaler {
+        name: "karpenter",
+        user: ("karpenter", "karpenter"),
+        first_retry: Duration::from_millis(100),
+        waits_on_do_not_disrupt: true,
+    };
     disruption.run(rig, "karpenter.sh/disrupted:NoSchedule".into(), backoff)
 }
 
@@ -102,16 +114,19 @@ pub fn a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task(
         name: "autoscaler",
         user: ("kube-system", "cluster-autoscaler"),
         first_retry: Duration::from_secs(10),
+        waits_on_do_not_disrupt: false,
     };
     disruption.run(rig, taint, |every| every)
 }
 
 /// An autoscaler that taints a node, then evicts each pod there as its service account `user`,
-/// retrying each after `first_retry`, and each retry after the next of the last wait.
+/// retrying each after `first_retry`, and each retry after the next of the last wait; one that
+/// `waits_on_do_not_disrupt` evicts no pod while it carries `karpenter.sh/do-not-disrupt`.
 struct Autoscaler {
     name: &'static str,
     user: (&'static str, &'static str),
     first_retry: Duration,
+    waits_on_do_not_disrupt: bool,
 }
 
 impl Autoscaler {
@@ -123,7 +138,11 @@ impl Autoscaler {
         let user = format!("system:serviceaccount:{}:{}", self.user.0, self.user.1);
         let mut retries: HashMap<String, (Instant, Duration)> = HashMap::new();
         let emptied = evict_until_empty(rig, &ns, &node, &user, |pod, now| {
-            let (at, wait) = retries.entry(pod.to_string()).or_insert((now, self.first_retry));
+            if self.waits_on_do_not_disrupt && workers::annotation(pod, DO_NOT_DISRUPT).as_deref() == Some("true") {
+                return false;
+            }
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            let (at, wait) = retries.entry(name.to_string()).or_insert((now, self.first_retry));
             if now < *at {
                 return false;
             }
@@ -158,18 +177,21 @@ fn evict_until_empty(
     ns: &str,
     node: &str,
     user: &str,
-    mut due: impl FnMut(&str, Instant) -> bool,
+    mut due: impl FnMut(&Value, Instant) -> bool,
 ) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let left = pods_on(rig, ns, node)?;
+        let list = rig.get(&["-n", ns, "pods", "--field-selector", &format!("spec.nodeName={node}")])?;
+        let left = list["items"].as_array().cloned().unwrap_or_default();
         if left.is_empty() {
             return Ok(());
         }
-        ensure!(Instant::now() < deadline, "pods still on {node} after 90 s: {left:?}");
-        for pod in left {
-            if due(&pod, Instant::now()) {
-                let (ok, err) = rig.evict_as(Some(user), ns, &pod)?;
+        let names: Vec<&str> = left.iter().filter_map(|p| p["metadata"]["name"].as_str()).collect();
+        ensure!(Instant::now() < deadline, "pods still on {node} after 90 s: {names:?}");
+        for pod in &left {
+            if due(pod, Instant::now()) {
+                let pod = pod["metadata"]["name"].as_str().unwrap_or_default();
+                let (ok, err) = rig.evict_as(Some(user), ns, pod)?;
                 ensure!(ok || err.contains("TooManyRequests") || err.contains("NotFound"), "eviction of {pod}: {err}");
             }
         }
@@ -225,4 +247,143 @@ pub fn a_scale_down_of_queue_workers_completes_within_a_task(rig: &Rig) -> Resul
     println!("e2e:   scale-down 6 to 2: converged in {took:.1?}");
     ensure!(cut == 0, "{cut} task(s) cut: {tallies:?}");
     Ok(())
+}
+
+/// A worker on a steady queue whose app does not call busyguard: `busyguard agent` runs beside
+/// it, reports its app's busy endpoint, and the app asks the agent before each task (`POST
+/// /start`). Under `kubectl drain` the app is told not to start once the pod is held, the drain
+/// completes within two tasks, and no task is cut.
+pub fn a_drain_of_a_queue_worker_behind_the_agent_completes_and_cuts_no_task(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("queue-agent")?;
+    let node = "e2e-queue-agent".to_string();
+    rig.node(&node, "4")?;
+    grant_workers(rig, &ns, "worker")?;
+    let mut worker = workers::pod(&ns, "worker", Some(&node));
+    worker["spec"]["serviceAccountName"] = json!("worker");
+    rig.apply(&worker)?;
+    eventually(
+        "the worker ready",
+        Duration::from_secs(60),
+        || Ok(workers::ready_pods(rig, &ns, "worker")?.len() == 1),
+    )?;
+    let kubeconfig = rig.kubeconfig_for("queue-agent", &rig.pod_token(&ns, "worker", "worker")?)?;
+    let app = App::start()?;
+    let listen = crate::rig::free_port()?;
+    let mut agent = Command::new(crate::rig::BUSYGUARD);
+    agent.args(["agent", "--busy-status", "503", "--interval", "200ms", "--pod", "worker", "--namespace", &ns]);
+    agent.args(["--url", &format!("http://{}/busy", app.addr), "--listen", &listen.to_string(), "--kubeconfig"]);
+    agent.arg(&kubeconfig).stdout(Stdio::null()).stderr(Stdio::null());
+    crate::rig::die_with_parent(&mut agent);
+    let mut agent = agent.spawn()?;
+    let worked = app.work(listen, TASK);
+    // Busy at least once before the drain.
+    let busy = eventually("the worker on a task", Duration::from_secs(30), || {
+        Ok(rig.pod(&ns, "worker")?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("true")))
+    });
+    let since = Instant::now();
+    // The moment the pod goes (its deletionTimestamp, as the drain's eviction sets it): a task
+    // under way then is cut.
+    let (drain, gone_at) = std::thread::scope(|scope| {
+        let watching = scope.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                match rig.pod(&ns, "worker") {
+                    Ok(Some(pod)) if pod["metadata"]["deletionTimestamp"].is_null() => {}
+                    Ok(_) => return Some(Instant::now()),
+                    Err(_) => {}
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        });
+        let drain =
+            busy.and_then(|()| rig.try_kubectl(&["drain", &node, "--force", "--ignore-daemonsets", "--timeout=90s"]));
+        (drain, watching.join().unwrap_or_default())
+    });
+    let took = since.elapsed();
+    let tally = worked.finish(gone_at.unwrap_or_else(Instant::now));
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let (ok, _, err) = drain?;
+    ensure!(ok, "the drain did not complete: {err}");
+    converged("kubectl drain, behind the agent", since, took, &[tally])
+}
+
+/// An app on a steady queue that does not call busyguard: its endpoint `/busy` answers 503 while
+/// it works; before each task it asks the agent (`POST /start`), and on anything but 200 waits a
+/// second and asks again.
+struct App {
+    addr: std::net::SocketAddr,
+    working: Arc<AtomicBool>,
+}
+
+/// The app's worker thread, and how to stop it.
+struct Working {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<(Instant, Instant)>>,
+    refused: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl App {
+    fn start() -> Result<App> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let (addr, working) = (listener.local_addr()?, Arc::new(AtomicBool::new(false)));
+        let answering = working.clone();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let mut request = [0u8; 1024];
+                let _ = std::io::Read::read(&mut stream, &mut request);
+                let status = if answering.load(Ordering::SeqCst) { "503 Busy" } else { "200 OK" };
+                let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = std::io::Write::write_all(&mut stream, answer.as_bytes());
+            }
+        });
+        Ok(App { addr, working })
+    }
+
+    /// Works tasks of `task` one after another until stopped, each started only when the agent
+    /// at `agent` says so; returns each task's start and end.
+    fn work(&self, agent: std::net::SocketAddr, task: Duration) -> Working {
+        let (stop, refused) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (stopping, working, refusals) = (stop.clone(), self.working.clone(), refused.clone());
+        let handle = std::thread::spawn(move || {
+            let mut tasks = Vec::new();
+            while !stopping.load(Ordering::SeqCst) {
+                if ask_to_start(agent).is_some_and(|status| status == 200) {
+                    working.store(true, Ordering::SeqCst);
+                    let started = Instant::now();
+                    std::thread::sleep(task);
+                    working.store(false, Ordering::SeqCst);
+                    tasks.push((started, Instant::now()));
+                } else {
+                    refusals.lock().unwrap().push(Instant::now());
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            tasks
+        });
+        Working { stop, handle, refused }
+    }
+}
+
+impl Working {
+    /// Stops the app; a task under way when its pod went (`gone_at`) was cut.
+    fn finish(self, gone_at: Instant) -> Tally {
+        self.stop.store(true, Ordering::SeqCst);
+        let tasks = self.handle.join().unwrap_or_default();
+        let refused = self.refused.lock().unwrap().iter().map(|at| (*at, "do not start".to_string())).collect();
+        let cut = tasks.iter().filter(|(started, ended)| *started < gone_at && gone_at < *ended).count();
+        let started = tasks.iter().map(|(at, _)| *at).filter(|at| *at < gone_at).collect();
+        Tally { pod: "worker".into(), started, cut, refused }
+    }
+}
+
+/// `POST /start` to the agent: its status code, or None if it did not answer.
+fn ask_to_start(agent: std::net::SocketAddr) -> Option<u16> {
+    let mut stream = std::net::TcpStream::connect_timeout(&agent, Duration::from_secs(2)).ok()?;
+    let request = format!("POST /start HTTP/1.1\r\nHost: {agent}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    std::io::Write::write_all(&mut stream, request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut answer).ok()?;
+    answer.split_whitespace().nth(1)?.parse().ok()
 }
