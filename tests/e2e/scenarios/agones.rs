@@ -355,21 +355,29 @@ impl Drop for Agones {
 
 impl Allocator {
     /// An allocation, as the aggregation layer passes it to Agones' allocator: the preferred
-    /// server first (as Packed prefers the fullest node), else any Ready one of the fleet.
-    /// Returns the game server and its node.
+    /// server first (as Packed prefers the fullest node), else any Ready one of the fleet; asked
+    /// again for a few seconds while none is Ready (UnAllocated), as a matchmaker does. Returns
+    /// the game server and its node.
     fn allocate(&self, games: &str) -> Result<(String, String)> {
         let body = json!({"apiVersion": "allocation.agones.dev/v1", "kind": "GameServerAllocation", "spec": {
             "selectors": [{"matchLabels": {"agones.dev/fleet": FLEET, "agones.dev/sdk-favourite": "yes"}},
                           {"matchLabels": {"agones.dev/fleet": FLEET}}]}});
         let url = format!("{EXTENSIONS}/apis/allocation.agones.dev/v1/namespaces/{games}/gameserverallocations");
         let ca = self.ca.to_string_lossy();
-        let answer = curl(&["--cacert", &ca, "-H", "Content-Type: application/json", "-d", &body.to_string(), &url])?;
-        let answer: Value =
-            serde_json::from_str(&answer).with_context(|| format!("the allocator's answer: {answer}"))?;
-        let status = &answer["status"];
-        match (status["state"].as_str(), status["gameServerName"].as_str(), status["nodeName"].as_str()) {
-            (Some("Allocated"), Some(name), Some(node)) => Ok((name.to_string(), node.to_string())),
-            _ => bail!("no game server allocated: {answer}"),
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer =
+                curl(&["--cacert", &ca, "-H", "Content-Type: application/json", "-d", &body.to_string(), &url])?;
+            let answer: Value =
+                serde_json::from_str(&answer).with_context(|| format!("the allocator's answer: {answer}"))?;
+            let status = &answer["status"];
+            match (status["state"].as_str(), status["gameServerName"].as_str(), status["nodeName"].as_str()) {
+                (Some("Allocated"), Some(name), Some(node)) => return Ok((name.to_string(), node.to_string())),
+                (Some("UnAllocated"), ..) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                _ => bail!("no game server allocated: {answer}"),
+            }
         }
     }
 
