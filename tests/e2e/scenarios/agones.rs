@@ -43,8 +43,8 @@ const NODE_B: &str = "agones-b";
 /// allocation does (agones#4508): the Allocated server's eviction is refused; a Reserved one is
 /// guarded until its `reservedUntil`, then Ready and idle; once the match ends, the allocator's
 /// next update of that server to Allocated is refused with a conflict and Agones allocates
-/// another, so the drain finishes. Then Agones' own ends: a Fleet scale-down that keeps its
-/// Allocated server, and with busyguard down, that server's `SDK.Shutdown()`, whose pod Agones'
+/// another, so the drain finishes. Then Agones' own ends: a rolling update and a Fleet
+/// scale-down that keep its Allocated server, and with busyguard down, that server's `SDK.Shutdown()`, whose pod Agones'
 /// controller deletes.
 pub fn agones_drains_a_reusing_fleet_under_steady_allocations(rig: &Rig) -> Result<()> {
     let Some(bin) = agones_binaries()? else {
@@ -135,13 +135,25 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
     agones_own_ends(rig, agones, games)
 }
 
-/// A Fleet scaled to zero keeps its Allocated server (Agones never scales one down) and
-/// deletes the others; with busyguard down, the match ends by `SDK.Shutdown()` and Agones'
-/// controller deletes the pod.
+/// A rolling update and a Fleet scaled to zero keep its Allocated server (Agones never scales
+/// one down) and replace or delete the others; with busyguard down, the match ends by
+/// `SDK.Shutdown()` and Agones' controller deletes the pod.
 fn agones_own_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
     agones.ready_game_servers(rig, games, NODE_B, 3, Duration::from_secs(60))?;
     let (last, _) = agones.allocate(games)?;
     busy_label(rig, games, &last, "true", Duration::from_secs(10))?;
+    // A rolling update (a new template): Agones replaces the Ready servers, never the Allocated.
+    let before: Vec<String> = game_servers(rig, games)?.into_keys().collect();
+    let template = r#"{"spec": {"template": {"metadata": {"labels": {"version": "2"}}}}}"#;
+    rig.kubectl(&["-n", games, "patch", "fleet", FLEET, "--type=merge", "-p", template])?;
+    eventually("the fleet's Ready servers replaced, its Allocated one kept", Duration::from_secs(90), || {
+        let servers = game_servers(rig, games)?;
+        let old_ready = servers.keys().filter(|name| before.contains(name) && **name != last).count();
+        let new_ready =
+            (servers.iter()).filter(|(name, (state, _))| !before.contains(name) && state == "Ready").count();
+        Ok(old_ready == 0 && new_ready >= 2 && servers.get(&last).is_some_and(|(state, _)| state == "Allocated"))
+    })?;
+    ensure!(rig.pod(games, &last)?.is_some(), "the Allocated server's pod went with the rolling update");
     rig.kubectl(&["-n", games, "scale", "fleet", FLEET, "--replicas=0"])?;
     eventually("the fleet's Ready game servers gone, its Allocated one kept", Duration::from_secs(60), || {
         let servers = game_servers(rig, games)?;
