@@ -128,7 +128,8 @@ pub fn busy_from(
 /// whole run is its task, rather than a worker that flipped its own flag for one task later.
 fn busy_from_creation(pod: &(impl PodFacts + ?Sized), since: Timestamp) -> bool {
     const CREATION_SLACK: SignedDuration = SignedDuration::from_secs(2);
-    pod.runs_to_completion().is_some() && pod.created().is_some_and(|created| since <= created + CREATION_SLACK)
+    let within = |created: Timestamp| created.checked_add(CREATION_SLACK).is_ok_and(|latest| since <= latest);
+    pod.runs_to_completion().is_some() && pod.created().is_some_and(within)
 }
 
 /// Busy since `since`: protected until max-busy runs out. Without a known `since`, max-busy

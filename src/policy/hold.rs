@@ -101,6 +101,12 @@ pub enum Hold {
     NodeGoing { node: String, why: NodeGoing },
 }
 
+/// How long a deferred eviction asked in background (the descheduler's evacuation) holds its
+/// pod from new tasks: the descheduler keeps its record of an eviction in background for 10
+/// minutes, and a pod whose eviction a PodDisruptionBudget never allows would otherwise idle for
+/// good. The eviction itself is still carried out at the pod's next idle moment.
+pub const BACKGROUND_EVICTION_HOLD: SignedDuration = SignedDuration::from_mins(10);
+
 /// The hold on `pod`, on node `node` (`going`: what the view knows of that node), if any.
 pub fn held(
     pod: &(impl PodFacts + ?Sized),
@@ -109,7 +115,9 @@ pub fn held(
     holds: Holds,
     now: Timestamp,
 ) -> Option<Hold> {
-    if let Some(request) = pod.delete_request() {
+    if let Some(request) = pod.delete_request()
+        && (request.evict.is_none() || request.at.checked_add(BACKGROUND_EVICTION_HOLD).is_ok_and(|until| now < until))
+    {
         return Some(Hold::DeleteRequested(request));
     }
     if let Some(hold) = eviction_hold(pod, holds, now) {
@@ -213,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deferred_delete_holds_until_done_and_a_going_node_as_long_as_it_goes() {
+    fn a_deferred_delete_holds_until_done_one_in_background_ten_minutes_and_a_going_node_as_long_as_it_goes() {
         let holds = Holds::default();
         let mark = r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#;
         let mut deferred = pod(json!({DELETE_REQUESTED: mark}), json!({DELETE_REQUESTED: "true"}));
@@ -229,6 +237,17 @@ mod tests {
             held(&deferred, "n1", None, holds, ts("2026-11-22T20:00:00Z")),
             Some(Hold::DeleteRequested(_))
         ));
+        // An eviction in background (the descheduler's), deferred: held 10 minutes at most.
+        let background = r#"{"by":"descheduler","at":"2026-11-21T20:00:00Z","evict":{}}"#;
+        let background: Pod = serde_json::from_value(json!({"metadata": {"name": "w",
+            "annotations": {DELETE_REQUESTED: background}, "labels": {DELETE_REQUESTED: "true"},
+            "managedFields": marked_by_busyguard()}}))
+        .unwrap();
+        assert!(matches!(
+            held(&background, "n1", None, holds, ts("2026-11-21T20:09:59Z")),
+            Some(Hold::DeleteRequested(_))
+        ));
+        assert_eq!(held(&background, "n1", None, holds, ts("2026-11-21T20:10:00Z")), None, "the descheduler forgot it");
         let plain = pod(json!({}), json!({}));
         assert_eq!(
             held(&plain, "n1", Some(NodeGoing::Karpenter), holds, ts("2026-11-22T20:00:00Z")),
