@@ -60,22 +60,7 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
     api.put_pod(worker_pod("worker-a", false));
     // The app: 503 from its readiness endpoint while it works, 200 otherwise; 0 = not answering.
     let status = std::sync::Arc::new(AtomicU16::new(200));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_addr = listener.local_addr().unwrap();
-    let answering = status.clone();
-    let app = axum::Router::new().route(
-        "/ready",
-        axum::routing::get(move || {
-            let status = answering.load(Ordering::SeqCst);
-            async move {
-                if status == 0 {
-                    std::future::pending::<()>().await;
-                }
-                axum::http::StatusCode::from_u16(status).unwrap()
-            }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let app_addr = serve_app("/ready", status.clone()).await;
     let agent = busyguard::commands::agent::Agent {
         url: format!("http://{app_addr}/ready").parse().unwrap(),
         busy_when: busyguard::commands::agent::BusyWhen::Status(503),
@@ -108,22 +93,12 @@ async fn busyguard_agent_turns_the_apps_endpoint_into_the_busy_label_and_holds_i
 
 #[tokio::test]
 async fn the_app_asks_busyguard_agent_before_each_task_and_is_told_not_to_start_where_the_pod_is_held() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicU16, Ordering};
     let api = ApiServer::start().await;
     api.put_pod(worker_pod("worker-a", false));
     // The app: its endpoint says busy (503) while it works.
-    let working = std::sync::Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_addr = listener.local_addr().unwrap();
-    let answering = working.clone();
-    let app = axum::Router::new().route(
-        "/busy",
-        axum::routing::get(move || {
-            let busy = answering.load(Ordering::SeqCst);
-            async move { if busy { axum::http::StatusCode::SERVICE_UNAVAILABLE } else { axum::http::StatusCode::OK } }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let working = std::sync::Arc::new(AtomicU16::new(200));
+    let app_addr = serve_app("/busy", working.clone()).await;
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let agent = busyguard::commands::agent::Agent {
         url: format!("http://{app_addr}/busy").parse().unwrap(),
@@ -156,11 +131,11 @@ async fn the_app_asks_busyguard_agent_before_each_task_and_is_told_not_to_start_
     let answer = ask_to_start().await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(label(&api), "true");
-    working.store(true, Ordering::SeqCst);
+    working.store(503, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(label(&api), "true", "the task runs: still busy");
     // The task ends; the pod is held (busyguard refuses the next flip): do not start.
-    working.store(false, Ordering::SeqCst);
+    working.store(200, Ordering::SeqCst);
     eventually("flagged idle", async || (label(&api) == "false").then_some(())).await;
     api.fault("PATCH", "/api/v1/namespaces/capture/pods/worker-a", [Fault::Refused("BusyguardDisruptionWanted")]);
     let answer = ask_to_start().await;
@@ -178,4 +153,24 @@ async fn the_app_asks_busyguard_agent_before_each_task_and_is_told_not_to_start_
         "the first report (idle), a start, the report of its end, the start refused"
     );
     running.abort();
+}
+
+/// An app's endpoint at `path` answering the status `status` holds (0: not answering at all).
+async fn serve_app(path: &str, status: std::sync::Arc<std::sync::atomic::AtomicU16>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        path,
+        axum::routing::get(move || {
+            let status = status.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if status == 0 {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
 }

@@ -432,23 +432,20 @@ mod tests {
     #[test]
     fn an_agones_game_server_pods_task_container_is_the_game_agones_names() {
         // As Agones 1.60 creates the pod: the SDK server as a sidecar, the game named in
-        // `agones.dev/container`.
-        let sidecar_restarted: Pod = serde_json::from_str(
-            r#"{"metadata":{"annotations":{"agones.dev/container":"simple-game-server"}},
-                "status":{"containerStatuses":[
-                  {"name":"agones-gameserver-sidecar","restartCount":1,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}},
-                  {"name":"simple-game-server","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}}]}}"#,
-        )
-        .unwrap();
+        // `agones.dev/container`; `restarted` came back from a restart at 10:00.
+        let restarted = |restarted: &str| -> Pod {
+            let status = |name: &str| {
+                let (count, at) = if name == restarted { (1, "10:00") } else { (0, "09:00") };
+                json!({"name": name, "restartCount": count, "state": {"running": {"startedAt": format!("2026-11-21T{at}:00Z")}}})
+            };
+            serde_json::from_value(json!({"metadata": {"annotations": {"agones.dev/container": "simple-game-server"}},
+                "status": {"containerStatuses": [status("agones-gameserver-sidecar"), status("simple-game-server")]}}))
+            .unwrap()
+        };
+        let sidecar_restarted = restarted("agones-gameserver-sidecar");
         assert_eq!(sidecar_restarted.task_container(), Some("simple-game-server"));
         assert_eq!(sidecar_restarted.last_restart(), None, "the SDK sidecar's restart ends no match");
-        let game_restarted: Pod = serde_json::from_str(
-            r#"{"metadata":{"annotations":{"agones.dev/container":"simple-game-server"}},
-                "status":{"containerStatuses":[
-                  {"name":"agones-gameserver-sidecar","restartCount":0,"state":{"running":{"startedAt":"2026-11-21T09:00:00Z"}}},
-                  {"name":"simple-game-server","restartCount":1,"state":{"running":{"startedAt":"2026-11-21T10:00:00Z"}}}]}}"#,
-        )
-        .unwrap();
+        let game_restarted = restarted("simple-game-server");
         assert_eq!(game_restarted.last_restart(), Some("2026-11-21T10:00:00Z".parse().unwrap()));
     }
 
