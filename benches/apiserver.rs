@@ -10,6 +10,9 @@
 //! bench's namespace, e.g. `busyguard.io/own-flags=false` to measure without `idle-pod-flags`.
 
 #[allow(dead_code)]
+#[path = "../tests/e2e/kubelet.rs"]
+mod kubelet;
+#[allow(dead_code)]
 #[path = "../tests/e2e/rig.rs"]
 mod rig;
 

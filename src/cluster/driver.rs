@@ -43,13 +43,13 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// One event of the watch of `scope`, carried out on `index`.
+    /// One event of the watch of `scope`, carried out on `index`; whether it ended a list.
     pub(crate) async fn step<K, I: Index<K>>(
         &mut self,
         index: &mut I,
         scope: Scope,
         event: Result<watcher::Event<K>, watcher::Error>,
-    ) {
+    ) -> bool {
         // Init is the watcher's own, before it asks anything.
         if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
             index.alive();
@@ -67,6 +67,7 @@ impl Driver {
             Ok(watcher::Event::InitDone) => {
                 let listed = self.listing.remove(&scope).unwrap_or_default();
                 index.reset(&scope, listed).await;
+                return true;
             }
             Ok(watcher::Event::Apply(object)) => index.apply(object).await,
             Ok(watcher::Event::Delete(object)) => index.delete(object).await,
@@ -75,6 +76,7 @@ impl Driver {
                 index.failed(&e);
             }
         }
+        false
     }
 }
 
@@ -95,9 +97,7 @@ pub(crate) async fn drive_until_listed<K, I: Index<K>>(
     events: &mut (impl Stream<Item = Scoped<K>> + Unpin),
 ) {
     while let Some((scope, event)) = events.next().await {
-        let listed = matches!(event, Ok(watcher::Event::InitDone));
-        driver.step(index, scope, event).await;
-        if listed {
+        if driver.step(index, scope, event).await {
             return;
         }
     }

@@ -60,7 +60,9 @@ impl Watch {
         loop {
             tokio::select! {
                 next = pod_events.next() => match next {
-                    Some((scope, event)) => pod_driver.step(&mut pods, scope, event).await,
+                    Some((scope, event)) => {
+                        pod_driver.step(&mut pods, scope, event).await;
+                    }
                     None => return,
                 },
                 _ = sweep.tick() => self.sweep(),

@@ -3,7 +3,7 @@
 //! stand for. A request they skip is one busyguard would answer "allowed, unchanged" anyway (or,
 //! for an idle pod's write, one whose leftovers busyguard's watch repairs as well), so skipping
 //! it saves the API server a round trip and, for the fail-closed pod deletes, keeps busyguard's
-//! availability out of the way of writes that cannot matter. `tests/manifests.rs` holds the
+//! availability out of the way of writes that cannot matter. `tests/manifests/` holds the
 //! manifests to these values; the tests below evaluate them against the decisions they stand
 //! for.
 //!

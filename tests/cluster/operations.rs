@@ -95,7 +95,7 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
         .await;
 
     assert_eq!(api.forbidden_calls(), Vec::<String>::new(), "every call is granted");
-    let granted = common::apiserver::GRANTED.clone();
+    let granted = common::rbac::GRANTED.clone();
     assert_eq!(api.permissions_used(), granted, "and every grant is used");
 }
 

@@ -5,6 +5,7 @@
 pub mod apiserver;
 pub mod invariants;
 pub mod process;
+pub mod rbac;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 //! run one after the other, each in its own namespace; an argument runs only the scenarios whose
 //! name holds it. The last line reads `e2e: N passed, N failed`.
 
+mod kubelet;
 mod rig;
 mod scenarios;
 mod workers;
