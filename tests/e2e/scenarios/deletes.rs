@@ -9,7 +9,7 @@ use crate::workers::{self, annotation, flip};
 
 /// Two replicas run; a person deletes a busy pod: 429 with a message naming it, busyguard marks
 /// it (delete-requested), and deletes it once idle, audited once across both replicas.
-pub fn deferred_once(rig: &Rig) -> Result<()> {
+pub fn a_persons_delete_of_a_busy_pod_is_refused_and_carried_out_once_when_it_is_idle(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("deferred")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     flip(rig, &ns, "task", true)?;
@@ -27,7 +27,7 @@ pub fn deferred_once(rig: &Rig) -> Result<()> {
 
 /// `busyguard.io/max-unavailable: "1"`: with one pod of the workload NotReady, a person's delete
 /// of another is refused (429) by the workload's budget.
-pub fn the_workload_budget_refuses_one_too_many(rig: &Rig) -> Result<()> {
+pub fn a_workload_budget_refuses_a_delete_one_too_many(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("budget")?;
     let mut workload = workers::deployment(&ns, "worker", 3);
     workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/max-unavailable"] = "1".into();
@@ -93,7 +93,7 @@ pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result
 /// `descheduler.alpha.kubernetes.io/eviction-in-progress` (so the descheduler counts it as going
 /// and evicts no other in its place), a second eviction is refused the same, and the pod is
 /// deleted once idle, exactly once across the two replicas.
-pub fn the_deschedulers_eviction_in_background_goes_once_idle(rig: &Rig) -> Result<()> {
+pub fn the_deschedulers_eviction_in_background_of_a_busy_pod_goes_once_idle(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("descheduler")?;
     let mut pod = workers::pod(&ns, "task", None);
     pod["metadata"]["annotations"] = serde_json::json!({"descheduler.alpha.kubernetes.io/request-evict-only": ""});
@@ -131,7 +131,7 @@ fn once_idle_deleted_exactly_once(rig: &Rig, ns: &str, pod: &str) -> Result<()> 
 /// A busy pod's delete is deferred (marked), then its busy label is removed: busyguard carries the
 /// delete out, and the kubelet's status write before its final delete (as the node) goes through,
 /// so the pod does not stay Terminating.
-pub fn a_marked_pod_that_loses_its_label_takes_the_kubelets_status_write(rig: &Rig) -> Result<()> {
+pub fn a_marked_pod_that_loses_its_busy_label_takes_the_kubelets_status_write(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("marked-unlabelled")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     flip(rig, &ns, "task", true)?;
@@ -149,7 +149,7 @@ pub fn a_marked_pod_that_loses_its_label_takes_the_kubelets_status_write(rig: &R
 /// Three busy pods carrying `request-evict-only` under a PodDisruptionBudget `minAvailable: 2`:
 /// each eviction is refused and deferred; once all three are idle at once, busyguard carries the
 /// evictions out as evictions, so the budget holds: one pod goes, two stay.
-pub fn background_evictions_keep_the_users_pod_disruption_budget(rig: &Rig) -> Result<()> {
+pub fn three_background_evictions_under_min_available_2_leave_two_pods_once_idle(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("background-pdb")?;
     let names = ["bg-1", "bg-2", "bg-3"];
     for name in names {

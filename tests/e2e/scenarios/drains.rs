@@ -9,7 +9,7 @@ use crate::workers::{self, flip, label};
 
 /// `kubectl drain` evicts the idle pod at once, retries the busy one on 429 (one Event raised
 /// per interval, whichever replica refuses), and completes once it is idle.
-pub fn drain_waits_for_the_busy_pod(rig: &Rig) -> Result<()> {
+pub fn a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("drain")?;
     let node = "e2e-drain";
     rig.node(node, "4")?;

@@ -12,7 +12,7 @@ use crate::workers::{self, annotation, label};
 /// another label of its own, not busy-since, not do-not-disrupt on an idle pod (except in a
 /// namespace labelled own-flags=false, whose workers are said to have no pod write). And
 /// busyguard's own writes to that pod go through.
-pub fn own_flag_only(rig: &Rig) -> Result<()> {
+pub fn a_workers_own_token_flips_its_own_label_and_nothing_else(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("own-flag")?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
     rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
@@ -75,7 +75,7 @@ pub fn own_flag_only(rig: &Rig) -> Result<()> {
 /// A mark (its label and annotation) written by anyone else, even under busyguard's
 /// field-manager name, is refused, on a busy pod and on an idle one; half a mark (the annotation
 /// alone) is let through and never carried out: neither pod is deleted when idle.
-pub fn forged_mark(rig: &Rig) -> Result<()> {
+pub fn a_delete_requested_mark_only_busyguard_may_write(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("forged-mark")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     workers::start(rig, &workers::pod(&ns, "idle", None), "idle", 1)?;
@@ -101,7 +101,7 @@ pub fn forged_mark(rig: &Rig) -> Result<()> {
 
 /// Writes busyguard would allow unchanged never reach it (matchConditions): an unrelated
 /// annotation on an idle pod, the create and the delete of an idle pod; a flip to busy does.
-pub fn writes_that_cannot_matter_are_not_sent(rig: &Rig) -> Result<()> {
+pub fn writes_that_cannot_matter_are_not_sent_to_busyguard(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("not-sent")?;
     workers::start(rig, &workers::pod(&ns, "idle", None), "idle", 1)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -158,7 +158,7 @@ pub fn a_flip_by_server_side_apply_is_protected_and_restored(rig: &Rig) -> Resul
 /// PodDisruptionBudget or Lease but its own; busyguard refuses its evictions of pods it did
 /// not defer; its RBAC refuses it Leases outside its own namespace (kube-system's,
 /// the nodes' heartbeats). busyguard's own writes go through (every scenario runs with the fence).
-pub fn the_fence_keeps_busyguards_token_to_its_pods(rig: &Rig) -> Result<()> {
+pub fn the_fence_keeps_busyguards_own_token_to_the_pods_it_guards(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("fence")?;
     let mut plain = workers::pod(&ns, "plain", None);
     plain["metadata"]["labels"] = serde_json::json!({"app": "plain"});

@@ -146,7 +146,7 @@ pub fn a_pending_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
 /// A Tekton TaskRun's pod (steps `step-*`, a sidecar): a step's image change of the busy pod and
 /// its eviction are refused; once its steps end, Tekton stops the sidecar by swapping its image for
 /// a no-op, and that goes through, and so does an eviction: the task has ended.
-pub fn a_tekton_pods_sidecar_stop_goes_through(rig: &Rig) -> Result<()> {
+pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig: &Rig) -> Result<()> {
     let ns = run_to_completion(rig, "taskrun")?;
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "build-pod", "namespace": &*ns, "labels": {"tekton.dev/taskRun": "build", "app": "build"}},

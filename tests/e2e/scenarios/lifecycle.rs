@@ -11,7 +11,7 @@ use crate::workers::{self, annotation, flip, label};
 
 /// With `busyguard.io/max-busy: 1m`, protection lapses: the sweep takes the protected label and
 /// busyguard's annotations off, and a delete goes through.
-pub fn protection_lapses_after_max_busy(rig: &Rig) -> Result<()> {
+pub fn protection_lapses_after_max_busy_and_the_pod_goes(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("lapse")?;
     let mut pod = workers::pod(&ns, "task", None);
     // The shortest a pod's own max-busy may be (busyguard's --min-max-busy, as shipped).
@@ -31,7 +31,7 @@ pub fn protection_lapses_after_max_busy(rig: &Rig) -> Result<()> {
 
 /// Removing the busy label of a busy pod gives it back as an idle one: busyguard's annotations
 /// and protected label go, and nothing is reported lost.
-pub fn removing_the_label_restores_the_pod(rig: &Rig) -> Result<()> {
+pub fn removing_the_busy_label_of_a_busy_pod_restores_it(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("unlabel")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     flip(rig, &ns, "task", true)?;
@@ -50,7 +50,7 @@ pub fn removing_the_label_restores_the_pod(rig: &Rig) -> Result<()> {
 }
 
 /// A flip to busy on a pod being deleted is refused (409): the worker must not start the task.
-pub fn a_flip_on_a_terminating_pod_is_refused(rig: &Rig) -> Result<()> {
+pub fn a_flip_to_busy_on_a_terminating_pod_is_refused(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("terminating")?;
     let mut pod = workers::pod(&ns, "task", None);
     pod["metadata"]["finalizers"] = json!(["e2e.busyguard.io/hold"]);
@@ -67,7 +67,7 @@ pub fn a_flip_on_a_terminating_pod_is_refused(rig: &Rig) -> Result<()> {
 
 /// A busy pod that fails without any request (the kubelet's node-pressure eviction) is reported
 /// lost exactly once, though two replicas see it.
-pub fn a_loss_is_reported_once(rig: &Rig) -> Result<()> {
+pub fn a_busy_pod_lost_without_a_request_is_reported_once(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("loss")?;
     workers::start(rig, &workers::pod(&ns, "task", None), "task", 1)?;
     flip(rig, &ns, "task", true)?;
@@ -97,7 +97,7 @@ pub fn a_loss_is_reported_once(rig: &Rig) -> Result<()> {
 /// stays Pending. (The scheduler tries again on its own schedule: on a change in the cluster
 /// that may make room, at the latest after 5 minutes; a victim's flip to idle is not such a
 /// change, so this waits no further.)
-pub fn preemption_of_a_busy_pod_waits(rig: &Rig) -> Result<()> {
+pub fn a_scheduler_preemption_of_a_busy_pod_is_refused_and_the_preemptor_waits(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("preemption")?;
     let node = "e2e-small";
     rig.node(node, "1")?;
@@ -135,7 +135,7 @@ pub fn preemption_of_a_busy_pod_waits(rig: &Rig) -> Result<()> {
 /// a new image (`kubectl set image`), and a resize its resize policy restarts the container for
 /// (InPlacePodVerticalScaling, on in this control plane); a resize in place and any other change
 /// go through, and an idle pod changes freely.
-pub fn a_container_restarting_update_of_a_busy_pod_is_refused(rig: &Rig) -> Result<()> {
+pub fn an_update_that_would_restart_a_busy_pods_container_is_refused(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("restart")?;
     let mut pod = workers::pod(&ns, "task", None);
     pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m", "memory": "64Mi"}});
@@ -168,7 +168,7 @@ pub fn a_container_restarting_update_of_a_busy_pod_is_refused(rig: &Rig) -> Resu
 /// whole run with nothing in the Job's template: busyguard labels it busy at its creation and
 /// writes Karpenter's and cluster-autoscaler's annotations, so its eviction is refused; once it
 /// has finished it goes at once. A Job's pod in a namespace without the label is left alone.
-pub fn a_jobs_pod_is_busy_while_it_runs_by_the_namespaces_say(rig: &Rig) -> Result<()> {
+pub fn a_jobs_pod_is_busy_while_it_runs_where_the_namespace_says_so(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("jobs")?;
     let plain = rig.namespace("jobs-plain")?;
     rig.kubectl(&["label", "namespace", &ns, "busyguard.io/run-to-completion=true"])?;

@@ -67,7 +67,9 @@ pub fn a_controller_removes_its_finalizer_from_a_busy_pod(rig: &Rig) -> Result<(
 /// token cannot shorten its idle neighbour's max-busy, pin it with do-not-disrupt, or give it a
 /// deadline; and a max-busy below the floor, however it got there, is refused at the flip to busy
 /// with a message that says the floor.
-pub fn a_worker_cannot_shorten_its_neighbours_max_busy(rig: &Rig) -> Result<()> {
+pub fn a_worker_cannot_shorten_its_neighbours_max_busy_in_a_namespace_without_any_busyguard_label(
+    rig: &Rig,
+) -> Result<()> {
     let ns = rig.namespace("neighbours")?;
     pod_patcher(rig, &ns, "worker")?;
     for name in ["me", "neighbour"] {

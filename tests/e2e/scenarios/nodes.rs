@@ -9,13 +9,13 @@ use crate::workers::{self, flip};
 
 /// A person's `kubectl delete node` is refused (429) while a busy pod runs there; the cloud node
 /// lifecycle controller (as upstream cloud-provider names it: `node-controller`) deletes it.
-pub fn the_cloud_node_controller_deletes_a_busy_node(rig: &Rig) -> Result<()> {
+pub fn a_busy_node_stays_but_the_cloud_node_lifecycle_controller_deletes_it(rig: &Rig) -> Result<()> {
     refused_to_a_person_but_not_to(rig, "cloud", "system:serviceaccount:kube-system:node-controller")
 }
 
 /// The same for Karpenter, whose DELETE of a node starts its termination (finalizer, taint,
 /// then evictions, which busyguard refuses one by one).
-pub fn karpenter_deletes_a_busy_node(rig: &Rig) -> Result<()> {
+pub fn a_busy_node_stays_but_karpenter_deletes_it(rig: &Rig) -> Result<()> {
     rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "e2e-karpenter"},
         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "delete"]}]}))?;

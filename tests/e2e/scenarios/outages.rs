@@ -18,7 +18,9 @@ use crate::workers::{self, annotation, flip, label};
 /// busy-pod PDB still refuses the busy pod's eviction while the drain takes the idle one; a
 /// namespace being deleted empties (the namespace controller is never sent to the fail-closed
 /// webhook), and so do the pods of a vanished node (pod GC).
-pub fn while_busyguard_is_down_only_busy_pods_wait(rig: &Rig) -> Result<()> {
+pub fn while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down(
+    rig: &Rig,
+) -> Result<()> {
     let ns = rig.namespace("down")?;
     let doomed = rig.namespace("down-doomed")?;
     let (drained, vanishing) = ("e2e-down-drain", "e2e-down-gone");
@@ -145,7 +147,7 @@ fn answered_throughout(rig: &Rig, name: &str, change: impl FnOnce() -> Result<()
 
 /// `kubectl rollout restart` of busyguard (maxUnavailable 0, preStop, graceful drain): no
 /// admission fails.
-pub fn a_rolling_restart_fails_no_admission(rig: &Rig) -> Result<()> {
+pub fn a_rolling_restart_of_busyguard_fails_no_admission(rig: &Rig) -> Result<()> {
     answered_throughout(rig, "restart", || {
         rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
         rig.rolled_out()
@@ -154,7 +156,7 @@ pub fn a_rolling_restart_fails_no_admission(rig: &Rig) -> Result<()> {
 
 /// Certificate rotation as the README's steps do it (the caBundle trusts old and new, then the
 /// Secret changes, then the bundle trusts the new CA only), under traffic: no admission fails.
-pub fn certificate_rotation_fails_no_admission(rig: &Rig) -> Result<()> {
+pub fn certificate_rotation_under_traffic_fails_no_admission(rig: &Rig) -> Result<()> {
     answered_throughout(rig, "rotation", || {
         let live = rig.certs();
         let next = rig.work.join("certs-next");
@@ -183,7 +185,7 @@ pub fn certificate_rotation_fails_no_admission(rig: &Rig) -> Result<()> {
 /// deletion cost back and loses busy-since, the saved values, the protected label and the
 /// deferred delete; the busy-pod PDB and the budgets' Leases go. While the webhooks are still
 /// registered it refuses, since busyguard would put it all back.
-pub fn cleanup_after_an_uninstall_leaves_nothing_behind(rig: &Rig) -> Result<()> {
+pub fn the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_behind(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("cleanup")?;
     let mut task = workers::pod(&ns, "task", None);
     task["metadata"]["annotations"] = serde_json::json!({"controller.kubernetes.io/pod-deletion-cost": "-5"});

@@ -32,7 +32,7 @@ fn once_ready_reaped_exactly_once(rig: &Rig, ns: &str, pod: &str) -> Result<()> 
 
 /// A scale-down that picks a busy (NotReady) pod completes: busyguard releases the pod from its
 /// ReplicaSet, and deletes it once it is Ready again, exactly once.
-pub fn a_busy_unready_pod_is_released_then_reaped(rig: &Rig) -> Result<()> {
+pub fn a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("readiness")?;
     let mut workload = workers::deployment(&ns, "worker", 2);
     workload["spec"]["template"]["metadata"]["labels"]["busyguard.io/busy"] = json!("when-unready");

@@ -10,7 +10,7 @@ use crate::workers::{self, annotation, flip, label};
 
 /// `kubectl scale` 4 → 1 with 2 busy pods: exactly the 2 idle ones go; the busy ones stay while
 /// busy (the ReplicaSet records FailedDelete and retries), and one goes as soon as it is idle.
-pub fn idle_first_then_waits(rig: &Rig) -> Result<()> {
+pub fn a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("scale-down")?;
     let pods = workers::start(rig, &workers::deployment(&ns, "worker", 4), "worker", 4)?;
     let (busy, idle) = (&pods[..2], &pods[2..]);
