@@ -106,3 +106,44 @@ impl Route {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Operation::{Connect, Create, Delete, Update};
+    use Resource::*;
+    use Webhook::{Mutating, Validating};
+
+    /// Every registration, resource and operation, and the route it takes: a change of route is
+    /// a change of this table.
+    #[test]
+    fn each_request_takes_its_route() {
+        let table = [
+            (Mutating, Pods, Create, Route::PodMutate),
+            (Mutating, Pods, Update, Route::PodMutate),
+            (Mutating, PodResize, Update, Route::PodResize),
+            (Mutating, PodStatus, Update, Route::Unhandled),
+            (Validating, Pods, Create, Route::PodWriteCheck),
+            (Validating, Pods, Update, Route::PodWriteCheck),
+            (Validating, PodStatus, Update, Route::PodWriteCheck),
+            (Validating, PodResize, Update, Route::PodWriteCheck),
+            (Validating, Pods, Delete, Route::PodDelete),
+            (Mutating, Pods, Delete, Route::PodDelete),
+            (Validating, PodEviction, Create, Route::PodEviction),
+            (Validating, ReplicaSets, Update, Route::ScaleDown),
+            (Validating, Deployments, Update, Route::ScaleDown),
+            (Validating, ReplicaSetScale, Update, Route::ScaleDown),
+            (Validating, DeploymentScale, Update, Route::ScaleDown),
+            (Validating, ReplicaSets, Delete, Route::Unhandled),
+            (Validating, Nodes, Delete, Route::NodeDelete),
+            (Validating, Nodes, Update, Route::Unhandled),
+            (Validating, Other, Update, Route::OwnerUpdate),
+            (Mutating, Other, Update, Route::Unhandled),
+            (Validating, Other, Delete, Route::Unhandled),
+            (Validating, Pods, Connect, Route::Unhandled),
+        ];
+        for (webhook, resource, operation, route) in table {
+            assert_eq!(Route::of(webhook, resource, operation), route, "{webhook:?} {resource:?} {operation:?}");
+        }
+    }
+}
