@@ -139,3 +139,49 @@ fn the_version_tells_a_release_from_a_build_between_releases_and_the_changelog_d
     let top = changelog.split("\n## ").nth(1).unwrap();
     assert!(top.contains("### Manifests and RBAC"), "the newest entry says what to re-apply");
 }
+
+/// The rows of docs/development.md's map under the heading `` `FOLDER/` ``: each file's name.
+fn mapped(development: &str) -> Vec<String> {
+    let map = development.split("## The map").nth(1).and_then(|rest| rest.split("\n## ").next()).unwrap_or_default();
+    let mut folder = String::new();
+    let mut files = Vec::new();
+    for line in map.lines() {
+        if let Some(heading) = line.strip_prefix('`').and_then(|l| l.strip_suffix("/`")) {
+            folder = heading.to_string();
+        } else if let Some(file) = line.strip_prefix("| `").and_then(|l| l.split('`').next()) {
+            files.push(format!("{folder}/{file}"));
+        }
+    }
+    files
+}
+
+#[test]
+fn the_development_map_names_every_file_of_src_once_and_every_scenario_as_the_suite_runs_them() {
+    let development = std::fs::read_to_string(Path::new(ROOT).join("docs/development.md")).unwrap();
+    let mut in_tree = Vec::new();
+    let mut folders = vec![Path::new(ROOT).join("src")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                in_tree.push(path.strip_prefix(ROOT).unwrap().display().to_string());
+            }
+        }
+    }
+    in_tree.sort();
+    let mut in_map = mapped(&development);
+    in_map.sort();
+    assert_eq!(in_map, in_tree, "docs/development.md's map against src/ (each file once, none gone)");
+
+    // The scenarios as tests/e2e/scenarios/mod.rs lists them, in its order.
+    let suite = std::fs::read_to_string(Path::new(ROOT).join("tests/e2e/scenarios/mod.rs")).unwrap();
+    let listed = suite.split("scenarios![").nth(1).unwrap().split("];").next().unwrap();
+    let scenarios: Vec<&str> =
+        listed.lines().map(|l| l.trim().trim_end_matches(',')).filter(|l| !l.is_empty()).collect();
+    let section = development.split("## The scenarios").nth(1).unwrap_or_default();
+    let documented: Vec<&str> =
+        section.lines().filter_map(|l| l.strip_prefix("- `").and_then(|l| l.strip_suffix('`'))).collect();
+    assert_eq!(documented, scenarios, "docs/development.md's scenarios against the suite's");
+}
