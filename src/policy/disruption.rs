@@ -17,7 +17,7 @@ use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial,
 use super::owners;
 use super::pod::PodFacts;
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
-use super::verdict::{Override, Verdict, judge, let_through, override_detail};
+use super::verdict::{Override, Verdict, deleted_as_its_end, judge, let_through, must_not_wait, override_detail};
 use crate::duration::whole_second;
 
 /// A refused delete is carried out later only for people and the garbage collector: they ask
@@ -33,10 +33,9 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes
 /// anyway).
 fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> bool {
-    let username = d.ask.requester.username;
-    let must_not_wait =
-        d.action == Action::Delete && (username == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(username));
-    d.action != Action::Restart && !must_not_wait && let_through(d.ask.requester, &config.exemptions).is_none()
+    d.action != Action::Restart
+        && !must_not_wait(d.action, d.ask.requester, config)
+        && let_through(d.ask.requester, &config.exemptions).is_none()
 }
 
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
@@ -147,35 +146,11 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
-        Verdict::Deny { since, until } => match deleted_as_its_end(d, config) {
+        Verdict::Deny { since, until } => match deleted_as_its_end(d.action, d.pod, d.ask.requester, config) {
             Some(over) => let_busy_go(d, over, audit),
             None => refuse_busy(d, since, until, config, now, audit),
         },
     }
-}
-
-/// A busy pod's delete that is no disruption but the end its workload chose, or its node's: by
-/// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller or by
-/// the garbage collector (which deletes a pod only once its owner is gone or going); of a pod
-/// busy with its leader, with that leader's own token.
-fn deleted_as_its_end(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> Option<Override> {
-    if d.action != Action::Delete {
-        return None;
-    }
-    let user = d.ask.requester.username;
-    if config.exemptions.is_karpenter(user) {
-        return Some(Override::KarpenterDeadline);
-    }
-    if d.pod.runs_to_completion().is_some() {
-        if config.exemptions.is_owner_controller(user) {
-            return Some(Override::OwnerController);
-        }
-        if user == GARBAGE_COLLECTOR_USER {
-            return Some(Override::OwnerDeleted);
-        }
-    }
-    let by_its_leader = config.leader_of(d.pod).is_some_and(|leader| d.ask.requester.pod == Some(leader));
-    by_its_leader.then_some(Override::Leader)
 }
 
 /// An eviction by busyguard's own token: refused unless busyguard deferred the pod's eviction,

@@ -15,7 +15,7 @@ use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
-use super::requesters::CLOUD_NODE_LIFECYCLE_USERS;
+use super::verdict::node_delete_let_through;
 use crate::duration::whole_second;
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
@@ -50,13 +50,7 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
         return Outcome::allow(Decision::Allowed);
     }
     let requester = ask.requester;
-    let exempt = if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
-        Some(Reason::NodeGone)
-    } else if config.exemptions.is_karpenter(requester.username) {
-        Some(Reason::KarpenterTermination)
-    } else {
-        config.exemptions.of(requester).map(|exempt| exempt.reason())
-    };
+    let exempt = node_delete_let_through(requester, &config.exemptions);
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
     if let Some(reason) = exempt {
         let detail = node_deleted_anyway(ask.name, &busy, requester.username);
@@ -114,6 +108,7 @@ mod tests {
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::outcome::Answer;
     use crate::policy::pod::Pod;
+    use crate::policy::requesters::CLOUD_NODE_LIFECYCLE_USERS;
     use crate::policy::testing::*;
     use serde_json::json;
 

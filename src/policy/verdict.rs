@@ -1,14 +1,18 @@
 //! The busy rule's answer for one pod and one requester: whether a pod marked busy may be taken
-//! away by whoever asks, and why (recovery, an exempt user or group, a lapsed protection). Every
-//! path that takes a busy pod away asks it (`disruption::judge_disruption`).
+//! away by whoever asks, and why (recovery, an exempt user or group, a lapsed protection, the end
+//! its workload or its node chose). Every path that takes a busy pod away asks it: pod deletes
+//! and evictions (`disruption`), the workload budget, node deletes (`node`).
 
 use jiff::Timestamp;
 
 use super::ask::Requester;
 use super::busy::{BusyState, Lapse};
-use super::config::{Exempt, Exemptions};
-use super::outcome::{Decision, Reason};
-use super::requesters::{NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS};
+use super::config::{Exempt, Exemptions, PolicyConfig};
+use super::outcome::{Action, Decision, Reason};
+use super::pod::PodFacts;
+use super::requesters::{
+    CLOUD_NODE_LIFECYCLE_USERS, GARBAGE_COLLECTOR_USER, NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS,
+};
 
 /// The busy rule's answer for one pod and one requester.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +106,55 @@ pub fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<
     exemptions.of(requester).map(Override::Exempt)
 }
 
+/// A busy pod's delete that is no disruption but the end its workload chose, or its node's: by
+/// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller or by
+/// the garbage collector (which deletes a pod only once its owner is gone or going); of a pod
+/// busy with its leader, with that leader's own token.
+pub fn deleted_as_its_end(
+    action: Action,
+    pod: &(impl PodFacts + ?Sized),
+    requester: Requester<'_>,
+    config: &PolicyConfig,
+) -> Option<Override> {
+    if action != Action::Delete {
+        return None;
+    }
+    let user = requester.username;
+    if config.exemptions.is_karpenter(user) {
+        return Some(Override::KarpenterDeadline);
+    }
+    if pod.runs_to_completion().is_some() {
+        if config.exemptions.is_owner_controller(user) {
+            return Some(Override::OwnerController);
+        }
+        if user == GARBAGE_COLLECTOR_USER {
+            return Some(Override::OwnerDeleted);
+        }
+    }
+    let by_its_leader = config.leader_of(pod).is_some_and(|leader| requester.pod == Some(leader));
+    by_its_leader.then_some(Override::Leader)
+}
+
+/// Deletes that must not wait on a workload's budget either: the garbage collector's (the owner
+/// is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway).
+pub fn must_not_wait(action: Action, requester: Requester<'_>, config: &PolicyConfig) -> bool {
+    let user = requester.username;
+    action == Action::Delete && (user == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(user))
+}
+
+/// Who deletes a node with busy pods on it whatever they do: the cloud node lifecycle controller
+/// (the machine is already gone, nothing is left to protect), Karpenter (its DELETE only starts a
+/// termination that drains through evictions, refused one by one), exempt users and groups.
+pub fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Reason> {
+    if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
+        return Some(Reason::NodeGone);
+    }
+    if exemptions.is_karpenter(requester.username) {
+        return Some(Reason::KarpenterTermination);
+    }
+    exemptions.of(requester).map(|exempt| exempt.reason())
+}
+
 /// Why a busy pod was let go.
 pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
     let pod = format!("pod {namespace}/{name}");
@@ -134,5 +187,63 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         Override::Leader => {
             format!("{pod} is busy with the pod it works for, whose own token deletes it: that pod's task ends it")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::{config, pod};
+    use serde_json::json;
+
+    const KARPENTER: &str = "system:serviceaccount:karpenter:karpenter";
+    const JOB_CONTROLLER: &str = "system:serviceaccount:kube-system:job-controller";
+
+    fn requester(username: &str) -> Requester<'_> {
+        Requester { username, groups: &[], pod: None }
+    }
+
+    /// Who takes a busy, protected pod away, by action and requester, for a worker and for a
+    /// Job's pod: the whole of it, as every path reads it (`let_through`, then
+    /// `deleted_as_its_end`), with the budget's and the node delete's own reading beside it.
+    #[test]
+    fn who_takes_a_busy_pod_away_and_why() {
+        let mut config = config();
+        config.exemptions.karpenter = vec![KARPENTER.into()];
+        config.exemptions.owner_controllers = vec![JOB_CONTROLLER.into()];
+        config.exemptions.users = vec!["breakglass".into()];
+        let worker = pod(json!({"metadata": {"name": "w", "labels": {"busyguard.io/busy": "true"}}}));
+        let job_pod = pod(json!({"metadata": {"name": "j",
+            "labels": {"busyguard.io/busy": "true", "batch.kubernetes.io/job-name": "import"}}}));
+        let (delete, evict, restart) = (Action::Delete, Action::Evict, Action::Restart);
+        let taint_manager = TAINT_MANAGER_USERS[0];
+        let table: [(Action, &str, &crate::policy::pod::Pod, Option<Override>); 13] = [
+            (delete, taint_manager, &worker, Some(Override::NodeTaintEviction)),
+            (evict, NAMESPACE_CONTROLLER_USER, &worker, Some(Override::NamespaceDeleted)),
+            (evict, "breakglass", &worker, Some(Override::Exempt(Exempt::User("breakglass".into())))),
+            (delete, KARPENTER, &worker, Some(Override::KarpenterDeadline)),
+            (evict, KARPENTER, &worker, None),
+            (restart, KARPENTER, &worker, None),
+            (delete, JOB_CONTROLLER, &job_pod, Some(Override::OwnerController)),
+            (delete, JOB_CONTROLLER, &worker, None),
+            (delete, GARBAGE_COLLECTOR_USER, &job_pod, Some(Override::OwnerDeleted)),
+            (delete, GARBAGE_COLLECTOR_USER, &worker, None),
+            (evict, GARBAGE_COLLECTOR_USER, &job_pod, None),
+            (delete, "alice", &worker, None),
+            (delete, "alice", &job_pod, None),
+        ];
+        for (action, user, pod, expected) in table {
+            let taken = let_through(requester(user), &config.exemptions)
+                .or_else(|| deleted_as_its_end(action, pod, requester(user), &config));
+            assert_eq!(taken, expected, "{action:?} by {user} of {}", pod.metadata.name);
+        }
+        let waits = |action, user| !must_not_wait(action, requester(user), &config);
+        assert!(!waits(delete, GARBAGE_COLLECTOR_USER) && !waits(delete, KARPENTER), "their deletes go at once");
+        assert!(waits(evict, KARPENTER) && waits(delete, "alice"), "the workload's budget holds the rest");
+        let node = |user| node_delete_let_through(requester(user), &config.exemptions);
+        assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
+        assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));
+        assert_eq!(node("breakglass"), Some(Reason::ExemptUser));
+        assert_eq!(node("alice"), None);
     }
 }
