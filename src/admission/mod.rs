@@ -31,6 +31,7 @@ pub fn admit(
         Route::PodEviction => routes::pod_eviction(request, inputs, now),
         Route::ScaleDown => routes::scale_down(request, inputs, now),
         Route::NodeDelete => routes::node_delete(request, inputs, now),
+        Route::NodeClaimDelete => routes::node_claim_delete(request, inputs, now),
         Route::OwnerUpdate => routes::owner_update(request, inputs, now),
         Route::Unhandled => Ok(Outcome::allow(Decision::Unhandled)),
     }

@@ -30,6 +30,8 @@ pub enum Object {
     Workload(Workload),
     /// `autoscaling/v1` Scale, the `scale` subresource of either.
     Scale(Scale),
+    /// Karpenter's `karpenter.sh/v1` NodeClaim.
+    NodeClaim(NodeClaim),
     /// A kind no decision reads; skipped unparsed.
     Unread,
 }
@@ -99,6 +101,42 @@ pub struct ScaleStatus {
     pub selector: Option<String>,
 }
 
+/// Karpenter's NodeClaim: its node, and why Karpenter is disrupting it, if it is.
+#[derive(Debug, Default, Deserialize)]
+pub struct NodeClaim {
+    #[serde(default)]
+    pub status: NodeClaimStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimStatus {
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Condition {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+impl NodeClaim {
+    /// The reason of its `DisruptionReason` condition, where it is True: Karpenter's disruption
+    /// queue sets it (Underutilized, Empty, Drifted) before it deletes the NodeClaim, and its
+    /// interruption handling (SpotInterruption and the like) too.
+    pub fn disruption_reason(&self) -> Option<&str> {
+        let condition = self.status.conditions.iter().find(|c| c.type_ == "DisruptionReason" && c.status == "True");
+        condition.map(|c| c.reason.as_str())
+    }
+}
+
 impl Object {
     pub fn kind(&self) -> &'static str {
         match self {
@@ -106,6 +144,7 @@ impl Object {
             Object::Eviction(_) => "Eviction",
             Object::Workload(_) => "Deployment or ReplicaSet",
             Object::Scale(_) => "Scale",
+            Object::NodeClaim(_) => "NodeClaim",
             Object::Unread => "kind busyguard does not read",
         }
     }
@@ -133,6 +172,7 @@ impl<'de> DeserializeSeed<'de> for ObjectSeed<'_> {
                 Option::<Workload>::deserialize(deserializer).map(|o| o.map(Object::Workload))
             }
             "Scale" => Option::<Scale>::deserialize(deserializer).map(|o| o.map(Object::Scale)),
+            "NodeClaim" => Option::<NodeClaim>::deserialize(deserializer).map(|o| o.map(Object::NodeClaim)),
             _ => IgnoredAny::deserialize(deserializer).map(|_| Some(Object::Unread)),
         };
         decoded.map_err(|e| D::Error::custom(Invalid { field: self.field, kind: self.kind, error: e }))

@@ -27,6 +27,8 @@ pub enum Resource {
     /// `pods/resize` (Kubernetes 1.33 and later): a container's resources changed in place.
     PodResize,
     Nodes,
+    /// Karpenter's NodeClaims (`karpenter.sh`).
+    NodeClaims,
     PodEviction,
     ReplicaSets,
     Deployments,
@@ -42,6 +44,7 @@ impl Resource {
             ("", "pods", "status") => Resource::PodStatus,
             ("", "pods", "resize") => Resource::PodResize,
             ("", "nodes", "") => Resource::Nodes,
+            ("karpenter.sh", "nodeclaims", "") => Resource::NodeClaims,
             ("", "pods", "eviction") => Resource::PodEviction,
             ("apps", "replicasets", "") => Resource::ReplicaSets,
             ("apps", "deployments", "") => Resource::Deployments,
@@ -58,6 +61,7 @@ impl Resource {
             Resource::PodStatus => "pods/status",
             Resource::PodResize => "pods/resize",
             Resource::Nodes => "nodes",
+            Resource::NodeClaims => "nodeclaims",
             Resource::PodEviction => "pods/eviction",
             Resource::ReplicaSets => "replicasets",
             Resource::Deployments => "deployments",
@@ -82,6 +86,8 @@ pub enum Route {
     /// A ReplicaSet, a Deployment or the scale of either, updated: maybe a scale-down.
     ScaleDown,
     NodeDelete,
+    /// Karpenter's delete of a NodeClaim: irrevocable once made, so judged before its node drains.
+    NodeClaimDelete,
     /// Another resource updated, on the validating registration: an owner under a busy rule
     /// taking a new task, where its registration sends those (Agones' allocations).
     OwnerUpdate,
@@ -101,6 +107,7 @@ impl Route {
             (_, PodEviction, Operation::Create) => Route::PodEviction,
             (_, ReplicaSets | Deployments | ReplicaSetScale | DeploymentScale, Operation::Update) => Route::ScaleDown,
             (_, Nodes, Operation::Delete) => Route::NodeDelete,
+            (Webhook::Validating, NodeClaims, Operation::Delete) => Route::NodeClaimDelete,
             (Webhook::Validating, Other, Operation::Update) => Route::OwnerUpdate,
             _ => Route::Unhandled,
         }
@@ -118,7 +125,7 @@ mod tests {
     /// a change of this table.
     #[test]
     fn each_request_takes_its_route() {
-        let table = [
+        let table: [(Webhook, Resource, Operation, Route); 24] = [
             (Mutating, Pods, Create, Route::PodMutate),
             (Mutating, Pods, Update, Route::PodMutate),
             (Mutating, PodResize, Update, Route::PodResize),
@@ -137,6 +144,8 @@ mod tests {
             (Validating, ReplicaSets, Delete, Route::Unhandled),
             (Validating, Nodes, Delete, Route::NodeDelete),
             (Validating, Nodes, Update, Route::Unhandled),
+            (Validating, NodeClaims, Delete, Route::NodeClaimDelete),
+            (Validating, NodeClaims, Update, Route::Unhandled),
             (Validating, Other, Update, Route::OwnerUpdate),
             (Mutating, Other, Update, Route::Unhandled),
             (Validating, Other, Delete, Route::Unhandled),

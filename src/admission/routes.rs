@@ -217,6 +217,27 @@ pub fn node_delete(
     Ok(view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, inputs.policy, now)))
 }
 
+/// Karpenter's delete of a NodeClaim: judged by the busy pods of its node, and why Karpenter
+/// disrupts it (`node::judge_node_claim_delete`). A NodeClaim with no node yet has none to
+/// protect.
+pub fn node_claim_delete(
+    request: &AdmissionRequest,
+    inputs: &DecisionInputs<'_>,
+    now: Timestamp,
+) -> Result<Outcome, Unanswerable> {
+    let claim = match request.old_object()? {
+        Object::NodeClaim(claim) => claim,
+        other => return Err(other.mismatch("oldObject", "a NodeClaim").into()),
+    };
+    let Some(node_name) = claim.status.node_name.as_deref().filter(|n| !n.is_empty()) else {
+        return Ok(Outcome::allow(Decision::Allowed));
+    };
+    let view = inputs.trusted_view("the NodeClaim delete")?;
+    let ask = ask(request, request.is_dry_run());
+    let claim = node::NodeClaim { node: node_name, disruption: claim.disruption_reason() };
+    Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(&ask, &claim, pods, inputs.policy, now)))
+}
+
 /// The pod a write stores, and the one it replaces (an update).
 fn pods(request: &AdmissionRequest) -> Result<(&Pod, Option<&Pod>), Unanswerable> {
     let pod = expect_pod(request.object()?, "object")?;

@@ -1,6 +1,6 @@
 //! Node DELETE, decided whole: a node is not deleted from under busy pods (after a
 //! `kubectl drain --ignore-daemonsets`, or by a person), with the same exemptions as pod
-//! deletes. Two requesters go through: the cloud node lifecycle controller deletes a node whose
+//! deletes; nor is a NodeClaim Karpenter consolidates or replaces for drift. Two requesters go through: the cloud node lifecycle controller deletes a node whose
 //! machine is already gone (nothing is left to protect), and Karpenter's DELETE of a node only
 //! starts its termination (a finalizer holds the node while Karpenter drains it through
 //! evictions, which busyguard and the busy-pod PDB refuse one by one).
@@ -15,7 +15,7 @@ use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
 use super::pod::PodFacts;
-use super::verdict::node_delete_let_through;
+use super::verdict::{node_claim_delete_let_through, node_delete_let_through};
 use crate::duration::whole_second;
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
@@ -34,34 +34,97 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
-    let busy: Vec<BusyOnNode> = pods
-        .into_iter()
-        .filter_map(|(pod, facts)| match busy_state(facts, config.max_busy, now) {
-            BusyState::Busy { until, .. } => Some(BusyOnNode {
-                pod,
-                until,
-                uid: facts.uid().to_string(),
-                mark_due: hold::mark_due(facts, config.holds, now),
-            }),
-            _ => None,
-        })
-        .collect();
+    let busy = busy_on_node(pods, config, now);
     if busy.is_empty() {
         return Outcome::allow(Decision::Allowed);
     }
     let requester = ask.requester;
-    let exempt = node_delete_let_through(requester, &config.exemptions);
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
-    if let Some(reason) = exempt {
+    if let Some(reason) = node_delete_let_through(requester, &config.exemptions) {
         let detail = node_deleted_anyway(ask.name, &busy, requester.username);
         return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
     }
-    let refused = Outcome::refused(Denial::PodBusy, Reason::Busy, node_busy(ask.name, &busy), config.mode, audit);
+    let message = node_busy(ask.name, &busy);
+    refused_holding(ask, busy, message, config, now)
+}
+
+/// A NodeClaim being deleted: its node, and the reason of its `DisruptionReason` condition.
+pub struct NodeClaim<'a> {
+    pub node: &'a str,
+    pub disruption: Option<&'a str>,
+}
+
+/// The answer to `ask`, Karpenter's delete of a NodeClaim whose node runs `pods`. Its voluntary
+/// disruptions (consolidation, drift) wait for the busy pods: the delete is irrevocable once made
+/// (Karpenter's termination may then remove the instance with them on it, karpenter#3185), and
+/// Karpenter gives the node back when its command times out. Its other ends go through.
+pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
+    ask: &Ask<'_>,
+    claim: &NodeClaim<'_>,
+    pods: impl IntoIterator<Item = (String, &'a P)>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let busy = busy_on_node(pods, config, now);
+    if busy.is_empty() {
+        return Outcome::allow(Decision::Allowed);
+    }
+    let requester = ask.requester;
+    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
+    if let Some(reason) = node_claim_delete_let_through(claim.disruption, requester, &config.exemptions) {
+        let detail = format!(
+            "NodeClaim {} ({}) of {}",
+            ask.name,
+            claim.disruption.unwrap_or("no DisruptionReason"),
+            node_deleted_anyway(claim.node, &busy, requester.username)
+        );
+        return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
+    }
+    let message = format!(
+        "NodeClaim {} is being disrupted ({}) but its node {} runs {} busy pod(s): {}; they take no new task now, \
+         so Karpenter's next try once they are idle goes through (or it gives the node back when its command times \
+         out); to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
+        ask.name,
+        claim.disruption.unwrap_or_default(),
+        claim.node,
+        busy.len(),
+        busy_list(&busy)
+    );
+    refused_holding(ask, busy, message, config, now)
+}
+
+/// The busy pods among `pods`.
+fn busy_on_node<'a, P: PodFacts + 'a>(
+    pods: impl IntoIterator<Item = (String, &'a P)>,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Vec<BusyOnNode> {
+    let busy_one = |(pod, facts): (String, &P)| match busy_state(facts, config.max_busy, now) {
+        BusyState::Busy { until, .. } => Some(BusyOnNode {
+            pod,
+            until,
+            uid: facts.uid().to_string(),
+            mark_due: hold::mark_due(facts, config.holds, now),
+        }),
+        _ => None,
+    };
+    pods.into_iter().filter_map(busy_one).collect()
+}
+
+/// Refused (429), each busy pod held from new tasks, so the node empties within a task.
+fn refused_holding(
+    ask: &Ask<'_>,
+    busy: Vec<BusyOnNode>,
+    message: String,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> Outcome {
+    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
+    let refused = Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
     if config.mode == Mode::DryRun || ask.dry_run {
         return refused;
     }
-    // Each busy pod is held from new tasks, so the node empties within a task.
-    let request = DeleteRequest::new(requester.username, whole_second(now));
+    let request = DeleteRequest::new(ask.requester.username, whole_second(now));
     let marks = busy.into_iter().filter(|b| b.mark_due).filter_map(|b| {
         let (namespace, name) = b.pod.split_once('/')?;
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: b.uid };
@@ -150,6 +213,44 @@ mod tests {
         let dry_run = Ask { dry_run: true, ..ask("kubernetes-admin") };
         let pods = [("jobs/worker-a".to_string(), &busy)];
         assert!(judge_node_delete(&dry_run, pods, &config(), now()).effects.is_empty(), "a dry run marks nothing");
+    }
+
+    #[test]
+    fn karpenters_consolidation_or_drift_of_a_node_claim_waits_for_its_busy_pods_and_its_other_ends_go() {
+        let (busy, idle) = (pod("true"), pod("false"));
+        let karpenter = "system:serviceaccount:kube-system:karpenter";
+        let claim_delete = |user| Ask { resource: "nodeclaims", name: "default-x7k2p", ..ask(user) };
+        let by_karpenter = claim_delete(karpenter);
+        let on_node = |pod| [("jobs/worker-a".to_string(), pod)];
+        for reason in ["Underutilized", "Empty", "Drifted"] {
+            let claim = NodeClaim { node: "node-1", disruption: Some(reason) };
+            let outcome = judge_node_claim_delete(&by_karpenter, &claim, on_node(&busy), &config(), now());
+            let Answer::Deny { denial, message } = &outcome.answer else { panic!("{reason}: {:?}", outcome.answer) };
+            assert_eq!(denial.code(), 429, "{reason}");
+            assert!(
+                message.starts_with(&format!("NodeClaim default-x7k2p is being disrupted ({reason})")),
+                "{message}"
+            );
+            assert!(message.contains("but its node node-1 runs 1 busy pod(s): jobs/worker-a"), "{message}");
+            assert!(message.contains("Karpenter's next try once they are idle goes through"), "{message}");
+            assert!(matches!(outcome.effects.as_slice(), [Effect::MarkDisruptionWanted { .. }]), "held from new tasks");
+            let idle_node = judge_node_claim_delete(&by_karpenter, &claim, on_node(&idle), &config(), now());
+            assert_eq!(idle_node.decision, Decision::Allowed, "{reason}: nothing busy, Karpenter goes on");
+        }
+        // Its forceful or involuntary ends, a NodeClaim without the condition, an exempt user.
+        for (disruption, user) in [(Some("SpotInterruption"), karpenter), (None, karpenter), (Some("Drifted"), "ops")] {
+            let claim = NodeClaim { node: "node-1", disruption };
+            let outcome = judge_node_claim_delete(
+                &Ask { resource: "nodeclaims", ..ask(user) },
+                &claim,
+                on_node(&busy),
+                &config(),
+                now(),
+            );
+            assert_eq!(outcome.decision, Decision::Exempted, "{disruption:?} by {user}");
+            let audit = outcome.audit.unwrap();
+            assert!(audit.detail.contains("with 1 busy pod(s) on it: jobs/worker-a"), "{}", audit.detail);
+        }
     }
 
     #[test]

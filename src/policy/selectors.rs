@@ -236,6 +236,11 @@ pub fn node_deletes_let_through(karpenter: &[String]) -> String {
     not_from(&users)
 }
 
+/// NodeClaim deletes sent: of those that have a node, where busy pods may run.
+pub fn node_claim_has_a_node() -> String {
+    "has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''".to_string()
+}
+
 fn not_from(users: &[&str]) -> String {
     format!("!(request.userInfo.username in {})", list(users))
 }
@@ -677,6 +682,17 @@ mod tests {
         for user in CLOUD_NODE_LIFECYCLE_USERS.iter().copied().chain(["system:serviceaccount:karpenter:karpenter"]) {
             assert!(!sent(&node_deletes_let_through(&karpenter), "DELETE", user, &Value::Null, &Value::Null), "{user}");
         }
+    }
+
+    #[test]
+    fn only_the_deletes_of_node_claims_that_have_a_node_are_sent() {
+        let karpenter = "system:serviceaccount:kube-system:karpenter";
+        let claim = |status: Value| json!({"metadata": {"name": "default-x7k2p"}, "status": status});
+        let sent_for = |status| sent(&node_claim_has_a_node(), "DELETE", karpenter, &Value::Null, &claim(status));
+        assert!(sent_for(json!({"nodeName": "node-1", "conditions": []})));
+        assert!(!sent_for(json!({"nodeName": ""})), "launched, not registered");
+        assert!(!sent_for(json!({"providerID": "aws:///i-0"})), "no node yet");
+        assert!(!sent(&node_claim_has_a_node(), "DELETE", karpenter, &Value::Null, &json!({"metadata": {}})));
     }
 
     #[test]

@@ -155,6 +155,24 @@ pub fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions
     exemptions.of(requester).map(|exempt| exempt.reason())
 }
 
+/// Karpenter's voluntary disruptions of a NodeClaim: the reasons its disruption queue sets on
+/// the `DisruptionReason` condition before it deletes the NodeClaim.
+pub const VOLUNTARY_NODE_CLAIM_DISRUPTIONS: [&str; 3] = ["Underutilized", "Empty", "Drifted"];
+
+/// Who deletes a NodeClaim with busy pods on its node whatever they do: any delete but
+/// Karpenter's voluntary disruptions (expiry, repair, interruption, garbage collection, a
+/// person's: the node goes, or was asked to go, whatever the pods do), and exempt users and groups.
+pub fn node_claim_delete_let_through(
+    disruption: Option<&str>,
+    requester: Requester<'_>,
+    exemptions: &Exemptions,
+) -> Option<Reason> {
+    if !disruption.is_some_and(|reason| VOLUNTARY_NODE_CLAIM_DISRUPTIONS.contains(&reason)) {
+        return Some(Reason::NodeClaimEnding);
+    }
+    exemptions.of(requester).map(|exempt| exempt.reason())
+}
+
 /// Why a busy pod was let go.
 pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
     let pod = format!("pod {namespace}/{name}");

@@ -119,7 +119,7 @@ fn every_webhook_is_v1_dry_run_safe_equivalent_quick_and_calls_the_service() {
     let objects = render(&manifests(""));
     let service = find(&objects, "Service", "busyguard");
     let all = webhooks(&objects);
-    assert_eq!(all.len(), 14);
+    assert_eq!(all.len(), 15);
     for webhook in all {
         let name = &webhook["name"];
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]), "{name}");
@@ -330,6 +330,11 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
     assert_eq!(conditions(nodes), [selectors::node_deletes_let_through(&karpenter)], "let through, not sent");
+    let claims = webhook(&objects, "node-claim-deletes.busyguard.io");
+    assert_eq!(rule(claims), (json!(["karpenter.sh"]), json!(["DELETE"]), json!(["nodeclaims"])));
+    assert_eq!(claims["rules"][0]["scope"], "Cluster");
+    assert_eq!(claims["failurePolicy"], "Ignore", "an outage must not stop Karpenter");
+    assert_eq!(conditions(claims), [selectors::node_claim_has_a_node()], "only NodeClaims with a node");
     for webhook in webhooks(&objects).into_iter().filter(|w| w.get("namespaceSelector").is_some()) {
         let values = &webhook["namespaceSelector"]["matchExpressions"][0]["values"];
         assert_eq!(

@@ -85,6 +85,9 @@ pub enum Reason {
     NodeGone,
     /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.
     KarpenterTermination,
+    /// A NodeClaim deleted for another reason than Karpenter's consolidation or drift (expiry,
+    /// repair, interruption, garbage collection, a person's delete).
+    NodeClaimEnding,
     MaxBusyExceeded,
     StaleAfterRestart,
     Plan,

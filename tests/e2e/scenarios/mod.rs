@@ -76,6 +76,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     flags::a_flip_by_server_side_apply_is_protected_and_restored,
     nodes::a_busy_node_stays_but_the_cloud_node_lifecycle_controller_deletes_it,
     nodes::a_busy_node_stays_but_karpenter_deletes_it,
+    nodes::karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod,
     readiness::a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once,
     readiness::an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments,
     drains::an_opted_out_namespace_is_left_alone,
