@@ -147,7 +147,11 @@ impl Agent {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
             let app = axum::Router::new().route("/start", axum::routing::post(start)).with_state(pod.clone());
             info!(%listen, "the app may ask before each task: POST /start");
-            tokio::spawn(async move { axum::serve(listener, app).await });
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    warn!(%listen, error = %e, "the app can no longer ask before a task (POST /start)");
+                }
+            });
         }
         let mut failures = 0u32;
         loop {

@@ -49,8 +49,9 @@ const KARPENTER: &str = "system:serviceaccount:kube-system:karpenter";
 
 /// Karpenter's NodeClaim CRD as v1.14.1 ships it (../shared/peers): the disruption queue's delete
 /// of a NodeClaim it consolidates (its `DisruptionReason` condition set, `Underutilized`, as the
-/// queue sets it before the delete) is refused while a busy pod runs on its node, and goes once
-/// the pod is idle; the delete of an expired NodeClaim (no such condition) goes at once, audited.
+/// queue sets it before the delete), decided while the node was idle, is refused once a pod there
+/// has turned busy, and goes once the pod is idle again; the delete of an expired NodeClaim (no
+/// such condition) goes at once, audited.
 pub fn karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod(rig: &Rig) -> Result<()> {
     let crd = Path::new(ROOT).join("../shared/peers/karpenter-v1.14.1/pkg/apis/crds/karpenter.sh_nodeclaims.yaml");
     if !crd.exists() {
@@ -80,9 +81,10 @@ fn consolidation_waits(rig: &Rig) -> Result<()> {
     rig.node(node, "4")?;
     workers::start(rig, &workers::pod(&ns, "task", Some(node)), "task", 1)?;
     workers::start(rig, &workers::pod(&ns, "next", Some(node)), "next", 1)?;
-    flip(rig, &ns, "task", true)?;
-
+    // Karpenter decides on an idle node; its pod takes a task before the delete comes.
     node_claim(rig, "default-consolidated", node, Some("Underutilized"))?;
+    flip(rig, &ns, "task", true)?;
+    std::thread::sleep(Duration::from_secs(1));
     let delete = ["delete", NODE_CLAIMS, "default-consolidated", "--wait=false"];
     let (ok, _, err) = rig.try_kubectl_as(KARPENTER, &delete)?;
     ensure!(!ok, "Karpenter's consolidation deleted a NodeClaim whose node runs a busy pod");
