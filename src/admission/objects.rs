@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, Error, IgnoredAny};
 use serde_json::value::RawValue;
 
-use crate::policy::pod::Pod;
+use crate::policy::pod::{Condition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// Why a body is not a request busyguard can judge. Always the client's fault (HTTP 400).
@@ -117,23 +117,13 @@ pub struct NodeClaimStatus {
     pub conditions: Vec<Condition>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-pub struct Condition {
-    #[serde(default, rename = "type")]
-    pub type_: String,
-    #[serde(default)]
-    pub status: String,
-    #[serde(default)]
-    pub reason: String,
-}
-
 impl NodeClaim {
     /// The reason of its `DisruptionReason` condition, where it is True: Karpenter's disruption
     /// queue sets it (Underutilized, Empty, Drifted) before it deletes the NodeClaim, and its
     /// interruption handling (SpotInterruption and the like) too.
     pub fn disruption_reason(&self) -> Option<&str> {
         let condition = self.status.conditions.iter().find(|c| c.type_ == "DisruptionReason" && c.status == "True");
-        condition.map(|c| c.reason.as_str())
+        condition.map(|c| c.reason.as_deref().unwrap_or_default())
     }
 }
 
