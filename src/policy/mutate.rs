@@ -10,7 +10,7 @@ use super::ask::Ask;
 use super::config::PolicyConfig;
 use super::contract::contract_warnings;
 use super::disruption::{Disruption, judge_disruption};
-use super::hold::{Hold, NodeGoing, held, held_refusal};
+use super::hold::{NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::marks::{json_patch, metadata_pointer, plan};
 use super::outcome::{Action, Answer, Decision, Denial, Outcome, Reason};
@@ -84,10 +84,7 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
             busy_while_terminating(ask.namespace, ask.name, deleting),
         )),
         (true, None, Some(hold), _) => {
-            let (denial, reason) = match hold {
-                Hold::NodeGoing { .. } => (Denial::NodeGoing, Reason::NodeGoing),
-                _ => (Denial::DisruptionWanted, Reason::DisruptionWanted),
-            };
+            let (denial, reason) = hold.refusal();
             Some((denial, reason, held_refusal(ask.namespace, ask.name, &hold)))
         }
         (_, _, _, Some(own)) if pod.label(BUSY_LABEL) == Some("true") && (turning_busy || max_busy_written) => Some((

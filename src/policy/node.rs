@@ -35,17 +35,9 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     now: Timestamp,
 ) -> Outcome {
     let busy = busy_on_node(pods, config, now);
-    if busy.is_empty() {
-        return Outcome::allow(Decision::Allowed);
-    }
-    let requester = ask.requester;
-    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
-    if let Some(reason) = node_delete_let_through(requester, &config.exemptions) {
-        let detail = node_deleted_anyway(ask.name, &busy, requester.username);
-        return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
-    }
-    let message = node_busy(ask.name, &busy);
-    refused_holding(ask, busy, message, config, now)
+    let exempt = node_delete_let_through(ask.requester, &config.exemptions);
+    let anyway = |busy: &[BusyOnNode]| node_deleted_anyway(ask.name, busy, ask.requester.username);
+    judged_on_node(ask, busy, exempt, anyway, |busy| node_busy(ask.name, busy), config, now)
 }
 
 /// A NodeClaim being deleted: its node, and the reason of its `DisruptionReason` condition.
@@ -66,31 +58,24 @@ pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
     now: Timestamp,
 ) -> Outcome {
     let busy = busy_on_node(pods, config, now);
-    if busy.is_empty() {
-        return Outcome::allow(Decision::Allowed);
-    }
-    let requester = ask.requester;
-    let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
-    if let Some(reason) = node_claim_delete_let_through(claim.disruption, requester, &config.exemptions) {
-        let detail = format!(
-            "NodeClaim {} ({}) of {}",
+    let exempt = node_claim_delete_let_through(claim.disruption, ask.requester, &config.exemptions);
+    let disruption = claim.disruption.unwrap_or("no DisruptionReason");
+    let anyway = |busy: &[BusyOnNode]| {
+        let deleted = node_deleted_anyway(claim.node, busy, ask.requester.username);
+        format!("NodeClaim {} ({disruption}) of {deleted}", ask.name)
+    };
+    let refusal = |busy: &[BusyOnNode]| {
+        format!(
+            "NodeClaim {} is being disrupted ({disruption}) but its node {} runs {} busy pod(s): {}; they take no new \
+             task now, so Karpenter's next try once they are idle goes through (or it gives the node back when its \
+             command times out); to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
             ask.name,
-            claim.disruption.unwrap_or("no DisruptionReason"),
-            node_deleted_anyway(claim.node, &busy, requester.username)
-        );
-        return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, detail));
-    }
-    let message = format!(
-        "NodeClaim {} is being disrupted ({}) but its node {} runs {} busy pod(s): {}; they take no new task now, \
-         so Karpenter's next try once they are idle goes through (or it gives the node back when its command times \
-         out); to force: label them {BUSY_LABEL}=false, or delete as an exempt user",
-        ask.name,
-        claim.disruption.unwrap_or_default(),
-        claim.node,
-        busy.len(),
-        busy_list(&busy)
-    );
-    refused_holding(ask, busy, message, config, now)
+            claim.node,
+            busy.len(),
+            busy_list(busy)
+        )
+    };
+    judged_on_node(ask, busy, exempt, anyway, refusal, config, now)
 }
 
 /// The busy pods among `pods`.
@@ -111,15 +96,26 @@ fn busy_on_node<'a, P: PodFacts + 'a>(
     pods.into_iter().filter_map(busy_one).collect()
 }
 
-/// Refused (429), each busy pod held from new tasks, so the node empties within a task.
-fn refused_holding(
+/// The answer to a delete that would take the node of `busy`: nothing busy goes through; an
+/// `exempt` requester too, audited in `anyway`'s words; anyone else is refused (429) in
+/// `refusal`'s, each busy pod held from new tasks, so the node empties within a task.
+fn judged_on_node(
     ask: &Ask<'_>,
     busy: Vec<BusyOnNode>,
-    message: String,
+    exempt: Option<Reason>,
+    anyway: impl FnOnce(&[BusyOnNode]) -> String,
+    refusal: impl FnOnce(&[BusyOnNode]) -> String,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
+    if busy.is_empty() {
+        return Outcome::allow(Decision::Allowed);
+    }
     let audit = |decision, reason, detail| ask.audit(decision, reason, detail, config.mode, now);
+    if let Some(reason) = exempt {
+        return Outcome::allow(Decision::Exempted).audited(audit(Decision::Exempted, reason, anyway(&busy)));
+    }
+    let message = refusal(&busy);
     let refused = Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
     if config.mode == Mode::DryRun || ask.dry_run {
         return refused;
