@@ -97,7 +97,7 @@ impl Cluster {
         let watch_timeout = watch_timeout(settings.stale_after);
         let client = client(config, watch_timeout, &view)?;
         tokio::spawn(learn_own_user(client.clone(), view.clone()));
-        let outbox = Outbox::start(client.clone(), audit, metrics.clone(), settings.outbox);
+        let outbox = Outbox::start(client.clone(), audit, metrics.clone(), settings.outbox, policy.clone());
         let watch_timeout_secs = timeout_secs(watch_timeout);
         if !policy.owner_rules.is_empty() {
             let (client, view, outbox, metrics) = (client.clone(), view.clone(), outbox.clone(), metrics.clone());

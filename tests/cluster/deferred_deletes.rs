@@ -163,3 +163,57 @@ async fn a_marked_pod_whose_protection_runs_out_is_deleted_without_any_change() 
     let deletes = api.wait_for(1, pod_call("DELETE", "hung")).await;
     assert_eq!(deletes.len(), 1);
 }
+
+#[tokio::test]
+async fn a_deferred_eviction_is_sent_on_the_pod_as_the_api_server_has_it_and_spends_no_budget_slot_on_a_stale_view() {
+    let (api, server) = an_eviction_in_background_deferred().await;
+    // The pod ends its task, and the kubelet writes its status at once; the watch brings the
+    // first change only, so busyguard decides on a resourceVersion already gone.
+    api.lag_watches();
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    let now = api.update_pod("capture", "worker-a", |pod| pod["status"]["podIP"] = json!("10.0.0.7"));
+    api.catch_up(1);
+
+    let evictions = api.wait_for(1, pod_call("POST", "worker-a/eviction")).await;
+    assert_eq!(
+        evictions[0].body["deleteOptions"]["preconditions"],
+        json!({"uid": "uid-worker-a", "resourceVersion": now["metadata"]["resourceVersion"]}),
+        "evicted as the API server has it"
+    );
+    assert!(api.pod("capture", "worker-a").unwrap()["metadata"]["deletionTimestamp"].is_string(), "evicted");
+    assert_eq!(api.slots_spent_on_refused_evictions(), 0, "no PodDisruptionBudget slot spent for nothing");
+    let carried_out = server.audit_lines().into_iter().filter(|l| l["decision"] == "deleted-when-idle").count();
+    assert_eq!(carried_out, 1);
+}
+
+#[tokio::test]
+async fn a_deferred_eviction_of_a_pod_busy_again_by_the_time_it_is_sent_is_not_sent() {
+    let (api, _server) = an_eviction_in_background_deferred().await;
+    // Idle for a moment, then busy again before the watch brings either change.
+    api.lag_watches();
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
+    api.catch_up(1);
+
+    settle().await;
+    assert!(api.calls().iter().all(|c| c.method != "POST" || !c.path.ends_with("/eviction")), "{:#?}", api.calls());
+    assert_eq!(api.slots_spent_on_refused_evictions(), 0);
+    assert!(api.pod("capture", "worker-a").unwrap()["metadata"]["deletionTimestamp"].is_null(), "still running");
+}
+
+/// Busy worker-a, an eviction in background (the descheduler's) of it refused and recorded.
+async fn an_eviction_in_background_deferred() -> (ApiServer, TestServer) {
+    let api = ApiServer::start().await;
+    let mut pod = busy_pod("worker-a", since_minutes_ago(10));
+    pod["metadata"]["annotations"]["descheduler.alpha.kubernetes.io/request-evict-only"] = json!("");
+    api.put_pod(pod);
+    let server = TestServer::with_cluster(&api).await;
+    eventually("the view holds it", async || {
+        let answer = server.review("/validate", &eviction_of("worker-a")).await;
+        (answer["status"]["code"] == 429).then_some(())
+    })
+    .await;
+    api.wait_for(1, pod_call("PATCH", "worker-a")).await;
+    settle().await;
+    (api, server)
+}

@@ -69,6 +69,10 @@ struct Store {
     lists_fail: bool,
     /// The network between busyguard and the API server dropped everything without a word.
     silent: bool,
+    /// Watch events written but not yet brought to the watches (a watch lagging behind).
+    lagging: Option<VecDeque<String>>,
+    /// Evictions refused on their preconditions: each spent a PodDisruptionBudget slot first.
+    slots_spent_on_refused_evictions: u32,
     event_names: std::collections::HashSet<String>,
     pdbs: BTreeMap<(String, String), Value>,
     /// Leases by (namespace, name), each with its own resourceVersion.
@@ -283,10 +287,30 @@ impl ApiServer {
         .await
     }
 
+    /// From now on, watches bring the changes only when `catch_up` says so.
+    pub fn lag_watches(&self) {
+        self.store().lagging = Some(VecDeque::new());
+    }
+
+    /// Brings the next `count` lagging changes to the watches.
+    pub fn catch_up(&self, count: usize) {
+        let mut store = self.store();
+        let lagging = store.lagging.as_mut().expect("watches lag");
+        for line in lagging.drain(..count) {
+            let _ = self.feed.send(Arc::new(Feed::Event(line)));
+        }
+    }
+
+    pub fn slots_spent_on_refused_evictions(&self) -> u32 {
+        self.store().slots_spent_on_refused_evictions
+    }
+
     fn emit(&self, store: &mut Store, kind: &str, pod: Value) {
         let line = json!({"type": kind, "object": pod}).to_string();
         store.history.push((store.resource_version, line.clone()));
-        if !store.silent {
+        if let Some(lagging) = store.lagging.as_mut() {
+            lagging.push_back(line);
+        } else if !store.silent {
             let _ = self.feed.send(Arc::new(Feed::Event(line)));
         }
     }
@@ -376,9 +400,14 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
-        // An eviction (no PodDisruptionBudget here) deletes the pod as its deleteOptions say.
+        // An eviction deletes the pod as its deleteOptions say. As the real API server's, it
+        // takes a PodDisruptionBudget slot before the delete checks the preconditions (counted
+        // here as if one covered every pod): a refused delete has spent it.
         (&Method::POST, ["api", "v1", "namespaces", namespace, "pods", name, "eviction"]) => {
             let deleted = pod_call(&api, &Method::DELETE, namespace, name, &query, body["deleteOptions"].clone());
+            if deleted.status() == StatusCode::CONFLICT {
+                api.store().slots_spent_on_refused_evictions += 1;
+            }
             if deleted.status() != StatusCode::OK {
                 return deleted;
             }

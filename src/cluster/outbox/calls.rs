@@ -13,8 +13,10 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 
 use crate::cluster::view::ApiPod;
+use crate::policy::PolicyConfig;
 use crate::policy::disruption::{self, NotReleased};
 use crate::policy::keys::FIELD_MANAGER;
+use crate::policy::observed;
 use crate::policy::outcome::{Effect, PodRef, PodWrite};
 use crate::policy::pdb::busy_pdb;
 
@@ -25,6 +27,8 @@ pub struct Calls {
     pub instance: String,
     /// At most one `DisruptionBlocked` Event per pod in this interval, whichever replica raises it.
     pub event_interval: Duration,
+    /// What a deferred eviction is judged by again, on the pod as the API server has it.
+    pub policy: PolicyConfig,
 }
 
 impl Calls {
@@ -90,6 +94,20 @@ impl Calls {
             .body(eviction.to_string().into_bytes())
             .map_err(kube::Error::HttpError)?;
         self.client.request::<kube::core::Status>(request).await.map(drop)
+    }
+
+    /// The deferred delete of the pod as the API server has it now, if one is still due: its
+    /// resourceVersion then is the precondition. An eviction takes a slot of the pod's
+    /// PodDisruptionBudget before the API server checks the preconditions, and a slot taken for
+    /// a delete refused on them stays taken for two minutes: so an eviction is never sent on the
+    /// view's resourceVersion, which a write the watch has not yet brought makes stale.
+    pub async fn still_due(&self, pod: &PodRef) -> kube::Result<Option<Effect>> {
+        let now_seen = self.pods(pod).get(&pod.name).await?;
+        if now_seen.metadata.uid.as_deref() != Some(&pod.uid) {
+            return Ok(None);
+        }
+        let due = observed::due(pod, &now_seen.record(), &self.policy, Timestamp::now());
+        Ok(due.into_iter().find(|effect| matches!(effect, Effect::DeleteIdle { .. })))
     }
 
     /// What the API server says now of the pod's ReplicaSet and Deployment, judged by

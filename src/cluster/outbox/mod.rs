@@ -18,6 +18,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
+use crate::policy::PolicyConfig;
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause};
 use calls::Calls;
@@ -112,7 +113,13 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    pub fn start(client: Client, audit: Arc<AuditLog>, metrics: Arc<Metrics>, settings: OutboxSettings) -> Outbox {
+    pub fn start(
+        client: Client,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+        settings: OutboxSettings,
+        policy: PolicyConfig,
+    ) -> Outbox {
         // Every series an alert counts, at 0 from the start: `increase()` misses a first event.
         for kind in Effect::VARIANTS {
             for result in EffectResult::VARIANTS {
@@ -137,6 +144,7 @@ impl Outbox {
             client,
             instance: instance.unwrap_or_else(|| FIELD_MANAGER.into()),
             event_interval: settings.event_interval,
+            policy,
         };
         let worker = Arc::new(Worker { calls, shared: shared.clone() });
         tokio::spawn(worker.run(queue));
@@ -315,6 +323,23 @@ impl Worker {
     }
 
     async fn attempt(&self, effect: &Effect) -> Attempt {
+        let now_due;
+        let effect = match effect {
+            Effect::DeleteIdle { pod, request, .. } if request.evict.is_some() => {
+                match self.calls.still_due(pod).await {
+                    Ok(Some(due)) => {
+                        now_due = due;
+                        &now_due
+                    }
+                    Ok(None) => {
+                        info!(%pod, "deferred eviction no longer due: the pod changed since");
+                        return Attempt::Done(EffectResult::Moot);
+                    }
+                    Err(e) => return classify(e),
+                }
+            }
+            _ => effect,
+        };
         if let Effect::Release { pod, .. } = effect {
             match self.calls.confirm_release(pod).await {
                 Ok(Ok(())) => {}
