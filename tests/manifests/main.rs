@@ -17,6 +17,7 @@ use clap::Parser;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 mod certs;
+mod chart;
 mod overlays;
 mod targets;
 

