@@ -1,5 +1,5 @@
 # busyguard: build with the Rust toolchain, ship only the binary on a distroless base
-# (glibc and CA roots, no shell, user 65532). `docker build -t busyguard:0.2.0 .`
+# (glibc and CA roots, no shell, user 65532). `docker build -t busyguard:VERSION .` (VERSION: `busyguard --version`)
 ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build

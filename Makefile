@@ -37,7 +37,7 @@ dist:
 	CARGO="$(CARGO)" scripts/dist.sh $(DIST_TARGETS)
 
 # The container image (Dockerfile), built for every platform of PLATFORMS and pushed as one
-# multi-arch image: make image IMAGE=registry.example.com/busyguard:0.2.0 [CONTAINER=podman]
+# multi-arch image: make image IMAGE=registry.example.com/busyguard:VERSION [CONTAINER=podman]
 # Docker builds with buildx; the other platform runs under emulation (QEMU binfmt, e.g. Docker
 # Desktop's, or `docker run --privileged --rm tonistiigi/binfmt --install arm64`) or on a buildx
 # node of that architecture. Podman builds a manifest list the same way.
@@ -45,7 +45,7 @@ CONTAINER ?= docker
 PLATFORMS ?= linux/amd64,linux/arm64
 COMMIT = $$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 image:
-	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:0.2.0'; exit 2; }
+	@test -n "$(IMAGE)" || { echo 'make image IMAGE=registry.example.com/busyguard:VERSION'; exit 2; }
 	@if [ "$(CONTAINER)" = podman ]; then \
 		set -e; \
 		podman build --platform $(PLATFORMS) --build-arg BUSYGUARD_COMMIT=$(COMMIT) --manifest $(IMAGE) .; \

@@ -249,7 +249,7 @@ fn an_overlay_of_your_own_sets_your_image_with_kubectl_alone() {
     let deployment = find(&objects, "Deployment", "busyguard");
     assert_eq!(
         deployment["spec"]["template"]["spec"]["containers"][0]["image"],
-        "registry.example.com/busyguard:0.2.0"
+        format!("registry.example.com/busyguard:{}", env!("CARGO_PKG_VERSION"))
     );
 }
 
