@@ -15,6 +15,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,8 @@ pub struct Rig {
     pub webhook_url: String,
     /// The webhook configurations as rendered (their `clientConfig` is set by `register`).
     webhooks: Mutex<Vec<Value>>,
+    /// This checkout is installed from its Helm chart, not its kustomize manifests.
+    through_chart: AtomicBool,
 }
 
 struct ControlPlane {
@@ -90,6 +93,7 @@ impl Rig {
             kubelet,
             webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
             webhooks: Mutex::new(Vec::new()),
+            through_chart: AtomicBool::new(false),
         };
         rig.clean_leftovers()?;
         rig.install()?;
@@ -131,12 +135,54 @@ impl Rig {
     /// an install, this is an upgrade (or a downgrade): the webhooks change at once, while the
     /// Deployment rolls.
     pub fn install_release(&self, root: &Path, image: Option<&str>) -> Result<()> {
+        if root == Path::new(ROOT) && image.is_none() && self.through_chart.load(Ordering::Relaxed) {
+            return self.install_chart(&[]);
+        }
         self.install_rendered(rendered(&root.join("manifests/base"))?, image)
+    }
+
+    /// Runs `scenario` with this checkout installed from its Helm chart (`charts/busyguard`)
+    /// wherever it would be from its manifests, then installs the manifests again.
+    pub fn through_chart(&self, scenario: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.through_chart.store(true, Ordering::Relaxed);
+        let outcome = scenario();
+        self.through_chart.store(false, Ordering::Relaxed);
+        self.install_release(Path::new(ROOT), None)?;
+        outcome
+    }
+
+    /// The chart rendered as `helm install` renders it, with the value of each component, and
+    /// applied as `install_release` applies a base: the rig's certificates are self-managed
+    /// (the Secret is the rig's, the webhooks trust its CA).
+    fn install_chart(&self, components: &[&str]) -> Result<()> {
+        let known = ["actions-runner-controller", "agones"];
+        ensure!(components.iter().all(|c| known.contains(c)), "no value of the chart for {components:?}");
+        let ca = std::fs::read_to_string(self.certs().join("ca.crt"))?;
+        let values = json!({
+            "certificates": {"source": "self-managed", "selfManaged": {"createSecret": false, "caCrt": ca}},
+            "actionsRunnerController": {"enabled": components.contains(&"actions-runner-controller")},
+            "agones": {"enabled": components.contains(&"agones")},
+        });
+        let file = self.work.join("chart-values.json");
+        std::fs::write(&file, values.to_string())?;
+        let python_path = run(Command::new("sh").arg(Path::new(ROOT).join("scripts/helm-python.sh")))?;
+        let output = Command::new("python3")
+            .arg(Path::new(ROOT).join("scripts/chart.py"))
+            .arg("render")
+            .arg(&file)
+            .env("PYTHONPATH", python_path.trim())
+            .output()?;
+        ensure!(output.status.success(), "the chart did not render: {}", String::from_utf8_lossy(&output.stderr));
+        let list: Value = serde_json::from_slice(&output.stdout)?;
+        self.install_rendered(list["items"].as_array().context("the chart's objects")?.clone(), None)
     }
 
     /// This checkout's base with `components` (under manifests/), applied as `install_release`
     /// applies a base: back to the base alone, `install_release(ROOT)` takes them away.
     pub fn install_with(&self, components: &[&str]) -> Result<()> {
+        if self.through_chart.load(Ordering::Relaxed) {
+            return self.install_chart(components);
+        }
         let overlay = self.work.join("overlay");
         std::fs::create_dir_all(&overlay)?;
         let overlay = overlay.canonicalize()?;
@@ -440,7 +486,12 @@ impl Rig {
     /// A fresh namespace for one scenario, deleted when the guard drops.
     pub fn namespace(&self, name: &str) -> Result<Namespace<'_>> {
         let name = format!("e2e-{name}");
-        self.kubectl(&["create", "namespace", &name])?;
+        // A scenario run again (through the chart) finds its namespace of before still going.
+        eventually(&format!("the namespace {name} created"), Duration::from_secs(60), || {
+            let (created, _, err) = self.try_kubectl(&["create", "namespace", &name])?;
+            ensure!(created || err.contains("being terminated"), "{err}");
+            Ok(created)
+        })?;
         eventually("the namespace's default service account", Duration::from_secs(30), || {
             Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
         })?;
@@ -472,6 +523,8 @@ impl Rig {
                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
         self.kubectl(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
         let _ = self.try_kubectl(&["taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-"]);
+        // Schedulable, though a scenario run before drained it.
+        self.kubectl(&["uncordon", name])?;
         // Only the scenario's own pods land there (pinned, or tolerating this).
         let _ = self.try_kubectl(&["taint", "node", name, "e2e=only:NoSchedule", "--overwrite"]);
         Ok(())

@@ -1,6 +1,7 @@
 //! Every scenario, by topic; `ALL` is the order they run in.
 
 mod agones;
+mod chart;
 mod deletes;
 mod drains;
 mod flags;
@@ -85,6 +86,8 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     outages::a_rolling_restart_of_busyguard_fails_no_admission,
     outages::certificate_rotation_under_traffic_fails_no_admission,
     upgrade::an_upgrade_from_the_previous_release_loses_no_busy_pod,
+    chart::the_chart_installs_a_busyguard_that_guards_as_the_manifests_do,
+    chart::an_upgrade_from_the_previous_releases_manifests_to_the_chart_loses_no_busy_pod,
     outages::busyguard_check_tells_an_install_that_works_from_one_that_does_not,
     outages::the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_behind,
 ];
