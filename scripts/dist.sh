@@ -8,6 +8,10 @@
 #   scripts/dist.sh [TRIPLE...]             release builds for these Rust targets (default: this machine's);
 #                                           each needs its standard library (rustup target add TRIPLE) and a linker
 #   scripts/dist.sh --package TRIPLE BINARY an already built binary for TRIPLE, packaged alone
+#   scripts/dist.sh --chart                 the Helm chart alone
+#
+# The Helm chart (charts/busyguard) is packaged beside them: busyguard-VERSION.tgz with its SHA-256,
+# and the chart repository's index.yaml (`helm repo add busyguard DIST_URL`).
 #
 # DIST_URL is where the archives will be downloaded from, for the manifest's `uri`s (DIST_HOMEPAGE,
 # the project's page, defaults to it).
@@ -94,7 +98,20 @@ YAML
 	echo "dist: $out"
 }
 
+# target/dist/busyguard-VERSION.tgz, its SHA-256 and index.yaml: the chart, through Helm's own
+# library (scripts/helm-python.sh installs it under target/).
+chart() {
+	python_path=$(scripts/helm-python.sh)
+	PYTHONPATH=$python_path python3 scripts/chart.py package "$DIST_DIR" "$DIST_URL"
+	(cd "$DIST_DIR" && sha256sum "busyguard-$VERSION.tgz" >"busyguard-$VERSION.tgz.sha256")
+	echo "dist: $DIST_DIR/busyguard-$VERSION.tgz"
+}
+
 mkdir -p "$DIST_DIR"
+if [ "${1:-}" = --chart ]; then
+	chart
+	exit 0
+fi
 if [ "${1:-}" = --package ]; then
 	[ $# -eq 3 ] || { echo 'usage: scripts/dist.sh --package TRIPLE BINARY' >&2; exit 2; }
 	package "$2" "$3"
@@ -107,3 +124,4 @@ else
 	done
 fi
 manifest
+chart

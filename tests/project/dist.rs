@@ -60,3 +60,32 @@ fn make_dist_packages_the_cli_for_krew_with_each_archives_sha256() {
     let said = Command::new(unpacked.join("busyguard")).arg("--version").output().unwrap();
     assert!(String::from_utf8(said.stdout).unwrap().contains(version));
 }
+
+#[test]
+fn make_dist_packages_the_helm_chart_with_its_sha256_and_a_chart_repository_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(Path::new(ROOT).join("scripts/dist.sh"))
+        .arg("--chart")
+        .env("DIST_DIR", dir.path())
+        .env("DIST_URL", "https://downloads.example.com/busyguard/v1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let version = env!("CARGO_PKG_VERSION");
+    let chart = format!("busyguard-{version}.tgz");
+    let sum = Command::new("sha256sum").arg(dir.path().join(&chart)).output().unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap().split_whitespace().next().unwrap().to_string();
+    let beside = std::fs::read_to_string(dir.path().join(format!("{chart}.sha256"))).unwrap();
+    assert_eq!(beside, format!("{sum}  {chart}\n"), "checkable with sha256sum -c");
+    let index: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.path().join("index.yaml")).unwrap()).unwrap();
+    let entry = &index["entries"]["busyguard"][0];
+    assert_eq!((entry["version"].as_str(), entry["appVersion"].as_str()), (Some(version), Some(version)));
+    assert_eq!(entry["digest"], sum.as_str(), "helm verifies the download against it");
+    assert_eq!(entry["urls"][0], format!("https://downloads.example.com/busyguard/v1/{chart}"));
+    let listed = Command::new("tar").arg("-tzf").arg(dir.path().join(&chart)).output().unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    for file in ["busyguard/Chart.yaml", "busyguard/values.schema.json", "busyguard/templates/webhooks.yaml"] {
+        assert!(listed.lines().any(|l| l == file), "{file} is not in the chart: {listed}");
+    }
+}
