@@ -30,12 +30,17 @@ use crate::policy::pod::PodFacts;
 /// kind it does not serve, or one that cannot own pods (not namespaced).
 pub async fn resolve(client: &Client, rule: &OwnerRule) -> anyhow::Result<ApiResource> {
     let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
-    let (resource, capabilities) = discovery::pinned_kind(client, &gvk).await.with_context(|| {
-        format!(
-            "--busy-when-owner {}: the API server does not serve this kind (is its project installed, in this \
-             version?)",
-            rule.kind_path()
-        )
+    let (resource, capabilities) = discovery::pinned_kind(client, &gvk).await.map_err(|error| {
+        let why = match error {
+            kube::Error::Api(status) if status.code != 404 => {
+                format!("the API server could not say whether it serves this kind: {} {}", status.code, status.message)
+            }
+            kube::Error::Api(_) | kube::Error::Discovery(_) => "the API server does not serve this kind: install its \
+                project's CRDs (in this version) first, or drop the rule or the component that names it"
+                .to_string(),
+            other => format!("the API server could not say whether it serves this kind: {other}"),
+        };
+        anyhow::anyhow!("--busy-when-owner {}: {why}", rule.kind_path())
     })?;
     anyhow::ensure!(
         capabilities.scope == ResourceScope::Namespaced,

@@ -201,6 +201,8 @@ async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_leaves_everythi
         ),
         "{status}"
     );
+    assert!(status.contains("install its project's CRDs (in this version) first, or drop the rule"), "{status}");
+    assert!(!status.contains("Status {") && !status.contains("ErrorResponse"), "no debug dump: {status}");
     assert_eq!(server.metric(r#"busyguard_owner_rule_followed{rule="agones.dev/v1/GameServer"}"#).await, Some(0.0));
     api.wait_for(2, |c| c.method == "GET" && c.path == "/apis/agones.dev/v1").await;
 }

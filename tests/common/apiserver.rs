@@ -376,6 +376,8 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
         match (needed.as_ref().and_then(granted), needed) {
             // Every authenticated user may ask who it is (system:basic-user).
             (_, Some(permission)) if permission.1 == "selfsubjectreviews" => false,
+            // Discovery, as every authenticated user may (system:discovery).
+            (_, None) => false,
             (Some(grant), _) => store.permissions_used.insert(grant),
             (None, needed) => {
                 store.forbidden.push(format!("{method} {path} needs {needed:?}"));
