@@ -69,7 +69,9 @@ pub fn on_change<P: PodFacts>(
         (Some(_), Some(now_))
             if now_.phase() == Phase::Failed && !now_.is_terminating() && failed_by_disruption(now_) =>
         {
-            Some(LossCause::Failed { reason: now_.status_reason().map(str::to_string) })
+            // The kubelet's reason on the pod, else its DisruptionTarget condition's.
+            let reason = now_.status_reason().or(now_.disruption());
+            Some(LossCause::Failed { reason: reason.map(str::to_string) })
         }
         (Some(_), Some(now_)) if now_.is_terminating() && !was_terminating => {
             now_.disruption().map(|reason| LossCause::Disrupted { reason: reason.to_string() })
@@ -165,11 +167,19 @@ fn marks_over(pod: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec
 /// A busy pod gone without a request busyguard could refuse.
 pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
     match cause {
-        LossCause::Failed { reason } => format!(
-            "busy pod {pod} failed ({}) without a request busyguard could refuse: \
-             node-pressure eviction or preemption by the kubelet",
-            reason.as_deref().unwrap_or("no reason given")
-        ),
+        LossCause::Failed { reason } => {
+            let taken_by = match reason.as_deref() {
+                Some("Shutdown" | "Terminated") => "a shutdown of its node (a spot interruption, a node stopped or replaced)",
+                Some("Evicted") => "its kubelet's node-pressure eviction",
+                Some("Preempting") => "its kubelet's preemption at admission, for a critical pod",
+                _ => "its kubelet: a node-pressure eviction, a shutdown of its node (a spot interruption among them) \
+                      or a preemption at admission",
+            };
+            format!(
+                "busy pod {pod} failed ({}) without a request busyguard could refuse: taken by {taken_by}",
+                reason.as_deref().unwrap_or("no reason given")
+            )
+        }
         LossCause::Vanished => {
             format!("busy pod {pod} disappeared without a graceful delete: node lost or deleted with --force")
         }
@@ -336,6 +346,27 @@ mod tests {
         let Loss { cause, audit } = observed.loss.unwrap();
         assert_eq!(cause, LossCause::Failed { reason: Some("Evicted".into()) });
         assert_eq!((audit.decision, audit.reason, audit.busy_since), (Decision::Lost, Reason::Failed, Some(since())));
+    }
+
+    #[test]
+    fn a_busy_pod_its_node_shutdown_took_is_said_to_be_lost_to_the_shutdown_by_the_kubelets_reason() {
+        let busy = pod("true", json!({}), running());
+        let shut_down = pod(
+            "true",
+            json!({}),
+            json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True",
+                "reason": "TerminationByKubelet", "message": "Pod was terminated in response to imminent node shutdown."}]}),
+        );
+        let Loss { cause, .. } = on_change(&target(), Some(&busy), Some(&shut_down), &config(), now()).loss.unwrap();
+        assert_eq!(cause, LossCause::Failed { reason: Some("TerminationByKubelet".into()) });
+        assert!(lost(&target(), &cause).contains("(TerminationByKubelet)"), "{}", lost(&target(), &cause));
+        let said_by_kubelet = pod("true", json!({}), json!({"phase": "Failed", "reason": "Terminated"}));
+        let Loss { cause, .. } = on_change(&target(), Some(&busy), Some(&said_by_kubelet), &config(), now()).loss.unwrap();
+        assert!(
+            lost(&target(), &cause).ends_with("taken by a shutdown of its node (a spot interruption, a node stopped or replaced)"),
+            "{}",
+            lost(&target(), &cause)
+        );
     }
 
     #[test]
