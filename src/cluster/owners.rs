@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};

@@ -116,16 +116,21 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let registered = mutating.get_opt("busyguard").await.context(reading.clone())?.is_some()
         || validating.get_opt("busyguard").await.context(reading)?.is_some();
-    if registered {
+    let remove_first = "remove them first (kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration \
+                        busyguard)";
+    if registered && !dry_run {
         bail!(
-            "busyguard's webhooks are still registered, and would put back what this takes off: remove them \
-             first (kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration busyguard), \
-             then run busyguard cleanup again"
+            "busyguard's webhooks are still registered, and would put back what this takes off: {remove_first}, \
+             then run busyguard cleanup again (--dry-run previews it now)"
         );
     }
     let scopes: Vec<Option<&str>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().map(|n| Some(n.as_str())).collect() };
     let (mut out, now) = (String::new(), Timestamp::now());
+    if registered {
+        // A preview before an uninstall: nothing is changed, so busyguard puts nothing back.
+        out.push_str(&format!("busyguard's webhooks are still registered: a preview; {remove_first} to clean up\n"));
+    }
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), dry_run, ..PatchParams::default() };
     let verb = if dry_run { "would restore" } else { "restored" };
     for scope in scopes {

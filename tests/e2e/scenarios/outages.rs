@@ -202,16 +202,24 @@ pub fn the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_
         let marked = rig.pod(&ns, "task")?.is_some_and(|p| label(&p, "busyguard.io/delete-requested").is_some());
         Ok(marked && rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
     })?;
-    let cleanup = || {
+    let cleanup = |dry_run: &[&str]| {
         let output = std::process::Command::new(crate::rig::BUSYGUARD)
             .args(["cleanup", "-n", &ns, "--kubeconfig"])
             .arg(&rig.admin)
+            .args(dry_run)
             .output()?;
         let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         anyhow::Ok((output.status.success(), said))
     };
-    let (ok, said) = cleanup()?;
+    let (ok, said) = cleanup(&[])?;
     ensure!(!ok && said.contains("still registered"), "cleanup ran with the webhooks registered: {said}");
+    // A preview before the uninstall, which changes nothing.
+    let before = rig.pod(&ns, "task")?.context("the pod")?;
+    let (ok, said) = cleanup(&["--dry-run"])?;
+    ensure!(ok && said.starts_with("busyguard's webhooks are still registered: a preview"), "{said}");
+    ensure!(said.contains(&format!("pod {}/task: would restore", &*ns)), "{said}");
+    let after = rig.pod(&ns, "task")?.context("the pod")?;
+    ensure!(before["metadata"]["labels"] == after["metadata"]["labels"], "the preview changed the pod");
 
     // docs/operations.md's uninstall, its own first command, as written.
     let remove_webhooks = uninstall_command("mutatingwebhookconfiguration")?;
@@ -225,7 +233,7 @@ pub fn the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_
         // Nothing refuses a delete once it is uninstalled, of a busy pod neither.
         let (ok, _, err) = rig.try_kubectl(&["-n", &ns, "delete", "pod", "task", "--dry-run=server"])?;
         ensure!(ok, "a delete was refused after the uninstall: {err}");
-        let (ok, said) = cleanup()?;
+        let (ok, said) = cleanup(&[])?;
         ensure!(ok, "cleanup failed: {said}");
         ensure!(said.contains(&format!("pod {}/task: restored", &*ns)), "{said}");
         ensure!(said.contains(&format!("poddisruptionbudget {}/busyguard-busy: deleted", &*ns)), "{said}");
