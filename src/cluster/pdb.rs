@@ -31,6 +31,14 @@ pub struct BusyPdbs {
     pub told: Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>,
 }
 
+/// The namespaces whose conflicts are not those `told` last: new, or changed.
+fn news<'c>(
+    told: &BTreeMap<String, Vec<String>>,
+    conflicts: &'c BTreeMap<String, Vec<String>>,
+) -> Vec<(&'c String, &'c Vec<String>)> {
+    conflicts.iter().filter(|(namespace, conflicting)| told.get(*namespace) != Some(*conflicting)).collect()
+}
+
 /// The labels of the opted-in pods of the view, by namespace (pods of namespaces left alone are
 /// kept without the busy label).
 fn opted_in_by_namespace(view: &View) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
@@ -102,12 +110,10 @@ impl BusyPdbs {
     /// Warns of each namespace's conflicting PDBs when they change, not every round.
     fn tell(&self, conflicts: BTreeMap<String, Vec<String>>) {
         let mut told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (namespace, conflicting) in &conflicts {
-            if told.get(namespace) != Some(conflicting) {
-                warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
-                    and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here \
-                    (said again only if it changes; busyguard_busy_pdb_conflicts counts it meanwhile)");
-            }
+        for (namespace, conflicting) in news(&told, &conflicts) {
+            warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
+                and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here \
+                (said again only if it changes; busyguard_busy_pdb_conflicts counts it meanwhile)");
         }
         *told = conflicts;
     }
@@ -140,5 +146,22 @@ impl BusyPdbs {
             }
         }
         Ok(existing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conflicting_pdb_is_warned_of_once_and_again_only_when_it_changes() {
+        let conflicts = |pdbs: &[&str]| {
+            BTreeMap::from([("games".to_string(), pdbs.iter().map(|p| p.to_string()).collect::<Vec<_>>())])
+        };
+        let first = conflicts(&["agones-gameserver-safe-to-evict-false"]);
+        assert_eq!(news(&BTreeMap::new(), &first).len(), 1, "said the first time");
+        assert!(news(&first, &first).is_empty(), "not every sweep after");
+        let changed = conflicts(&["agones-gameserver-safe-to-evict-false", "games"]);
+        assert_eq!(news(&first, &changed).len(), 1, "said again once it changes");
     }
 }
