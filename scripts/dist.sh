@@ -6,7 +6,9 @@
 #   kubectl krew install --manifest=target/dist/busyguard.yaml --archive=target/dist/busyguard-VERSION-TRIPLE.tar.gz
 #
 #   scripts/dist.sh [TRIPLE...]             release builds for these Rust targets (default: this machine's);
-#                                           each needs its standard library (rustup target add TRIPLE) and a linker
+#                                           each needs its standard library (rustup target add TRIPLE) and a linker;
+#                                           x86_64-unknown-linux-musl runs on any Linux (a glibc build needs
+#                                           the builder's glibc or newer)
 #   scripts/dist.sh --package TRIPLE BINARY an already built binary for TRIPLE, packaged alone
 #   scripts/dist.sh --chart                 the Helm chart alone
 #

@@ -165,7 +165,7 @@ fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
     match certs::ensure(&request)? {
         CertsOutcome::Kept => {
             println!(
-                "{dir}: the certificates there are valid for every name for another day: kept (--force replaces them, CA and all)"
+                "{dir}: the certificates there are valid for every name, and for at least another day: kept (--force replaces them, CA and all; `openssl x509 -enddate -noout -in {dir}/tls.crt` says until when)"
             )
         }
         CertsOutcome::NewServingPair { why } => println!(
