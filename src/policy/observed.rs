@@ -169,11 +169,15 @@ pub fn lost(pod: &PodRef, cause: &LossCause) -> String {
     match cause {
         LossCause::Failed { reason } => {
             let taken_by = match reason.as_deref() {
-                Some("Shutdown" | "Terminated") => "a shutdown of its node (a spot interruption, a node stopped or replaced)",
+                Some("Shutdown" | "Terminated") => {
+                    "a shutdown of its node (a spot interruption, a node stopped or replaced)"
+                }
                 Some("Evicted") => "its kubelet's node-pressure eviction",
                 Some("Preempting") => "its kubelet's preemption at admission, for a critical pod",
-                _ => "its kubelet: a node-pressure eviction, a shutdown of its node (a spot interruption among them) \
-                      or a preemption at admission",
+                _ => {
+                    "its kubelet: a node-pressure eviction, a shutdown of its node (a spot interruption among them) \
+                      or a preemption at admission"
+                }
             };
             format!(
                 "busy pod {pod} failed ({}) without a request busyguard could refuse: taken by {taken_by}",
@@ -361,9 +365,11 @@ mod tests {
         assert_eq!(cause, LossCause::Failed { reason: Some("TerminationByKubelet".into()) });
         assert!(lost(&target(), &cause).contains("(TerminationByKubelet)"), "{}", lost(&target(), &cause));
         let said_by_kubelet = pod("true", json!({}), json!({"phase": "Failed", "reason": "Terminated"}));
-        let Loss { cause, .. } = on_change(&target(), Some(&busy), Some(&said_by_kubelet), &config(), now()).loss.unwrap();
+        let Loss { cause, .. } =
+            on_change(&target(), Some(&busy), Some(&said_by_kubelet), &config(), now()).loss.unwrap();
         assert!(
-            lost(&target(), &cause).ends_with("taken by a shutdown of its node (a spot interruption, a node stopped or replaced)"),
+            lost(&target(), &cause)
+                .ends_with("taken by a shutdown of its node (a spot interruption, a node stopped or replaced)"),
             "{}",
             lost(&target(), &cause)
         );
