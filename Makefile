@@ -93,7 +93,8 @@ e2e:
 bench:
 	$(CARGO) bench --locked --bench view_memory
 	$(CARGO) bench --locked --bench handler
-	peer=$$(benches/go-peer.sh) && BUSYGUARD_BENCH_PEER=$$peer $(CARGO) bench --locked --bench load
+	peer=$$(benches/go-peer.sh) && previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
+		BUSYGUARD_BENCH_PEER=$$peer BUSYGUARD_BENCH_PREVIOUS=$$previous $(CARGO) bench --locked --bench load
 
 # API server throughput with and without busyguard, on the control plane of `make e2e`
 # (BENCH_SECONDS, BENCH_SERIES, BENCH_PAIRS; see benches/apiserver.rs and BENCHMARKS.md).

@@ -8,7 +8,9 @@
 //! this binary again) and take turns, so all see the same machine. Then each scenario open
 //! loop at half busyguard's sustained rate and at LIGHT_RATE (busyguard and the floor), and the
 //! first scenario at 4x that rate and right after. Also measured: cold start without a
-//! cluster, full TLS handshakes per second of server CPU, resident memory.
+//! cluster, full TLS handshakes per second of server CPU, resident memory. With
+//! `BUSYGUARD_BENCH_PREVIOUS` naming the previous release's build, it takes its turn too, against
+//! the same stand-in API server.
 //!
 //! With `BUSYGUARD_BENCH_PEER` naming the Go webhook of `../shared/peers` (`make bench` builds
 //! it when that folder is there), the peer takes its turn too on the scenarios it decides alike.
@@ -52,6 +54,9 @@ const LIGHT_RATE: f64 = 1000.0;
 const PEER_ENV: &str = "BUSYGUARD_BENCH_PEER";
 /// Set to let servers and generator share every core.
 const SHARED_ENV: &str = "BUSYGUARD_BENCH_SHARED";
+/// The previous release's build (`benches/previous.sh`; `make bench` builds it where the clone
+/// has its commit): measured beside this one, so that a regression shows as a ratio below 1.
+const PREVIOUS_ENV: &str = "BUSYGUARD_BENCH_PREVIOUS";
 
 fn main() {
     if let Ok(dir) = std::env::var(FLOOR_ENV) {
@@ -270,8 +275,20 @@ fn spawn_peer(cores: Cores, peer: &Path, dir: &Path, listen: SocketAddr) -> Chil
 }
 
 fn spawn_busyguard(cores: Cores, dir: &Path, listen: SocketAddr, admin: SocketAddr, cluster: &[&str]) -> Child {
+    spawn_build(Path::new(BUSYGUARD), cores, dir, listen, admin, cluster)
+}
+
+/// A build of busyguard, this one or another release's, serving as deployed.
+fn spawn_build(
+    binary: &Path,
+    cores: Cores,
+    dir: &Path,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    cluster: &[&str],
+) -> Child {
     cores
-        .server(&mut Command::new(BUSYGUARD))
+        .server(&mut Command::new(binary))
         .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
         .arg("--tls-cert")
         .arg(dir.join("tls.crt"))
@@ -320,6 +337,14 @@ async fn run_all(cores: Cores) {
     if peer.is_some() {
         connect(peer_addr, &client).await;
     }
+    let (previous_addr, previous_admin) = (free_addr(), free_addr());
+    let mut previous = std::env::var_os(PREVIOUS_ENV).filter(|build| !build.is_empty()).map(|build| {
+        let cluster = ["--kubeconfig", kubeconfig.to_str().unwrap()];
+        spawn_build(Path::new(&build), cores, dir.path(), previous_addr, previous_admin, &cluster)
+    });
+    if previous.is_some() {
+        wait_ready(previous_admin).await;
+    }
 
     // `cargo bench --bench load -- delete` runs only the scenarios whose name holds "delete".
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--")).unwrap_or_default();
@@ -338,8 +363,16 @@ async fn run_all(cores: Cores) {
         if peer.is_some() {
             assert_eq!(answer_of(peer_addr, &client, scenario).await, answer, "the Go peer decides {}", scenario.name);
         }
+        if previous.is_some() {
+            let said = answer_of(previous_addr, &client, scenario).await;
+            assert_eq!(said, answer, "the previous release decides {}", scenario.name);
+        }
         let mut row = Row { name: scenario.name, answer, ..Row::default() };
         for _ in 0..ROUNDS {
+            if let Some(previous) = &previous {
+                let totals = load(previous_addr, previous.id(), &client, scenario).await;
+                row.previous.get_or_insert_default().add(totals);
+            }
             row.floor.add(load(floor_addr, floor.id(), &client, scenario).await);
             row.json_floor.add(load(json_floor_addr, json_floor.id(), &client, scenario).await);
             if let Some(peer) = peer {
@@ -361,7 +394,8 @@ async fn run_all(cores: Cores) {
     };
     let handshakes = handshakes(listen, busyguard.id(), &client).await;
     let peak_rss = memory_kib(busyguard.id(), "VmHWM");
-    for server in [Some(&mut busyguard), Some(&mut floor), Some(&mut json_floor), peer.as_mut()].into_iter().flatten() {
+    let servers = [Some(&mut busyguard), Some(&mut floor), Some(&mut json_floor), peer.as_mut(), previous.as_mut()];
+    for server in servers.into_iter().flatten() {
         server.kill().ok();
         server.wait().ok();
     }
@@ -375,6 +409,7 @@ async fn run_all(cores: Cores) {
         ready_rss as f64 / 1024.0
     );
     report_peer(&mut rows);
+    report_previous(&mut rows);
     report_paced(&open_loop, overload.as_ref());
 }
 
@@ -859,6 +894,8 @@ struct Row {
     json_floor: Totals,
     /// The Go peer, where it ran.
     peer: Option<Totals>,
+    /// The previous release's build, where it ran.
+    previous: Option<Totals>,
 }
 
 fn report(rows: &mut [Row], cold_start: Duration, handshakes: f64, idle_rss: u64, peak_rss: u64) {
@@ -954,6 +991,29 @@ fn report_peer(rows: &mut [Row]) {
             peer_p99 / ours_p99,
             ours.cpu_per_request_us(),
             peer.cpu_per_request_us()
+        )
+        .unwrap();
+    }
+}
+
+fn report_previous(rows: &mut [Row]) {
+    if rows.iter().all(|row| row.previous.is_none()) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\nagainst the previous release (the same runs; below 1: slower than it)").unwrap();
+    let columns =
+        ["scenario", "this build req/s", "previous req/s", "this / previous", "this p99 ms", "previous p99 ms"];
+    table_header(&mut out, &columns);
+    for Row { name, ours, previous, .. } in rows {
+        let Some(previous) = previous else { continue };
+        let (ours_p99, previous_p99) = (ours.percentile_ms(0.99), previous.percentile_ms(0.99));
+        writeln!(
+            out,
+            "| {name} | {:.0} | {:.0} | {:.2} | {ours_p99:.2} | {previous_p99:.2} |",
+            ours.per_second(),
+            previous.per_second(),
+            ours.per_second() / previous.per_second(),
         )
         .unwrap();
     }
