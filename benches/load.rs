@@ -185,13 +185,17 @@ fn planned_pod(busy: bool) -> Value {
     if plan.protected == Some(true) {
         pod["metadata"]["labels"][PROTECTED_LABEL] = json!("true");
     }
+    if busy {
+        // Busy from now on: the plan takes the recorded pod's start, days ago, past max-busy.
+        pod["metadata"]["annotations"][busyguard::policy::keys::BUSY_SINCE] = json!(now.to_string());
+    }
     pod
 }
 
 /// A stand-in API server: one list of `pods` (each rendered as JSON once, the busy pod the
-/// eviction names last), in pages of the `limit` asked for, as the API server pages; a watch
-/// that brings nothing and ends at its `timeoutSeconds` (busyguard then watches again: a sign of
-/// life), 201 to Events.
+/// eviction names last), in pages of the `limit` asked for, as the API server pages; no
+/// namespace labelled by busyguard's label, and no node; watches that bring nothing and end at their `timeoutSeconds`
+/// (busyguard then watches again: a sign of life), 201 to Events.
 async fn api_server(pods: Arc<Vec<String>>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -203,7 +207,8 @@ async fn api_server(pods: Arc<Vec<String>>) -> SocketAddr {
             let watch = param("watch") == Some("true");
             let ends: u64 = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(290);
             match (request.uri().path(), watch) {
-                ("/api/v1/pods", true) => {
+                // Pods, and the namespaces and nodes busyguard also watches (none here).
+                (_, true) => {
                     let nothing = futures::stream::pending::<Result<Bytes, std::io::Error>>();
                     let ends = tokio::time::sleep(std::time::Duration::from_secs(ends));
                     Body::from_stream(futures::StreamExt::take_until(nothing, ends))
@@ -219,6 +224,13 @@ async fn api_server(pods: Arc<Vec<String>>) -> SocketAddr {
                     Body::from(format!(
                         r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"1","continue":"{next}"}},"items":[{items}]}}"#
                     ))
+                }
+                // No namespace carries busyguard's label: none is left alone.
+                ("/api/v1/namespaces", false) => {
+                    Body::from(r#"{"kind":"NamespaceList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}"#)
+                }
+                ("/api/v1/nodes", false) => {
+                    Body::from(r#"{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}"#)
                 }
                 _ => Body::from("{}"),
             }
