@@ -103,6 +103,30 @@ async fn repeated_evictions_of_one_pod_raise_one_event_per_interval() {
 }
 
 #[tokio::test]
+async fn a_burst_of_evictions_faster_than_the_watch_writes_the_pods_mark_once() {
+    let api = ApiServer::start().await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    // A dry run shows the view holds it, and writes nothing.
+    let mut dry_run = eviction_of("worker-a");
+    dry_run["request"]["dryRun"] = json!(true);
+    eventually("the view holds it", async || {
+        (server.review("/validate", &dry_run).await["allowed"] == false).then_some(())
+    })
+    .await;
+    // The view does not see the mark while the evictions come.
+    api.lag_watches();
+    for _ in 0..5 {
+        assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+    }
+    api.wait_for(1, marks_disruption).await;
+    settle().await;
+    assert_eq!(api.calls().into_iter().filter(marks_disruption).count(), 1, "one mark for the burst");
+    let limited = r#"busyguard_side_effects_total{kind="mark-disruption",result="rate-limited"}"#;
+    assert_eq!(server.metric(limited).await, Some(4.0));
+}
+
+#[tokio::test]
 async fn busy_when_unready_pod_is_protected_while_not_ready() {
     let api = ApiServer::start().await;
     let mut pod = worker_pod("worker-compat", false);

@@ -80,6 +80,11 @@ struct Shared {
     /// Pods with a deferred delete in flight or carried out: never deleted twice.
     deletes: Mutex<HashSet<String>>,
     events: Mutex<EventLimits>,
+    /// When each pod (by uid) was last sent its refused eviction's mark, and how long that write
+    /// stands: the policy renews it no sooner, and a view that has not yet brought it back asks
+    /// again on every refusal.
+    marks: Mutex<HashMap<String, Instant>>,
+    mark_stands: Duration,
 }
 
 impl Shared {
@@ -138,6 +143,8 @@ impl Outbox {
             idle: Notify::new(),
             deletes: Mutex::default(),
             events: Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 }),
+            marks: Mutex::default(),
+            mark_stands: policy.holds.renew_after().unsigned_abs(),
         });
         let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
         let calls = Calls {
@@ -163,6 +170,9 @@ impl Outbox {
                 in_flight.then_some(EffectResult::Moot)
             }
             Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(EffectResult::RateLimited),
+            Effect::MarkDisruptionWanted { pod, .. } => {
+                self.mark_standing(&pod.uid).then_some(EffectResult::RateLimited)
+            }
             _ => None,
         };
         if let Some(result) = skipped {
@@ -180,8 +190,10 @@ impl Outbox {
                 // A loss is never left unreported: here, at worst, by more than one replica.
                 shared.report_loss(cause, audit);
             }
-            if let Effect::DeleteIdle { pod, .. } = &job.effect {
-                shared.deletes.lock().remove(&pod.uid);
+            match &job.effect {
+                Effect::DeleteIdle { pod, .. } => drop(shared.deletes.lock().remove(&pod.uid)),
+                Effect::MarkDisruptionWanted { pod, .. } => drop(shared.marks.lock().remove(&pod.uid)),
+                _ => {}
             }
             shared.count(kind, EffectResult::Dropped);
             if let Some(done) = job.done {
@@ -212,6 +224,24 @@ impl Outbox {
     pub fn forget(&self, uid: &str) {
         self.shared.deletes.lock().remove(uid);
         self.shared.events.lock().last.remove(uid);
+        self.shared.marks.lock().remove(uid);
+    }
+
+    /// Whether the pod's refused-eviction mark was sent within the time it stands: a burst of
+    /// refusals (a drain, Karpenter and the descheduler at once, or one retrying faster than the
+    /// watch brings the mark back) writes it once.
+    fn mark_standing(&self, uid: &str) -> bool {
+        let now = Instant::now();
+        let stands = self.shared.mark_stands;
+        let mut marks = self.shared.marks.lock();
+        if marks.len() > 10_000 {
+            marks.retain(|_, at| now.duration_since(*at) < stands);
+        }
+        if marks.get(uid).is_some_and(|at| now.duration_since(*at) < stands) {
+            return true;
+        }
+        marks.insert(uid.to_string(), now);
+        false
     }
 
     /// One Event per pod per interval, and at most `EVENTS_PER_SECOND` in all: Events go to
@@ -275,6 +305,10 @@ impl Worker {
                     Effect::DeleteIdle { pod, .. } if result != EffectResult::Ok => {
                         // Not carried out: the next change of the pod may try again.
                         shared.deletes.lock().remove(&pod.uid);
+                    }
+                    // Not written: the next refusal writes it.
+                    Effect::MarkDisruptionWanted { pod, .. } if result != EffectResult::Ok => {
+                        shared.marks.lock().remove(&pod.uid);
                     }
                     // The API server could not take the Event: report the loss here all the same.
                     Effect::ReportLoss { cause, audit, .. } if result == EffectResult::Failed => {
