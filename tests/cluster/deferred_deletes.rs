@@ -195,6 +195,8 @@ async fn a_deferred_eviction_of_a_pod_busy_again_by_the_time_it_is_sent_is_not_s
     api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("true"));
     api.catch_up(1);
 
+    // The eviction due on the view's word is weighed again on the pod as it is now.
+    api.wait_for(1, pod_call("GET", "worker-a")).await;
     settle().await;
     assert!(api.calls().iter().all(|c| c.method != "POST" || !c.path.ends_with("/eviction")), "{:#?}", api.calls());
     assert_eq!(api.slots_spent_on_refused_evictions(), 0);

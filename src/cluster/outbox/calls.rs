@@ -1,6 +1,7 @@
 //! The API calls that carry out each side effect, one attempt each: the retries, the counting
 //! and what a refusal means are the outbox's.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -96,12 +97,28 @@ impl Calls {
         self.client.request::<kube::core::Status>(request).await.map(drop)
     }
 
+    /// The effect as it is to be carried out, read again just before its call where what it
+    /// rests on may have changed since it was decided; or why it is no longer due.
+    pub async fn confirm<'e>(&self, effect: &'e Effect) -> kube::Result<Result<Cow<'e, Effect>, String>> {
+        match effect {
+            Effect::DeleteIdle { pod, request, .. } if request.evict.is_some() => {
+                let due = self.still_due(pod).await?;
+                Ok(due.map(Cow::Owned).ok_or_else(|| "the pod changed since: its deferred eviction waits".into()))
+            }
+            Effect::Release { pod, .. } => {
+                let confirmed = self.confirm_release(pod).await?;
+                Ok(confirmed.map(|()| Cow::Borrowed(effect)).map_err(|NotReleased(why)| why))
+            }
+            _ => Ok(Ok(Cow::Borrowed(effect))),
+        }
+    }
+
     /// The deferred delete of the pod as the API server has it now, if one is still due: its
     /// resourceVersion then is the precondition. An eviction takes a slot of the pod's
     /// PodDisruptionBudget before the API server checks the preconditions, and a slot taken for
     /// a delete refused on them stays taken for two minutes: so an eviction is never sent on the
     /// view's resourceVersion, which a write the watch has not yet brought makes stale.
-    pub async fn still_due(&self, pod: &PodRef) -> kube::Result<Option<Effect>> {
+    async fn still_due(&self, pod: &PodRef) -> kube::Result<Option<Effect>> {
         let now_seen = self.pods(pod).get(&pod.name).await?;
         if now_seen.metadata.uid.as_deref() != Some(&pod.uid) {
             return Ok(None);
@@ -112,7 +129,7 @@ impl Calls {
 
     /// What the API server says now of the pod's ReplicaSet and Deployment, judged by
     /// `disruption::release_confirmed`.
-    pub async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), NotReleased>, kube::Error> {
+    async fn confirm_release(&self, pod: &PodRef) -> Result<Result<(), NotReleased>, kube::Error> {
         let current = self.pods(pod).get(&pod.name).await?;
         let controller = |owners: Option<&Vec<OwnerReference>>, kind: &str| {
             owners.into_iter().flatten().find(|o| o.controller == Some(true) && o.kind == kind).map(|o| o.name.clone())

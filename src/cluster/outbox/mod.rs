@@ -80,10 +80,10 @@ struct Shared {
     /// Pods with a deferred delete in flight or carried out: never deleted twice.
     deletes: Mutex<HashSet<String>>,
     events: Mutex<EventLimits>,
-    /// When each pod (by uid) was last sent its refused eviction's mark, and how long that write
-    /// stands: the policy renews it no sooner, and a view that has not yet brought it back asks
-    /// again on every refusal.
-    marks: Mutex<HashMap<String, Instant>>,
+    /// When each pod was last sent its refused eviction's mark, and how long that write stands:
+    /// the policy renews it no sooner, and a view that has not yet brought it back asks again on
+    /// every refusal.
+    marks: Mutex<LastSent>,
     mark_stands: Duration,
 }
 
@@ -142,7 +142,7 @@ impl Outbox {
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
             deletes: Mutex::default(),
-            events: Mutex::new(EventLimits { last: HashMap::new(), window: Instant::now(), in_window: 0 }),
+            events: Mutex::new(EventLimits { last: LastSent::default(), window: Instant::now(), in_window: 0 }),
             marks: Mutex::default(),
             mark_stands: policy.holds.renew_after().unsigned_abs(),
         });
@@ -192,7 +192,7 @@ impl Outbox {
             }
             match &job.effect {
                 Effect::DeleteIdle { pod, .. } => drop(shared.deletes.lock().remove(&pod.uid)),
-                Effect::MarkDisruptionWanted { pod, .. } => drop(shared.marks.lock().remove(&pod.uid)),
+                Effect::MarkDisruptionWanted { pod, .. } => shared.marks.lock().forget(&pod.uid),
                 _ => {}
             }
             shared.count(kind, EffectResult::Dropped);
@@ -223,8 +223,8 @@ impl Outbox {
     /// The pod is gone from the cluster: nothing about it needs remembering.
     pub fn forget(&self, uid: &str) {
         self.shared.deletes.lock().remove(uid);
-        self.shared.events.lock().last.remove(uid);
-        self.shared.marks.lock().remove(uid);
+        self.shared.events.lock().last.forget(uid);
+        self.shared.marks.lock().forget(uid);
     }
 
     /// Whether the pod's refused-eviction mark was sent within the time it stands: a burst of
@@ -232,15 +232,11 @@ impl Outbox {
     /// watch brings the mark back) writes it once.
     fn mark_standing(&self, uid: &str) -> bool {
         let now = Instant::now();
-        let stands = self.shared.mark_stands;
         let mut marks = self.shared.marks.lock();
-        if marks.len() > 10_000 {
-            marks.retain(|_, at| now.duration_since(*at) < stands);
-        }
-        if marks.get(uid).is_some_and(|at| now.duration_since(*at) < stands) {
+        if marks.within(uid, self.shared.mark_stands, now) {
             return true;
         }
-        marks.insert(uid.to_string(), now);
+        marks.sent(uid, now);
         false
     }
 
@@ -250,10 +246,7 @@ impl Outbox {
         let now = Instant::now();
         let interval = self.shared.settings.event_interval;
         let mut events = self.shared.events.lock();
-        if events.last.len() > 10_000 {
-            events.last.retain(|_, at| now.duration_since(*at) < interval);
-        }
-        if events.last.get(uid).is_some_and(|at| now.duration_since(*at) < interval) {
+        if events.last.within(uid, interval, now) {
             return true;
         }
         if now.duration_since(events.window) >= Duration::from_secs(1) {
@@ -263,7 +256,7 @@ impl Outbox {
             return true;
         }
         events.in_window += 1;
-        events.last.insert(uid.to_string(), now);
+        events.last.sent(uid, now);
         false
     }
 }
@@ -272,10 +265,34 @@ impl Outbox {
 const EVENTS_PER_SECOND: u32 = 20;
 
 struct EventLimits {
-    /// When each pod (by uid) last had an Event.
-    last: HashMap<String, Instant>,
+    /// When each pod last had an Event.
+    last: LastSent,
     window: Instant,
     in_window: u32,
+}
+
+/// When each pod (by uid) was last sent a write that is limited per pod.
+#[derive(Default)]
+struct LastSent(HashMap<String, Instant>);
+
+impl LastSent {
+    /// Whether the pod's last write was within `interval` of `now`. Those older are forgotten
+    /// once many pods are remembered.
+    fn within(&mut self, uid: &str, interval: Duration, now: Instant) -> bool {
+        if self.0.len() > 10_000 {
+            self.0.retain(|_, at| now.duration_since(*at) < interval);
+        }
+        self.0.get(uid).is_some_and(|at| now.duration_since(*at) < interval)
+    }
+
+    fn sent(&mut self, uid: &str, now: Instant) {
+        self.0.insert(uid.to_string(), now);
+    }
+
+    /// Not sent after all, or the pod is gone: its next write goes out.
+    fn forget(&mut self, uid: &str) {
+        self.0.remove(uid);
+    }
 }
 
 struct Worker {
@@ -308,7 +325,7 @@ impl Worker {
                     }
                     // Not written: the next refusal writes it.
                     Effect::MarkDisruptionWanted { pod, .. } if result != EffectResult::Ok => {
-                        shared.marks.lock().remove(&pod.uid);
+                        shared.marks.lock().forget(&pod.uid);
                     }
                     // The API server could not take the Event: report the loss here all the same.
                     Effect::ReportLoss { cause, audit, .. } if result == EffectResult::Failed => {
@@ -357,33 +374,15 @@ impl Worker {
     }
 
     async fn attempt(&self, effect: &Effect) -> Attempt {
-        let now_due;
-        let effect = match effect {
-            Effect::DeleteIdle { pod, request, .. } if request.evict.is_some() => {
-                match self.calls.still_due(pod).await {
-                    Ok(Some(due)) => {
-                        now_due = due;
-                        &now_due
-                    }
-                    Ok(None) => {
-                        info!(%pod, "deferred eviction no longer due: the pod changed since");
-                        return Attempt::Done(EffectResult::Moot);
-                    }
-                    Err(e) => return classify(e),
-                }
+        let effect = match self.calls.confirm(effect).await {
+            Ok(Ok(effect)) => effect,
+            Ok(Err(why)) => {
+                info!(subject = %effect, %why, "side effect no longer due");
+                return Attempt::Done(EffectResult::Moot);
             }
-            _ => effect,
+            Err(e) => return classify(e),
         };
-        if let Effect::Release { pod, .. } = effect {
-            match self.calls.confirm_release(pod).await {
-                Ok(Ok(())) => {}
-                Ok(Err(why)) => {
-                    info!(%pod, %why, "busy pod not released from its ReplicaSet");
-                    return Attempt::Done(EffectResult::Moot);
-                }
-                Err(e) => return classify(e),
-            }
-        }
+        let effect = effect.as_ref();
         match self.calls.call(effect).await {
             Ok(()) => {
                 self.after(effect);
