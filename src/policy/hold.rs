@@ -10,7 +10,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::keys::{DISRUPTION_REQUESTED, DeleteRequest};
+use super::keys::{DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest};
 use super::outcome::{Denial, Reason};
 use super::pod::PodFacts;
 
@@ -166,7 +166,7 @@ pub fn held_refusal(namespace: &str, name: &str, hold: &Hold) -> String {
     let why = match hold {
         Hold::DeleteRequested(request) => format!(
             "its delete by {} was deferred at {} and is carried out once it is idle (to call it off: kubectl label \
-             pod {name} -n {namespace} busyguard.io/delete-requested-)",
+             pod {name} -n {namespace} {DELETE_REQUESTED}-)",
             request.by, request.at
         ),
         Hold::EvictionRefused { request, until } => format!(
@@ -184,7 +184,6 @@ pub fn held_refusal(namespace: &str, name: &str, hold: &Hold) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::pod::Pod;
     use crate::policy::testing::{marked_by_busyguard, ts};
     use serde_json::json;

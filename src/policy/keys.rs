@@ -190,7 +190,7 @@ pub const NAMESPACE_ENABLED_LABEL: &str = "busyguard.io/enabled";
 
 /// The namespace label that says no worker there writes pods (`"false"`): the own-flag rule
 /// then skips writes to its idle pods, sparing the API server the condition it evaluates on each
-/// of them (see `selectors`).
+/// of them (see `registrations`).
 pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
 
 /// The namespace label (`"true"`) under which the pods of run-to-completion owners (Jobs, Argo

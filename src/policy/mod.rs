@@ -42,10 +42,10 @@ pub mod owner_task;
 pub mod owners;
 pub mod pdb;
 pub mod pod;
+pub mod registrations;
 pub mod requesters;
 pub mod scale;
 pub mod selector;
-pub mod selectors;
 #[cfg(test)]
 pub mod testing;
 pub mod verdict;

@@ -114,7 +114,7 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
 }
 
 /// A pod created without the busy label reaches busyguard only through a run-to-completion
-/// webhook (`selectors::run_to_completion`: its namespace labelled
+/// webhook (`registrations::run_to_completion`: its namespace labelled
 /// `busyguard.io/run-to-completion=true`, and its owner's label on it, a Job's, an Argo
 /// Workflow's, a Tekton TaskRun's): it is busy from its creation to its end, where it is free at
 /// once (a finished pod is not protected), with max-busy as the bound. Nothing in its template

@@ -10,8 +10,8 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use busyguard::cli::{Cli, Command as BusyguardCommand};
+use busyguard::policy::registrations;
 use busyguard::policy::selector::Selector;
-use busyguard::policy::selectors;
 use busyguard::policy::{Enrolment, NEVER_GUARDED_NAMESPACES, POD_GC_USER};
 use clap::Parser;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -145,9 +145,9 @@ fn namespace_selectors_as_built(objects: &[Value], enrolment: Enrolment) -> usiz
     for webhook in selecting {
         let name = webhook["name"].as_str().unwrap();
         let built = if name.starts_with("run-to-completion-") {
-            selectors::run_to_completion_namespaces(enrolment)
+            registrations::run_to_completion_namespaces(enrolment)
         } else {
-            selectors::guarded_namespaces(name == "idle-pod-flags.busyguard.io", enrolment)
+            registrations::guarded_namespaces(name == "idle-pod-flags.busyguard.io", enrolment)
         };
         assert_eq!(webhook["namespaceSelector"], built, "{name}");
         count += 1;
@@ -209,16 +209,16 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         (&json!("Ignore"), &json!("/mutate"))
     );
     // Pods are picked by label before any condition: idle ones are not even matched.
-    assert_eq!(pods["objectSelector"], selectors::not_idle());
+    assert_eq!(pods["objectSelector"], registrations::not_idle());
     let objects_of = selector(&pods["objectSelector"]);
     let busy = json!({"busyguard.io/busy": "true"});
     assert!(selects(&objects_of, &busy) && !selects(&objects_of, &opted_in) && !selects(&objects_of, &not_opted_in));
 
     // Pods of run-to-completion owners, made busy at their creation, picked by labels alone.
-    for (name, owner_label) in selectors::RUN_TO_COMPLETION {
+    for (name, owner_label) in registrations::RUN_TO_COMPLETION {
         let hook = webhook(&objects, name);
         assert_eq!(rule(hook), (json!([""]), json!(["CREATE"]), json!(["pods"])), "{name}");
-        assert_eq!(hook["objectSelector"], selectors::run_to_completion(owner_label), "{name}");
+        assert_eq!(hook["objectSelector"], registrations::run_to_completion(owner_label), "{name}");
         assert!(hook.get("matchConditions").is_none(), "{name}: no condition to evaluate");
         assert_eq!(
             (&hook["failurePolicy"], &hook["clientConfig"]["service"]["path"]),
@@ -235,22 +235,22 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     let deletes = webhook(&objects, "pod-deletes.busyguard.io");
     assert_eq!(rule(deletes), (json!([""]), json!(["DELETE"]), json!(["pods"])));
     assert_eq!(deletes["failurePolicy"], "Fail");
-    assert_eq!(deletes["objectSelector"], selectors::not_idle());
+    assert_eq!(deletes["objectSelector"], registrations::not_idle());
     // While busyguard is down, recovery goes on: the scheduler preempts (Ignore), and the
     // kubelet's final delete of a terminating pod is never sent.
     let preemptions = webhook(&objects, "pod-preemptions.busyguard.io");
     assert_eq!(rule(preemptions), rule(deletes));
     assert_eq!(preemptions["failurePolicy"], "Ignore");
-    assert_eq!(preemptions["objectSelector"], selectors::not_idle());
+    assert_eq!(preemptions["objectSelector"], registrations::not_idle());
     // Their twins for the other pods under a workload budget: the same but for the selector and
     // the last condition, and failing open, so that while busyguard is down they go unbudgeted.
     for (twin, of) in [("budget-deletes.busyguard.io", deletes), ("budget-preemptions.busyguard.io", preemptions)] {
         let mut twin = webhook(&objects, twin).clone();
-        assert_eq!(twin["objectSelector"], selectors::under_a_budget());
+        assert_eq!(twin["objectSelector"], registrations::under_a_budget());
         assert_eq!(twin["failurePolicy"], "Ignore", "{}", twin["name"]);
         let last = twin["matchConditions"].as_array_mut().unwrap().last_mut().unwrap();
-        assert_eq!(last["expression"], selectors::pod_delete_counted_by_a_budget());
-        last["expression"] = json!(selectors::pod_delete_may_be_refused());
+        assert_eq!(last["expression"], registrations::pod_delete_counted_by_a_budget());
+        last["expression"] = json!(registrations::pod_delete_may_be_refused());
         last["name"] = json!("may-be-refused");
         for key in ["objectSelector", "name", "failurePolicy"] {
             twin[key] = of[key].clone();
@@ -265,14 +265,14 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     let BusyguardCommand::Serve(serve) = serve.command else { unreachable!() };
     let karpenter = serve.into_config().policy.exemptions.karpenter;
     // Nor, while busyguard is down, the requesters it always lets through, nor deletes it would
-    // allow unchanged: the conditions of src/policy/selectors.rs, to the letter.
+    // allow unchanged: the conditions of src/policy/registrations.rs, to the letter.
     assert_eq!(
         conditions(deletes),
         [
             "!has(oldObject.metadata.deletionTimestamp)".to_string(),
-            selectors::not_from_a_delete_that_must_not_wait(&karpenter),
-            selectors::pod_deletes_let_through(),
-            selectors::pod_delete_may_be_refused(),
+            registrations::not_from_a_delete_that_must_not_wait(&karpenter),
+            registrations::pod_deletes_let_through(),
+            registrations::pod_delete_may_be_refused(),
         ]
     );
     let granted_by_default = Cli::parse_from(["busyguard", "serve"]);
@@ -282,11 +282,11 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
         conditions(preemptions),
         [
             "!has(oldObject.metadata.deletionTimestamp)".to_string(),
-            selectors::from_a_delete_that_must_not_wait(&karpenter),
-            selectors::pod_delete_may_be_refused(),
+            registrations::from_a_delete_that_must_not_wait(&karpenter),
+            registrations::pod_delete_may_be_refused(),
         ]
     );
-    assert_eq!(conditions(pods), [selectors::pod_write_may_be_patched()], "the mutating webhook");
+    assert_eq!(conditions(pods), [registrations::pod_write_may_be_patched()], "the mutating webhook");
 
     let evictions = webhook(&objects, "pod-evictions.busyguard.io");
     assert_eq!(rule(evictions), (json!([""]), json!(["CREATE"]), json!(["pods/eviction"])));
@@ -298,14 +298,14 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     assert_eq!(rule(scale_downs), (json!(["apps"]), json!(["UPDATE"]), resources));
     assert!(scale_downs.get("objectSelector").is_none());
     assert_eq!(scale_downs["failurePolicy"], "Ignore");
-    assert_eq!(conditions(scale_downs), [selectors::LOWERS_REPLICAS]);
+    assert_eq!(conditions(scale_downs), [registrations::LOWERS_REPLICAS]);
     let flags = webhook(&objects, "pod-flags.busyguard.io");
     // Writes through pods/status too: no mutating webhook sees them, so busyguard's keys are held
     // there by refusal.
     assert_eq!(rule(flags), (json!([""]), json!(["UPDATE"]), json!(["pods", "pods/status"])));
-    assert_eq!(flags["objectSelector"], selectors::not_idle(), "flips, and busy pods");
+    assert_eq!(flags["objectSelector"], registrations::not_idle(), "flips, and busy pods");
     let idle_flags = webhook(&objects, "idle-pod-flags.busyguard.io");
-    assert_eq!(idle_flags["objectSelector"], selectors::idle());
+    assert_eq!(idle_flags["objectSelector"], registrations::idle());
     assert_eq!(
         rule(idle_flags),
         (json!([""]), json!(["UPDATE"]), json!(["pods"])),
@@ -313,29 +313,29 @@ fn each_path_is_registered_with_its_operations_selector_and_failure_policy() {
     );
     let mut same_rule = idle_flags.clone();
     let kept = same_rule["matchConditions"].as_array_mut().unwrap().pop().unwrap();
-    assert_eq!(kept["expression"], selectors::not_for_pod_flags(), "flips are pod-flags' alone");
+    assert_eq!(kept["expression"], registrations::not_for_pod_flags(), "flips are pod-flags' alone");
     for key in ["matchConditions", "failurePolicy", "clientConfig", "sideEffects", "timeoutSeconds"] {
         assert_eq!(same_rule[key], flags[key], "{key}");
     }
     assert_eq!(flags["sideEffects"], "None", "it only answers");
     assert_eq!(quoted(&conditions(flags)[0]), ["system:serviceaccount:busyguard:busyguard"], "busyguard's own writes");
-    assert_eq!(conditions(flags)[1], selectors::from_a_pod_or_on_busyguards_keys());
+    assert_eq!(conditions(flags)[1], registrations::from_a_pod_or_on_busyguards_keys());
     let marks = webhook(&objects, "pod-marks.busyguard.io");
     assert_eq!(rule(marks), (json!([""]), json!(["CREATE", "UPDATE"]), json!(["pods", "pods/status"])));
-    assert_eq!(marks["objectSelector"], selectors::marked());
+    assert_eq!(marks["objectSelector"], registrations::marked());
     assert_eq!(marks["failurePolicy"], "Fail", "no mark written while busyguard cannot judge it");
     assert_eq!(quoted(&conditions(marks)[0]), ["system:serviceaccount:busyguard:busyguard"]);
-    assert_eq!(conditions(marks)[1], selectors::pod_write_marks_anew());
+    assert_eq!(conditions(marks)[1], registrations::pod_write_marks_anew());
     let nodes = webhook(&objects, "node-deletes.busyguard.io");
     assert_eq!(rule(nodes), (json!([""]), json!(["DELETE"]), json!(["nodes"])));
     assert_eq!(nodes["rules"][0]["scope"], "Cluster");
     assert_eq!(nodes["failurePolicy"], "Ignore", "an outage must not stop node lifecycle");
-    assert_eq!(conditions(nodes), [selectors::node_deletes_let_through(&karpenter)], "let through, not sent");
+    assert_eq!(conditions(nodes), [registrations::node_deletes_let_through(&karpenter)], "let through, not sent");
     let claims = webhook(&objects, "node-claim-deletes.busyguard.io");
     assert_eq!(rule(claims), (json!(["karpenter.sh"]), json!(["DELETE"]), json!(["nodeclaims"])));
     assert_eq!(claims["rules"][0]["scope"], "Cluster");
     assert_eq!(claims["failurePolicy"], "Ignore", "an outage must not stop Karpenter");
-    assert_eq!(conditions(claims), [selectors::node_claim_has_a_node()], "only NodeClaims with a node");
+    assert_eq!(conditions(claims), [registrations::node_claim_has_a_node()], "only NodeClaims with a node");
     for webhook in webhooks(&objects).into_iter().filter(|w| w.get("namespaceSelector").is_some()) {
         let values = &webhook["namespaceSelector"]["matchExpressions"][0]["values"];
         assert_eq!(

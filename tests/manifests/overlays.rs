@@ -68,10 +68,10 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
     );
     let validations = policy["validations"].as_array().unwrap();
     assert_eq!(validations.len(), 2);
-    assert_eq!(validations[0]["expression"], selectors::busyguards_own_pods());
-    assert_eq!(validations[1]["expression"], selectors::BUSYGUARDS_POD_WRITES, "metadata only");
+    assert_eq!(validations[0]["expression"], registrations::busyguards_own_pods());
+    assert_eq!(validations[1]["expression"], registrations::BUSYGUARDS_POD_WRITES, "metadata only");
     assert!(
-        quoted(&selectors::busyguards_own_pods()).contains(&account["namespace"].as_str().unwrap().to_string()),
+        quoted(&registrations::busyguards_own_pods()).contains(&account["namespace"].as_str().unwrap().to_string()),
         "nor in busyguard's own namespace"
     );
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence")["spec"];
@@ -87,7 +87,7 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
         .map(|r| &r["resources"])
         .collect();
     assert_eq!(resources, [&json!(["poddisruptionbudgets"]), &json!(["leases"])]);
-    assert_eq!(objects_policy["validations"][0]["expression"], selectors::busyguards_own_objects());
+    assert_eq!(objects_policy["validations"][0]["expression"], registrations::busyguards_own_objects());
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-objects")["spec"];
     assert_eq!(binding["policyName"], "busyguard-fence-objects");
     // Its evictions, which a rule on pods does not match.
@@ -98,7 +98,7 @@ fn the_fence_refuses_busyguards_own_token_any_pod_that_is_not_busyguards() {
         evictions["matchConstraints"]["resourceRules"],
         json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"]}])
     );
-    assert_eq!(evictions["validations"][0]["expression"], selectors::busyguards_own_evictions());
+    assert_eq!(evictions["validations"][0]["expression"], registrations::busyguards_own_evictions());
     let binding = &find(&objects, "ValidatingAdmissionPolicyBinding", "busyguard-fence-evictions")["spec"];
     assert_eq!(
         (&binding["policyName"], &binding["validationActions"]),

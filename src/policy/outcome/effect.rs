@@ -32,9 +32,9 @@ pub enum Effect {
     /// `resource_version`.
     Refresh { pod: PodRef, resource_version: String, plan: Plan },
     /// Note a refused delete on the pod, so it is carried out once the pod is idle.
-    #[strum(serialize = "mark-delete")]
     /// `in_background`: an eviction the descheduler asked to run in the background, which the
     /// pod is marked as under way too.
+    #[strum(serialize = "mark-delete")]
     MarkDeleteRequested { pod: PodRef, request: DeleteRequest, in_background: bool },
     /// Note a refused eviction (or node delete) on the pod, so it takes no new task for a while
     /// (`policy::hold`).

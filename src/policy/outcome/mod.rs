@@ -59,7 +59,7 @@ impl Outcome {
         audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
     ) -> Self {
         if mode == Mode::DryRun {
-            let warnings = vec![super::outcome::would_deny(&message)];
+            let warnings = vec![would_deny(&message)];
             return Self::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
                 Decision::WouldDeny,
                 reason,
