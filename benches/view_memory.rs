@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use busyguard::cluster::view::{ApiPod, View};
 use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::marks::MutationSettings;
-use busyguard::policy::outcome::PodRef;
+use busyguard::policy::pod::PodRef;
 use busyguard::policy::scale::{ScaleRequest, prepare_scale_down};
 use busyguard::policy::selector::Selector;
 use busyguard::policy::{Ask, Enrolment, Mode, PolicyConfig, Requester, observed};

@@ -21,9 +21,10 @@ use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::keys::BUSY_LABEL;
-use crate::policy::outcome::{Effect, PodRef};
+use crate::policy::outcome::Effect;
 use crate::policy::owners::{self, OwnerRule, OwnerState};
 use crate::policy::pod::PodFacts;
+use crate::policy::pod::PodRef;
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
 /// kind it does not serve, or one that cannot own pods (not namespaced).

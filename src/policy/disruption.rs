@@ -13,9 +13,10 @@ use super::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVACUATION_TRIGGERED, EVICTION_IN_PROGRESS,
     EvictAs, RELEASED_FROM, REQUEST_EVICT_ONLY,
 };
-use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, PodRef, Reason};
+use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, Reason};
 use super::owners;
 use super::pod::PodFacts;
+use super::pod::PodRef;
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
 use super::verdict::{Override, Verdict, deleted_as_its_end, judge, let_through, must_not_wait, override_detail};
 use crate::duration::whole_second;

@@ -394,7 +394,8 @@ pub fn release(label: &'static str, hash: &str, request: &DeleteRequest) -> PodC
 mod tests {
     use super::*;
     use crate::policy::keys::POD_TEMPLATE_HASH;
-    use crate::policy::outcome::{Effect, PodRef};
+    use crate::policy::outcome::Effect;
+    use crate::policy::pod::PodRef;
     use crate::policy::testing::ts;
     use serde_json::json;
 

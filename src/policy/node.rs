@@ -13,8 +13,9 @@ use super::config::{Mode, PolicyConfig};
 use super::hold;
 use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
-use super::outcome::{Decision, Denial, Effect, Outcome, PodRef, Reason};
+use super::outcome::{Decision, Denial, Effect, Outcome, Reason};
 use super::pod::PodFacts;
+use super::pod::PodRef;
 use super::verdict::{node_claim_delete_let_through, node_delete_let_through};
 use crate::duration::whole_second;
 

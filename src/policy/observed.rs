@@ -10,7 +10,8 @@ use super::config::PolicyConfig;
 use super::hold;
 use super::keys::{BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest, EVICTION_IN_PROGRESS};
 use super::marks::plan;
-use super::outcome::{AuditRecord, Decision, Effect, LossCause, PodRef, Reason, Subject};
+use super::outcome::{AuditRecord, Decision, Effect, LossCause, Reason, Subject};
+use super::pod::PodRef;
 use super::pod::{Phase, PodFacts};
 
 /// A busy pod lost, to be reported once: its cause, and the audit line to write.

@@ -783,7 +783,7 @@ mod tests {
 
         #[test]
         fn every_pod_busyguards_watch_writes_or_deletes_is_let_through_by_the_fence(old in a_pod()) {
-            let target = crate::policy::outcome::PodRef { namespace: "jobs".into(), name: "w".into(), uid: "u-w".into() };
+            let target = crate::policy::pod::PodRef { namespace: "jobs".into(), name: "w".into(), uid: "u-w".into() };
             let effects = crate::policy::observed::due(&target, &pod(&old), &config(), now());
             prop_assert!(effects.is_empty() || fence_lets_through("jobs", &old), "{effects:?} on {old}");
         }

@@ -9,8 +9,9 @@ use super::ask::Ask;
 use super::busy::{BusyState, busy_state};
 use super::config::PolicyConfig;
 use super::marks::plan;
-use super::outcome::{AuditRecord, Decision, Effect, Outcome, PodRef, Reason, ScalePlan};
+use super::outcome::{AuditRecord, Decision, Effect, Outcome, Reason, ScalePlan};
 use super::pod::PodFacts;
+use super::pod::PodRef;
 use super::selector::{Selector, SelectorError};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it

@@ -18,8 +18,9 @@ use crate::policy::PolicyConfig;
 use crate::policy::disruption::{self, NotReleased};
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::observed;
-use crate::policy::outcome::{Effect, PodRef, PodWrite};
+use crate::policy::outcome::{Effect, PodWrite};
 use crate::policy::pdb::busy_pdb;
+use crate::policy::pod::PodRef;
 
 /// What the outbox's calls are made with.
 pub struct Calls {

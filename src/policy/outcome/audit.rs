@@ -1,12 +1,11 @@
 //! The audit line: who asked what of which object, what busyguard decided and why.
 
-use std::fmt;
-
 use jiff::Timestamp;
 use serde::Serialize;
 
 use crate::policy::ask::{Ask, Operation};
 use crate::policy::config::{Exempt, Mode};
+use crate::policy::pod::PodRef;
 
 /// What busyguard did: the `result` of the review metric and the `decision` of audit lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
@@ -180,19 +179,6 @@ impl AuditRecord {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl fmt::Display for PodRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
 /// What a scale-down does to the pods it selects, as its audit line carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ScalePlan {
@@ -210,6 +196,8 @@ pub struct ScalePlan {
     pub refreshed: usize,
 }
 
+// `Ask::audit` and `Exempt::reason` live here, beside the audit line they build: `ask` and
+// `config` sit below `outcome`, which names them, and cannot name it back.
 impl Ask<'_> {
     /// An audit line naming this request.
     pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {

@@ -2,11 +2,12 @@
 
 use std::fmt;
 
-use super::audit::{AuditRecord, Decision, PodRef, Reason};
+use super::audit::{AuditRecord, Decision, Reason};
 use crate::policy::keys::DeleteRequest;
 use crate::policy::marks::{self, Plan};
 use crate::policy::owners;
 use crate::policy::pdb::BUSY_PDB_NAME;
+use crate::policy::pod::PodRef;
 
 /// What a disruption was: the Event's action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]

@@ -5,7 +5,7 @@
 mod audit;
 mod effect;
 
-pub use audit::{AuditRecord, Decision, PodRef, Reason, ScalePlan, Subject};
+pub use audit::{AuditRecord, Decision, Reason, ScalePlan, Subject};
 pub use effect::{Action, Effect, LossCause, PodWrite};
 
 use super::config::Mode;
@@ -199,6 +199,7 @@ pub fn would_deny(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::pod::PodRef;
 
     #[test]
     fn names_read_as_the_audit_lines_and_metrics_spell_them() {

@@ -9,6 +9,7 @@ mod decode;
 mod facts;
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use jiff::Timestamp;
 use serde::Deserialize;
@@ -16,6 +17,20 @@ use serde::Deserialize;
 use crate::duration::api_time;
 use decode::{ByBusyguard, by_busyguard, null_as_default};
 pub use facts::{Phase, PodFacts, Readiness, RunsToCompletion};
+
+/// A pod by its name and uid: whom an effect or an audit line is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -537,7 +552,8 @@ mod tests {
         use crate::policy::disruption;
         use crate::policy::keys::BUSY_LABEL;
         use crate::policy::marks::plan;
-        use crate::policy::outcome::{Action, PodRef};
+        use crate::policy::outcome::Action;
+        use crate::policy::pod::PodRef;
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
 
