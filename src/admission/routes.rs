@@ -11,9 +11,9 @@ use super::paths::Resource;
 use super::review::{AdmissionRequest, InvalidReview};
 use crate::cluster::view::View;
 use crate::policy::budget::Siblings;
-use crate::policy::disruption::Disruption;
+use crate::policy::disruption::{Disruption, Taking};
 use crate::policy::keys::AGENT_FIELD_MANAGER;
-use crate::policy::outcome::{Action, Decision, Outcome};
+use crate::policy::outcome::{Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
 use crate::policy::selector::Selector;
@@ -118,8 +118,7 @@ pub fn pod_delete(
         ask.name = &pod.metadata.name;
     }
     let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
-        let delete =
-            Disruption { ask: &ask, action: Action::Delete, pod, seen, siblings, grace_period: None, container: None };
+        let delete = Disruption { ask: &ask, taking: Taking::Delete, pod, seen, siblings };
         disruption::judge_disruption(&delete, inputs.policy, now)
     };
     // The view's record confirms the pod whatever its freshness; its siblings count only when
@@ -153,15 +152,7 @@ pub fn pod_eviction(
         if let Some(refused) = refused_as_own(Some(pod)) {
             return refused;
         }
-        let evict = Disruption {
-            ask: &ask,
-            action: Action::Evict,
-            pod,
-            seen: Some(pod),
-            siblings,
-            grace_period,
-            container: None,
-        };
+        let evict = Disruption { ask: &ask, taking: Taking::Evict { grace_period }, pod, seen: Some(pod), siblings };
         disruption::judge_disruption(&evict, inputs.policy, now)
     });
     // None: not opted in (or no such pod: the API server answers 404 itself).

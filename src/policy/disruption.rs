@@ -34,8 +34,8 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes
 /// anyway).
 fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> bool {
-    d.action != Action::Restart
-        && !must_not_wait(d.action, d.ask.requester, config)
+    d.taking.action() != Action::Restart
+        && !must_not_wait(d.taking.action(), d.ask.requester, config)
         && let_through(d.ask.requester, &config.exemptions).is_none()
 }
 
@@ -62,7 +62,7 @@ pub struct NotReleased(pub String);
 /// A delete or an eviction of one pod, as [`judge_disruption`] reads it.
 pub struct Disruption<'a, P: PodFacts + ?Sized> {
     pub ask: &'a Ask<'a>,
-    pub action: Action,
+    pub taking: Taking<'a>,
     /// The pod the request carries (a delete) or the view holds (an eviction): the answer,
     /// which goes to whoever asked, stands on it alone.
     pub pod: &'a P,
@@ -73,11 +73,32 @@ pub struct Disruption<'a, P: PodFacts + ?Sized> {
     /// The workload's other unavailable pods, for its `busyguard.io/max-unavailable` (`None`:
     /// unknown, no budget).
     pub siblings: Option<Siblings>,
-    /// The grace period an eviction asked for (its `deleteOptions`), kept for an eviction
+}
+
+/// What a request would do to the pod, with what that kind of request alone carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taking<'a> {
+    Delete,
+    /// An eviction, with the grace period its `deleteOptions` asked for, kept for an eviction
     /// carried out later.
-    pub grace_period: Option<i64>,
-    /// The task container a restart would end (`Action::Restart`).
-    pub container: Option<&'a str>,
+    Evict {
+        grace_period: Option<i64>,
+    },
+    /// An update that would restart the pod's task container, `container`.
+    Restart {
+        container: &'a str,
+    },
+}
+
+impl Taking<'_> {
+    /// The kind of disruption, as an Event and the verdict name it.
+    pub fn action(self) -> Action {
+        match self {
+            Taking::Delete => Action::Delete,
+            Taking::Evict { .. } => Action::Evict,
+            Taking::Restart { .. } => Action::Restart,
+        }
+    }
 }
 
 /// What refusing a busy pod sets in motion besides the answer.
@@ -107,7 +128,7 @@ impl<'p> Consequence<'p> {
         config: &PolicyConfig,
         now: Timestamp,
     ) -> Self {
-        let (pod, action, requester) = (d.pod, d.action, d.ask.requester);
+        let (pod, action, requester) = (d.pod, d.taking.action(), d.ask.requester);
         // A restart refused is retried by its sender (a person reads why): nothing to set going.
         if action == Action::Restart {
             return Consequence::Nothing;
@@ -147,7 +168,7 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
-        Verdict::Deny { since, until } => match deleted_as_its_end(d.action, d.pod, d.ask.requester, config) {
+        Verdict::Deny { since, until } => match deleted_as_its_end(d.taking.action(), d.pod, d.ask.requester, config) {
             Some(over) => let_busy_go(d, over, audit),
             None => refuse_busy(d, since, until, config, now, audit),
         },
@@ -233,7 +254,7 @@ fn refuse_busy(
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
     let (ask, pod) = (d.ask, d.pod);
-    if let (Action::Restart, Some(container)) = (d.action, d.container) {
+    if let Taking::Restart { container } = d.taking {
         let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
         return Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit);
     }
@@ -263,7 +284,11 @@ fn refuse_busy(
         Consequence::Deferred { in_background } => {
             let suffix = if in_background { eviction_deferred() + &evacuation_triggered() } else { delete_deferred() };
             // An eviction deferred is carried out as an eviction, so PodDisruptionBudgets hold.
-            let evict = in_background.then_some(EvictAs { grace_period_seconds: d.grace_period });
+            let grace_period_seconds = match d.taking {
+                Taking::Evict { grace_period } => grace_period,
+                _ => None,
+            };
+            let evict = in_background.then_some(EvictAs { grace_period_seconds });
             let unmarked =
                 pod.delete_request().is_none() || (in_background && pod.annotation(EVICTION_IN_PROGRESS).is_none());
             let mark = unmarked.then(|| Effect::MarkDeleteRequested {
@@ -281,7 +306,7 @@ fn refuse_busy(
     message.push_str(&suffix);
     let told = (consequence != Consequence::Nothing).then(|| Effect::Event {
         pod: target,
-        action: d.action,
+        action: d.taking.action(),
         note: message.clone(),
     });
     Outcome {
@@ -429,6 +454,15 @@ mod tests {
     use crate::policy::requesters::{NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS};
     use crate::policy::testing::*;
     use jiff::SignedDuration;
+
+    /// `action` as a request takes it; a restart's task container is `worker`.
+    fn taking(action: Action) -> Taking<'static> {
+        match action {
+            Action::Delete => Taking::Delete,
+            Action::Evict => Taking::Evict { grace_period: None },
+            Action::Restart => Taking::Restart { container: "worker" },
+        }
+    }
     use serde_json::json;
 
     const NO_GROUPS: &[String] = &[];
@@ -476,15 +510,7 @@ mod tests {
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
         let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
         judge_disruption(
-            &Disruption {
-                ask: &ask(user, false),
-                action,
-                pod,
-                seen: Some(pod),
-                siblings,
-                grace_period: None,
-                container: None,
-            },
+            &Disruption { ask: &ask(user, false), taking: taking(action), pod, seen: Some(pod), siblings },
             &config(Mode::Enforce),
             now(),
         )
@@ -494,15 +520,7 @@ mod tests {
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
         let pod = busy_worker();
         judge_disruption(
-            &Disruption {
-                ask: &ask,
-                action,
-                pod: &pod,
-                seen: Some(&pod),
-                siblings: None,
-                grace_period: None,
-                container: None,
-            },
+            &Disruption { ask: &ask, taking: taking(action), pod: &pod, seen: Some(&pod), siblings: None },
             &config(mode),
             now,
         )
@@ -566,15 +584,8 @@ mod tests {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let disruption = Disruption {
-                ask: &ask(user, false),
-                action,
-                pod,
-                seen: Some(pod),
-                siblings: None,
-                grace_period: None,
-                container: (action == Restart).then_some("worker"),
-            };
+            let disruption =
+                Disruption { ask: &ask(user, false), taking: taking(action), pod, seen: Some(pod), siblings: None };
             let outcome = judge_disruption(&disruption, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
@@ -598,12 +609,10 @@ mod tests {
         let refusal = |pod: &Pod, config: &PolicyConfig| {
             let disruption = Disruption {
                 ask: &ask("alice", false),
-                action: Action::Evict,
+                taking: Taking::Evict { grace_period: None },
                 pod,
                 seen: Some(pod),
                 siblings: None,
-                grace_period: None,
-                container: None,
             };
             let Answer::Deny { message, .. } = judge_disruption(&disruption, config, now()).answer else { panic!() };
             message
@@ -651,15 +660,8 @@ mod tests {
         workflow.metadata.labels.insert("runner-pod".into(), "ci-runner-4tb9k".into());
         let delete = |username: &'static str, pod: Option<&'static str>, action: Action| {
             let ask = Ask { requester: Requester { username, groups: NO_GROUPS, pod }, ..ask(username, false) };
-            let disruption = Disruption {
-                ask: &ask,
-                action,
-                pod: &workflow,
-                seen: Some(&workflow),
-                siblings: None,
-                grace_period: None,
-                container: None,
-            };
+            let disruption =
+                Disruption { ask: &ask, taking: taking(action), pod: &workflow, seen: Some(&workflow), siblings: None };
             judge_disruption(&disruption, &config, now())
         };
         let hooks = "system:serviceaccount:ci:ci-gha-rs-kube-mode";
@@ -765,15 +767,8 @@ mod tests {
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
             let siblings = Some(crate::policy::testing::unavailable_siblings(1));
-            let disruption = Disruption {
-                ask: &ask(user, false),
-                action,
-                pod: &pod,
-                seen: Some(&pod),
-                siblings,
-                grace_period: None,
-                container: None,
-            };
+            let disruption =
+                Disruption { ask: &ask(user, false), taking: taking(action), pod: &pod, seen: Some(&pod), siblings };
             judge_disruption(&disruption, &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
@@ -985,15 +980,8 @@ mod tests {
         other.metadata.uid = "u-other".into();
         let busy = busy_worker();
         for seen in [None, Some(&idle as &dyn PodFacts), Some(&other)] {
-            let disruption = Disruption {
-                ask: &ask("alice", false),
-                action: Action::Delete,
-                pod: &busy,
-                seen,
-                siblings: None,
-                grace_period: None,
-                container: None,
-            };
+            let disruption =
+                Disruption { ask: &ask("alice", false), taking: Taking::Delete, pod: &busy, seen, siblings: None };
             let outcome = judge_disruption(&disruption, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);

@@ -9,11 +9,11 @@ use jiff::{SignedDuration, Timestamp};
 use super::ask::Ask;
 use super::config::PolicyConfig;
 use super::contract::contract_warnings;
-use super::disruption::{Disruption, judge_disruption};
+use super::disruption::{Disruption, Taking, judge_disruption};
 use super::hold::{NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::marks::{json_patch, metadata_pointer, plan};
-use super::outcome::{Action, Answer, Decision, Denial, Outcome, Reason};
+use super::outcome::{Answer, Decision, Denial, Outcome, Reason};
 use super::owners::OwnerRule;
 use super::pod::{Pod, PodFacts};
 use json_patch::{AddOperation, PatchOperation};
@@ -163,15 +163,7 @@ pub fn judge_resize(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> 
 /// group, audited) or once its protection lapsed. Anything else about a busy pod may change.
 fn restart_judged(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Option<Outcome> {
     let container = pod.restarted_container(before)?;
-    let restart = Disruption {
-        ask,
-        action: Action::Restart,
-        pod: before,
-        seen: None,
-        siblings: None,
-        grace_period: None,
-        container: Some(container),
-    };
+    let restart = Disruption { ask, taking: Taking::Restart { container }, pod: before, seen: None, siblings: None };
     Some(judge_disruption(&restart, config, now))
 }
 

@@ -356,7 +356,7 @@ mod tests {
     use crate::policy::disruption;
     use crate::policy::keys::DELETE_REQUESTED;
     use crate::policy::mutate;
-    use crate::policy::outcome::{Action, Answer, Outcome};
+    use crate::policy::outcome::{Answer, Outcome};
     use crate::policy::pod::{Pod, PodFacts};
 
     /// Whether a label selector of `matchExpressions` matches the labels of `object`.
@@ -534,7 +534,7 @@ mod tests {
                 let siblings = || old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| crate::policy::testing::unavailable_siblings(unavailable));
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
-                    let delete = disruption::Disruption { ask: &ask, action: Action::Delete, pod: &old, seen: Some(&old), siblings: siblings(), grace_period: None, container: None };
+                    let delete = disruption::Disruption { ask: &ask, taking: disruption::Taking::Delete, pod: &old, seen: Some(&old), siblings: siblings() };
                     let outcome = disruption::judge_disruption(&delete, &config(), now());
                     // Skipped by both: allowed unchanged; sent to the budget's (fail-open) alone:
                     // refused, if at all, for the budget only.

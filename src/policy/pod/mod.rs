@@ -552,7 +552,6 @@ mod tests {
         use crate::policy::disruption;
         use crate::policy::keys::BUSY_LABEL;
         use crate::policy::marks::plan;
-        use crate::policy::outcome::Action;
         use crate::policy::pod::PodRef;
         use crate::policy::{Requester, observed, scale};
         use serde_json::json;
@@ -594,23 +593,14 @@ mod tests {
             let (seen, siblings) = (Some(&recording as &dyn PodFacts), one());
             let evict = disruption::Disruption {
                 ask: &ask,
-                action: Action::Evict,
+                taking: disruption::Taking::Evict { grace_period: None },
                 pod: &recording,
                 seen,
                 siblings,
-                grace_period: None,
-                container: None,
             };
             disruption::judge_disruption(&evict, &config, now);
-            let delete = disruption::Disruption {
-                ask: &ask,
-                action: Action::Delete,
-                pod,
-                seen,
-                siblings: one(),
-                grace_period: None,
-                container: None,
-            };
+            let delete =
+                disruption::Disruption { ask: &ask, taking: disruption::Taking::Delete, pod, seen, siblings: one() };
             disruption::judge_disruption(&delete, &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);
