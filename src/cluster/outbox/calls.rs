@@ -18,7 +18,7 @@ use crate::policy::PolicyConfig;
 use crate::policy::disruption::{self, NotReleased};
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::observed;
-use crate::policy::outcome::{Effect, PodWrite};
+use crate::policy::outcome::{Call, Effect, PodWrite};
 use crate::policy::pdb::busy_pdb;
 use crate::policy::pod::PodRef;
 
@@ -36,46 +36,41 @@ pub struct Calls {
 impl Calls {
     /// The effect's API call, alone.
     pub async fn call(&self, effect: &Effect) -> kube::Result<()> {
-        if let Some(PodWrite { pod, patch }) = effect.pod_write() {
-            let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
-            return self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop);
-        }
         let pdbs = |namespace: &str| Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace);
-        match effect {
-            Effect::DeleteIdle { pod, resource_version, request, .. } => {
-                // Exactly once: only the pod as it was seen idle, by whichever replica is first.
-                let preconditions =
-                    Preconditions { uid: Some(pod.uid.clone()), resource_version: Some(resource_version.clone()) };
-                let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
-                match request.evict {
-                    // An eviction deferred stays an eviction: the pod's PodDisruptionBudgets
-                    // hold (429 until they allow it: tried again, then on the next sweep).
-                    Some(evict) => self.evict(pod, resource_version, evict.grace_period_seconds).await,
-                    None => self.pods(pod).delete(&pod.name, &params).await.map(drop),
-                }
+        match effect.call() {
+            Call::PatchPod(PodWrite { pod, patch }) => {
+                let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+                self.pods(pod).patch(&pod.name, &params, &Patch::Merge(&patch)).await.map(drop)
             }
-            Effect::CreateBusyPdb { namespace } => {
+            Call::DeletePod { pod, resource_version, evict } => match evict {
+                // An eviction deferred stays an eviction: the pod's PodDisruptionBudgets hold
+                // (429 until they allow it: tried again, then on the next sweep).
+                Some(evict) => self.evict(pod, resource_version, evict.grace_period_seconds).await,
+                None => {
+                    // Exactly once: only the pod as it was seen idle, by whichever replica is first.
+                    let preconditions = Preconditions {
+                        uid: Some(pod.uid.clone()),
+                        resource_version: Some(resource_version.to_string()),
+                    };
+                    let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+                    self.pods(pod).delete(&pod.name, &params).await.map(drop)
+                }
+            },
+            Call::CreateBusyPdb { namespace } => {
                 let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
                 pdbs(namespace).create(&params, &busy_pdb(namespace)).await.map(drop)
             }
-            Effect::DeleteBusyPdb { namespace, name } => {
+            Call::DeleteBusyPdb { namespace, name } => {
                 pdbs(namespace).delete(name, &DeleteParams::default()).await.map(drop)
             }
-            Effect::Event { pod, action, note } => {
+            Call::BlockedEvent { pod, action, note } => {
                 let name = blocked_event_name(&pod.uid, Timestamp::now(), self.event_interval);
                 self.create_event(pod, name, "DisruptionBlocked", action.as_str(), note).await
             }
-            Effect::ReportLoss { pod, cause, audit } => {
-                // Named for the pod's uid, so only one replica creates it and reports the loss.
+            Call::LossEvent { pod, cause, note } => {
                 let name = format!("busyguard-lost-{}", pod.uid);
-                self.create_event(pod, name, cause.event_reason(), "Observe", &audit.detail).await
+                self.create_event(pod, name, cause.event_reason(), "Observe", note).await
             }
-            // Patched above.
-            Effect::Refresh { .. }
-            | Effect::MarkDeleteRequested { .. }
-            | Effect::MarkDisruptionWanted { .. }
-            | Effect::FollowOwner { .. }
-            | Effect::Release { .. } => Ok(()),
         }
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::audit::{AuditRecord, Decision, Reason};
-use crate::policy::keys::DeleteRequest;
+use crate::policy::keys::{DeleteRequest, EvictAs};
 use crate::policy::marks::{self, Plan};
 use crate::policy::owners;
 use crate::policy::pdb::BUSY_PDB_NAME;
@@ -69,10 +69,43 @@ pub struct PodWrite<'a> {
     pub patch: serde_json::Value,
 }
 
+/// The one API call that carries an effect out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call<'a> {
+    /// A merge patch of the pod, with its uid (and, for a refresh, the resourceVersion its plan
+    /// was made on) as preconditions.
+    PatchPod(PodWrite<'a>),
+    /// A delete of the pod as it was seen idle (its uid and `resource_version` as
+    /// preconditions), sent as an eviction where the delete deferred was one.
+    DeletePod {
+        pod: &'a PodRef,
+        resource_version: &'a str,
+        evict: Option<EvictAs>,
+    },
+    CreateBusyPdb {
+        namespace: &'a str,
+    },
+    DeleteBusyPdb {
+        namespace: &'a str,
+        name: &'a str,
+    },
+    /// A `DisruptionBlocked` Event on the pod, at most one per pod per interval.
+    BlockedEvent {
+        pod: &'a PodRef,
+        action: Action,
+        note: &'a str,
+    },
+    /// The Event of a busy pod lost, named for the pod's uid so that one replica reports it.
+    LossEvent {
+        pod: &'a PodRef,
+        cause: &'a LossCause,
+        note: &'a str,
+    },
+}
+
 impl Effect {
-    /// The pod an effect writes, if it writes one, and its merge patch, with the pod's uid (and,
-    /// for a refresh, the resourceVersion its plan was made on) as preconditions.
-    pub fn pod_write(&self) -> Option<PodWrite<'_>> {
+    /// The API call that carries the effect out.
+    pub fn call(&self) -> Call<'_> {
         let (pod, mut patch, resource_version) = match self {
             Effect::Refresh { pod, resource_version, plan } => {
                 (pod, plan.changes().merge_patch(), Some(resource_version))
@@ -85,13 +118,27 @@ impl Effect {
             }
             Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request).merge_patch(), None),
             Effect::FollowOwner { pod, value } => (pod, owners::flip_patch(value), None),
-            _ => return None,
+            Effect::DeleteIdle { pod, resource_version, request, .. } => {
+                return Call::DeletePod { pod, resource_version, evict: request.evict };
+            }
+            Effect::CreateBusyPdb { namespace } => return Call::CreateBusyPdb { namespace },
+            Effect::DeleteBusyPdb { namespace, name } => return Call::DeleteBusyPdb { namespace, name },
+            Effect::Event { pod, action, note } => return Call::BlockedEvent { pod, action: *action, note },
+            Effect::ReportLoss { pod, cause, audit } => return Call::LossEvent { pod, cause, note: &audit.detail },
         };
         patch["metadata"]["uid"] = pod.uid.clone().into();
         if let Some(resource_version) = resource_version {
             patch["metadata"]["resourceVersion"] = resource_version.clone().into();
         }
-        Some(PodWrite { pod, patch })
+        Call::PatchPod(PodWrite { pod, patch })
+    }
+
+    /// The pod the effect writes and its merge patch, if it writes one (see [`Effect::call`]).
+    pub fn pod_write(&self) -> Option<PodWrite<'_>> {
+        match self.call() {
+            Call::PatchPod(write) => Some(write),
+            _ => None,
+        }
     }
 
     /// The metric's `kind` label.

@@ -6,7 +6,7 @@ mod audit;
 mod effect;
 
 pub use audit::{AuditRecord, Decision, Reason, ScalePlan, Subject};
-pub use effect::{Action, Effect, LossCause, PodWrite};
+pub use effect::{Action, Call, Effect, LossCause, PodWrite};
 
 use super::config::Mode;
 
