@@ -13,7 +13,10 @@
 #[path = "../tests/e2e/kubelet.rs"]
 mod kubelet;
 #[allow(dead_code)]
-#[path = "../tests/e2e/rig.rs"]
+#[path = "../tests/common/kustomize.rs"]
+mod kustomize;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/e2e/rig/mod.rs"]
 mod rig;
 
 use std::sync::Arc;

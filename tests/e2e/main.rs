@@ -7,6 +7,8 @@
 //! name holds it. The last line reads `e2e: N passed, N failed`.
 
 mod kubelet;
+#[path = "../common/kustomize.rs"]
+mod kustomize;
 mod rig;
 mod scenarios;
 mod workers;

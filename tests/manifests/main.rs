@@ -18,6 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 mod certs;
 mod chart;
+#[path = "../common/kustomize.rs"]
+mod kustomize;
 mod overlays;
 mod targets;
 
@@ -37,8 +39,7 @@ fn run(command: &mut Command) -> Output {
 
 /// `kubectl kustomize DIR`, offline, as objects.
 fn render(dir: &Path) -> Vec<Value> {
-    let output = run(Command::new("kubectl").arg("kustomize").arg(dir));
-    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+    kustomize::kustomize(dir).unwrap()
 }
 
 /// The quoted strings of a CEL expression, in order.

@@ -9,5 +9,7 @@ mod cli;
 mod dist;
 mod docs;
 mod harness;
+#[path = "../common/kustomize.rs"]
+mod kustomize;
 mod layout;
 mod monitoring;

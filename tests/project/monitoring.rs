@@ -11,6 +11,8 @@ use busyguard::metrics::{
 };
 use serde_json::Value;
 
+use crate::kustomize::kustomize;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every series busyguard exports, by name, with its label names: each labelled family given
@@ -48,12 +50,7 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
 
 /// The monitoring component's objects, as rendered for an install.
 fn rendered() -> Vec<Value> {
-    let output = Command::new("kubectl")
-        .args(["kustomize", &Path::new(ROOT).join("manifests/examples/with-monitoring").display().to_string()])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+    kustomize(&Path::new(ROOT).join("manifests/examples/with-monitoring")).unwrap()
 }
 
 /// Every PromQL expression of the rules and the dashboard, as rendered from the component.
@@ -259,9 +256,7 @@ fn render_overlay(resources: &[&str], components: &[&str], extra: &str) -> Vec<V
         listed(components)
     );
     std::fs::write(dir.path().join("kustomization.yaml"), kustomization).unwrap();
-    let output = Command::new("kubectl").arg("kustomize").arg(dir.path()).output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+    kustomize(dir.path()).unwrap()
 }
 
 #[test]

@@ -11,19 +11,23 @@
 //! deleted. The webhook URL points at a TCP forwarder that plays the Service: it sends each
 //! connection to a ready, not terminating replica.
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::kubelet::{Forwarder, Kubelet, get, get_body};
+
+mod commands;
+mod wait;
 use base64::Engine;
+pub use commands::{bound_token, die_with_parent, free_port, kubeconfig_for, kubectl, kubectl_stdin, run};
 use serde_json::{Value, json};
+pub use wait::{eventually, throughout};
 
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 pub const BUSYGUARD: &str = env!("CARGO_BIN_EXE_busyguard");
@@ -32,8 +36,7 @@ pub const PREVIOUS_IMAGE: &str = "busyguard-previous:";
 
 /// A kustomization directory, rendered by `kubectl kustomize`.
 fn rendered(dir: &Path) -> Result<Vec<Value>> {
-    let rendered = run(Command::new("kubectl").arg("kustomize").arg(dir))?;
-    serde_saphyr::from_multiple(&rendered).with_context(|| format!("the manifests of {}", dir.display()))
+    crate::kustomize::kustomize(dir).map_err(anyhow::Error::msg)
 }
 
 fn is_webhook_configuration(object: &Value) -> bool {
@@ -591,117 +594,4 @@ impl Drop for Namespace<'_> {
     fn drop(&mut self) {
         let _ = self.rig.try_kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
-}
-
-/// A token bound to `pod` of service account `sa` in `ns`.
-pub fn bound_token(admin: &Path, ns: &str, sa: &str, pod: &str) -> Result<String> {
-    let (ok, uid, err) = kubectl(admin, &["-n", ns, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?;
-    ensure!(ok, "{err}");
-    let name = format!("--bound-object-name={pod}");
-    let uid = format!("--bound-object-uid={uid}");
-    let args = ["-n", ns, "create", "token", sa, "--bound-object-kind=Pod", &name, &uid, "--duration=2h"];
-    let (ok, token, err) = kubectl(admin, &args)?;
-    ensure!(ok, "{err}");
-    Ok(token.trim().to_string())
-}
-
-/// Writes to `path` a kubeconfig for `token` on the admin's control plane.
-pub fn kubeconfig_for(admin: &Path, path: &Path, name: &str, token: &str) -> Result<PathBuf> {
-    let (ok, raw, err) = kubectl(admin, &["config", "view", "--raw", "--minify", "-o", "json"])?;
-    ensure!(ok, "{err}");
-    let raw: Value = serde_json::from_str(&raw)?;
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": raw["clusters"][0]["cluster"]}],
-        "users": [{"name": name, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": name}}],
-        "current-context": "local",
-    });
-    std::fs::write(path, config.to_string())?;
-    Ok(path.to_path_buf())
-}
-
-pub fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// The child gets SIGKILL if the rig dies, so no busyguard outlives a run.
-pub fn die_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers; nothing is allocated after fork.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-}
-
-pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String, String)> {
-    let output = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--request-timeout=20s")
-        .args(args)
-        .output()
-        .context("kubectl is needed")?;
-    Ok((
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
-}
-
-pub fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<String> {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
-    let output = child.wait_with_output()?;
-    ensure!(output.status.success(), "kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-pub fn run(command: &mut Command) -> Result<String> {
-    let output = command.output().with_context(|| format!("{command:?}"))?;
-    ensure!(
-        output.status.success(),
-        "{command:?}: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// Retries `check` every 250 ms until it holds; an error names `what` and how long it waited.
-pub fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + within;
-    let mut last = None;
-    loop {
-        match check() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        if Instant::now() >= deadline {
-            let why = last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default();
-            bail!("not seen within {}s: {what}{why}", within.as_secs());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// Checks that `check` holds throughout `period` (sampled every 250 ms).
-pub fn throughout(what: &str, period: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + period;
-    while Instant::now() < deadline {
-        ensure!(check()?, "no longer true: {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    Ok(())
 }
