@@ -47,7 +47,21 @@ pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>
     panic!("not within 10s: {what}")
 }
 
-/// A new CA and serving pair for localhost in `dir`.
+/// The CA and serving pair for localhost this test binary's servers share, written once.
+static SHARED_CERTS: std::sync::LazyLock<tempfile::TempDir> = std::sync::LazyLock::new(|| {
+    let dir = tempfile::tempdir().unwrap();
+    fresh_certs(dir.path());
+    dir
+});
+
+/// This test binary's CA and serving pair, copied into `dir` (a test may rewrite its copy).
+pub fn shared_certs(dir: &Path) {
+    for file in ["ca.crt", "tls.crt", "tls.key"] {
+        std::fs::copy(SHARED_CERTS.path().join(file), dir.join(file)).unwrap();
+    }
+}
+
+/// A new CA and serving pair for localhost in `dir`: for a test that tells two CAs apart.
 pub fn fresh_certs(dir: &Path) {
     certs::ensure(&CertsRequest {
         dir: dir.to_path_buf(),
@@ -112,7 +126,7 @@ impl TestServer {
 
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        fresh_certs(dir.path());
+        shared_certs(dir.path());
         let mut config = test_config(dir.path());
         adjust(&mut config);
         let running = server::start(config).await.unwrap();
