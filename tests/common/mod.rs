@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this
 
 pub mod apiserver;
+pub mod in_process;
 pub mod invariants;
 pub mod process;
 pub mod rbac;
