@@ -23,16 +23,17 @@ pub fn admit(
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
+    let ask = routes::ask(request);
     match Route::of(webhook, Resource::of(request), request.operation) {
-        Route::PodMutate => routes::pod_mutate(request, inputs, now),
-        Route::PodResize => routes::pod_resize(request, inputs, now),
-        Route::PodWriteCheck => routes::pod_write_check(request, inputs, now),
-        Route::PodDelete => routes::pod_delete(request, inputs, now),
-        Route::PodEviction => routes::pod_eviction(request, inputs, now),
-        Route::ScaleDown => routes::scale_down(request, inputs, now),
-        Route::NodeDelete => routes::node_delete(request, inputs, now),
-        Route::NodeClaimDelete => routes::node_claim_delete(request, inputs, now),
-        Route::OwnerUpdate => routes::owner_update(request, inputs, now),
+        Route::PodMutate => routes::pod_mutate(request, &ask, inputs, now),
+        Route::PodResize => routes::pod_resize(request, &ask, inputs, now),
+        Route::PodWriteCheck => routes::pod_write_check(request, &ask, inputs, now),
+        Route::PodDelete => routes::pod_delete(request, &ask, inputs, now),
+        Route::PodEviction => routes::pod_eviction(request, &ask, inputs, now),
+        Route::ScaleDown => routes::scale_down(request, &ask, inputs, now),
+        Route::NodeDelete => routes::node_delete(request, &ask, inputs, now),
+        Route::NodeClaimDelete => routes::node_claim_delete(request, &ask, inputs, now),
+        Route::OwnerUpdate => routes::owner_update(request, &ask, inputs, now),
         Route::Unhandled => Ok(Outcome::allow(Decision::Unhandled)),
     }
 }

@@ -1,6 +1,9 @@
-//! One function per route (`paths::Route`): each reads its objects, builds the one typed input
-//! its policy entry takes, and reads the view one way: `trusted_view` where a decision without
-//! it would be a guess (503), `view_if_trusted` where the request's pod suffices.
+//! One function per route (`paths::Route`): each reads its objects and builds the one typed
+//! input its policy entry takes. The view is read one of three ways: `trusted_view` where a
+//! decision without it would be a guess (503); `view_if_trusted` where the request's pod
+//! suffices and the view only confirms it or counts its workload; and as it stands for what it
+//! learns apart from the pods' watch (busyguard's own user, the nodes going, whether a pod is
+//! guarded), which a decision reads whatever the pods' watch's freshness.
 
 use std::time::Instant;
 
@@ -61,11 +64,11 @@ impl DecisionInputs<'_> {
 /// A pod created or updated, on the mutating registration.
 pub fn pod_mutate(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let (pod, before) = pods(request)?;
-    let ask = ask(request, request.is_dry_run());
     let view = inputs.view;
     let node_going = view.node_going(&pod.spec.node_name);
     let by_busyguard = view.own_user() == Some(ask.requester.username);
@@ -79,11 +82,11 @@ pub fn pod_mutate(
 /// patched (it changes resources alone).
 pub fn pod_resize(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let (pod, before) = pods(request)?;
-    let ask = ask(request, request.is_dry_run());
     Ok(mutate::judge_resize(&mutate::Mutation::of(&ask, pod, before), inputs.policy, now))
 }
 
@@ -91,11 +94,11 @@ pub fn pod_resize(
 /// workers, of busyguard's own keys and of busyguard's mark.
 pub fn pod_write_check(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let (pod, before) = pods(request)?;
-    let ask = ask(request, request.is_dry_run());
     let view = inputs.view;
     let guarded = |namespace: &str, name: &str| view.holds(namespace, name);
     let writer = writes::writer(&ask.requester, view.own_user(), ask.namespace, pod, guarded);
@@ -108,11 +111,12 @@ pub fn pod_write_check(
 /// and counts its workload's unavailable pods for a budget, when it can be trusted.
 pub fn pod_delete(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let pod = expect_pod(request.old_object()?, "oldObject")?;
-    let mut ask = ask(request, request.is_dry_run());
+    let mut ask = *ask;
     // A deletecollection's reviews, one per pod, carry no name: the pod has it.
     if ask.name.is_empty() {
         ask.name = &pod.metadata.name;
@@ -133,6 +137,7 @@ pub fn pod_delete(
 /// An eviction: the request carries no pod, so the view must hold it.
 pub fn pod_eviction(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
@@ -140,7 +145,7 @@ pub fn pod_eviction(
         Object::Eviction(eviction) => eviction,
         other => return Err(other.mismatch("object", "an Eviction").into()),
     };
-    let ask = ask(request, request.is_dry_run() || eviction.is_dry_run());
+    let ask = Ask { dry_run: ask.dry_run || eviction.is_dry_run(), ..*ask };
     let view = inputs.trusted_view("the eviction")?;
     // busyguard's own token evicts only what it deferred (and then as anyone would).
     let own = view.own_user() == Some(ask.requester.username);
@@ -163,6 +168,7 @@ pub fn pod_eviction(
 /// conditions): its pods as the view holds them, one held among them refusing the new task.
 pub fn owner_update(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
@@ -176,7 +182,6 @@ pub fn owner_update(
         let node = pod.node.as_deref().unwrap_or_default();
         Some((name.as_str(), hold::held(pod, node, view.node_going(node), inputs.policy.holds, now)?))
     });
-    let ask = ask(request, request.is_dry_run());
     Ok(owner_task::judge_new_task(&ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
 }
 
@@ -184,11 +189,11 @@ pub fn owner_update(
 /// view's pods; without a trusted view it is let through unprepared, and says why.
 pub fn scale_down(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let object = format!("{} {}/{}", Resource::of(request).label(), request.namespace, request.name);
-    let ask = ask(request, request.is_dry_run());
     let scale = scale_request(request, &ask, &object)?;
     let select = |selector: &Selector| {
         inputs.view.check(inputs.arrived).map_err(|why| scale::ViewUnavailable(why.to_string()))?;
@@ -200,11 +205,11 @@ pub fn scale_down(
 /// A Node deleted: the view says which busy pods run there.
 pub fn node_delete(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let view = inputs.trusted_view("the node delete")?;
-    let ask = ask(request, request.is_dry_run());
     Ok(view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, inputs.policy, now)))
 }
 
@@ -213,6 +218,7 @@ pub fn node_delete(
 /// protect.
 pub fn node_claim_delete(
     request: &AdmissionRequest,
+    ask: &Ask<'_>,
     inputs: &DecisionInputs<'_>,
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
@@ -224,7 +230,6 @@ pub fn node_claim_delete(
         return Ok(Outcome::allow(Decision::Allowed));
     };
     let view = inputs.trusted_view("the NodeClaim delete")?;
-    let ask = ask(request, request.is_dry_run());
     let claim = node::NodeClaim { node: node_name, disruption: claim.disruption_reason() };
     Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(&ask, &claim, pods, inputs.policy, now)))
 }
@@ -240,7 +245,7 @@ fn pods(request: &AdmissionRequest) -> Result<(&Pod, Option<&Pod>), Unanswerable
 }
 
 /// The request as the policy sees it.
-fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
+pub fn ask(request: &AdmissionRequest) -> Ask<'_> {
     Ask {
         uid: &request.uid,
         operation: request.operation,
@@ -253,7 +258,7 @@ fn ask(request: &AdmissionRequest, dry_run: bool) -> Ask<'_> {
             groups: &request.user_info.groups,
             pod: request.user_info.extra.get(POD_NAME_CLAIM).and_then(|names| names.first()).map(String::as_str),
         },
-        dry_run,
+        dry_run: request.is_dry_run(),
     }
 }
 
