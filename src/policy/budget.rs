@@ -11,7 +11,9 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::keys::MAX_UNAVAILABLE;
 use super::outcome::{BudgetClaim, Outcome};
+use super::owners::kind_and_name;
 use super::pod::{Phase, PodFacts};
+use super::workloads::workload;
 
 /// The other pods of a pod's workload that are unavailable now, by name (not Running and
 /// Ready, or going away), as the view holds them, and the workload they count for.
@@ -20,6 +22,37 @@ pub struct Siblings {
     /// `Kind/name`: a Deployment across its ReplicaSets, else the pod's controlling owner.
     pub workload: String,
     pub unavailable: Vec<String>,
+}
+
+/// The other pods of the workload of `pod` (named `name`) that are unavailable: not Running
+/// and Ready, or going away, among `namespace_pods` (its namespace's, by name, itself among
+/// them). A Deployment's pods count across its ReplicaSets, else the controlling owner's. `None`
+/// when the pod has no owner, or no budget (`busyguard.io/max-unavailable`) to count for: the
+/// namespace is scanned only then.
+pub fn unavailable_siblings<'p, P: PodFacts + 'p>(
+    name: &str,
+    pod: &P,
+    namespace_pods: impl Iterator<Item = (&'p str, &'p P)>,
+) -> Option<Siblings> {
+    pod.label(MAX_UNAVAILABLE)?;
+    let owner = pod.owner()?;
+    let workload_of = |name: &str, pod: &P| {
+        let owner = pod.owner();
+        workload(owner.as_deref().map(kind_and_name), pod.template_hash(), pod.owners_set(), name)
+    };
+    let workload = workload_of(name, pod);
+    // The same owner is the same workload; only another owner needs its workload worked out
+    // (a Deployment's other ReplicaSet).
+    let same_workload = |other: &str, pod: &P| match pod.owner() {
+        Some(theirs) => theirs == owner || workload_of(other, pod) == workload,
+        None => false,
+    };
+    let unavailable = namespace_pods
+        .filter(|(other, pod)| *other != name && same_workload(other, pod))
+        .filter(|(_, pod)| pod.is_terminating() || !is_available(*pod))
+        .map(|(other, _)| other.to_string())
+        .collect();
+    Some(Siblings { workload, unavailable })
 }
 
 /// Running and Ready: what counts as available for a budget.
@@ -148,7 +181,49 @@ pub fn unrecorded(claim: BudgetClaim, why: &str) -> Outcome {
 mod tests {
     use super::*;
     use crate::policy::outcome::{Decision, Outcome};
-    use crate::policy::testing::ts;
+    use crate::policy::pod::Pod;
+    use crate::policy::testing::{pod, ts};
+    use serde_json::json;
+
+    /// A pod of `owner` (`Kind/name`, apps/v1) with its template hash, Running and `ready`;
+    /// under a budget of one, or none.
+    fn member(owner: Option<&str>, hash: &str, ready: bool, budget: bool, terminating: bool) -> Pod {
+        let owners = owner.map(|owner| {
+            let (kind, name) = owner.split_once('/').unwrap();
+            json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "o", "controller": true}])
+        });
+        let mut labels = json!({"pod-template-hash": hash});
+        if budget {
+            labels[MAX_UNAVAILABLE] = json!("1");
+        }
+        pod(json!({
+            "metadata": {"name": "p", "uid": "u", "labels": labels, "ownerReferences": owners,
+                "deletionTimestamp": terminating.then_some("2026-11-21T20:49:00Z")},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]},
+        }))
+    }
+
+    #[test]
+    fn a_workloads_unavailable_pods_are_counted_across_its_replica_sets_and_no_other_workloads() {
+        let old = Some("ReplicaSet/web-7d4b9");
+        let pods = [
+            ("a", member(old, "7d4b9", true, true, false)),
+            ("b", member(old, "7d4b9", false, true, false)),
+            ("c", member(Some("ReplicaSet/web-5f6c8"), "5f6c8", false, true, false)),
+            ("d", member(old, "7d4b9", true, true, true)),
+            ("e", member(Some("ReplicaSet/api-1a2b3"), "1a2b3", false, true, false)),
+            ("f", member(None, "", false, true, false)),
+        ];
+        let namespace = || pods.iter().map(|(name, pod)| (*name, pod));
+        let siblings = unavailable_siblings("a", &pods[0].1, namespace()).unwrap();
+        assert_eq!(siblings.workload, "Deployment/web");
+        let mut unavailable = siblings.unavailable;
+        unavailable.sort();
+        assert_eq!(unavailable, ["b", "c", "d"], "not ready, in the other ReplicaSet, going away; not itself");
+        let unbudgeted = member(old, "7d4b9", true, false, false);
+        assert_eq!(unavailable_siblings("a", &unbudgeted, namespace()), None, "no budget: nothing counted");
+        assert_eq!(unavailable_siblings("f", &pods[5].1, namespace()), None, "no owner: no workload to count");
+    }
 
     fn claiming(pod: &str, allowed: u32, unavailable: &[&str]) -> BudgetClaim {
         BudgetClaim {

@@ -15,12 +15,9 @@ pub use api_pod::ApiPod;
 pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
-use crate::policy::budget::Siblings;
-use crate::policy::budget::is_available;
+use crate::policy::budget::{Siblings, unavailable_siblings};
 use crate::policy::hold::NodeGoing;
-use crate::policy::keys::MAX_UNAVAILABLE;
 use crate::policy::owners::OwnerState;
-use crate::policy::pod::PodFacts;
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
 /// Pods by namespace, then name.
@@ -272,7 +269,8 @@ impl View {
         let pods = self.read();
         let in_namespace = pods.get(namespace)?;
         let record = in_namespace.get(name)?;
-        Some(read(record, Self::unavailable_siblings(in_namespace, name, record)))
+        let namespace_pods = in_namespace.iter().map(|(name, pod)| (&**name, pod));
+        Some(read(record, unavailable_siblings(name, record, namespace_pods)))
     }
 
     /// Whether the view holds that pod: an opted-in pod busyguard guards.
@@ -294,33 +292,6 @@ impl View {
             .iter()
             .flat_map(|(namespace, in_namespace)| in_namespace.iter().map(move |(name, pod)| (namespace, name, pod)));
         records.flat_map(|(namespace, name, pod)| each(namespace, name, pod)).collect()
-    }
-
-    /// The other pods of this pod's workload (a Deployment across its ReplicaSets, else the
-    /// controlling owner) that are unavailable: not Running and Ready, or going away. `None`
-    /// when the pod has no owner, or no budget (`busyguard.io/max-unavailable`) to count for:
-    /// the namespace is scanned only then.
-    fn unavailable_siblings(
-        in_namespace: &HashMap<Box<str>, PodRecord>,
-        name: &str,
-        record: &PodRecord,
-    ) -> Option<Siblings> {
-        record.label(MAX_UNAVAILABLE)?;
-        let owner = record.owner.as_deref()?;
-        let workload = record.workload(name);
-        // The same owner is the same workload; only another owner needs its workload worked out
-        // (a Deployment's other ReplicaSet).
-        let same_workload = |other: &str, pod: &PodRecord| match pod.owner.as_deref() {
-            Some(theirs) => theirs == owner || pod.workload(other) == workload,
-            None => false,
-        };
-        let unavailable = in_namespace
-            .iter()
-            .filter(|(other, pod)| &***other != name && same_workload(other, pod))
-            .filter(|(_, pod)| pod.terminating || !is_available(*pod))
-            .map(|(other, _)| other.to_string())
-            .collect();
-        Some(Siblings { workload, unavailable })
     }
 
     /// `read` applied to the pods on `node` (as `namespace/name`), under the read lock.
@@ -398,6 +369,7 @@ impl View {
 mod tests {
     use super::*;
     use crate::policy::keys::BUSY_LABEL;
+    use crate::policy::pod::PodFacts;
     use serde_json::json;
     use std::sync::Arc;
 
