@@ -174,6 +174,17 @@ fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_ord
     for name in ["actions-runner-controller.busyguard.io", "agones.busyguard.io"] {
         assert_eq!(webhook(&together, name)["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);
     }
+    // One webhook body for every owner: kustomize keeps a component's patches inside its own
+    // folder, so the bodies are written twice and held the same here, but for what picks the pods.
+    let body = |name: &str| {
+        let mut hook = webhook(&together, name).clone();
+        for picks in ["name", "objectSelector", "matchConditions"] {
+            hook.as_object_mut().unwrap().remove(picks);
+        }
+        hook
+    };
+    assert_eq!(body("actions-runner-controller.busyguard.io"), body("agones.busyguard.io"));
+    assert_eq!(body("actions-runner-controller.busyguard.io"), body("actions-runner-controller-workflows.busyguard.io"));
     // containerMode: kubernetes: the hooks' workflow pod (labelled with its runner's pod, no owner).
     let workflows = webhook(&together, "actions-runner-controller-workflows.busyguard.io");
     assert_eq!(workflows["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);
