@@ -131,17 +131,7 @@ impl Queue {
 /// A service account `sa` in `ns` with the contract's worker Role: get and patch pods.
 pub fn grant_workers(rig: &Rig, ns: &str, sa: &str) -> Result<()> {
     rig.kubectl(&["-n", ns, "create", "serviceaccount", sa])?;
-    rig.kubectl(&["-n", ns, "create", "role", sa, "--verb=get,patch", "--resource=pods"])?;
-    rig.kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        sa,
-        &format!("--role={sa}"),
-        &format!("--serviceaccount={ns}:{sa}"),
-    ])?;
-    Ok(())
+    rig.grant(ns, sa, "get,patch", "pods", &format!("{ns}:{sa}"))
 }
 
 /// A worker: it flips its pod busy through the API server as its app would (no process spawned

@@ -184,7 +184,10 @@ fn each_owner_component_follows_opt_in_and_self_managed_by_name_whatever_the_ord
         hook
     };
     assert_eq!(body("actions-runner-controller.busyguard.io"), body("agones.busyguard.io"));
-    assert_eq!(body("actions-runner-controller.busyguard.io"), body("actions-runner-controller-workflows.busyguard.io"));
+    assert_eq!(
+        body("actions-runner-controller.busyguard.io"),
+        body("actions-runner-controller-workflows.busyguard.io")
+    );
     // containerMode: kubernetes: the hooks' workflow pod (labelled with its runner's pod, no owner).
     let workflows = webhook(&together, "actions-runner-controller-workflows.busyguard.io");
     assert_eq!(workflows["clientConfig"], webhook(&together, "pods.busyguard.io")["clientConfig"]);

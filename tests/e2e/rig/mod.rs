@@ -432,6 +432,36 @@ impl Rig {
         Ok(command.spawn()?)
     }
 
+    /// A Role `role` in `ns` with `verbs` on `resources` (as `kubectl create role` takes them),
+    /// bound to the service account `account` (`namespace:name`).
+    pub fn grant(&self, ns: &str, role: &str, verbs: &str, resources: &str, account: &str) -> Result<()> {
+        self.kubectl(&[
+            "-n",
+            ns,
+            "create",
+            "role",
+            role,
+            &format!("--verb={verbs}"),
+            &format!("--resource={resources}"),
+        ])?;
+        let (role_ref, subject) = (format!("--role={role}"), format!("--serviceaccount={account}"));
+        self.kubectl(&["-n", ns, "create", "rolebinding", role, &role_ref, &subject])?;
+        Ok(())
+    }
+
+    /// A ClusterRole `name` with `rules`, bound to the service account `account` of `namespace`:
+    /// another controller's identity, cluster-wide.
+    pub fn grant_cluster(&self, name: &str, rules: Value, namespace: &str, account: &str) -> Result<()> {
+        let rbac = "rbac.authorization.k8s.io";
+        self.apply(&json!({"apiVersion": format!("{rbac}/v1"), "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": rules}))?;
+        self.apply(&json!({"apiVersion": format!("{rbac}/v1"), "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}))?;
+        Ok(())
+    }
+
     pub fn apply(&self, object: &Value) -> Result<String> {
         kubectl_stdin(&self.admin, &["apply", "-f", "-"], &object.to_string())
     }

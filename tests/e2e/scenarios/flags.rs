@@ -15,16 +15,7 @@ use crate::workers::{self, annotation, label};
 pub fn a_workers_own_token_flips_its_own_label_and_nothing_else(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("own-flag")?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "worker"])?;
-    rig.kubectl(&["-n", &ns, "create", "role", "flags", "--verb=get,patch", "--resource=pods"])?;
-    rig.kubectl(&[
-        "-n",
-        &ns,
-        "create",
-        "rolebinding",
-        "flags",
-        "--role=flags",
-        &format!("--serviceaccount={}:worker", &*ns),
-    ])?;
+    rig.grant(&ns, "flags", "get,patch", "pods", &format!("{}:worker", &*ns))?;
     for name in ["me", "neighbour"] {
         let mut pod = workers::pod(&ns, name, None);
         pod["spec"]["serviceAccountName"] = json!("worker");

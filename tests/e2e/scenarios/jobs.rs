@@ -202,12 +202,12 @@ pub fn argo_and_tekton_controllers_end_their_own_busy_pods(rig: &Rig) -> Result<
         ("run-pod", "tekton.dev/taskRun", ("tekton-pipelines", "tekton-pipelines-controller")),
     ] {
         let role = format!("e2e-owner-{}", controller.1);
-        rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": role}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]}))?;
-        rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": controller.1, "namespace": controller.0}]}))?;
+        rig.grant_cluster(
+            &role,
+            json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]),
+            &controller.0,
+            &controller.1,
+        )?;
         rig.apply(&json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": &*ns, "labels": {owner_label: "run-1"}},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,

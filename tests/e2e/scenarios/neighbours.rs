@@ -10,16 +10,6 @@ use serde_json::json;
 use crate::rig::{Rig, eventually, kubectl, throughout};
 use crate::workers::{self, annotation, flip, label};
 
-/// A service account `name` in `ns` granted what the contract's worker Role grants: get and
-/// patch on pods.
-fn pod_patcher(rig: &Rig, ns: &str, name: &str) -> Result<()> {
-    rig.kubectl(&["-n", ns, "create", "serviceaccount", name])?;
-    rig.kubectl(&["-n", ns, "create", "role", name, "--verb=get,patch", "--resource=pods"])?;
-    let binding = format!("--serviceaccount={ns}:{name}");
-    rig.kubectl(&["-n", ns, "create", "rolebinding", name, &format!("--role={name}"), &binding])?;
-    Ok(())
-}
-
 /// A kubeconfig speaking with a token bound to `pod` of service account `sa`.
 fn as_pod(rig: &Rig, ns: &str, sa: &str, pod: &str) -> Result<PathBuf> {
     let token = rig.pod_token(ns, sa, pod)?;
@@ -32,7 +22,7 @@ fn as_pod(rig: &Rig, ns: &str, sa: &str, pod: &str) -> Result<PathBuf> {
 /// busy-since stays busyguard's all the same.
 pub fn a_controller_removes_its_finalizer_from_a_busy_pod(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("controller")?;
-    pod_patcher(rig, &ns, "controller")?;
+    workers::grant_workers(rig, &ns, "controller")?;
     let mut controller = workers::pod(&ns, "controller", None);
     controller["metadata"]["labels"] = json!({"app": "controller"});
     controller["spec"]["serviceAccountName"] = json!("controller");
@@ -71,7 +61,7 @@ pub fn a_worker_cannot_shorten_its_neighbours_max_busy_in_a_namespace_without_an
     rig: &Rig,
 ) -> Result<()> {
     let ns = rig.namespace("neighbours")?;
-    pod_patcher(rig, &ns, "worker")?;
+    workers::grant_workers(rig, &ns, "worker")?;
     for name in ["me", "neighbour"] {
         let mut pod = workers::pod(&ns, name, None);
         pod["spec"]["serviceAccountName"] = json!("worker");

@@ -20,13 +20,12 @@ pub fn a_busy_node_stays_but_the_cloud_node_lifecycle_controller_deletes_it(rig:
 /// The same for Karpenter, whose DELETE of a node starts its termination (finalizer, taint,
 /// then evictions, which busyguard refuses one by one).
 pub fn a_busy_node_stays_but_karpenter_deletes_it(rig: &Rig) -> Result<()> {
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "e2e-karpenter"},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "delete"]}]}))?;
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "e2e-karpenter"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-karpenter"},
-        "subjects": [{"kind": "ServiceAccount", "name": "karpenter", "namespace": "karpenter"}]}))?;
+    rig.grant_cluster(
+        "e2e-karpenter",
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "delete"]}]),
+        "karpenter",
+        "karpenter",
+    )?;
     refused_to_a_person_but_not_to(rig, "karpenter", "system:serviceaccount:karpenter:karpenter")
 }
 
@@ -69,13 +68,12 @@ pub fn karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod(rig: &Rig
 }
 
 fn consolidation_waits(rig: &Rig) -> Result<()> {
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "e2e-karpenter-node-claims"},
-        "rules": [{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "delete"]}]}))?;
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "e2e-karpenter-node-claims"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-karpenter-node-claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": "karpenter", "namespace": "kube-system"}]}))?;
+    rig.grant_cluster(
+        "e2e-karpenter-node-claims",
+        json!([{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "delete"]}]),
+        "kube-system",
+        "karpenter",
+    )?;
     let ns = rig.namespace("node-claims")?;
     let node = "e2e-node-claimed";
     rig.node(node, "4")?;

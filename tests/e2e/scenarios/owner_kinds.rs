@@ -312,16 +312,7 @@ fn workflow_pod_guarded_with_its_runner(rig: &Rig, runner: &Owned, node: &str) -
     let (evicted, why) = rig.evict(ns, &name)?;
     ensure!(!evicted, "the workflow pod of a running job was evicted: {why}");
     // The hooks speak with the runner pod's token (its service account may delete pods).
-    rig.kubectl(&["-n", ns, "create", "role", "hooks", "--verb=get,list,create,delete", "--resource=pods"])?;
-    rig.kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "hooks",
-        "--role=hooks",
-        &format!("--serviceaccount={ns}:default"),
-    ])?;
+    rig.grant(ns, "hooks", "get,list,create,delete", "pods", &format!("{ns}:default"))?;
     let token = rig.pod_token(ns, "default", &runner.name)?;
     let hooks = rig.kubeconfig_for(&format!("{}-hooks", runner.name), &token)?;
     let (ok, _, err) =

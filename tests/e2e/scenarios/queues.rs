@@ -160,14 +160,13 @@ impl Autoscaler {
 /// The service account `namespace:name` (an autoscaler's) may evict pods, as its Helm chart lets it.
 fn evictor(rig: &Rig, namespace: &str, name: &str) -> Result<()> {
     let role = format!("e2e-evictor-{name}");
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": role},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-                  {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]}))?;
-    rig.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}))?;
+    rig.grant_cluster(
+        &role,
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+                  {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]),
+        &namespace,
+        &name,
+    )?;
     Ok(())
 }
 

@@ -54,14 +54,10 @@ pub fn a_scale_down_takes_the_idle_pods_and_waits_for_the_busy_ones(rig: &Rig) -
 pub fn a_frameworks_own_cost_decides_among_idle_pods(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("framework-cost")?;
     rig.kubectl(&["-n", &ns, "create", "serviceaccount", "spark-driver"])?;
-    let driver_rights = [
-        ("executors", "--verb=get,list,patch", "--resource=pods"),
-        ("allocator", "--verb=get,patch,update", "--resource=deployments,deployments/scale"),
-    ];
+    let driver_rights =
+        [("executors", "get,list,patch", "pods"), ("allocator", "get,patch,update", "deployments,deployments/scale")];
     for (role, verbs, resources) in driver_rights {
-        rig.kubectl(&["-n", &ns, "create", "role", role, verbs, resources])?;
-        let account = format!("--serviceaccount={}:spark-driver", &*ns);
-        rig.kubectl(&["-n", &ns, "create", "rolebinding", role, &format!("--role={role}"), &account])?;
+        rig.grant(&ns, role, verbs, resources, &format!("{}:spark-driver", &*ns))?;
     }
     let mut driver = workers::pod(&ns, "driver", None);
     driver["metadata"]["labels"] = json!({"app": "driver"});
