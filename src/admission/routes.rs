@@ -74,7 +74,7 @@ pub fn pod_mutate(
     let by_busyguard = view.own_user() == Some(ask.requester.username);
     let reports_begun_task =
         request.field_manager.as_deref() == Some(AGENT_FIELD_MANAGER) && ask.requester.pod == Some(ask.name);
-    let mutation = mutate::Mutation { ask: &ask, pod, before, node_going, by_busyguard, reports_begun_task };
+    let mutation = mutate::Mutation { ask, pod, before, node_going, by_busyguard, reports_begun_task };
     Ok(mutate::mutate_pod(&mutation, inputs.policy, now))
 }
 
@@ -87,7 +87,7 @@ pub fn pod_resize(
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let (pod, before) = pods(request)?;
-    Ok(mutate::judge_resize(&mutate::Mutation::of(&ask, pod, before), inputs.policy, now))
+    Ok(mutate::judge_resize(&mutate::Mutation::of(ask, pod, before), inputs.policy, now))
 }
 
 /// A pod, its status or its resize written, on a validating registration: the writes of
@@ -103,7 +103,7 @@ pub fn pod_write_check(
     let guarded = |namespace: &str, name: &str| view.holds(namespace, name);
     let writer = writes::writer(&ask.requester, view.own_user(), ask.namespace, pod, guarded);
     let through_status = Resource::of(request) == Resource::PodStatus;
-    let write = writes::Write { ask: &ask, pod, before, writer, through_status };
+    let write = writes::Write { ask, pod, before, writer, through_status };
     Ok(writes::judge_write(&write, inputs.policy, now))
 }
 
@@ -182,7 +182,7 @@ pub fn owner_update(
         let node = pod.node.as_deref().unwrap_or_default();
         Some((name.as_str(), hold::held(pod, node, view.node_going(node), inputs.policy.holds, now)?))
     });
-    Ok(owner_task::judge_new_task(&ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
+    Ok(owner_task::judge_new_task(ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
 }
 
 /// A ReplicaSet's, a Deployment's or their scale's update: a scale-down is prepared with the
@@ -194,7 +194,7 @@ pub fn scale_down(
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let object = format!("{} {}/{}", Resource::of(request).label(), request.namespace, request.name);
-    let scale = scale_request(request, &ask, &object)?;
+    let scale = scale_request(request, ask, &object)?;
     let select = |selector: &Selector| {
         inputs.view.check(inputs.arrived).map_err(|why| scale::ViewUnavailable(why.to_string()))?;
         Ok(inputs.view.select(&request.namespace, |pod| selector.matches(|key| pod.label(key))))
@@ -210,7 +210,7 @@ pub fn node_delete(
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let view = inputs.trusted_view("the node delete")?;
-    Ok(view.on_node(&request.name, |pods| node::judge_node_delete(&ask, pods, inputs.policy, now)))
+    Ok(view.on_node(&request.name, |pods| node::judge_node_delete(ask, pods, inputs.policy, now)))
 }
 
 /// Karpenter's delete of a NodeClaim: judged by the busy pods of its node, and why Karpenter
@@ -231,7 +231,7 @@ pub fn node_claim_delete(
     };
     let view = inputs.trusted_view("the NodeClaim delete")?;
     let claim = node::NodeClaim { node: node_name, disruption: claim.disruption_reason() };
-    Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(&ask, &claim, pods, inputs.policy, now)))
+    Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(ask, &claim, pods, inputs.policy, now)))
 }
 
 /// The pod a write stores, and the one it replaces (an update).

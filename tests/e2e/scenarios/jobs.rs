@@ -205,8 +205,8 @@ pub fn argo_and_tekton_controllers_end_their_own_busy_pods(rig: &Rig) -> Result<
         rig.grant_cluster(
             &role,
             json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]),
-            &controller.0,
-            &controller.1,
+            controller.0,
+            controller.1,
         )?;
         rig.apply(&json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": &*ns, "labels": {owner_label: "run-1"}},

@@ -164,8 +164,8 @@ fn evictor(rig: &Rig, namespace: &str, name: &str) -> Result<()> {
         &role,
         json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
                   {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]),
-        &namespace,
-        &name,
+        namespace,
+        name,
     )?;
     Ok(())
 }
