@@ -177,6 +177,12 @@ fn planned_pod(busy: bool) -> Value {
     let BusyguardCommand::Serve(args) = Cli::parse_from(["busyguard", "serve"]).command else { unreachable!() };
     let policy = args.into_config().policy;
     let now = whole_second_now();
+    if busy {
+        // Busy from now on, and planned so: a plan on the recorded pod's start, days ago, would
+        // be past max-busy, and one made before this stamp would leave its cost stale, so
+        // that every scale-down would refresh it.
+        pod["metadata"]["annotations"][busyguard::policy::keys::BUSY_SINCE] = json!(now.to_string());
+    }
     let decoded: Pod = serde_json::from_value(pod.clone()).unwrap();
     let plan = plan(&decoded, None, policy.mutation, policy.max_busy, now);
     for (key, value) in plan.annotations {
@@ -185,10 +191,9 @@ fn planned_pod(busy: bool) -> Value {
     if plan.protected == Some(true) {
         pod["metadata"]["labels"][PROTECTED_LABEL] = json!("true");
     }
-    if busy {
-        // Busy from now on: the plan takes the recorded pod's start, days ago, past max-busy.
-        pod["metadata"]["annotations"][busyguard::policy::keys::BUSY_SINCE] = json!(now.to_string());
-    }
+    let planned: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let again = busyguard::policy::marks::plan(&planned, None, policy.mutation, policy.max_busy, now);
+    assert!(again.is_empty(), "the recorded pod is up to date: {again:?}");
     pod
 }
 
