@@ -392,13 +392,14 @@ pub fn restart_while_busy(
 }
 
 /// Until when a busy pod is protected at the latest, as every refusal says it.
-pub fn lapses_at(until: Timestamp) -> String {
-    format!("protection lapses at {until} at the latest")
+pub fn lapses_at(until: Timestamp) -> impl std::fmt::Display {
+    // Written where it is used, with no String of its own: every refusal of a busy pod says it.
+    std::fmt::from_fn(move |f| write!(f, "protection lapses at {until} at the latest"))
 }
 
 /// How a person takes a busy pod's protection away, as every refusal says it.
-pub fn how_to_force(namespace: &str, name: &str) -> String {
-    format!("to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite")
+pub fn how_to_force<'a>(namespace: &'a str, name: &'a str) -> impl std::fmt::Display + 'a {
+    std::fmt::from_fn(move |f| write!(f, "to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite"))
 }
 
 /// Added to a refusal of a delete busyguard will carry out itself.

@@ -5,13 +5,14 @@
 mod calls;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kube::Client;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use strum::VariantNames;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
@@ -85,6 +86,9 @@ struct Shared {
     /// every refusal.
     marks: Mutex<LastSent>,
     mark_stands: Duration,
+    /// The counters of the effects skipped before the queue, looked up once: a refusal of a
+    /// busy pod skips one on nearly every request.
+    skipped: [OnceLock<Counter>; 3],
 }
 
 impl Shared {
@@ -97,6 +101,12 @@ impl Shared {
 
     fn count(&self, kind: &'static str, result: EffectResult) {
         self.metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
+    }
+
+    /// `count` of a skipped effect, through the counter `skipped[slot]` holds for it.
+    fn count_skipped(&self, slot: usize, kind: &'static str, result: EffectResult) {
+        let labels = SideEffectLabels { kind, result: result.as_str() };
+        self.skipped[slot].get_or_init(|| self.metrics.side_effects.get_or_create(&labels).clone()).inc();
     }
 
     /// A busy pod's loss, written to the audit log and the metric once it is reported.
@@ -145,6 +155,7 @@ impl Outbox {
             events: Mutex::new(EventLimits { last: LastSent::default(), window: Instant::now(), in_window: 0 }),
             marks: Mutex::default(),
             mark_stands: policy.holds.renew_after().unsigned_abs(),
+            skipped: Default::default(),
         });
         let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
         let calls = Calls {
@@ -167,16 +178,16 @@ impl Outbox {
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
                 let in_flight = !shared.deletes.lock().insert(pod.uid.clone());
-                in_flight.then_some(EffectResult::Moot)
+                in_flight.then_some((0, EffectResult::Moot))
             }
-            Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some(EffectResult::RateLimited),
+            Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some((1, EffectResult::RateLimited)),
             Effect::MarkDisruptionWanted { pod, .. } => {
-                self.mark_standing(&pod.uid).then_some(EffectResult::RateLimited)
+                self.mark_standing(&pod.uid).then_some((2, EffectResult::RateLimited))
             }
             _ => None,
         };
-        if let Some(result) = skipped {
-            shared.count(kind, result);
+        if let Some((slot, result)) = skipped {
+            shared.count_skipped(slot, kind, result);
             let _ = done.send(result);
             return receiver;
         }
