@@ -31,6 +31,8 @@ pub enum ClusterSource {
         kubeconfig: Option<PathBuf>,
         context: String,
     },
+    /// A configuration the caller built (the tests' stand-in API server's). busyguard builds
+    /// its client on it as on any other, its watch-health layer and timeouts with it.
     Config(Box<kube::Config>),
 }
 

@@ -23,8 +23,7 @@ use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::Effect;
 use crate::policy::owners::{self, OwnerRule, OwnerState};
-use crate::policy::pod::PodFacts;
-use crate::policy::pod::PodRef;
+use crate::policy::pod::{PodFacts, PodRef};
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
 /// kind it does not serve, or one that cannot own pods (not namespaced).

@@ -25,8 +25,7 @@ use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
 use crate::policy::keys::{BUSY_LABEL, NAMESPACE_ENABLED_LABEL};
 use crate::policy::observed::{self, Observed};
-use crate::policy::pod::PodFacts;
-use crate::policy::pod::PodRef;
+use crate::policy::pod::{PodFacts, PodRef};
 
 pub struct Watch {
     pub client: Client,

@@ -15,8 +15,7 @@ use super::keys::{
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, Reason};
 use super::owners;
-use super::pod::PodFacts;
-use super::pod::PodRef;
+use super::pod::{PodFacts, PodRef};
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
 use super::verdict::{Override, Verdict, deleted_as_its_end, judge, let_through, must_not_wait, override_detail};
 use crate::duration::whole_second;
@@ -391,15 +390,29 @@ pub fn restart_while_busy(
     )
 }
 
-/// Until when a busy pod is protected at the latest, as every refusal says it.
+/// Until when a busy pod is protected at the latest, as every refusal says it: written where
+/// it is used, with no String of its own, since every refusal of a busy pod says it.
 pub fn lapses_at(until: Timestamp) -> impl std::fmt::Display {
-    // Written where it is used, with no String of its own: every refusal of a busy pod says it.
-    std::fmt::from_fn(move |f| write!(f, "protection lapses at {until} at the latest"))
+    struct LapsesAt(Timestamp);
+    impl std::fmt::Display for LapsesAt {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "protection lapses at {} at the latest", self.0)
+        }
+    }
+    LapsesAt(until)
 }
 
-/// How a person takes a busy pod's protection away, as every refusal says it.
+/// How a person takes a busy pod's protection away, as every refusal says it (written where it
+/// is used, as `lapses_at`).
 pub fn how_to_force<'a>(namespace: &'a str, name: &'a str) -> impl std::fmt::Display + 'a {
-    std::fmt::from_fn(move |f| write!(f, "to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite"))
+    struct HowToForce<'a>(&'a str, &'a str);
+    impl std::fmt::Display for HowToForce<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let HowToForce(namespace, name) = self;
+            write!(f, "to force: kubectl label pod {name} -n {namespace} {BUSY_LABEL}=false --overwrite")
+        }
+    }
+    HowToForce(namespace, name)
 }
 
 /// Added to a refusal of a delete busyguard will carry out itself.

@@ -14,8 +14,7 @@ use super::hold;
 use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, Reason};
-use super::pod::PodFacts;
-use super::pod::PodRef;
+use super::pod::{PodFacts, PodRef};
 use super::verdict::{node_claim_delete_let_through, node_delete_let_through};
 use crate::duration::whole_second;
 

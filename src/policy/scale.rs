@@ -10,8 +10,7 @@ use super::busy::{BusyState, busy_state};
 use super::config::PolicyConfig;
 use super::marks::plan;
 use super::outcome::{AuditRecord, Decision, Effect, Outcome, Reason, ScalePlan};
-use super::pod::PodFacts;
-use super::pod::PodRef;
+use super::pod::{PodFacts, PodRef};
 use super::selector::{Selector, SelectorError};
 
 /// Replicas before and after, and the pods' selector (`None`: the object has none; `Err`: it

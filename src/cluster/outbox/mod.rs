@@ -5,8 +5,8 @@
 mod calls;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
