@@ -56,8 +56,13 @@ pub fn two_replicas_never_let_a_budget_of_one_lose_two_pods(rig: &Rig) -> Result
     let (mut rounds, mut cautious) = (0, 0);
     while rounds < 3 {
         let round = rounds + cautious;
-        eventually("every pod back and Ready", Duration::from_secs(45), || {
-            Ok(workers::ready_pods(rig, &ns, "agent")?.len() == 4 && rig.live_pods(&ns, "agent")?.len() == 4)
+        // The pod let go last round gone for good too: while it terminates it is unavailable,
+        // and every delete is rightly refused.
+        eventually("every pod back and Ready, none terminating", Duration::from_secs(45), || {
+            let listed = rig.get(&["-n", &ns, "pods", "-l", "app=agent"])?["items"].as_array().map_or(0, Vec::len);
+            Ok(workers::ready_pods(rig, &ns, "agent")?.len() == 4
+                && rig.live_pods(&ns, "agent")?.len() == 4
+                && listed == 4)
         })?;
         let pods = workers::ready_pods(rig, &ns, "agent")?;
         let deletes: Vec<_> = (pods.iter())
