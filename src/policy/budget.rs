@@ -11,9 +11,8 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::keys::MAX_UNAVAILABLE;
 use super::outcome::{BudgetClaim, Outcome};
-use super::owners::kind_and_name;
 use super::pod::{Phase, PodFacts};
-use super::workloads::workload;
+use super::workloads::workload_of;
 
 /// The other pods of a pod's workload that are unavailable now, by name (not Running and
 /// Ready, or going away), as the view holds them, and the workload they count for.
@@ -36,15 +35,11 @@ pub fn unavailable_siblings<'p, P: PodFacts + 'p>(
 ) -> Option<Siblings> {
     pod.label(MAX_UNAVAILABLE)?;
     let owner = pod.owner()?;
-    let workload_of = |name: &str, pod: &P| {
-        let owner = pod.owner();
-        workload(owner.as_deref().map(kind_and_name), pod.template_hash(), pod.owners_set(), name)
-    };
-    let workload = workload_of(name, pod);
+    let workload = workload_of(pod, name);
     // The same owner is the same workload; only another owner needs its workload worked out
     // (a Deployment's other ReplicaSet).
     let same_workload = |other: &str, pod: &P| match pod.owner() {
-        Some(theirs) => theirs == owner || workload_of(other, pod) == workload,
+        Some(theirs) => theirs == owner || workload_of(pod, other) == workload,
         None => false,
     };
     let unavailable = namespace_pods

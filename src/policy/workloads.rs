@@ -9,7 +9,14 @@ use jiff::Timestamp;
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::contract::retired_keys;
 use super::keys::ROLLOUTS_POD_TEMPLATE_HASH;
+use super::owners::kind_and_name;
 use super::pod::PodFacts;
+
+/// The workload of `pod`, named `name`, as people name it (see [`workload`]).
+pub fn workload_of(pod: &(impl PodFacts + ?Sized), name: &str) -> String {
+    let owner = pod.owner();
+    workload(owner.as_deref().map(kind_and_name), pod.template_hash(), pod.owners_set(), name)
+}
 
 /// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
 /// of any of its ReplicaSets, by the label its ReplicaSets select with (`template_hash`: the

@@ -88,7 +88,15 @@ struct Shared {
     mark_stands: Duration,
     /// The counters of the effects skipped before the queue, looked up once: a refusal of a
     /// busy pod skips one on nearly every request.
-    skipped: [OnceLock<Counter>; 3],
+    skipped: Skipped,
+}
+
+/// The counter of each effect the outbox skips before its queue.
+#[derive(Default)]
+struct Skipped {
+    delete_in_flight: OnceLock<Counter>,
+    event_rate_limited: OnceLock<Counter>,
+    mark_standing: OnceLock<Counter>,
 }
 
 impl Shared {
@@ -103,10 +111,10 @@ impl Shared {
         self.metrics.side_effects.get_or_create(&SideEffectLabels { kind, result: result.as_str() }).inc();
     }
 
-    /// `count` of a skipped effect, through the counter `skipped[slot]` holds for it.
-    fn count_skipped(&self, slot: usize, kind: &'static str, result: EffectResult) {
+    /// `count` of a skipped effect, through the counter `slot` (one of `skipped`'s) holds for it.
+    fn count_skipped(&self, slot: &OnceLock<Counter>, kind: &'static str, result: EffectResult) {
         let labels = SideEffectLabels { kind, result: result.as_str() };
-        self.skipped[slot].get_or_init(|| self.metrics.side_effects.get_or_create(&labels).clone()).inc();
+        slot.get_or_init(|| self.metrics.side_effects.get_or_create(&labels).clone()).inc();
     }
 
     /// A busy pod's loss, written to the audit log and the metric once it is reported.
@@ -178,11 +186,13 @@ impl Outbox {
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
                 let in_flight = !shared.deletes.lock().insert(pod.uid.clone());
-                in_flight.then_some((0, EffectResult::Moot))
+                in_flight.then_some((&shared.skipped.delete_in_flight, EffectResult::Moot))
             }
-            Effect::Event { pod, .. } => self.event_rate_limited(&pod.uid).then_some((1, EffectResult::RateLimited)),
+            Effect::Event { pod, .. } => self
+                .event_rate_limited(&pod.uid)
+                .then_some((&shared.skipped.event_rate_limited, EffectResult::RateLimited)),
             Effect::MarkDisruptionWanted { pod, .. } => {
-                self.mark_standing(&pod.uid).then_some((2, EffectResult::RateLimited))
+                self.mark_standing(&pod.uid).then_some((&shared.skipped.mark_standing, EffectResult::RateLimited))
             }
             _ => None,
         };

@@ -8,9 +8,8 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED};
-use crate::policy::owners::kind_and_name;
 use crate::policy::pod::{Phase, PodFacts, Readiness};
-use crate::policy::workloads::workload;
+use crate::policy::workloads::workload_of;
 
 /// A pod's labels in one slice, shared by every pod of the view with the same ones (the pods of
 /// a workload carry the same few labels, but for the busy one).
@@ -90,9 +89,9 @@ impl PodRecord {
         self
     }
 
-    /// The workload of the pod named `name`, as people name it (see [`workload`]).
+    /// The workload of the pod named `name`, as people name it (see [`workload_of`]).
     pub fn workload(&self, name: &str) -> String {
-        workload(self.owner.as_deref().map(kind_and_name), self.template_hash(), self.owners_set(), name)
+        workload_of(self, name)
     }
 }
 

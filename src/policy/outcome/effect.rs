@@ -134,6 +134,7 @@ impl Effect {
     }
 
     /// The pod the effect writes and its merge patch, if it writes one (see [`Effect::call`]).
+    #[cfg(test)]
     pub fn pod_write(&self) -> Option<PodWrite<'_>> {
         match self.call() {
             Call::PatchPod(write) => Some(write),
