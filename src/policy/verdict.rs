@@ -49,8 +49,9 @@ pub enum Override {
     /// person's `kubectl delete job`, CronJob `Replace` ending the run it replaces), which is
     /// the workload's end too. `--cascade=orphan` is how one keeps the pods.
     OwnerDeleted,
-    /// A pod busy with its leader (`--busy-with-pod`) deleted with its leader's own token: the
-    /// runner's hooks cleaning up the workflow pod of the job they ran.
+    /// A pod deleted with its leader's own token: the pod it is busy with (`--busy-with-pod`:
+    /// the runner's hooks cleaning up the workflow pod of the job they ran), or the pod that
+    /// controls it (a Spark driver removing its executor).
     Leader,
 }
 
@@ -109,7 +110,7 @@ pub fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<
 /// A busy pod's delete that is no disruption but the end its workload chose, or its node's: by
 /// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller or by
 /// the garbage collector (which deletes a pod only once its owner is gone or going); of a pod
-/// busy with its leader, with that leader's own token.
+/// busy with its leader, or controlled by a pod, with that pod's own token.
 pub fn deleted_as_its_end(
     action: Action,
     pod: &(impl PodFacts + ?Sized),
@@ -132,8 +133,14 @@ pub fn deleted_as_its_end(
         }
     }
     let by_its_leader = config.leader_of(pod).is_some_and(|leader| requester.pod == Some(leader));
-    by_its_leader.then_some(Override::Leader)
+    let owner = pod.owner();
+    let owning_pod = owner.as_deref().and_then(|owner| owner.strip_prefix(OWNING_POD));
+    let by_its_owning_pod = owning_pod.is_some_and(|owner| requester.pod == Some(owner));
+    (by_its_leader || by_its_owning_pod).then_some(Override::Leader)
 }
+
+/// How the key of a pod's controlling owner starts when that owner is a pod (`owner_key`).
+const OWNING_POD: &str = "/Pod/";
 
 /// Deletes that must not wait on a workload's budget either: the garbage collector's (the owner
 /// is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway).
@@ -258,6 +265,14 @@ mod tests {
         let waits = |action, user| !must_not_wait(action, requester(user), &config);
         assert!(!waits(delete, GARBAGE_COLLECTOR_USER) && !waits(delete, KARPENTER), "their deletes go at once");
         assert!(waits(evict, KARPENTER) && waits(delete, "alice"), "the workload's budget holds the rest");
+        // A Spark executor, controlled by its driver pod: the driver's own token removes it.
+        let executor = pod(json!({"metadata": {"name": "etl-exec-1", "labels": {"busyguard.io/busy": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d", "controller": true}]}}));
+        let token = |pod| Requester { username: "system:serviceaccount:spark:spark", groups: &[], pod };
+        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("etl-driver")), &config), Some(Override::Leader));
+        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("other-driver")), &config), None);
+        assert_eq!(deleted_as_its_end(delete, &executor, token(None), &config), None, "its service account alone");
+        assert_eq!(deleted_as_its_end(evict, &executor, token(Some("etl-driver")), &config), None);
         let node = |user| node_delete_let_through(requester(user), &config.exemptions);
         assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
         assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));
