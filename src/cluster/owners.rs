@@ -3,7 +3,7 @@
 //! each pod that changes (`follow`), so a pod seen after its owner follows it too. Each kind is
 //! followed on its own: one the API server does not serve takes nothing else down.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
+use kube::core::PartialObjectMeta;
 use kube::discovery::{self, Scope as ResourceScope};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -22,14 +23,23 @@ use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::outcome::Effect;
-use crate::policy::owners::{self, OwnerRule, OwnerState};
+use crate::policy::owners::{self, OwnerRule, OwnerState, Via};
 use crate::policy::pod::{PodFacts, PodRef};
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
-/// kind it does not serve, or one that cannot own pods (not namespaced).
+/// kind it does not serve, or one that cannot own pods (not namespaced); the kind between, too.
 pub async fn resolve(client: &Client, rule: &OwnerRule) -> anyhow::Result<ApiResource> {
+    if let Some(via) = &rule.via {
+        let gvk = GroupVersionKind::gvk(via.group(), via.version(), &via.kind);
+        resolve_kind(client, &gvk, &rule.kind_path()).await?;
+    }
     let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
-    let (resource, capabilities) = discovery::pinned_kind(client, &gvk).await.map_err(|error| {
+    resolve_kind(client, &gvk, &rule.kind_path()).await
+}
+
+/// A kind a rule names (`gvk`), as the API server serves it; `rule` names the rule in errors.
+async fn resolve_kind(client: &Client, gvk: &GroupVersionKind, rule: &str) -> anyhow::Result<ApiResource> {
+    let (resource, capabilities) = discovery::pinned_kind(client, gvk).await.map_err(|error| {
         let why = match error {
             kube::Error::Api(status) if status.code != 404 => {
                 format!("the API server could not say whether it serves this kind: {} {}", status.code, status.message)
@@ -39,12 +49,14 @@ pub async fn resolve(client: &Client, rule: &OwnerRule) -> anyhow::Result<ApiRes
                 .to_string(),
             other => format!("the API server could not say whether it serves this kind: {other}"),
         };
-        anyhow::anyhow!("--busy-when-owner {}: {why}", rule.kind_path())
+        let kind = format!("{}/{}", gvk.api_version(), gvk.kind);
+        let which = if rule == kind { kind } else { format!("{rule} ({kind})") };
+        anyhow::anyhow!("--busy-when-owner {which}: {why}")
     })?;
     anyhow::ensure!(
         capabilities.scope == ResourceScope::Namespaced,
-        "--busy-when-owner {}: not a namespaced kind, so it owns no pods",
-        rule.kind_path()
+        "--busy-when-owner {rule}: {} is not a namespaced kind, so it owns no pods",
+        gvk.kind
     );
     Ok(resource)
 }
@@ -62,9 +74,10 @@ pub struct OwnerWatch {
 }
 
 impl OwnerWatch {
-    /// Follows each rule's kind on a task of its own, until the process stops. A kind that is
-    /// not served, at start or later (its CRD removed), leaves everything else serving: it is
-    /// reported (`/status`, the metrics) and followed again once it is served.
+    /// Follows each rule's kind on a task of its own, until the process stops, and each kind a
+    /// rule names between its pods and its owners (one watch of each, of their metadata only). A
+    /// kind that is not served, at start or later (its CRD removed), leaves everything else
+    /// serving: it is reported (`/status`, the metrics) and followed again once it is served.
     pub fn start(self, rules: &[OwnerRule], scopes: &[Scope]) {
         let watch = Arc::new(self);
         for rule in rules {
@@ -73,11 +86,18 @@ impl OwnerWatch {
             });
             tokio::spawn(watch.clone().follow(Arc::new(rule.clone()), scopes.to_vec()));
         }
+        let vias: BTreeMap<String, &Via> =
+            rules.iter().filter_map(|rule| rule.via.as_ref()).map(|v| (v.kind_path(), v)).collect();
+        for via in vias.into_values() {
+            let through: Vec<OwnerRule> = rules.iter().filter(|rule| rule.via.as_ref() == Some(via)).cloned().collect();
+            tokio::spawn(watch.clone().link(via.clone(), through, scopes.to_vec()));
+        }
     }
 
     async fn follow(self: Arc<Self>, rule: Arc<OwnerRule>, scopes: Vec<Scope>) {
         let kind = rule.kind_path();
-        let resource = self.served(&rule, &kind).await;
+        let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
+        let resource = self.served(&gvk, &kind).await;
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<DynamicObject> = match &scope {
                 Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
@@ -90,11 +110,34 @@ impl OwnerWatch {
         driver::drive(&mut owners, futures::stream::select_all(streams)).await;
     }
 
-    /// The rule's kind once the API server serves it, asked again with a growing pause.
-    async fn served(&self, rule: &OwnerRule, kind: &str) -> ApiResource {
+    /// Follows the objects of the kind `via` whose controlling owner is of a kind `rules` read
+    /// (a Spark driver pod of its SparkApplication): their pods are that owner's.
+    async fn link(self: Arc<Self>, via: Via, rules: Vec<OwnerRule>, scopes: Vec<Scope>) {
+        let named = rules.iter().map(OwnerRule::kind_path).collect::<Vec<_>>().join(", ");
+        // How /status and the metrics name this watch.
+        let kinds = format!("{} between pods and {named}", via.kind_path());
+        self.view.update_owner_kind(&kinds, |kind| kind.unfollowed = Some("not asked of the API server yet".into()));
+        let gvk = GroupVersionKind::gvk(via.group(), via.version(), &via.kind);
+        let resource = self.served(&gvk, &kinds).await;
+        let streams = scopes.into_iter().map(|scope| {
+            // Of their metadata only: an object's controlling owner is all a link needs.
+            let api: Api<PartialObjectMeta<DynamicObject>> = match &scope {
+                Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
+                None => Api::all_with(self.client.clone(), &resource),
+            };
+            let config = watcher::Config::default().timeout(self.watch_timeout_secs);
+            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+        });
+        let mut links = Links { watch: &self, via: &via, rules: &rules, kinds };
+        driver::drive(&mut links, futures::stream::select_all(streams)).await;
+    }
+
+    /// A kind a rule names once the API server serves it, asked again with a growing pause;
+    /// `kind` is the rule as `/status` names it.
+    async fn served(&self, gvk: &GroupVersionKind, kind: &str) -> ApiResource {
         let mut pause = Duration::from_secs(1);
         loop {
-            match resolve(&self.client, rule).await {
+            match resolve_kind(&self.client, gvk, kind).await {
                 Ok(resource) => return resource,
                 Err(why) => {
                     let why = format!("{why:#}");
@@ -108,25 +151,35 @@ impl OwnerWatch {
     }
 
     /// The owner's status read by its rule, and its pods flipped to match.
-    fn changed(&self, rule: &OwnerRule, owner: &DynamicObject, held: &mut HashSet<(String, String)>) {
+    fn changed(&self, rule: &Arc<OwnerRule>, owner: &DynamicObject, held: &mut HashSet<(String, String)>) {
         // The rule reads the whole owner, its deletionTimestamp too: whether an owner being
         // deleted still works is the rule's to say (Actions Runner Controller keeps a runner
         // until its job ends; Agones ends a game server's match with it).
-        let busy = match rule.busy(owner) {
-            Ok(busy) => busy,
-            Err(why) => {
-                let labels = OwnerRuleLabels { rule: rule.kind_path() };
-                self.metrics.owner_rule_undecided.get_or_create(&labels).inc();
-                warn!(owner = %owner_name(rule, owner), error = %why, "cannot tell whether the owner is busy; its pods are left as they are");
-                return;
-            }
-        };
         let key = (owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any()));
-        if busy {
+        let judged = if rule.reads_pod {
+            rule.per_pod(owner).map(|per_pod| {
+                let state = OwnerState::judged_per_pod(per_pod);
+                self.view.set_owner(&key.0, &key.1, Some(state.clone()));
+                Some(state)
+            })
+        } else {
+            rule.busy(owner).map(|busy| self.view.set_owner_busy(&key.0, &key.1, Some(busy), last_written(owner)))
+        };
+        let state = match judged {
+            Ok(state) => state,
+            Err(why) => return self.undecided(rule, &owner_name(rule, owner), &why),
+        };
+        let busy_pods = self.follow_owner(rule, &key.0, &key.1, state.clone());
+        if state.is_some_and(|state| state.busy()) || busy_pods {
             self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle = 0);
-            held.insert(key.clone());
+            held.insert(key);
         }
-        self.follow_owner(&key.0, &key.1, Some(busy), last_written(owner));
+    }
+
+    fn undecided(&self, rule: &OwnerRule, what: &str, why: &owners::Undecided) {
+        let labels = OwnerRuleLabels { rule: rule.kind_path() };
+        self.metrics.owner_rule_undecided.get_or_create(&labels).inc();
+        warn!(owner = %what, error = %why, "cannot tell whether the owner's pod is busy; left as it is");
     }
 
     /// Gone: its pods are idle (the garbage collector deletes them, and must not wait on them).
@@ -135,17 +188,53 @@ impl OwnerWatch {
         if !held.remove(&owner) {
             self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle += 1);
         }
-        self.follow_owner(&owner.0, &owner.1, None, Timestamp::now());
+        self.view.set_owner(&owner.0, &owner.1, None);
+        self.follow_owner(rule, &owner.0, &owner.1, None);
     }
 
-    /// Records the owner `key` (`group/Kind/name`) as busy or not (`None`: gone, so idle), and
-    /// flips its pods in the view to match.
-    fn follow_owner(&self, namespace: &str, key: &str, busy: Option<bool>, written: Timestamp) {
-        let owner = self.view.set_owner_busy(namespace, key, busy, written);
-        let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(key));
+    /// Flips the pods of the owner `key` (`group/Kind/name`) to match it as recorded (`None`:
+    /// gone, so idle): the pods it controls, and those of the objects linked to it. Whether
+    /// any of them is busy.
+    fn follow_owner(&self, rule: &OwnerRule, namespace: &str, key: &str, owner: Option<OwnerState>) -> bool {
+        let mut controllers = self.view.linked_to(namespace, key);
+        controllers.push(key.to_string());
+        let pods =
+            self.view.select(namespace, |pod| pod.owner.as_deref().is_some_and(|o| controllers.iter().any(|c| c == o)));
+        let mut any_busy = false;
         for (name, record) in pods {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
-            if let Some(effect) = flip(pod, &record, owner) {
+            let busy = match &owner {
+                Some(owner) => owner.pod_busy(&pod, &record.labels, record.created()),
+                None => Ok(false),
+            };
+            match busy {
+                Ok(busy) => {
+                    any_busy |= busy;
+                    if let Some(effect) = flip_with(pod, &record, busy) {
+                        drop(self.outbox.send(effect));
+                    }
+                }
+                Err(why) => self.undecided(rule, &pod.to_string(), &why),
+            }
+        }
+        any_busy
+    }
+
+    /// The object `linked` (`group/Kind/name`) owned by `owner` under a busy rule (`None`: not,
+    /// or gone): its pods follow that owner. Nothing to do unless that changed (a watch of pods
+    /// sees every pod of the cluster, most of them owned by no such owner).
+    fn relinked(&self, namespace: &str, linked: &str, owner: Option<&str>) {
+        if !self.view.set_link(namespace, linked, owner) {
+            return;
+        }
+        let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(linked));
+        for (name, record) in pods {
+            let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
+            let flip = match owner {
+                Some(_) => follow(&self.view, &pod, &record),
+                None => flip_with(pod, &record, false),
+            };
+            if let Some(effect) = flip {
                 drop(self.outbox.send(effect));
             }
         }
@@ -156,7 +245,7 @@ impl OwnerWatch {
 /// flipped to match.
 struct Owners<'a> {
     watch: &'a OwnerWatch,
-    rule: &'a OwnerRule,
+    rule: &'a Arc<OwnerRule>,
     /// The rule's kind, as the flag names it.
     kind: String,
     /// The owners the rule held for at least once (a runner that had a job).
@@ -199,6 +288,69 @@ impl Index<DynamicObject> for Owners<'_> {
     fn failed(&mut self, error: &watcher::Error) {
         let why = format!("its watch failed: {error}");
         self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = Some(why));
+    }
+}
+
+/// The index of one kind between pods and the owners busy rules read: each object's link to
+/// its controlling owner, where that owner's kind is one the rules read.
+struct Links<'a> {
+    watch: &'a OwnerWatch,
+    via: &'a Via,
+    rules: &'a [OwnerRule],
+    /// This watch as `/status` names it: the kind, and the rules through it.
+    kinds: String,
+}
+
+impl Links<'_> {
+    /// The owner key of the object's controlling owner, if a rule through this kind reads it.
+    fn owner(&self, object: &PartialObjectMeta<DynamicObject>) -> Option<String> {
+        let controller = object.owner_references().iter().find(|o| o.controller == Some(true))?;
+        let rule = self
+            .rules
+            .iter()
+            .find(|rule| rule.kind == controller.kind && owners::group_of(&controller.api_version) == rule.group())?;
+        Some(rule.owner_key(&controller.name))
+    }
+}
+
+impl Index<PartialObjectMeta<DynamicObject>> for Links<'_> {
+    fn what(&self) -> String {
+        self.kinds.clone()
+    }
+
+    fn key(&self, object: &PartialObjectMeta<DynamicObject>) -> Key {
+        (
+            object.namespace().unwrap_or_default(),
+            owners::owner_key(self.via.group(), &self.via.kind, &object.name_any()),
+        )
+    }
+
+    async fn apply(&mut self, object: PartialObjectMeta<DynamicObject>) {
+        let (namespace, linked) = self.key(&object);
+        let owner = self.owner(&object);
+        self.watch.relinked(&namespace, &linked, owner.as_deref());
+    }
+
+    async fn delete(&mut self, object: PartialObjectMeta<DynamicObject>) {
+        let (namespace, linked) = self.key(&object);
+        self.watch.relinked(&namespace, &linked, None);
+    }
+
+    /// Objects gone while the watch was down: their pods are idle, as on a delete.
+    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
+        let prefix = owners::owner_key(self.via.group(), &self.via.kind, "");
+        for (namespace, linked) in unlisted(self.watch.view.links_known(), &prefix, scope, &listed) {
+            self.watch.relinked(&namespace, &linked, None);
+        }
+    }
+
+    fn alive(&mut self) {
+        self.watch.view.update_owner_kind(&self.kinds, |state| state.unfollowed = None);
+    }
+
+    fn failed(&mut self, error: &watcher::Error) {
+        let why = format!("its watch failed: {error}");
+        self.watch.view.update_owner_kind(&self.kinds, |state| state.unfollowed = Some(why));
     }
 }
 
@@ -287,19 +439,16 @@ fn flip_with(pod: PodRef, record: &PodRecord, busy: bool) -> Option<Effect> {
 
 /// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
 pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
-    let owner = view.owner_busy(&pod.namespace, record.owner.as_deref()?)?;
-    flip(pod.clone(), record, Some(owner))
-}
-
-/// The flip `record` is due for its owner as recorded (`None`: gone, so idle).
-fn flip(pod: PodRef, record: &PodRecord, owner: Option<OwnerState>) -> Option<Effect> {
-    flip_with(pod, record, owner.is_some_and(|owner| owner.busy_for(record.created())))
+    let owner = view.pods_owner(&pod.namespace, record.owner.as_deref()?)?;
+    // An owner its rule cannot judge the pod by leaves it as it is (the owner's watch said why).
+    let busy = owner.pod_busy(pod, &record.labels, record.created()).ok()?;
+    flip_with(pod.clone(), record, busy)
 }
 
 /// Whether the pod was made after its owner's busy task began, so is not the one doing it (and
 /// stays idle): said once, as the pod is first seen.
 pub fn made_after_its_owners_task(view: &View, pod: &PodRef, record: &PodRecord) -> bool {
-    let owner = record.owner.as_deref().and_then(|owner| view.owner_busy(&pod.namespace, owner));
+    let owner = record.owner.as_deref().and_then(|owner| view.pods_owner(&pod.namespace, owner));
     owner.is_some_and(|owner| owner.busy() && !owner.busy_for(record.created()))
 }
 
@@ -399,12 +548,46 @@ mod tests {
         );
         // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
         assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
-        let owner_busy = view.owner_busy("games", "agones.dev/GameServer/gs");
-        assert!(flip(pod.clone(), &record, owner_busy).is_some(), "the same flip where guarded");
-        assert_eq!(flip(pod, &record.left_alone(), owner_busy), None, "and none where left alone");
         // Another group's kind of the same name is another owner.
         view.set_owner_busy("games", "example.com/GameServer/gs", Some(false), Timestamp::now());
-        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(OwnerState::busy));
+        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy()));
+    }
+
+    #[test]
+    fn an_executor_follows_the_application_over_its_driver_pod_by_its_own_entry() {
+        let view = View::without_cluster();
+        let rule: Arc<OwnerRule> = Arc::new(
+            "v1/Pod>sparkoperator.k8s.io/v1beta2/SparkApplication=has(object.status.executorState) && \
+             pod.metadata.name in object.status.executorState && object.status.executorState[pod.metadata.name] == 'RUNNING'"
+                .parse()
+                .unwrap(),
+        );
+        let executor = |name: &str| {
+            let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
+                "name": name, "namespace": "spark", "uid": format!("u-{name}"), "labels": {BUSY_LABEL: "false"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d",
+                    "controller": true}]}}))
+            .unwrap();
+            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record())
+        };
+        let app = serde_json::json!({"metadata": {"name": "etl"},
+            "status": {"executorState": {"etl-exec-1": "RUNNING", "etl-exec-2": "COMPLETED"}}});
+        let state = OwnerState::judged_per_pod(rule.per_pod(&app).unwrap());
+        view.set_owner("spark", "sparkoperator.k8s.io/SparkApplication/etl", Some(state));
+        let (running, record) = executor("etl-exec-1");
+        assert_eq!(follow(&view, &running, &record), None, "the driver pod not yet linked to its application");
+        assert!(view.set_link("spark", "/Pod/etl-driver", Some("sparkoperator.k8s.io/SparkApplication/etl")));
+        assert!(
+            !view.set_link("spark", "/Pod/etl-driver", Some("sparkoperator.k8s.io/SparkApplication/etl")),
+            "no change"
+        );
+        assert!(!view.set_link("spark", "/Pod/other-pod", None), "a pod of no such owner: nothing recorded");
+        assert!(matches!(follow(&view, &running, &record), Some(Effect::FollowOwner { value: "true", .. })));
+        let (done, record) = executor("etl-exec-2");
+        assert_eq!(follow(&view, &done, &record), None, "idle already, as its entry says");
+        assert_eq!(view.linked_to("spark", "sparkoperator.k8s.io/SparkApplication/etl"), ["/Pod/etl-driver"]);
+        assert!(view.set_link("spark", "/Pod/etl-driver", None));
+        assert!(view.links_known().is_empty());
     }
 
     #[test]

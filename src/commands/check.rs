@@ -220,7 +220,9 @@ pub const OPT_IN_LABELS: [(&str, &str, &str, &str); 2] = [
 async fn owners_pods_opted_in(pods: &Api<Pod>, rules: &[OwnerRule]) -> Result<(), Failure> {
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
     for rule in rules {
-        let labelled = OPT_IN_LABELS.iter().find(|(group, kind, ..)| *group == rule.group() && *kind == rule.kind);
+        let labelled = OPT_IN_LABELS
+            .iter()
+            .find(|(group, kind, ..)| rule.via.is_none() && *group == rule.group() && *kind == rule.kind);
         let Some((_, _, label, value)) = labelled else { continue };
         let mut owned = pod(json!({*label: value}), json!({}));
         owned.metadata.owner_references = Some(vec![OwnerReference {

@@ -10,17 +10,50 @@ use std::fmt;
 use jiff::{SignedDuration, Timestamp};
 
 use super::keys::BUSY_LABEL;
+use super::pod::PodRef;
 
 /// One rule: pods owned by a `group/version` `kind` are busy while `expression` holds of the
-/// owner (bound as `object`).
+/// owner (bound as `object`) and, if it reads it, of the pod (bound as `pod`). With `via`, the
+/// pods are those of the kind's objects' own objects of the `via` kind (a Spark executor, owned
+/// by its driver pod, owned by its SparkApplication).
 #[derive(Clone)]
 pub struct OwnerRule {
     /// `actions.github.com/v1alpha1`, or `v1` for the core group.
     pub api_version: String,
     pub kind: String,
+    /// The kind between the pod and `kind`: the pod's controlling owner, whose own controlling
+    /// owner is of `kind`.
+    pub via: Option<Via>,
     pub expression: String,
+    /// Whether the expression reads `pod`: the rule is then judged pod by pod.
+    pub reads_pod: bool,
     program: std::sync::Arc<cel::Program>,
 }
+
+/// The kind a rule's pods are owned by, when it is not the kind whose status the rule reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Via {
+    pub api_version: String,
+    pub kind: String,
+}
+
+impl Via {
+    pub fn group(&self) -> &str {
+        group_of(&self.api_version)
+    }
+
+    pub fn version(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
+    }
+
+    pub fn kind_path(&self) -> String {
+        format!("{}/{}", self.api_version, self.kind)
+    }
+}
+
+/// What a rule may read of the pod: `pod.metadata.name`, `namespace`, `uid` and `labels` (the
+/// view keeps no more of a pod).
+pub const POD_FIELDS: [&str; 4] = ["name", "namespace", "uid", "labels"];
 
 impl fmt::Debug for OwnerRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -30,25 +63,38 @@ impl fmt::Debug for OwnerRule {
 
 impl fmt::Display for OwnerRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}={}", self.api_version, self.kind, self.expression)
+        write!(f, "{}={}", self.kind_path(), self.expression)
     }
 }
 
 impl std::str::FromStr for OwnerRule {
     type Err = String;
 
-    /// `GROUP/VERSION/KIND=EXPRESSION` (`VERSION/KIND=…` for the core group), the expression
-    /// compiled here: a rule that does not compile is refused at start.
+    /// `GROUP/VERSION/KIND=EXPRESSION` (`VERSION/KIND=…` for the core group), or
+    /// `VIA_KIND>KIND=EXPRESSION` for pods one owner further down; the expression compiled here:
+    /// a rule that does not compile is refused at start.
     fn from_str(rule: &str) -> Result<OwnerRule, String> {
         let usage = "expected GROUP/VERSION/KIND=EXPRESSION, e.g. \
-                     agones.dev/v1/GameServer=has(object.status.state) && object.status.state == 'Allocated'";
+                     agones.dev/v1/GameServer=has(object.status.state) && object.status.state == 'Allocated', or \
+                     GROUP/VERSION/KIND>GROUP/VERSION/KIND=EXPRESSION for pods owned by the first kind's objects that \
+                     the second kind's own";
         let (kind_path, expression) = rule.split_once('=').ok_or_else(|| format!("{rule:?}: {usage}"))?;
-        let (api_version, kind) = kind_path.trim().rsplit_once('/').ok_or_else(|| format!("{rule:?}: {usage}"))?;
-        let parts = api_version.split('/').count();
-        let named = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
-        if !(1..=2).contains(&parts) || !api_version.split('/').all(named) || !named(kind) {
-            return Err(format!("{rule:?}: {usage}"));
-        }
+        let kind_path = kind_path.trim();
+        let (via, owner) = match kind_path.split_once('>') {
+            Some((via, owner)) => (Some(via.trim()), owner.trim()),
+            None => (None, kind_path),
+        };
+        let kind_of = |path: &str| -> Result<(String, String), String> {
+            let (api_version, kind) = path.rsplit_once('/').ok_or_else(|| format!("{rule:?}: {usage}"))?;
+            let parts = api_version.split('/').count();
+            let named = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+            if !(1..=2).contains(&parts) || !api_version.split('/').all(named) || !named(kind) {
+                return Err(format!("{rule:?}: {usage}"));
+            }
+            Ok((api_version.to_string(), kind.to_string()))
+        };
+        let (api_version, kind) = kind_of(owner)?;
+        let via = via.map(kind_of).transpose()?.map(|(api_version, kind)| Via { api_version, kind });
         let expression = expression.trim();
         // CEL's error, in its first line (the rest draws the expression and a caret).
         let program = cel::Program::compile(expression).map_err(|e| {
@@ -59,20 +105,48 @@ impl std::str::FromStr for OwnerRule {
         unbound_names(program.expression(), &mut Vec::new(), &mut unknown);
         if let Some(name) = unknown.first() {
             return Err(format!(
-                "{kind_path}: the expression {expression:?} reads {name}, which is not a variable (only object is): a \
-                 string is quoted, '{name}'"
+                "{kind_path}: the expression {expression:?} reads {name}, which is not a variable (only object and \
+                 pod are): a string is quoted, '{name}'"
+            ));
+        }
+        if let Some(field) = pod_fields_not_kept(expression).first() {
+            return Err(format!(
+                "{kind_path}: the expression {expression:?} reads pod.{field}, which busyguard does not keep of a pod: \
+                 a rule reads pod.metadata.name, namespace, uid and labels"
             ));
         }
         Ok(OwnerRule {
-            api_version: api_version.to_string(),
-            kind: kind.to_string(),
+            api_version,
+            kind,
+            via,
             expression: expression.to_string(),
+            reads_pod: program.references().has_variable("pod"),
             program: std::sync::Arc::new(program),
         })
     }
 }
 
-/// The names `expr` reads that nothing binds: neither `object` nor a macro's own variables
+/// The fields under `pod.` an expression reads that busyguard does not keep of a pod (see
+/// [`POD_FIELDS`]), as written after `pod.`.
+fn pod_fields_not_kept(expression: &str) -> Vec<String> {
+    let mut not_kept = Vec::new();
+    for (at, _) in expression.match_indices("pod.") {
+        let before = expression[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            continue;
+        }
+        let rest = &expression[at + "pod.".len()..];
+        let path: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.').collect();
+        let mut fields = path.split('.');
+        let kept = fields.next() == Some("metadata") && fields.next().is_none_or(|field| POD_FIELDS.contains(&field));
+        if !kept {
+            not_kept.push(path);
+        }
+    }
+    not_kept
+}
+
+/// The names `expr` reads that nothing binds: neither `object`, `pod` nor a macro's own variables
 /// (`exists(o, …)`). CEL compiles them and fails only as each owner is judged.
 fn unbound_names(expr: &cel::IdedExpr, bound: &mut Vec<String>, found: &mut Vec<String>) {
     use cel::common::ast::{EntryExpr, Expr};
@@ -83,7 +157,7 @@ fn unbound_names(expr: &cel::IdedExpr, bound: &mut Vec<String>, found: &mut Vec<
         }
     }
     match &expr.expr {
-        Expr::Ident(name) if name != "object" && !name.starts_with('@') && !bound.contains(name) => {
+        Expr::Ident(name) if name != "object" && name != "pod" && !name.starts_with('@') && !bound.contains(name) => {
             found.push(name.clone());
         }
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
@@ -114,12 +188,18 @@ fn unbound_names(expr: &cel::IdedExpr, bound: &mut Vec<String>, found: &mut Vec<
     }
 }
 
-/// Two rules for one kind (of one group): which would hold is anyone's guess, so neither may.
+/// Two rules for one kind (of one group), reached through the same kind: which would hold is
+/// anyone's guess, so neither may.
 pub fn same_kind_twice(rules: &[OwnerRule]) -> Option<String> {
     let mut kinds = std::collections::BTreeSet::new();
-    let twice = rules.iter().find(|rule| !kinds.insert((rule.group().to_string(), rule.kind.clone())))?;
+    let key = |rule: &OwnerRule| {
+        let via = rule.via.as_ref().map(|via| (via.group().to_string(), via.kind.clone()));
+        (via, rule.group().to_string(), rule.kind.clone())
+    };
+    let twice = rules.iter().find(|rule| !kinds.insert(key(rule)))?;
+    let through = twice.via.as_ref().map(|via| format!("{}/{}>", via.group(), via.kind)).unwrap_or_default();
     Some(format!(
-        "--busy-when-owner: two rules for {}/{}: keep one (join their expressions with || if both should hold)",
+        "--busy-when-owner: two rules for {through}{}/{}: keep one (join their expressions with || if both should hold)",
         twice.group(),
         twice.kind
     ))
@@ -128,16 +208,18 @@ pub fn same_kind_twice(rules: &[OwnerRule]) -> Option<String> {
 impl OwnerRule {
     /// The owner's API group (`""` for the core group).
     pub fn group(&self) -> &str {
-        self.api_version.rsplit_once('/').map_or("", |(group, _)| group)
+        group_of(&self.api_version)
     }
 
     pub fn version(&self) -> &str {
         self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
     }
 
-    /// The kind the rule follows, as the flag names it: `agones.dev/v1/GameServer`.
+    /// The kinds the rule follows, as the flag names them: `agones.dev/v1/GameServer`,
+    /// `v1/Pod>sparkoperator.k8s.io/v1beta2/SparkApplication`.
     pub fn kind_path(&self) -> String {
-        format!("{}/{}", self.api_version, self.kind)
+        let via = self.via.as_ref().map(|via| format!("{}>", via.kind_path())).unwrap_or_default();
+        format!("{via}{}/{}", self.api_version, self.kind)
     }
 
     /// How the view keys an owner of this rule's kind named `name` (see [`owner_key`]).
@@ -145,24 +227,84 @@ impl OwnerRule {
         owner_key(self.group(), &self.kind, name)
     }
 
-    /// Whether the rule is about owners of this `apiVersion` and `kind`, as an ownerReference
-    /// names them: of any version of the group, since a pod's reference keeps the version its
-    /// owner was created in.
-    pub fn covers(&self, api_version: &str, kind: &str) -> bool {
-        kind == self.kind && group_of(api_version) == self.group()
+    /// The group and kind of the pods' controlling owners: `via`'s, else the rule's own.
+    pub fn pods_owner(&self) -> (&str, &str) {
+        match &self.via {
+            Some(via) => (via.group(), &via.kind),
+            None => (self.group(), &self.kind),
+        }
     }
 
-    /// Whether the owner's pod is busy, or why the rule cannot tell (an expression that does not
-    /// evaluate to a boolean on this owner).
+    /// Whether the rule is about pods controlled by owners of this `apiVersion` and `kind`, as an
+    /// ownerReference names them: of any version of the group, since a pod's reference keeps
+    /// the version its owner was created in.
+    pub fn covers(&self, api_version: &str, kind: &str) -> bool {
+        self.pods_owner() == (group_of(api_version), kind)
+    }
+
+    /// Whether the owner's pods are busy, or why the rule cannot tell (an expression that does
+    /// not evaluate to a boolean on this owner). Not for a rule that reads the pod: see
+    /// [`OwnerRule::per_pod`].
     pub fn busy(&self, owner: &impl serde::Serialize) -> Result<bool, Undecided> {
+        self.judge(self.object(owner)?, None)
+    }
+
+    /// The owner as a rule reads it.
+    pub fn object(&self, owner: &impl serde::Serialize) -> Result<cel::Value, Undecided> {
+        cel::to_value(owner).map_err(|e| Undecided(format!("{self}: the owner does not convert: {e}")))
+    }
+
+    /// The owner as a rule that reads the pod judges each of its pods.
+    pub fn per_pod(self: &std::sync::Arc<Self>, owner: &impl serde::Serialize) -> Result<PerPod, Undecided> {
+        Ok(PerPod { rule: self.clone(), object: self.object(owner)? })
+    }
+
+    fn judge(&self, object: cel::Value, pod: Option<cel::Value>) -> Result<bool, Undecided> {
         let mut context = cel::Context::default();
-        let value = cel::to_value(owner).map_err(|e| Undecided(format!("{self}: the owner does not convert: {e}")))?;
-        context.add_variable_from_value("object", value);
+        context.add_variable_from_value("object", object);
+        if let Some(pod) = pod {
+            context.add_variable_from_value("pod", pod);
+        }
         match self.program.execute(&context) {
             Ok(cel::Value::Bool(busy)) => Ok(busy),
             Ok(other) => Err(Undecided(format!("{self}: evaluates to {other:?}, not a boolean"))),
             Err(e) => Err(Undecided(format!("{self}: {e}"))),
         }
+    }
+}
+
+/// An owner under a rule that reads the pod, as last seen: its pods are judged one by one.
+#[derive(Clone)]
+pub struct PerPod {
+    rule: std::sync::Arc<OwnerRule>,
+    object: cel::Value,
+}
+
+impl fmt::Debug for PerPod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PerPod({})", self.rule)
+    }
+}
+
+impl PartialEq for PerPod {
+    fn eq(&self, other: &PerPod) -> bool {
+        std::sync::Arc::ptr_eq(&self.rule, &other.rule) && self.object == other.object
+    }
+}
+
+impl PerPod {
+    /// Whether the pod (its metadata, as much as [`POD_FIELDS`] names) is busy as the owner says.
+    pub fn busy(&self, pod: &PodRef, labels: &[(Box<str>, Box<str>)]) -> Result<bool, Undecided> {
+        use std::collections::HashMap;
+        let labels: HashMap<String, cel::Value> = labels.iter().map(|(k, v)| (k.to_string(), (&**v).into())).collect();
+        let metadata = HashMap::from([
+            ("name".to_string(), cel::Value::from(pod.name.as_str())),
+            ("namespace".to_string(), pod.namespace.as_str().into()),
+            ("uid".to_string(), pod.uid.as_str().into()),
+            ("labels".to_string(), labels.into()),
+        ]);
+        let pod = HashMap::from([("metadata".to_string(), cel::Value::from(metadata))]);
+        self.rule.judge(self.object.clone(), Some(pod.into()))
     }
 }
 
@@ -177,15 +319,18 @@ pub fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
-/// The rule for owners of `group`'s `kind`, if any.
+/// The rule for owners of `group`'s `kind` that own their pods themselves, if any: the rule an
+/// update of such an owner is judged by.
 pub fn rule_for<'r>(rules: &'r [OwnerRule], group: &str, kind: &str) -> Option<&'r OwnerRule> {
-    rules.iter().find(|rule| rule.group() == group && rule.kind == kind)
+    rules.iter().find(|rule| rule.via.is_none() && rule.group() == group && rule.kind == kind)
 }
 
-/// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`) busy, if any.
+/// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`, the pod's
+/// controlling owner) busy, if any.
 pub fn rule_of<'r>(rules: &'r [OwnerRule], owner_key: &str) -> Option<&'r OwnerRule> {
     let mut parts = owner_key.splitn(3, '/');
-    rule_for(rules, parts.next()?, parts.next()?)
+    let (group, kind) = (parts.next()?, parts.next()?);
+    rules.iter().find(|rule| rule.pods_owner() == (group, kind))
 }
 
 /// The `Kind/name` of an owner key, as people name an owner.
@@ -228,10 +373,12 @@ pub fn pruned_fields(expression: &str, schema: &serde_json::Value) -> Vec<String
 pub struct Undecided(pub String);
 
 /// An owner under a busy rule as its watch last saw it: since when its rule holds, at the
-/// latest (`None`: it does not).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// latest (`None`: it does not), or, under a rule that reads the pod, the owner to judge each of
+/// its pods by.
+#[derive(Debug, Clone, PartialEq)]
 pub struct OwnerState {
     pub busy_since: Option<Timestamp>,
+    pub per_pod: Option<PerPod>,
 }
 
 impl OwnerState {
@@ -239,24 +386,44 @@ impl OwnerState {
     /// `written` (its managedFields' latest time, as the API server keeps it): a task the owner
     /// took while watched began with the write that showed it; one it already had when first
     /// seen began at that write at the latest.
-    pub fn seen(before: Option<OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
+    pub fn seen(before: Option<&OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
         let kept = before.and_then(|before| before.busy_since);
-        OwnerState { busy_since: busy.then(|| kept.unwrap_or(written)) }
+        OwnerState { busy_since: busy.then(|| kept.unwrap_or(written)), per_pod: None }
     }
 
-    pub fn busy(self) -> bool {
+    /// The owner seen under a rule that reads the pod: each pod is busy as the rule says of it.
+    pub fn judged_per_pod(per_pod: PerPod) -> OwnerState {
+        OwnerState { busy_since: None, per_pod: Some(per_pod) }
+    }
+
+    /// Whether the owner is busy as a whole (never, under a rule that reads the pod).
+    pub fn busy(&self) -> bool {
         self.busy_since.is_some()
     }
 
     /// Whether the owner's pod created at `created` does the owner's task: the owner is busy, and
     /// the pod was there when its task began. Actions Runner Controller re-creates the pod of a
     /// runner whose job was already taken (its JIT config spent): that pod takes no job.
-    pub fn busy_for(self, created: Option<Timestamp>) -> bool {
+    pub fn busy_for(&self, created: Option<Timestamp>) -> bool {
         match (self.busy_since, created) {
             // Times to the second (and now, for an owner with no managedFields): a margin.
             (Some(since), Some(created)) => created <= since + SignedDuration::from_secs(5),
             (since, None) => since.is_some(),
             (None, Some(_)) => false,
+        }
+    }
+
+    /// Whether the owner's pod is busy: as the rule says of it, under a rule that reads the pod;
+    /// else as [`OwnerState::busy_for`] says.
+    pub fn pod_busy(
+        &self,
+        pod: &PodRef,
+        labels: &[(Box<str>, Box<str>)],
+        created: Option<Timestamp>,
+    ) -> Result<bool, Undecided> {
+        match &self.per_pod {
+            Some(per_pod) => per_pod.busy(pod, labels),
+            None => Ok(self.busy_for(created)),
         }
     }
 }
@@ -329,6 +496,126 @@ mod tests {
         );
     }
 
+    /// The rule a page of docs/ gives as a recipe: the last `--busy-when-owner=` argument of the
+    /// section headed `section` (after the one a patch tests for).
+    fn recipe(page: &str, section: &str) -> OwnerRule {
+        let path = format!("{}/docs/{page}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines = text.lines().skip_while(|line| !line.starts_with(section)).skip(1);
+        let in_section = lines.by_ref().take_while(|line| !line.starts_with("## "));
+        let args = in_section.filter_map(|line| line.trim().strip_prefix("value: \"--busy-when-owner="));
+        rule(args.last().unwrap().strip_suffix('"').unwrap())
+    }
+
+    fn pod(name: &str) -> PodRef {
+        PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }
+    }
+
+    #[test]
+    fn a_spark_executor_is_busy_while_its_applications_status_says_it_runs() {
+        let executors = std::sync::Arc::new(recipe("spark.md", "# "));
+        let via = executors.via.as_ref().unwrap();
+        assert_eq!((via.group(), via.version(), &*via.kind), ("", "v1", "Pod"), "owned by the driver pod");
+        assert_eq!((executors.group(), &*executors.kind), ("sparkoperator.k8s.io", "SparkApplication"));
+        assert!(executors.reads_pod);
+        assert!(executors.covers("v1", "Pod") && !executors.covers("sparkoperator.k8s.io/v1beta2", "SparkApplication"));
+        assert_eq!(executors.kind_path(), "v1/Pod>sparkoperator.k8s.io/v1beta2/SparkApplication");
+        // As the operator writes it: the executor pods' names and their phases.
+        let app = json!({"metadata": {"name": "etl"}, "status": {"applicationState": {"state": "RUNNING"},
+            "executorState": {"etl-exec-1": "RUNNING", "etl-exec-2": "COMPLETED", "etl-exec-3": "PENDING"}}});
+        let per_pod = executors.per_pod(&app).unwrap();
+        let state = OwnerState::judged_per_pod(per_pod);
+        let labels = [(Box::from("spark-role"), Box::from("executor"))];
+        let busy = |name: &str| state.pod_busy(&pod(name), &labels, None);
+        assert_eq!(busy("etl-exec-1"), Ok(true));
+        assert_eq!(busy("etl-exec-2"), Ok(false), "its work is done");
+        assert_eq!(busy("etl-exec-3"), Ok(false), "not started");
+        assert_eq!(busy("etl-exec-9"), Ok(false), "not (yet) in the status: beyond the operator's tracked executors");
+        assert!(!state.busy(), "never busy as a whole: each pod is judged");
+        let submitted = executors.per_pod(&json!({"metadata": {"name": "etl"}, "status": {}})).unwrap();
+        assert_eq!(submitted.busy(&pod("etl-exec-1"), &labels), Ok(false), "no executor state yet");
+    }
+
+    #[test]
+    fn a_ray_worker_is_busy_while_the_rayjob_over_its_cluster_runs_its_job() {
+        let workers = recipe("kuberay.md", "# ");
+        let via = workers.via.as_ref().unwrap();
+        assert_eq!((via.group(), &*via.kind), ("ray.io", "RayCluster"));
+        assert_eq!((workers.group(), &*workers.kind), ("ray.io", "RayJob"));
+        assert!(!workers.reads_pod, "every worker of the job's cluster alike");
+        let job = |status: serde_json::Value| json!({"metadata": {"name": "train"}, "status": status});
+        assert_eq!(workers.busy(&job(json!({"jobStatus": "RUNNING"}))), Ok(true));
+        for done in ["PENDING", "SUCCEEDED", "FAILED", "STOPPED"] {
+            assert_eq!(workers.busy(&job(json!({"jobStatus": done}))), Ok(false), "{done}");
+        }
+        assert_eq!(workers.busy(&job(json!({}))), Ok(false), "not submitted yet");
+        let deleting =
+            json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}, "status": {"jobStatus": "RUNNING"}});
+        assert_eq!(workers.busy(&deleting), Ok(false), "a RayJob deleted ends its job");
+    }
+
+    #[test]
+    fn a_game_server_with_sessions_on_its_counter_is_busy_though_ready() {
+        let sessions = recipe("agones.md", "## Sessions on a counter");
+        let with = |count: i64, state: &str| json!({"metadata": {}, "status": {"state": state, "counters": {"sessions": {"count": count, "capacity": 10}}}});
+        assert_eq!(sessions.busy(&with(3, "Ready")), Ok(true), "sessions on a server Agones may still allocate");
+        assert_eq!(sessions.busy(&with(0, "Ready")), Ok(false));
+        assert_eq!(sessions.busy(&with(0, "Allocated")), Ok(true), "allocated, as the shipped rule says");
+        assert_eq!(sessions.busy(&json!({"metadata": {}, "status": {"state": "Ready"}})), Ok(false), "no counters");
+        let deleting = json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"},
+            "status": {"state": "Ready", "counters": {"sessions": {"count": 3}}}});
+        assert_eq!(sessions.busy(&deleting), Ok(false));
+    }
+
+    #[test]
+    fn the_recipes_read_what_their_projects_crds_keep() {
+        let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/peers");
+        for (page, crd) in [
+            (
+                "spark.md",
+                "spark-operator-v2.5.2/charts/spark-operator-chart/crds/sparkoperator.k8s.io_sparkapplications.yaml",
+            ),
+            ("kuberay.md", "kuberay-v1.7.0/helm-chart/kuberay-operator/crds/ray.io_rayjobs.yaml"),
+        ] {
+            let Ok(text) = std::fs::read_to_string(format!("{peers}/{crd}")) else {
+                println!("skipped: needs ../shared/peers (the Spark operator's and KubeRay's CRDs), not on this clone");
+                return;
+            };
+            let rule = recipe(page, "# ");
+            let crd: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+            let version = crd["spec"]["versions"].as_array().unwrap().iter().find(|v| v["name"] == rule.version());
+            let schema = &version.unwrap()["schema"]["openAPIV3Schema"];
+            assert_eq!(pruned_fields(&rule.expression, schema), Vec::<String>::new(), "{page}");
+        }
+    }
+
+    #[test]
+    fn a_rule_through_a_kind_between_is_its_own_and_reads_only_what_is_kept_of_the_pod() {
+        let driver =
+            rule("sparkoperator.k8s.io/v1beta2/SparkApplication=object.status.applicationState.state == 'RUNNING'");
+        let executors = recipe("spark.md", "# ");
+        assert_eq!(same_kind_twice(&[driver.clone(), executors.clone()]), None, "the driver's and the executors'");
+        let said = same_kind_twice(&[executors.clone(), recipe("spark.md", "# ")]).unwrap();
+        assert!(said.contains("two rules for /Pod>sparkoperator.k8s.io/SparkApplication"), "{said}");
+        assert!(
+            rule_for(std::slice::from_ref(&executors), "sparkoperator.k8s.io", "SparkApplication").is_none(),
+            "not its pods"
+        );
+        assert!(rule_for(std::slice::from_ref(&driver), "sparkoperator.k8s.io", "SparkApplication").is_some());
+        assert!(rule_of(&[driver, executors.clone()], "/Pod/etl-driver").is_some_and(|r| r.via.is_some()));
+        for unkept in ["pod.spec.nodeName == 'n'", "pod.status.phase == 'Running'", "pod.metadata.annotations.a == 'b'"]
+        {
+            let error = format!("v1/Pod>example.com/v1/Task={unkept}").parse::<OwnerRule>().unwrap_err();
+            assert!(error.contains("which busyguard does not keep of a pod"), "{error}");
+        }
+        let labels = "v1/Pod>example.com/v1/Task=pod.metadata.labels['role'] == 'executor' && object.spec.run";
+        assert!(labels.parse::<OwnerRule>().is_ok_and(|r| r.reads_pod));
+        assert!("example.com/v1/Task=object.spec.pod.x".parse::<OwnerRule>().is_ok(), "an owner's field named pod");
+        for bad in ["v1/Pod>=true", ">example.com/v1/Task=true", "v1/Pod>example.com/v1/Task>x/v1/Y=true"] {
+            assert!(bad.parse::<OwnerRule>().is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_rule_reading_a_field_its_owners_schema_prunes_is_told_which() {
         let schema = json!({"type": "object", "properties": {
@@ -395,7 +682,7 @@ mod tests {
     fn a_rule_reading_an_unquoted_word_or_the_same_kind_twice_is_refused_at_start() {
         let error = "agones.dev/v1/GameServer=object.status.state == Allocated".parse::<OwnerRule>().unwrap_err();
         assert!(
-            error.contains("reads Allocated, which is not a variable (only object is): a string is quoted"),
+            error.contains("reads Allocated, which is not a variable (only object and pod are): a string is quoted"),
             "{error}"
         );
         let macros = "example.com/v1/Task=object.status.workers.exists(w, w.busy) && object.spec.all(k, k != '')";
@@ -420,10 +707,10 @@ mod tests {
     fn a_pod_created_after_its_owners_task_began_is_not_the_one_doing_it() {
         let at = |s: &str| s.parse::<Timestamp>().unwrap();
         let idle = OwnerState::seen(None, false, at("2026-11-27T10:00:00Z"));
-        let busy = OwnerState::seen(Some(idle), true, at("2026-11-27T10:05:00Z"));
+        let busy = OwnerState::seen(Some(&idle), true, at("2026-11-27T10:05:00Z"));
         assert_eq!(busy.busy_since, Some(at("2026-11-27T10:05:00Z")), "turned busy while watched");
         assert!(busy.busy() && !idle.busy());
-        assert_eq!(OwnerState::seen(Some(busy), true, at("2026-11-27T10:09:00Z")), busy, "still the same task");
+        assert_eq!(OwnerState::seen(Some(&busy), true, at("2026-11-27T10:09:00Z")), busy, "still the same task");
         assert!(busy.busy_for(Some(at("2026-11-27T09:59:00Z"))), "the runner's pod that took the job");
         assert!(busy.busy_for(Some(at("2026-11-27T10:05:03Z"))), "within the clocks' margin");
         assert!(!busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "re-created after its job was taken");
@@ -431,7 +718,7 @@ mod tests {
         let first_seen_busy = OwnerState::seen(None, true, at("2026-11-27T10:05:00Z"));
         assert!(first_seen_busy.busy_for(Some(at("2026-11-27T10:04:00Z"))), "there when it was last written");
         assert!(!first_seen_busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "created after it");
-        assert!(!OwnerState::seen(Some(busy), false, at("2026-11-27T10:10:00Z")).busy_for(None));
+        assert!(!OwnerState::seen(Some(&busy), false, at("2026-11-27T10:10:00Z")).busy_for(None));
     }
 
     #[test]

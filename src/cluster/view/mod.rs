@@ -27,6 +27,11 @@ type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
 /// busy, and since when.
 type Owners = HashMap<Box<str>, HashMap<Box<str>, OwnerState>>;
 
+/// The objects between a pod and the owner a busy rule reads (`--busy-when-owner VIA>KIND=…`),
+/// by namespace, then their own `group/Kind/name`: the `group/Kind/name` of their controlling
+/// owner of the rule's kind.
+type Links = HashMap<Box<str>, HashMap<Box<str>, Box<str>>>;
+
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
 
@@ -51,6 +56,8 @@ pub struct View {
     /// The owners under a busy rule (`--busy-when-owner`), by namespace and `group/Kind/name`,
     /// and whether their status says their pods are busy, as watched.
     owners: RwLock<Owners>,
+    /// The owners' objects that own pods for them, under a rule that names a kind between.
+    links: RwLock<Links>,
     /// Each busy rule's kind (`agones.dev/v1/GameServer`) and how following it goes.
     owner_kinds: RwLock<BTreeMap<String, OwnerKind>>,
 }
@@ -113,6 +120,7 @@ impl View {
             shared: Mutex::default(),
             nodes_going: RwLock::default(),
             owners: RwLock::default(),
+            links: RwLock::default(),
             owner_kinds: RwLock::default(),
         }
     }
@@ -180,16 +188,22 @@ impl View {
     /// Whether the owner (`group/Kind/name`) says its pods are busy; `None` if it is under no rule,
     /// or not seen yet.
     pub fn owner_busy(&self, namespace: &str, owner: &str) -> Option<OwnerState> {
-        self.owners.read().get(namespace)?.get(owner).copied()
+        self.owners.read().get(namespace)?.get(owner).cloned()
+    }
+
+    /// The owner under a busy rule of the pods whose controlling owner is `controller`
+    /// (`group/Kind/name`): `controller` itself, or the owner it is linked to; `None` if neither
+    /// is known.
+    pub fn pods_owner(&self, namespace: &str, controller: &str) -> Option<OwnerState> {
+        self.owner_busy(namespace, controller).or_else(|| {
+            let owner = self.links.read().get(namespace)?.get(controller)?.clone();
+            self.owner_busy(namespace, &owner)
+        })
     }
 
     /// Every owner under a busy rule the view knows of, by namespace and `group/Kind/name`.
     pub fn owners_known(&self) -> Vec<(String, String)> {
-        let owners = self.owners.read();
-        let known = owners.iter().flat_map(|(namespace, in_namespace)| {
-            in_namespace.keys().map(move |key| (namespace.to_string(), key.to_string()))
-        });
-        known.collect()
+        known(&self.owners.read())
     }
 
     /// Records the owner's busy state, as last written at `written` (`None`: gone); what is
@@ -201,24 +215,41 @@ impl View {
         busy: Option<bool>,
         written: Timestamp,
     ) -> Option<OwnerState> {
-        let mut owners = self.owners.write();
-        match busy {
-            Some(busy) => {
-                let in_namespace = owners.entry(namespace.into()).or_default();
-                let seen = OwnerState::seen(in_namespace.get(owner).copied(), busy, written);
-                in_namespace.insert(owner.into(), seen);
-                Some(seen)
-            }
-            None => {
-                if let Some(in_namespace) = owners.get_mut(namespace) {
-                    in_namespace.remove(owner);
-                    if in_namespace.is_empty() {
-                        owners.remove(namespace);
-                    }
-                }
-                None
-            }
+        let seen = busy.map(|busy| {
+            let before = self.owner_busy(namespace, owner);
+            OwnerState::seen(before.as_ref(), busy, written)
+        });
+        self.set_owner(namespace, owner, seen.clone());
+        seen
+    }
+
+    /// Records the owner as last seen (`None`: gone).
+    pub fn set_owner(&self, namespace: &str, owner: &str, state: Option<OwnerState>) {
+        set(&mut self.owners.write(), namespace, owner, state);
+    }
+
+    /// Records that the object `linked` (`group/Kind/name`) is owned by `owner`, an owner under a
+    /// busy rule (`None`: not, or gone); whether that changed what was recorded.
+    pub fn set_link(&self, namespace: &str, linked: &str, owner: Option<&str>) -> bool {
+        let mut links = self.links.write();
+        let before = links.get(namespace).and_then(|in_namespace| in_namespace.get(linked));
+        if before.map(|before| &**before) == owner {
+            return false;
         }
+        set(&mut links, namespace, linked, owner.map(Box::from));
+        true
+    }
+
+    /// The objects of `namespace` linked to `owner`.
+    pub fn linked_to(&self, namespace: &str, owner: &str) -> Vec<String> {
+        let links = self.links.read();
+        let Some(in_namespace) = links.get(namespace) else { return Vec::new() };
+        in_namespace.iter().filter(|(_, to)| &***to == owner).map(|(linked, _)| linked.to_string()).collect()
+    }
+
+    /// Every object linked to an owner, by namespace and `group/Kind/name`.
+    pub fn links_known(&self) -> Vec<(String, String)> {
+        known(&self.links.read())
     }
 
     /// The namespaces labelled the other way than the rest, as recorded.
@@ -362,6 +393,32 @@ impl View {
 
     fn write(&self) -> RwLockWriteGuard<'_, Pods> {
         self.pods.write()
+    }
+}
+
+/// Every key of a map by namespace, with its namespace.
+fn known<V>(by_namespace: &HashMap<Box<str>, HashMap<Box<str>, V>>) -> Vec<(String, String)> {
+    let keys = by_namespace.iter().flat_map(|(namespace, in_namespace)| {
+        in_namespace.keys().map(move |key| (namespace.to_string(), key.to_string()))
+    });
+    keys.collect()
+}
+
+/// Sets (`Some`) or removes (`None`) the value of `key` in `namespace`, and the namespace with
+/// its last key.
+fn set<V>(by_namespace: &mut HashMap<Box<str>, HashMap<Box<str>, V>>, namespace: &str, key: &str, value: Option<V>) {
+    match value {
+        Some(value) => {
+            by_namespace.entry(namespace.into()).or_default().insert(key.into(), value);
+        }
+        None => {
+            if let Some(in_namespace) = by_namespace.get_mut(namespace) {
+                in_namespace.remove(key);
+                if in_namespace.is_empty() {
+                    by_namespace.remove(namespace);
+                }
+            }
+        }
     }
 }
 
