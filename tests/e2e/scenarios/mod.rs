@@ -10,6 +10,7 @@ mod lifecycle;
 mod neighbours;
 mod nodes;
 mod outages;
+mod owner_chains;
 mod owner_kinds;
 mod owners;
 mod queues;
@@ -48,6 +49,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     owner_kinds::agones_own_end_of_a_game_server_passes_while_busyguard_is_down,
     owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
     agones::agones_drains_a_reusing_fleet_under_steady_allocations,
+    owner_chains::a_rule_reads_the_pod_and_the_owner_one_further_up,
     queues::a_drain_of_queue_workers_completes_within_a_task,
     queues::a_karpenter_disruption_of_queue_workers_completes_within_a_task,
     queues::a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task,
