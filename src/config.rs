@@ -289,6 +289,13 @@ pub struct ClusterArgs {
     /// busyguard is down; skipped where a PDB of yours selects the same pods.
     #[arg(long, env = "BUSYGUARD_BUSY_PDB", default_value_t = false, action = ArgAction::Set)]
     pub busy_pdb: bool,
+    /// Hold Kueue's preemptions in the namespaces labelled `busyguard.io/hold-preemption=true`:
+    /// the Job controller's delete of a busy pod of a Job whose Workload Kueue preempted is
+    /// refused while the pod is busy (within max-busy), as any cluster disruption, and Kueue's
+    /// preemptor waits for it. Watches Kueue's Workloads (`get`, `list`, `watch` on
+    /// `workloads.kueue.x-k8s.io`). Off: a preempted Job's pods go at once, as the Job's own end.
+    #[arg(long, env = "BUSYGUARD_HOLD_KUEUE_PREEMPTION", default_value_t = false, action = ArgAction::Set)]
+    pub hold_kueue_preemption: bool,
     /// At most one DisruptionBlocked Event per pod in this interval.
     #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
     pub event_interval: Duration,
@@ -383,6 +390,7 @@ impl From<ClusterArgs> for ClusterSettings {
             stale_after: args.view_stale_after,
             sweep_interval: args.sweep_interval,
             busy_pdb: args.busy_pdb,
+            hold_kueue_preemption: args.hold_kueue_preemption,
             own_namespace: args.own_namespace,
             outbox: OutboxSettings { event_interval: args.event_interval, ..OutboxSettings::default() },
         }

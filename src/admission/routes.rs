@@ -15,7 +15,7 @@ use super::review::{AdmissionRequest, InvalidReview};
 use crate::cluster::view::View;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::{Disruption, Taking};
-use crate::policy::keys::AGENT_FIELD_MANAGER;
+use crate::policy::keys::{AGENT_FIELD_MANAGER, JOB_NAME};
 use crate::policy::outcome::{Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
@@ -121,8 +121,11 @@ pub fn pod_delete(
     if ask.name.is_empty() {
         ask.name = &pod.metadata.name;
     }
+    // Kueue's preemption of the pod's Job, where its namespace holds it (read only for a Job's pod).
+    let job = pod.label(JOB_NAME);
+    let preempted = job.is_some_and(|job| inputs.view.preemption_held(&request.namespace, job));
     let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
-        let delete = Disruption { ask: &ask, taking: Taking::Delete, pod, seen, siblings };
+        let delete = Disruption { ask: &ask, taking: Taking::Delete, pod, seen, siblings, preempted };
         disruption::judge_disruption(&delete, inputs.policy, now)
     };
     // The view's record confirms the pod whatever its freshness; its siblings count only when
@@ -157,7 +160,8 @@ pub fn pod_eviction(
         if let Some(refused) = refused_as_own(Some(pod)) {
             return refused;
         }
-        let evict = Disruption { ask: &ask, taking: Taking::Evict { grace_period }, pod, seen: Some(pod), siblings };
+        let taking = Taking::Evict { grace_period };
+        let evict = Disruption { ask: &ask, taking, pod, seen: Some(pod), siblings, preempted: false };
         disruption::judge_disruption(&evict, inputs.policy, now)
     });
     // None: not opted in (or no such pod: the API server answers 404 itself).

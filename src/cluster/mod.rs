@@ -4,6 +4,7 @@
 pub mod arbiter;
 mod client;
 mod driver;
+mod kueue;
 pub mod nodes;
 pub mod outbox;
 pub mod owners;
@@ -42,6 +43,8 @@ pub struct ClusterSettings {
     pub sweep_interval: Duration,
     /// Keep a busy-pod PodDisruptionBudget in each namespace with opted-in pods.
     pub busy_pdb: bool,
+    /// Hold Kueue's preemptions where a namespace asks (`busyguard.io/hold-preemption=true`).
+    pub hold_kueue_preemption: bool,
     /// busyguard's own namespace: the workload budgets' Leases are kept there.
     pub own_namespace: String,
     pub outbox: OutboxSettings,
@@ -81,6 +84,9 @@ impl Cluster {
             let (client, view, outbox, metrics) = (client.clone(), view.clone(), outbox.clone(), metrics.clone());
             owners::OwnerWatch { client, view, outbox, metrics, watch_timeout_secs }
                 .start(&policy.owner_rules, &scopes);
+        }
+        if settings.hold_kueue_preemption {
+            kueue::start(client.clone(), view.clone(), &scopes, watch_timeout_secs);
         }
         let pdbs = settings.busy_pdb.then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics));
         let watch = Watch {

@@ -72,6 +72,10 @@ pub struct Disruption<'a, P: PodFacts + ?Sized> {
     /// The workload's other unavailable pods, for its `busyguard.io/max-unavailable` (`None`:
     /// unknown, no budget).
     pub siblings: Option<Siblings>,
+    /// Whether Kueue preempted the Workload of the pod's Job, in a namespace that holds such
+    /// preemptions (`--hold-kueue-preemption`): the Job controller's delete is then the cluster
+    /// taking the pod, not the Job's own end.
+    pub preempted: bool,
 }
 
 /// What a request would do to the pod, with what that kind of request alone carries.
@@ -167,10 +171,12 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     match judge(state, d.ask.requester, &config.exemptions) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
-        Verdict::Deny { since, until } => match deleted_as_its_end(d.taking.action(), d.pod, d.ask.requester, config) {
-            Some(over) => let_busy_go(d, over, audit),
-            None => refuse_busy(d, since, until, config, now, audit),
-        },
+        Verdict::Deny { since, until } => {
+            match deleted_as_its_end(d.taking.action(), d.pod, d.ask.requester, d.preempted, config) {
+                Some(over) => let_busy_go(d, over, audit),
+                None => refuse_busy(d, since, until, config, now, audit),
+            }
+        }
     }
 }
 
@@ -524,7 +530,14 @@ mod tests {
     fn judged(user: &'static str, action: Action, pod: &Pod, unavailable_siblings: Option<u32>) -> Outcome {
         let siblings = unavailable_siblings.map(crate::policy::testing::unavailable_siblings);
         judge_disruption(
-            &Disruption { ask: &ask(user, false), taking: taking(action), pod, seen: Some(pod), siblings },
+            &Disruption {
+                ask: &ask(user, false),
+                taking: taking(action),
+                pod,
+                seen: Some(pod),
+                siblings,
+                preempted: false,
+            },
             &config(Mode::Enforce),
             now(),
         )
@@ -534,7 +547,14 @@ mod tests {
     fn busy_decided(ask: Ask<'_>, action: Action, mode: Mode, now: Timestamp) -> Outcome {
         let pod = busy_worker();
         judge_disruption(
-            &Disruption { ask: &ask, taking: taking(action), pod: &pod, seen: Some(&pod), siblings: None },
+            &Disruption {
+                ask: &ask,
+                taking: taking(action),
+                pod: &pod,
+                seen: Some(&pod),
+                siblings: None,
+                preempted: false,
+            },
             &config(mode),
             now,
         )
@@ -598,8 +618,14 @@ mod tests {
             let row = format!("{state} pod, {action:?} by {user}");
             let mut config = config(Mode::Enforce);
             config.exemptions.users.push(POD_GC_USER.into());
-            let disruption =
-                Disruption { ask: &ask(user, false), taking: taking(action), pod, seen: Some(pod), siblings: None };
+            let disruption = Disruption {
+                ask: &ask(user, false),
+                taking: taking(action),
+                pod,
+                seen: Some(pod),
+                siblings: None,
+                preempted: false,
+            };
             let outcome = judge_disruption(&disruption, &config, now());
             let answer = match &outcome.answer {
                 Answer::Deny { denial, .. } => Some((denial.code(), denial.cause())),
@@ -627,6 +653,7 @@ mod tests {
                 pod,
                 seen: Some(pod),
                 siblings: None,
+                preempted: false,
             };
             let Answer::Deny { message, .. } = judge_disruption(&disruption, config, now()).answer else { panic!() };
             message
@@ -674,8 +701,14 @@ mod tests {
         workflow.metadata.labels.insert("runner-pod".into(), "ci-runner-4tb9k".into());
         let delete = |username: &'static str, pod: Option<&'static str>, action: Action| {
             let ask = Ask { requester: Requester { username, groups: NO_GROUPS, pod }, ..ask(username, false) };
-            let disruption =
-                Disruption { ask: &ask, taking: taking(action), pod: &workflow, seen: Some(&workflow), siblings: None };
+            let disruption = Disruption {
+                ask: &ask,
+                taking: taking(action),
+                pod: &workflow,
+                seen: Some(&workflow),
+                siblings: None,
+                preempted: false,
+            };
             judge_disruption(&disruption, &config, now())
         };
         let hooks = "system:serviceaccount:ci:ci-gha-rs-kube-mode";
@@ -781,8 +814,14 @@ mod tests {
         let config = config(Mode::Enforce);
         let decide_with = |action, user: &'static str| {
             let siblings = Some(crate::policy::testing::unavailable_siblings(1));
-            let disruption =
-                Disruption { ask: &ask(user, false), taking: taking(action), pod: &pod, seen: Some(&pod), siblings };
+            let disruption = Disruption {
+                ask: &ask(user, false),
+                taking: taking(action),
+                pod: &pod,
+                seen: Some(&pod),
+                siblings,
+                preempted: false,
+            };
             judge_disruption(&disruption, &config, now()).is_allowed()
         };
         assert!(decide_with(Action::Delete, GARBAGE_COLLECTOR_USER), "the owner is gone: every pod goes");
@@ -925,6 +964,28 @@ mod tests {
     }
 
     #[test]
+    fn kueues_preemption_of_a_jobs_busy_pod_waits_where_its_namespace_holds_it() {
+        let mut job_pod = busy_worker();
+        job_pod.metadata.labels.insert("batch.kubernetes.io/job-name".into(), "train".into());
+        let ask = ask(JOB_CONTROLLER, false);
+        let delete = |preempted| {
+            let d = Disruption {
+                ask: &ask,
+                taking: Taking::Delete,
+                pod: &job_pod,
+                seen: Some(&job_pod),
+                siblings: None,
+                preempted,
+            };
+            judge_disruption(&d, &config(Mode::Enforce), now())
+        };
+        let held = delete(true);
+        let Answer::Deny { denial, .. } = &held.answer else { panic!("let through: {:?}", held.audit) };
+        assert_eq!(denial.code(), 429, "a cluster disruption: the Job controller tries again");
+        assert_eq!(reason_of(&delete(false)), Some(Reason::OwnerController), "elsewhere, the Job's own end");
+    }
+
+    #[test]
     fn a_run_to_completion_pod_goes_with_its_deleted_owner_and_a_workers_waits() {
         let mut job_pod = busy_worker();
         job_pod.metadata.labels.insert("batch.kubernetes.io/job-name".into(), "nightly-29000000".into());
@@ -994,8 +1055,14 @@ mod tests {
         other.metadata.uid = "u-other".into();
         let busy = busy_worker();
         for seen in [None, Some(&idle as &dyn PodFacts), Some(&other)] {
-            let disruption =
-                Disruption { ask: &ask("alice", false), taking: Taking::Delete, pod: &busy, seen, siblings: None };
+            let disruption = Disruption {
+                ask: &ask("alice", false),
+                taking: Taking::Delete,
+                pod: &busy,
+                seen,
+                siblings: None,
+                preempted: false,
+            };
             let outcome = judge_disruption(&disruption, &config(Mode::Enforce), now());
             assert!(!outcome.is_allowed(), "the request claims a busy pod: refused");
             assert!(outcome.effects.is_empty(), "no Event, no mark: {:?}", outcome.effects);

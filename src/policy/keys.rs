@@ -197,6 +197,11 @@ pub const OWN_FLAGS_NAMESPACE_LABEL: &str = "busyguard.io/own-flags";
 /// Workflows, Tekton TaskRuns) are busy while they run, with no label in their templates.
 pub const RUN_TO_COMPLETION_NAMESPACE_LABEL: &str = "busyguard.io/run-to-completion";
 
+/// The namespace label (`"true"`) under which Kueue's preemption of a Job's Workload waits for
+/// the Job's busy pods (`--hold-kueue-preemption`): the Job controller's deletes of them are
+/// refused while they are busy, as any cluster disruption.
+pub const HOLD_PREEMPTION_NAMESPACE_LABEL: &str = "busyguard.io/hold-preemption";
+
 /// The Lease annotation that holds a workload's grants (`budget::Grants`, JSON).
 pub const GRANTS_ANNOTATION: &str = "busyguard.io/granted";
 

@@ -163,7 +163,14 @@ pub fn judge_resize(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> 
 /// group, audited) or once its protection lapsed. Anything else about a busy pod may change.
 fn restart_judged(ask: &Ask<'_>, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> Option<Outcome> {
     let container = pod.restarted_container(before)?;
-    let restart = Disruption { ask, taking: Taking::Restart { container }, pod: before, seen: None, siblings: None };
+    let restart = Disruption {
+        ask,
+        taking: Taking::Restart { container },
+        pod: before,
+        seen: None,
+        siblings: None,
+        preempted: false,
+    };
     Some(judge_disruption(&restart, config, now))
 }
 

@@ -534,7 +534,7 @@ mod tests {
                 let siblings = || old.label(BUSY_LABEL).and(old.label(MAX_UNAVAILABLE)).map(|_| crate::policy::testing::unavailable_siblings(unavailable));
                 for user in ["alice", crate::policy::REPLICASET_CONTROLLER_USER, crate::policy::GARBAGE_COLLECTOR_USER] {
                     let ask = ask("DELETE", user);
-                    let delete = disruption::Disruption { ask: &ask, taking: disruption::Taking::Delete, pod: &old, seen: Some(&old), siblings: siblings() };
+                    let delete = disruption::Disruption { ask: &ask, taking: disruption::Taking::Delete, pod: &old, seen: Some(&old), siblings: siblings(), preempted: false };
                     let outcome = disruption::judge_disruption(&delete, &config(), now());
                     // Skipped by both: allowed unchanged; sent to the budget's (fail-open) alone:
                     // refused, if at all, for the budget only.

@@ -108,13 +108,15 @@ pub fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<
 }
 
 /// A busy pod's delete that is no disruption but the end its workload chose, or its node's: by
-/// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller or by
-/// the garbage collector (which deletes a pod only once its owner is gone or going); of a pod
-/// busy with its leader, or controlled by a pod, with that pod's own token.
+/// Karpenter at its node's deadline; of a run-to-completion pod, by its owner's controller
+/// (unless Kueue `preempted` its Job, where its namespace holds that: the cluster takes it then)
+/// or by the garbage collector (which deletes a pod only once its owner is gone or going); of a
+/// pod busy with its leader, or controlled by a pod, with that pod's own token.
 pub fn deleted_as_its_end(
     action: Action,
     pod: &(impl PodFacts + ?Sized),
     requester: Requester<'_>,
+    preempted: bool,
     config: &PolicyConfig,
 ) -> Option<Override> {
     if action != Action::Delete {
@@ -125,7 +127,7 @@ pub fn deleted_as_its_end(
         return Some(Override::KarpenterDeadline);
     }
     if pod.runs_to_completion().is_some() {
-        if config.exemptions.is_owner_controller(user) {
+        if config.exemptions.is_owner_controller(user) && !preempted {
             return Some(Override::OwnerController);
         }
         if user == GARBAGE_COLLECTOR_USER {
@@ -259,9 +261,16 @@ mod tests {
         ];
         for (action, user, pod, expected) in table {
             let taken = let_through(requester(user), &config.exemptions)
-                .or_else(|| deleted_as_its_end(action, pod, requester(user), &config));
+                .or_else(|| deleted_as_its_end(action, pod, requester(user), false, &config));
             assert_eq!(taken, expected, "{action:?} by {user} of {}", pod.metadata.name);
         }
+        // Kueue preempted the Job's Workload where its namespace holds that: the cluster takes it.
+        assert_eq!(deleted_as_its_end(delete, &job_pod, requester(JOB_CONTROLLER), true, &config), None);
+        assert_eq!(
+            deleted_as_its_end(delete, &job_pod, requester(GARBAGE_COLLECTOR_USER), true, &config),
+            Some(Override::OwnerDeleted),
+            "the Job deleted is still its end"
+        );
         let waits = |action, user| !must_not_wait(action, requester(user), &config);
         assert!(!waits(delete, GARBAGE_COLLECTOR_USER) && !waits(delete, KARPENTER), "their deletes go at once");
         assert!(waits(evict, KARPENTER) && waits(delete, "alice"), "the workload's budget holds the rest");
@@ -269,10 +278,17 @@ mod tests {
         let executor = pod(json!({"metadata": {"name": "etl-exec-1", "labels": {"busyguard.io/busy": "true"},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d", "controller": true}]}}));
         let token = |pod| Requester { username: "system:serviceaccount:spark:spark", groups: &[], pod };
-        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("etl-driver")), &config), Some(Override::Leader));
-        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("other-driver")), &config), None);
-        assert_eq!(deleted_as_its_end(delete, &executor, token(None), &config), None, "its service account alone");
-        assert_eq!(deleted_as_its_end(evict, &executor, token(Some("etl-driver")), &config), None);
+        assert_eq!(
+            deleted_as_its_end(delete, &executor, token(Some("etl-driver")), false, &config),
+            Some(Override::Leader)
+        );
+        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("other-driver")), false, &config), None);
+        assert_eq!(
+            deleted_as_its_end(delete, &executor, token(None), false, &config),
+            None,
+            "its service account alone"
+        );
+        assert_eq!(deleted_as_its_end(evict, &executor, token(Some("etl-driver")), false, &config), None);
         let node = |user| node_delete_let_through(requester(user), &config.exemptions);
         assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
         assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));

@@ -60,6 +60,16 @@ pub struct View {
     links: RwLock<Links>,
     /// Each busy rule's kind (`agones.dev/v1/GameServer`) and how following it goes.
     owner_kinds: RwLock<BTreeMap<String, OwnerKind>>,
+    /// Kueue's preemptions (`--hold-kueue-preemption`).
+    preemptions: RwLock<Preemptions>,
+}
+
+/// The namespaces that hold Kueue's preemptions, and the Jobs (by namespace and name) whose
+/// Workloads Kueue preempted.
+#[derive(Default)]
+struct Preemptions {
+    holding: HashSet<String>,
+    preempted: HashSet<(String, String)>,
 }
 
 /// How following one busy rule's kind goes.
@@ -122,6 +132,7 @@ impl View {
             owners: RwLock::default(),
             links: RwLock::default(),
             owner_kinds: RwLock::default(),
+            preemptions: RwLock::default(),
         }
     }
 
@@ -250,6 +261,38 @@ impl View {
     /// Every object linked to an owner, by namespace and `group/Kind/name`.
     pub fn links_known(&self) -> Vec<(String, String)> {
         known(&self.links.read())
+    }
+
+    /// Whether the Job controller's delete of a pod of `job` is Kueue's preemption held: its
+    /// namespace holds them and Kueue preempted the Job's Workload.
+    pub fn preemption_held(&self, namespace: &str, job: &str) -> bool {
+        let preemptions = self.preemptions.read();
+        preemptions.holding.contains(namespace)
+            && preemptions.preempted.contains(&(namespace.to_string(), job.to_string()))
+    }
+
+    pub fn set_holds_preemption(&self, namespace: &str, holds: bool) {
+        let holding = &mut self.preemptions.write().holding;
+        if holds {
+            holding.insert(namespace.to_string())
+        } else {
+            holding.remove(namespace)
+        };
+    }
+
+    pub fn holding_preemption(&self) -> Vec<String> {
+        self.preemptions.read().holding.iter().cloned().collect()
+    }
+
+    /// Records whether Kueue preempted the Workload of `job`; whether that changed.
+    pub fn set_preempted(&self, namespace: &str, job: &str, preempted: bool) -> bool {
+        let key = (namespace.to_string(), job.to_string());
+        let jobs = &mut self.preemptions.write().preempted;
+        if preempted { jobs.insert(key) } else { jobs.remove(&key) }
+    }
+
+    pub fn preempted_jobs(&self) -> Vec<(String, String)> {
+        self.preemptions.read().preempted.iter().cloned().collect()
     }
 
     /// The namespaces labelled the other way than the rest, as recorded.

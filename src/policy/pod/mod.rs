@@ -597,10 +597,17 @@ mod tests {
                 pod: &recording,
                 seen,
                 siblings,
+                preempted: false,
             };
             disruption::judge_disruption(&evict, &config, now);
-            let delete =
-                disruption::Disruption { ask: &ask, taking: disruption::Taking::Delete, pod, seen, siblings: one() };
+            let delete = disruption::Disruption {
+                ask: &ask,
+                taking: disruption::Taking::Delete,
+                pod,
+                seen,
+                siblings: one(),
+                preempted: false,
+            };
             disruption::judge_disruption(&delete, &config, now);
             plan(&recording, None, config.mutation, config.max_busy, now);
             observed::due(&target, &recording, &config, now);

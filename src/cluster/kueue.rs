@@ -1,0 +1,195 @@
+//! Kueue's preemptions, held where a namespace asks (`--hold-kueue-preemption`): a watch of the
+//! namespaces labelled `busyguard.io/hold-preemption=true` and one of Kueue's Workloads, so
+//! that the Job controller's delete of a busy pod of a Job whose Workload Kueue preempted is
+//! judged as a cluster disruption (refused while busy), not as the Job's own end. Kueue keeps
+//! the preempted Workload's quota until its Job has no active pod left, so the preemptor waits
+//! as a scheduler preemptor does. Kueue not installed leaves everything else as it is, and says
+//! so in the log, asking again.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::DynamicObject;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tracing::{info, warn};
+
+use super::driver::{self, Index, Key};
+use super::view::{Scope, View};
+use crate::policy::keys::HOLD_PREEMPTION_NAMESPACE_LABEL;
+
+/// Kueue's API group, and the reason of a Workload's `Evicted` condition when Kueue preempted
+/// it (`WorkloadEvictedByPreemption`).
+const KUEUE_GROUP: &str = "kueue.x-k8s.io";
+const PREEMPTED: &str = "Preempted";
+
+/// The longest pause between two tries at Kueue's API when it is not served.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(60);
+
+/// Follows the namespaces that hold preemptions, and Kueue's Workloads in `scopes`, until the
+/// process stops.
+pub fn start(client: Client, view: Arc<View>, scopes: &[Scope], watch_timeout_secs: u32) {
+    let label = format!("{HOLD_PREEMPTION_NAMESPACE_LABEL}=true");
+    let config = watcher::Config::default().labels(&label).timeout(watch_timeout_secs);
+    let namespaces = watcher(Api::<Namespace>::all(client.clone()), config).default_backoff();
+    let index_view = view.clone();
+    tokio::spawn(async move {
+        let mut index = Holding { view: &index_view };
+        driver::drive(&mut index, namespaces.map(|event| (None, event))).await;
+    });
+    tokio::spawn(workloads(client, view, scopes.to_vec(), watch_timeout_secs));
+}
+
+async fn workloads(client: Client, view: Arc<View>, scopes: Vec<Scope>, watch_timeout_secs: u32) {
+    let mut pause = Duration::from_secs(1);
+    let resource = loop {
+        match kube::discovery::group(&client, KUEUE_GROUP).await.map(|group| group.recommended_kind("Workload")) {
+            Ok(Some((resource, _))) => break resource,
+            Ok(None) | Err(_) => warn!(
+                retry_in = ?pause,
+                "--hold-kueue-preemption: the API server does not serve Kueue's Workloads (Kueue not installed?): \
+                 its preemptions are not held; everything else is served"
+            ),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_RETRY_PAUSE);
+    };
+    let streams = scopes.into_iter().map(|scope| {
+        let api: Api<DynamicObject> = match &scope {
+            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let config = watcher::Config::default().timeout(watch_timeout_secs);
+        watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+    });
+    let mut index = Workloads { view: &view };
+    driver::drive(&mut index, futures::stream::select_all(streams)).await;
+}
+
+/// The Job a Workload stands for (its controlling owner of kind `Job`), and whether Kueue
+/// preempted it: its `Evicted` condition true with reason `Preempted`, until it is admitted
+/// again (the condition then false) or gone.
+pub fn preempted_job(workload: &serde_json::Value) -> Option<(String, bool)> {
+    let owners = workload["metadata"]["ownerReferences"].as_array()?;
+    let job = owners.iter().find(|o| {
+        o["kind"] == "Job"
+            && o["apiVersion"].as_str().is_some_and(|v| v.starts_with("batch/"))
+            && o["controller"] == true
+    })?;
+    let conditions = workload["status"]["conditions"].as_array().into_iter().flatten();
+    let preempted =
+        conditions.into_iter().any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == PREEMPTED);
+    Some((job["name"].as_str()?.to_string(), preempted))
+}
+
+/// The index of Workloads: the Jobs Kueue preempted, by namespace and Job name.
+struct Workloads<'a> {
+    view: &'a View,
+}
+
+impl Index<DynamicObject> for Workloads<'_> {
+    fn what(&self) -> String {
+        "Kueue's Workloads".into()
+    }
+
+    /// A Workload by the Job it stands for (a Workload of no Job: by its own name).
+    fn key(&self, workload: &DynamicObject) -> Key {
+        let value = serde_json::to_value(workload).unwrap_or_default();
+        let job = preempted_job(&value).map_or_else(|| format!("Workload/{}", workload.name_any()), |(job, _)| job);
+        (workload.namespace().unwrap_or_default(), job)
+    }
+
+    async fn apply(&mut self, workload: DynamicObject) {
+        let value = serde_json::to_value(&workload).unwrap_or_default();
+        if let Some((job, preempted)) = preempted_job(&value) {
+            let namespace = workload.namespace().unwrap_or_default();
+            if self.view.set_preempted(&namespace, &job, preempted) && preempted {
+                info!(job = %format!("{namespace}/{job}"), "Kueue preempted the Job's Workload");
+            }
+        }
+    }
+
+    async fn delete(&mut self, workload: DynamicObject) {
+        let (namespace, job) = self.key(&workload);
+        self.view.set_preempted(&namespace, &job, false);
+    }
+
+    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
+        let in_scope = |namespace: &str| scope.as_deref().is_none_or(|scope| scope == namespace);
+        for (namespace, job) in self.view.preempted_jobs() {
+            if in_scope(&namespace) && !listed.contains(&(namespace.clone(), job.clone())) {
+                self.view.set_preempted(&namespace, &job, false);
+            }
+        }
+    }
+}
+
+/// The index of the namespaces that hold Kueue's preemptions.
+struct Holding<'a> {
+    view: &'a View,
+}
+
+impl Index<Namespace> for Holding<'_> {
+    fn what(&self) -> String {
+        format!("the namespaces' {HOLD_PREEMPTION_NAMESPACE_LABEL} label")
+    }
+
+    fn key(&self, namespace: &Namespace) -> Key {
+        (String::new(), namespace.name_any())
+    }
+
+    async fn apply(&mut self, namespace: Namespace) {
+        self.view.set_holds_preemption(&namespace.name_any(), true);
+    }
+
+    /// Deleted, or its label changed: the watch selects by the label.
+    async fn delete(&mut self, namespace: Namespace) {
+        self.view.set_holds_preemption(&namespace.name_any(), false);
+    }
+
+    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
+        for namespace in self.view.holding_preemption() {
+            if !listed.contains(&(String::new(), namespace.clone())) {
+                self.view.set_holds_preemption(&namespace, false);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A Workload as Kueue's job reconciler creates it for a Job, with `conditions`.
+    fn workload(conditions: serde_json::Value) -> serde_json::Value {
+        json!({"metadata": {"name": "job-train-3f2a1", "namespace": "ml", "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j", "controller": true,
+                "blockOwnerDeletion": true}]},
+            "status": {"conditions": conditions}})
+    }
+
+    #[test]
+    fn a_workload_kueue_preempted_names_its_job_until_it_is_admitted_again() {
+        let condition =
+            |kind: &str, status: &str, reason: &str| json!({"type": kind, "status": status, "reason": reason});
+        let admitted = [condition("QuotaReserved", "True", "QuotaReserved"), condition("Admitted", "True", "Admitted")];
+        assert_eq!(preempted_job(&workload(json!(admitted))), Some(("train".into(), false)));
+        let preempted = json!([admitted[0], admitted[1], condition("Evicted", "True", "Preempted")]);
+        assert_eq!(preempted_job(&workload(preempted)), Some(("train".into(), true)));
+        for other in
+            ["PodsReadyTimeout", "InactiveWorkload", "AdmissionCheck", "DeactivatedDueToRequeuingLimitExceeded"]
+        {
+            let evicted = json!([condition("Evicted", "True", other)]);
+            assert_eq!(preempted_job(&workload(evicted)), Some(("train".into(), false)), "{other}: Kueue's own end");
+        }
+        let readmitted = json!([condition("Evicted", "False", "Preempted")]);
+        assert_eq!(preempted_job(&workload(readmitted)), Some(("train".into(), false)));
+        let mut of_a_pod = workload(json!([]));
+        of_a_pod["metadata"]["ownerReferences"][0]["kind"] = json!("Pod");
+        assert_eq!(preempted_job(&of_a_pod), None, "not a Job's");
+    }
+}
