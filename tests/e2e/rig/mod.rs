@@ -157,7 +157,7 @@ impl Rig {
     /// The chart rendered as `helm install` renders it, with the value of each component, and
     /// applied as `install_release` applies a base: the rig's certificates are self-managed
     /// (the Secret is the rig's, the webhooks trust its CA).
-    fn install_chart(&self, components: &[&str], rules: &[&str]) -> Result<()> {
+    fn install_chart(&self, components: &[&str], args: &[String]) -> Result<()> {
         let known = ["actions-runner-controller", "agones"];
         ensure!(components.iter().all(|c| known.contains(c)), "no value of the chart for {components:?}");
         let ca = std::fs::read_to_string(self.certs().join("ca.crt"))?;
@@ -165,7 +165,7 @@ impl Rig {
             "certificates": {"source": "self-managed", "selfManaged": {"createSecret": false, "caCrt": ca}},
             "actionsRunnerController": {"enabled": components.contains(&"actions-runner-controller")},
             "agones": {"enabled": components.contains(&"agones")},
-            "busyWhenOwner": rules,
+            "extraArgs": args,
         });
         let file = self.work.join("chart-values.json");
         std::fs::write(&file, values.to_string())?;
@@ -184,14 +184,14 @@ impl Rig {
     /// This checkout's base with `components` (under manifests/), applied as `install_release`
     /// applies a base: back to the base alone, `install_release(ROOT)` takes them away.
     pub fn install_with(&self, components: &[&str]) -> Result<()> {
-        self.install_with_rules(components, &[])
+        self.install_with_args(components, &[])
     }
 
-    /// As `install_with`, with busy `rules` of the user's own, added to busyguard's arguments
-    /// as an overlay adds them (`--busy-when-owner=…`), or as the chart's `busyWhenOwner`.
-    pub fn install_with_rules(&self, components: &[&str], rules: &[&str]) -> Result<()> {
+    /// As `install_with`, with further arguments of busyguard's (a busy rule of the user's own,
+    /// an integration switched on), added as an overlay adds them, or as the chart's `extraArgs`.
+    pub fn install_with_args(&self, components: &[&str], args: &[String]) -> Result<()> {
         if self.through_chart.load(Ordering::Relaxed) {
-            return self.install_chart(components, rules);
+            return self.install_chart(components, args);
         }
         let overlay = self.work.join("overlay");
         std::fs::create_dir_all(&overlay)?;
@@ -200,20 +200,17 @@ impl Rig {
         let up = "../".repeat(overlay.components().count() - 1);
         let manifests = format!("{up}{}/manifests", ROOT.trim_start_matches('/'));
         let components: Vec<String> = components.iter().map(|c| format!("  - {manifests}/{c}\n")).collect();
-        let args: Vec<Value> = rules
+        let added: Vec<Value> = args
             .iter()
-            .map(|rule| {
-                json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-",
-                "value": format!("--busy-when-owner={rule}")})
-            })
+            .map(|arg| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}))
             .collect();
         let patches = json!([{"target": {"kind": "Deployment", "name": "busyguard"},
-            "patch": serde_json::to_string(&args)?}]);
+            "patch": serde_json::to_string(&added)?}]);
         let kustomization = format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {manifests}/base\n\
              components:\n{}patches: {}\n",
             components.concat(),
-            if rules.is_empty() { "[]".to_string() } else { patches.to_string() }
+            if args.is_empty() { "[]".to_string() } else { patches.to_string() }
         );
         std::fs::write(overlay.join("kustomization.yaml"), kustomization)?;
         self.install_rendered(rendered(&overlay)?, None)

@@ -6,6 +6,7 @@ mod deletes;
 mod drains;
 mod flags;
 mod jobs;
+mod kueue;
 mod lifecycle;
 mod neighbours;
 mod nodes;
@@ -50,6 +51,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
     agones::agones_drains_a_reusing_fleet_under_steady_allocations,
     owner_chains::a_rule_reads_the_pod_and_the_owner_one_further_up,
+    kueue::kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks,
     queues::a_drain_of_queue_workers_completes_within_a_task,
     queues::a_karpenter_disruption_of_queue_workers_completes_within_a_task,
     queues::a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task,

@@ -36,8 +36,8 @@ pub fn a_rule_reads_the_pod_and_the_owner_one_further_up(rig: &Rig) -> Result<()
     for crd in &crds {
         let crd = crd.to_str().context("the CRD's path")?;
         // As `helm install` leaves CRDs: kubectl drops the fields 1.28 does not know, with a warning.
-        if !rig.try_kubectl(&["replace", "-f", crd])?.0 {
-            rig.kubectl(&["create", "-f", crd])?;
+        if !rig.try_kubectl(&["replace", "--validate=false", "-f", crd])?.0 {
+            rig.kubectl(&["create", "--validate=false", "-f", crd])?;
         }
     }
     for crd in ["sparkapplications.sparkoperator.k8s.io", "rayjobs.ray.io", "rayclusters.ray.io"] {
@@ -51,8 +51,8 @@ pub fn a_rule_reads_the_pod_and_the_owner_one_further_up(rig: &Rig) -> Result<()
         "busyguard",
         "busyguard",
     )?;
-    let rules = [recipe("spark.md")?, recipe("kuberay.md")?];
-    rig.install_with_rules(&[], &[&rules[0], &rules[1]])?;
+    let rules = [recipe("spark.md")?, recipe("kuberay.md")?].map(|rule| format!("--busy-when-owner={rule}"));
+    rig.install_with_args(&[], &rules)?;
     let outcome = spark_and_ray_guarded(rig);
     rig.install_release(Path::new(ROOT), None)?;
     outcome
