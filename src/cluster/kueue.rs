@@ -69,20 +69,20 @@ async fn workloads(client: Client, view: Arc<View>, scopes: Vec<Scope>, watch_ti
     driver::drive(&mut index, futures::stream::select_all(streams)).await;
 }
 
-/// The Job a Workload stands for (its controlling owner of kind `Job`), and whether Kueue
-/// preempted it: its `Evicted` condition true with reason `Preempted`, until it is admitted
-/// again (the condition then false) or gone.
-pub fn preempted_job(workload: &serde_json::Value) -> Option<(String, bool)> {
-    let owners = workload["metadata"]["ownerReferences"].as_array()?;
-    let job = owners.iter().find(|o| {
-        o["kind"] == "Job"
-            && o["apiVersion"].as_str().is_some_and(|v| v.starts_with("batch/"))
-            && o["controller"] == true
-    })?;
-    let conditions = workload["status"]["conditions"].as_array().into_iter().flatten();
-    let preempted =
-        conditions.into_iter().any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == PREEMPTED);
-    Some((job["name"].as_str()?.to_string(), preempted))
+/// The Job a Workload stands for: its controlling owner of kind `Job`.
+fn job_of(workload: &DynamicObject) -> Option<&str> {
+    let owners = workload.metadata.owner_references.iter().flatten();
+    let job = owners
+        .into_iter()
+        .find(|o| o.kind == "Job" && o.api_version.starts_with("batch/") && o.controller == Some(true))?;
+    Some(&job.name)
+}
+
+/// Whether Kueue preempted the Workload: its `Evicted` condition true with reason `Preempted`,
+/// until it is admitted again (the condition then false) or gone.
+fn preempted(workload: &DynamicObject) -> bool {
+    let conditions = workload.data["status"]["conditions"].as_array().into_iter().flatten();
+    conditions.into_iter().any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == PREEMPTED)
 }
 
 /// The index of Workloads: the Jobs Kueue preempted, by namespace and Job name.
@@ -97,18 +97,15 @@ impl Index<DynamicObject> for Workloads<'_> {
 
     /// A Workload by the Job it stands for (a Workload of no Job: by its own name).
     fn key(&self, workload: &DynamicObject) -> Key {
-        let value = serde_json::to_value(workload).unwrap_or_default();
-        let job = preempted_job(&value).map_or_else(|| format!("Workload/{}", workload.name_any()), |(job, _)| job);
+        let job = job_of(workload).map_or_else(|| format!("Workload/{}", workload.name_any()), str::to_string);
         (workload.namespace().unwrap_or_default(), job)
     }
 
     async fn apply(&mut self, workload: DynamicObject) {
-        let value = serde_json::to_value(&workload).unwrap_or_default();
-        if let Some((job, preempted)) = preempted_job(&value) {
-            let namespace = workload.namespace().unwrap_or_default();
-            if self.view.set_preempted(&namespace, &job, preempted) && preempted {
-                info!(job = %format!("{namespace}/{job}"), "Kueue preempted the Job's Workload");
-            }
+        let Some(job) = job_of(&workload) else { return };
+        let (namespace, preempted) = (workload.namespace().unwrap_or_default(), preempted(&workload));
+        if self.view.set_preempted(&namespace, job, preempted) && preempted {
+            info!(job = %format!("{namespace}/{job}"), "Kueue preempted the Job's Workload");
         }
     }
 
@@ -165,11 +162,13 @@ mod tests {
     use serde_json::json;
 
     /// A Workload as Kueue's job reconciler creates it for a Job, with `conditions`.
-    fn workload(conditions: serde_json::Value) -> serde_json::Value {
-        json!({"metadata": {"name": "job-train-3f2a1", "namespace": "ml", "ownerReferences": [
-            {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j", "controller": true,
-                "blockOwnerDeletion": true}]},
-            "status": {"conditions": conditions}})
+    fn workload(conditions: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": "job-train-3f2a1", "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j", "controller": true,
+                    "blockOwnerDeletion": true}]},
+            "status": {"conditions": conditions}}))
+        .unwrap()
     }
 
     #[test]
@@ -177,19 +176,20 @@ mod tests {
         let condition =
             |kind: &str, status: &str, reason: &str| json!({"type": kind, "status": status, "reason": reason});
         let admitted = [condition("QuotaReserved", "True", "QuotaReserved"), condition("Admitted", "True", "Admitted")];
-        assert_eq!(preempted_job(&workload(json!(admitted))), Some(("train".into(), false)));
-        let preempted = json!([admitted[0], admitted[1], condition("Evicted", "True", "Preempted")]);
-        assert_eq!(preempted_job(&workload(preempted)), Some(("train".into(), true)));
+        let running = workload(json!(admitted));
+        assert_eq!((job_of(&running), preempted(&running)), (Some("train"), false));
+        assert!(preempted(&workload(json!([admitted[0], admitted[1], condition("Evicted", "True", "Preempted")]))));
         for other in
             ["PodsReadyTimeout", "InactiveWorkload", "AdmissionCheck", "DeactivatedDueToRequeuingLimitExceeded"]
         {
-            let evicted = json!([condition("Evicted", "True", other)]);
-            assert_eq!(preempted_job(&workload(evicted)), Some(("train".into(), false)), "{other}: Kueue's own end");
+            assert!(!preempted(&workload(json!([condition("Evicted", "True", other)]))), "{other}: Kueue's own end");
         }
-        let readmitted = json!([condition("Evicted", "False", "Preempted")]);
-        assert_eq!(preempted_job(&workload(readmitted)), Some(("train".into(), false)));
+        assert!(!preempted(&workload(json!([condition("Evicted", "False", "Preempted")]))), "admitted again");
         let mut of_a_pod = workload(json!([]));
-        of_a_pod["metadata"]["ownerReferences"][0]["kind"] = json!("Pod");
-        assert_eq!(preempted_job(&of_a_pod), None, "not a Job's");
+        of_a_pod.metadata.owner_references.as_mut().unwrap()[0].kind = "Pod".into();
+        assert_eq!(job_of(&of_a_pod), None, "not a Job's");
+        let mut not_controlling = workload(json!([]));
+        not_controlling.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert_eq!(job_of(&not_controlling), None, "a Job it does not belong to");
     }
 }

@@ -30,11 +30,13 @@ use crate::policy::pod::{PodFacts, PodRef};
 /// kind it does not serve, or one that cannot own pods (not namespaced); the kind between, too.
 pub async fn resolve(client: &Client, rule: &OwnerRule) -> anyhow::Result<ApiResource> {
     if let Some(via) = &rule.via {
-        let gvk = GroupVersionKind::gvk(via.group(), via.version(), &via.kind);
-        resolve_kind(client, &gvk, &rule.kind_path()).await?;
+        resolve_kind(client, &gvk(&via.api_version, &via.kind), &rule.kind_path()).await?;
     }
-    let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
-    resolve_kind(client, &gvk, &rule.kind_path()).await
+    resolve_kind(client, &gvk(&rule.api_version, &rule.kind), &rule.kind_path()).await
+}
+
+fn gvk(api_version: &str, kind: &str) -> GroupVersionKind {
+    GroupVersionKind::gvk(owners::group_of(api_version), owners::version_of(api_version), kind)
 }
 
 /// A kind a rule names (`gvk`), as the API server serves it; `rule` names the rule in errors.
@@ -96,8 +98,7 @@ impl OwnerWatch {
 
     async fn follow(self: Arc<Self>, rule: Arc<OwnerRule>, scopes: Vec<Scope>) {
         let kind = rule.kind_path();
-        let gvk = GroupVersionKind::gvk(rule.group(), rule.version(), &rule.kind);
-        let resource = self.served(&gvk, &kind).await;
+        let resource = self.served(&gvk(&rule.api_version, &rule.kind), &kind).await;
         let streams = scopes.into_iter().map(|scope| {
             let api: Api<DynamicObject> = match &scope {
                 Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
@@ -117,8 +118,7 @@ impl OwnerWatch {
         // How /status and the metrics name this watch.
         let kinds = format!("{} between pods and {named}", via.kind_path());
         self.view.update_owner_kind(&kinds, |kind| kind.unfollowed = Some("not asked of the API server yet".into()));
-        let gvk = GroupVersionKind::gvk(via.group(), via.version(), &via.kind);
-        let resource = self.served(&gvk, &kinds).await;
+        let resource = self.served(&gvk(&via.api_version, &via.kind), &kinds).await;
         let streams = scopes.into_iter().map(|scope| {
             // Of their metadata only: an object's controlling owner is all a link needs.
             let api: Api<PartialObjectMeta<DynamicObject>> = match &scope {

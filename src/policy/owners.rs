@@ -43,7 +43,7 @@ impl Via {
     }
 
     pub fn version(&self) -> &str {
-        self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
+        version_of(&self.api_version)
     }
 
     pub fn kind_path(&self) -> String {
@@ -212,7 +212,7 @@ impl OwnerRule {
     }
 
     pub fn version(&self) -> &str {
-        self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
+        version_of(&self.api_version)
     }
 
     /// The kinds the rule follows, as the flag names them: `agones.dev/v1/GameServer`,
@@ -317,6 +317,11 @@ pub fn owner_key(group: &str, kind: &str, name: &str) -> String {
 /// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
 pub fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// The version of an `apiVersion` (`v1` of `apps/v1`, and of the core group's `v1`).
+pub fn version_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or(api_version, |(_, version)| version)
 }
 
 /// The rule for owners of `group`'s `kind` that own their pods themselves, if any: the rule an

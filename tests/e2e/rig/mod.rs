@@ -357,6 +357,19 @@ impl Rig {
         admins.into_iter().filter_map(|admin| get_body(admin, "/metrics")).collect()
     }
 
+    /// A project's CustomResourceDefinition from its file, as `helm install` or `helm upgrade`
+    /// leaves CRDs: created, or replaced over another release's, the fields this API server
+    /// does not know dropped with a warning (`selectableFields`, `x-kubernetes-patch-*`); then
+    /// Established.
+    pub fn install_crd(&self, path: &Path) -> Result<()> {
+        let path = path.to_str().context("the CRD's path")?;
+        let (replaced, name, _) = self.try_kubectl(&["replace", "--validate=false", "-o", "name", "-f", path])?;
+        let name =
+            if replaced { name } else { self.kubectl(&["create", "--validate=false", "-o", "name", "-f", path])? };
+        let name = name.trim().rsplit('/').next().unwrap_or_default().to_string();
+        self.established(&name)
+    }
+
     /// Waits until the CustomResourceDefinition `name` is Established (kubectl wait errs on one
     /// whose status has no conditions yet, just after its create).
     pub fn established(&self, name: &str) -> Result<()> {

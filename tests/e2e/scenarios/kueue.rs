@@ -11,6 +11,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
 use super::jobs::{job, job_pods};
+use super::owner_chains::controller;
 use crate::rig::{ROOT, Rig, eventually, throughout};
 use crate::workers::{flip, label};
 
@@ -26,12 +27,7 @@ pub fn kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks(rig: &Rig
         println!("e2e: skipped: Kueue's CRDs are not in ../shared/peers (a clone without ../shared)");
         return Ok(());
     };
-    let crd = crd.to_str().context("the CRD's path")?;
-    // Its CRD carries fields 1.28 does not know (`selectableFields`): dropped, with a warning.
-    if !rig.try_kubectl(&["replace", "--validate=false", "-f", crd])?.0 {
-        rig.kubectl(&["create", "--validate=false", "-f", crd])?;
-    }
-    rig.established("workloads.kueue.x-k8s.io")?;
+    rig.install_crd(&crd)?;
     let read = json!(["get", "list", "watch"]);
     rig.grant_cluster(
         "busyguard-kueue",
@@ -87,14 +83,12 @@ fn admitted_and_busy(rig: &Rig, ns: &str) -> Result<String> {
     train["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
     rig.apply(&train)?;
     let job = rig.get(&["-n", ns, "job", "train"])?;
-    let owner = json!({"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job["metadata"]["uid"],
-        "controller": true, "blockOwnerDeletion": true});
     // The Job's pod template, as Kueue's podSet carries it (its labels and spec).
     let template = &job["spec"]["template"];
     let template = json!({"metadata": {"labels": template["metadata"]["labels"]}, "spec": template["spec"]});
     let pod_set = json!({"name": "main", "count": 1, "template": template});
     rig.apply(&json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-        "metadata": {"name": "job-train-7c2d1", "namespace": ns, "ownerReferences": [owner],
+        "metadata": {"name": "job-train-7c2d1", "namespace": ns, "ownerReferences": [controller(&job)],
             "labels": {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]}},
         "spec": {"queueName": "team", "podSets": [pod_set]}}))?;
     let admission = json!({"clusterQueue": "cluster-queue",

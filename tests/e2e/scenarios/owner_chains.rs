@@ -34,14 +34,7 @@ pub fn a_rule_reads_the_pod_and_the_owner_one_further_up(rig: &Rig) -> Result<()
         return Ok(());
     }
     for crd in &crds {
-        let crd = crd.to_str().context("the CRD's path")?;
-        // As `helm install` leaves CRDs: kubectl drops the fields 1.28 does not know, with a warning.
-        if !rig.try_kubectl(&["replace", "--validate=false", "-f", crd])?.0 {
-            rig.kubectl(&["create", "--validate=false", "-f", crd])?;
-        }
-    }
-    for crd in ["sparkapplications.sparkoperator.k8s.io", "rayjobs.ray.io", "rayclusters.ray.io"] {
-        rig.established(crd)?;
+        rig.install_crd(crd)?;
     }
     let read = json!(["get", "list", "watch"]);
     rig.grant_cluster(
@@ -82,16 +75,12 @@ fn spark_executors(rig: &Rig) -> Result<()> {
             "executor": {"instances": 2, "labels": {"busyguard.io/busy": "false"}}}}))?;
     // The operator's submission creates the driver, owned by the application; Spark's driver
     // creates its executors, owned by the driver pod.
-    owned_pod(
-        rig,
-        &ns,
-        "etl-driver",
-        ("sparkoperator.k8s.io/v1beta2", "SparkApplication", "etl"),
-        json!({"spark-role": "driver"}),
-    )?;
+    let app = rig.get(&["-n", &ns, "sparkapplication", "etl"])?;
+    owned_pod(rig, "etl-driver", &app, json!({"spark-role": "driver"}), "spark")?;
+    let driver = rig.pod(&ns, "etl-driver")?.context("the driver")?;
     for executor in ["etl-exec-1", "etl-exec-2"] {
         let labels = json!({"spark-role": "executor", "busyguard.io/busy": "false"});
-        owned_pod(rig, &ns, executor, ("v1", "Pod", "etl-driver"), labels)?;
+        owned_pod(rig, executor, &driver, labels, "default")?;
     }
     // The operator's status update: each executor's state by its pod's name, from its phase.
     executor_state(rig, &ns, json!({"etl-exec-1": "RUNNING", "etl-exec-2": "PENDING"}))?;
@@ -123,19 +112,12 @@ fn ray_workers(rig: &Rig) -> Result<()> {
     let job = rig.get(&["-n", &ns, "rayjob", "train"])?;
     // KubeRay's RayJob controller creates the cluster, owned by the job; its RayCluster
     // controller the worker pods, owned by the cluster.
-    let reference = json!({"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "train",
-        "uid": job["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true});
     rig.apply(&json!({"apiVersion": "ray.io/v1", "kind": "RayCluster",
-        "metadata": {"name": "train-raycluster-k8x2p", "namespace": &*ns, "ownerReferences": [reference]},
+        "metadata": {"name": "train-raycluster-k8x2p", "namespace": &*ns, "ownerReferences": [controller(&job)]},
         "spec": {"headGroupSpec": {"template": template}}}))?;
+    let cluster = rig.get(&["-n", &ns, "raycluster", "train-raycluster-k8x2p"])?;
     let labels = json!({"ray.io/node-type": "worker", "busyguard.io/busy": "false"});
-    owned_pod(
-        rig,
-        &ns,
-        "train-raycluster-k8x2p-worker-0",
-        ("ray.io/v1", "RayCluster", "train-raycluster-k8x2p"),
-        labels,
-    )?;
+    owned_pod(rig, "train-raycluster-k8x2p-worker-0", &cluster, labels, "default")?;
     let worker = "train-raycluster-k8x2p-worker-0";
     job_status(rig, &ns, "RUNNING")?;
     busy(rig, &ns, worker, true)?;
@@ -160,36 +142,24 @@ fn recipe(page: &str) -> Result<String> {
     Ok(rule.trim_end_matches('"').to_string())
 }
 
-/// A pod as its owner's controller creates it (`kind` `name` of `api_version`, as controller),
-/// running on the rig's node.
-fn owned_pod(
-    rig: &Rig,
-    ns: &str,
-    name: &str,
-    (api_version, kind, owner): (&str, &str, &str),
-    labels: Value,
-) -> Result<Value> {
-    let resource = if kind == "Pod" {
-        "pod".to_string()
-    } else {
-        format!("{}.{}", kind.to_lowercase(), api_version.split('/').next().unwrap_or_default())
-    };
-    let owner_object = rig.get(&["-n", ns, &resource, owner])?;
-    let reference = json!({"apiVersion": api_version, "kind": kind, "name": owner,
-        "uid": owner_object["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true});
+/// A pod as the controller of `owner` (as the API server returns it) creates it, in its
+/// namespace, running as `service_account` on the rig's node.
+fn owned_pod(rig: &Rig, name: &str, owner: &Value, labels: Value, service_account: &str) -> Result<()> {
+    let ns = owner["metadata"]["namespace"].as_str().context("the owner's namespace")?;
     let mut labels = labels;
     labels["app"] = json!(name);
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": [reference]},
-        "spec": {"nodeName": NODE, "serviceAccountName": if kind == "SparkApplication" { "spark" } else { "default" },
-            "terminationGracePeriodSeconds": 1, "containers": [{"name": "main", "image": "example.com/owned"}]}});
+        "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": [controller(owner)]},
+        "spec": {"nodeName": NODE, "serviceAccountName": service_account, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "example.com/owned"}]}});
     crate::rig::kubectl_stdin(&rig.admin, &["create", "-f", "-"], &pod.to_string())?;
-    eventually(
-        &format!("{name} runs"),
-        Duration::from_secs(60),
-        || Ok(workers::ready_pods(rig, ns, name)?.len() == 1),
-    )?;
-    rig.pod(ns, name)?.context("the pod created")
+    eventually(&format!("{name} runs"), Duration::from_secs(60), || Ok(workers::ready_pods(rig, ns, name)?.len() == 1))
+}
+
+/// The ownerReference a controller puts on what it creates for `owner`.
+pub(super) fn controller(owner: &Value) -> Value {
+    json!({"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true})
 }
 
 /// The Spark operator's status update of the application (`updateExecutorState`, then the

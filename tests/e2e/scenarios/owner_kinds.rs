@@ -199,13 +199,8 @@ pub fn runners_are_busy_on_every_release_of_actions_runner_controller(rig: &Rig)
 
 fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
     let crd = dir.join("charts/gha-runner-scale-set-controller/crds/actions.github.com_ephemeralrunners.yaml");
-    // Replaced whole (create, or replace over another release's), as `helm upgrade` leaves CRDs
-    // to be: kubectl replace drops the fields 1.28 does not know, with a warning.
-    let crd = crd.to_str().context("the CRD's path")?;
-    if !rig.try_kubectl(&["replace", "-f", crd])?.0 {
-        rig.kubectl(&["create", "-f", crd])?;
-    }
-    rig.established("ephemeralrunners.actions.github.com")?;
+    // Replaced whole (create, or replace over another release's), as `helm upgrade` leaves CRDs.
+    rig.install_crd(&crd)?;
     // busyguard asks for a kind it does not serve yet again within a minute: its runners are
     // followed from then on (and it sees them turn busy, so it knows when their jobs began).
     let not_followed = "--busy-when-owner actions.github.com/v1alpha1/EphemeralRunner: its owners are not followed";
