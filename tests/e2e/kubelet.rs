@@ -1,6 +1,7 @@
 //! The rig's kubelet for busyguard's own pods (one `busyguard` process per running pod, with the
 //! pod's args, env, mounted TLS files and bound token; its readiness probed, its preStop hook run,
-//! SIGTERM sent on delete) and the forwarder that plays busyguard's Service.
+//! SIGTERM sent on delete, started again if it exits) and the forwarder that plays busyguard's
+//! Service.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -14,13 +15,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
-use crate::rig::{BUSYGUARD, binary, bound_token, die_with_parent, free_port, kubeconfig_for, kubectl};
+use crate::rig::{BUSYGUARD, binary, bound_token, die_with_parent, free_ports, kubeconfig_for, kubectl};
 
 /// The rig's kubelet for busyguard's own pods: one `busyguard` process per running pod.
 pub struct Kubelet {
     admin: PathBuf,
     work: PathBuf,
     replicas: Mutex<HashMap<String, Replica>>,
+    /// How each busyguard that exited while its pod ran ended, with its last lines: a crash,
+    /// which fails the scenario it happened in.
+    crashes: Mutex<Vec<String>>,
     stopped: AtomicBool,
 }
 
@@ -37,7 +41,8 @@ impl Kubelet {
     pub fn new(admin: PathBuf, work: PathBuf) -> Result<Kubelet> {
         let _ = std::fs::remove_dir_all(work.join("replicas"));
         std::fs::create_dir_all(work.join("replicas"))?;
-        Ok(Kubelet { admin, work, replicas: Mutex::new(HashMap::new()), stopped: AtomicBool::new(false) })
+        let (replicas, crashes) = (Mutex::new(HashMap::new()), Mutex::new(Vec::new()));
+        Ok(Kubelet { admin, work, replicas, crashes, stopped: AtomicBool::new(false) })
     }
 
     pub fn run(kubelet: Arc<Kubelet>) {
@@ -68,6 +73,58 @@ impl Kubelet {
         replicas.values().filter(|r| r.child.lock().unwrap().try_wait().ok().flatten().is_none()).count()
     }
 
+    /// Each replica as this kubelet runs it: its pod, whether it answers `/readyz`, whether it
+    /// is terminating, and its process's exit if it has one; with the last lines it logged.
+    pub fn describe(&self) -> String {
+        let replicas = self.replicas.lock().unwrap();
+        let mut lines = Vec::new();
+        for replica in replicas.values() {
+            let exited = replica.child.lock().unwrap().try_wait().ok().flatten();
+            lines.push(format!(
+                "replica {}: ready {}, terminating {}, process {}",
+                replica.pod,
+                replica.ready,
+                replica.terminating,
+                exited.map_or("running".to_string(), |status| status.to_string())
+            ));
+            lines.push(self.last_lines(&replica.pod));
+        }
+        lines.join("\n")
+    }
+
+    /// The busyguard processes that exited while their pods ran, since this was last asked.
+    pub fn crashes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.crashes.lock().unwrap())
+    }
+
+    /// The last lines a pod's busyguard wrote to stderr, indented.
+    fn last_lines(&self, pod: &str) -> String {
+        let log = std::fs::read_to_string(self.work.join("replicas").join(format!("{pod}.stderr")));
+        let log = log.unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        tail.into_iter().rev().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+    }
+
+    /// A kubelet starts a container that exits again (restartPolicy Always). A listening port
+    /// another process took between the rig's pick and busyguard's bind is the rig's doing (a
+    /// pod has a network of its own): busyguard starts again on other ports. Any other exit is
+    /// busyguard's own, and is kept as a crash.
+    fn restart_if_exited(&self, replica: &mut Replica, pod: &Value) -> Result<()> {
+        let Some(status) = replica.child.lock().unwrap().try_wait()? else { return Ok(()) };
+        if self.stopped.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let last_lines = self.last_lines(&replica.pod);
+        let port_taken = last_lines.contains("listening on") && last_lines.contains("in use");
+        let said = format!("busyguard in pod {} exited ({status}) while its pod ran:\n{last_lines}", replica.pod);
+        eprintln!("e2e kubelet: {said}");
+        if !port_taken {
+            self.crashes.lock().unwrap().push(said);
+        }
+        *replica = self.start(pod)?;
+        Ok(())
+    }
+
     fn sync(self: &Arc<Self>) -> Result<()> {
         let (ok, out, err) = kubectl(&self.admin, &["-n", "busyguard", "get", "pods", "-o", "json"])?;
         ensure!(ok, "{err}");
@@ -89,6 +146,9 @@ impl Kubelet {
             if terminating && !replica.terminating {
                 replica.terminating = true;
                 self.terminate(replica, pod);
+            }
+            if !replica.terminating {
+                self.restart_if_exited(replica, pod)?;
             }
             let ready = !terminating && get_ok(replica.admin, "/readyz");
             let marked = pod["metadata"]["annotations"]["k8s-local/ready"] == "true";
@@ -118,7 +178,7 @@ impl Kubelet {
         let token = bound_token(&self.admin, "busyguard", "busyguard", pod)?;
         let path = self.work.join("replicas").join(format!("{pod}.kubeconfig"));
         let kubeconfig = kubeconfig_for(&self.admin, &path, pod, &token)?;
-        let (webhook, admin) = (free_port()?, free_port()?);
+        let [webhook, admin] = free_ports()?;
         let mounts: Vec<(String, PathBuf)> = (container["volumeMounts"].as_array().into_iter().flatten())
             .filter_map(|m| m["mountPath"].as_str().map(|p| (p.to_string(), self.work.join("certs"))))
             .collect();
@@ -144,8 +204,8 @@ impl Kubelet {
             .env("BUSYGUARD_LISTEN", webhook.to_string())
             .env("BUSYGUARD_ADMIN_LISTEN", admin.to_string())
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(logs.join(format!("{pod}.stdout")))?)
-            .stderr(std::fs::File::create(logs.join(format!("{pod}.stderr")))?);
+            .stdout(appended(&logs.join(format!("{pod}.stdout")))?)
+            .stderr(appended(&logs.join(format!("{pod}.stderr")))?);
         die_with_parent(&mut command);
         let child = command.spawn().context("starting busyguard")?;
         Ok(Replica {
@@ -195,6 +255,11 @@ impl Kubelet {
             let _ = replica.child.lock().unwrap().kill();
         }
     }
+}
+
+/// A log file a process started again writes on after its earlier lines.
+fn appended(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
 /// busyguard's Service: each connection goes to a ready replica, round robin; with none, the

@@ -48,6 +48,13 @@ fn main() -> ExitCode {
         let began = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| scenario(&rig)));
         let took = began.elapsed();
+        // A busyguard that exited while its pod ran fails the scenario, whatever it asserted.
+        let crashes = rig.crashes();
+        let result = match result {
+            Ok(Ok(())) if !crashes.is_empty() => Ok(Err(anyhow::anyhow!("{}", crashes.join("\n")))),
+            Ok(Err(e)) if !crashes.is_empty() => Ok(Err(e.context(crashes.join("\n")))),
+            result => result,
+        };
         match result {
             Ok(Ok(())) => {
                 passed += 1;

@@ -41,6 +41,13 @@ pub fn free_port() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
+/// `N` free ports, each a different one: all are held until the last is picked.
+pub fn free_ports<const N: usize>() -> Result<[SocketAddr; N]> {
+    let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let ports: Vec<SocketAddr> = listeners.iter().map(TcpListener::local_addr).collect::<Result<_, _>>()?;
+    ports.try_into().map_err(|_| anyhow::anyhow!("{N} free ports"))
+}
+
 /// The child gets SIGKILL if the rig dies, so no busyguard outlives a run.
 pub fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;

@@ -25,7 +25,7 @@ use crate::kubelet::{Forwarder, Kubelet, get, get_body};
 mod commands;
 mod wait;
 use base64::Engine;
-pub use commands::{bound_token, die_with_parent, free_port, kubeconfig_for, kubectl, kubectl_stdin, run};
+pub use commands::{bound_token, die_with_parent, free_port, free_ports, kubeconfig_for, kubectl, kubectl_stdin, run};
 use serde_json::{Value, json};
 pub use wait::{eventually, throughout};
 
@@ -260,7 +260,8 @@ impl Rig {
 
     /// Waits for busyguard's Deployment to roll out, two replicas of it answering.
     pub fn rolled_out(&self) -> Result<()> {
-        self.kubectl(&["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"])?;
+        let rollout = ["-n", "busyguard", "rollout", "status", "deployment/busyguard", "--timeout=120s"];
+        self.kubectl(&rollout).with_context(|| self.busyguard_state())?;
         self.wait_for_replicas(2)
     }
 
@@ -401,11 +402,42 @@ impl Rig {
         self.work.join("certs")
     }
 
+    /// The busyguard processes that exited while their pods ran, since this was last asked.
+    pub fn crashes(&self) -> Vec<String> {
+        self.kubelet.crashes()
+    }
+
     /// Waits until exactly `n` replicas answer behind the Service.
     pub fn wait_for_replicas(&self, n: usize) -> Result<()> {
         eventually(&format!("{n} busyguard replica(s) ready"), Duration::from_secs(90), || {
             Ok(self.kubelet.endpoints().len() == n && self.kubelet.running() == n)
         })
+        .with_context(|| self.busyguard_state())
+    }
+
+    /// What busyguard's Deployment, ReplicaSets and pods are doing as the API server has them,
+    /// the namespace's latest events, and each replica as the rig's kubelet runs it: said where
+    /// busyguard does not come up, so that a CI log shows why.
+    fn busyguard_state(&self) -> String {
+        let get = |args: &[&str]| match self.try_kubectl(args) {
+            Ok((_, out, err)) => format!("{out}{err}"),
+            Err(e) => format!("{e:#}"),
+        };
+        let pods = "custom-columns=POD:.metadata.name,PHASE:.status.phase,NODE:.spec.nodeName,\
+                    DELETING:.metadata.deletionTimestamp,READY:.metadata.annotations.k8s-local/ready";
+        // The Service's events say only that the rig's endpoints are on loopback.
+        let not_service = "involvedObject.kind!=Endpoints,involvedObject.kind!=Service";
+        let events =
+            get(&["-n", "busyguard", "get", "events", "--sort-by=.lastTimestamp", "--field-selector", not_service]);
+        let latest: Vec<&str> = events.lines().rev().take(8).collect();
+        format!(
+            "busyguard's state:\n{}{}{}\n{}\n{}",
+            get(&["-n", "busyguard", "get", "deployment,replicaset", "-o", "wide"]),
+            get(&["-n", "busyguard", "get", "pods", "-o", pods]),
+            get(&["-n", "busyguard", "get", "deployment", "busyguard", "-o", "jsonpath={.status.conditions}"]),
+            latest.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            self.kubelet.describe()
+        )
     }
 
     /// Scales busyguard's Deployment and waits for that many replicas (0: every process gone).

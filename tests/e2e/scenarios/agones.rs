@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_port};
+use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_ports};
 use crate::workers::label;
 
 const CRDS: &[&str] = &[
@@ -441,7 +441,7 @@ struct Sidecar {
 
 impl Sidecar {
     fn start(bin: &Path, kubeconfig: &Path, ns: &str, name: &str, logs: &Path) -> Result<Sidecar> {
-        let (grpc, http, health) = (free_port()?.port(), free_port()?.port(), free_port()?.port());
+        let [grpc, http, health] = free_ports()?.map(|address| address.port());
         let process = Process::start(
             Command::new(bin.join("sdk-server"))
                 .arg("--kubeconfig")
