@@ -193,6 +193,18 @@ impl Rig {
         if self.through_chart.load(Ordering::Relaxed) {
             return self.install_chart(components, args);
         }
+        let added: Vec<Value> = args
+            .iter()
+            .map(|arg| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}))
+            .collect();
+        let patches = json!([{"target": {"kind": "Deployment", "name": "busyguard"},
+            "patch": serde_json::to_string(&added)?}]);
+        self.install_overlay(components, &format!("patches: {}", if args.is_empty() { json!([]) } else { patches }))
+    }
+
+    /// This checkout's base with `components`, and an overlay's `patches:` as a user writes them
+    /// (YAML), applied as `install_release` applies a base.
+    pub fn install_overlay(&self, components: &[&str], patches: &str) -> Result<()> {
         let overlay = self.work.join("overlay");
         std::fs::create_dir_all(&overlay)?;
         let overlay = overlay.canonicalize()?;
@@ -200,17 +212,10 @@ impl Rig {
         let up = "../".repeat(overlay.components().count() - 1);
         let manifests = format!("{up}{}/manifests", ROOT.trim_start_matches('/'));
         let components: Vec<String> = components.iter().map(|c| format!("  - {manifests}/{c}\n")).collect();
-        let added: Vec<Value> = args
-            .iter()
-            .map(|arg| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}))
-            .collect();
-        let patches = json!([{"target": {"kind": "Deployment", "name": "busyguard"},
-            "patch": serde_json::to_string(&added)?}]);
         let kustomization = format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {manifests}/base\n\
-             components:\n{}patches: {}\n",
+             components:\n{}{patches}\n",
             components.concat(),
-            if args.is_empty() { "[]".to_string() } else { patches.to_string() }
         );
         std::fs::write(overlay.join("kustomization.yaml"), kustomization)?;
         self.install_rendered(rendered(&overlay)?, None)

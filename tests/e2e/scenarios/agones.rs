@@ -47,14 +47,7 @@ const NODE_B: &str = "agones-b";
 /// scale-down that keep its Allocated server, and with busyguard down, that server's `SDK.Shutdown()`, whose pod Agones'
 /// controller deletes.
 pub fn agones_drains_a_reusing_fleet_under_steady_allocations(rig: &Rig) -> Result<()> {
-    let Some(bin) = agones_binaries()? else {
-        println!("e2e: skipped: Agones' source is not in ../shared/peers (a clone without ../shared)");
-        return Ok(());
-    };
-    if let Err(e) = std::fs::create_dir_all(CERTS).and_then(|_| std::fs::metadata(CERTS)) {
-        println!("e2e: skipped: Agones' extensions read their certificate from {CERTS}, not writable here: {e}");
-        return Ok(());
-    }
+    let Some(bin) = agones_at_hand()? else { return Ok(()) };
     let games = rig.namespace("agones")?;
     let agones = Agones::install(rig, &bin, &games);
     let outcome = agones.and_then(|agones| {
@@ -135,6 +128,67 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
     agones_own_ends(rig, agones, games)
 }
 
+/// docs/agones.md's recipe for servers that host many sessions at once, its overlay's patches
+/// applied as the page gives them, beside Agones' own controller and SDK server: a Ready game
+/// server whose game counts a session in (`SDK.Beta().IncrementCounter`) is busy, its eviction
+/// refused; once its last session ends it is idle, and its eviction goes through.
+pub fn agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe(rig: &Rig) -> Result<()> {
+    let Some(bin) = agones_at_hand()? else { return Ok(()) };
+    let games = rig.namespace("agones-sessions")?;
+    let agones = Agones::install(rig, &bin, &games);
+    let outcome = agones.and_then(|agones| {
+        rig.install_overlay(&["agones"], &counter_recipe()?)?;
+        let outcome = busy_while_sessions_last(rig, &agones, &games);
+        let cleanup = agones.uninstall(rig, &games);
+        outcome.and(cleanup)
+    });
+    for webhook in WEBHOOKS {
+        let _ = rig.try_kubectl(&["delete", webhook, "--ignore-not-found"]);
+    }
+    rig.install_release(Path::new(ROOT), None)?;
+    outcome
+}
+
+fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
+    rig.node(NODE_A, "8")?;
+    let mut lobby = json!({"apiVersion": "agones.dev/v1", "kind": "GameServer",
+        "metadata": {"name": "lobby", "namespace": games}, "spec": game_server_spec()});
+    lobby["spec"]["counters"] = json!({"sessions": {"count": 0, "capacity": 10}});
+    rig.apply(&lobby)?;
+    state(rig, games, "lobby", "Ready", Duration::from_secs(60))?;
+    busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
+
+    // Two players join, as the game tells its SDK server; Agones' controller writes the count.
+    let sessions = |diff: i64| agones.sdk("lobby")?.call("/v1beta1/counters/sessions", json!({"countDiff": diff}));
+    sessions(1)?;
+    sessions(1)?;
+    busy_label(rig, games, "lobby", "true", Duration::from_secs(10))?;
+    let (evicted, why) = rig.evict(games, "lobby")?;
+    ensure!(!evicted && why.contains("TooManyRequests"), "a server hosting sessions was evicted: {why}");
+    state(rig, games, "lobby", "Ready", Duration::from_secs(1)).context("Agones' state is Ready throughout")?;
+
+    // One leaves: a session still runs. The last one leaves: the server is idle, and goes.
+    sessions(-1)?;
+    std::thread::sleep(Duration::from_secs(2));
+    busy_label(rig, games, "lobby", "true", Duration::from_secs(1)).context("one session left")?;
+    sessions(-1)?;
+    busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
+    let (evicted, why) = rig.evict(games, "lobby")?;
+    ensure!(evicted, "the server was not evicted once its last session ended: {why}");
+    Ok(())
+}
+
+/// The overlay's `patches:` docs/agones.md gives under "Sessions on a counter", as a user
+/// copies them.
+fn counter_recipe() -> Result<String> {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/agones.md"))?;
+    let section = page.split("\n## Sessions on a counter\n").nth(1).context("docs/agones.md: no sessions section")?;
+    let block = (section.split("```yaml\n").nth(1)).and_then(|rest| rest.split("```").next());
+    let block = block.context("docs/agones.md: the sessions section has no YAML block")?;
+    ensure!(block.starts_with("patches:"), "docs/agones.md: the sessions recipe is not an overlay's patches");
+    Ok(block.to_string())
+}
+
 /// A rolling update and a Fleet scaled to zero keep its Allocated server (Agones never scales
 /// one down) and replace or delete the others; with busyguard down, the match ends by
 /// `SDK.Shutdown()` and Agones' controller deletes the pod.
@@ -168,6 +222,20 @@ fn agones_own_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
     rig.scale_busyguard(2)
 }
 
+/// The folder of Agones' binaries, or None (and the scenario skipped, said) without ../shared or
+/// where Agones' extensions cannot have their certificate.
+fn agones_at_hand() -> Result<Option<PathBuf>> {
+    let Some(bin) = agones_binaries()? else {
+        println!("e2e: skipped: Agones' source is not in ../shared/peers (a clone without ../shared)");
+        return Ok(None);
+    };
+    if let Err(e) = std::fs::create_dir_all(CERTS).and_then(|_| std::fs::metadata(CERTS)) {
+        println!("e2e: skipped: Agones' extensions read their certificate from {CERTS}, not writable here: {e}");
+        return Ok(None);
+    }
+    Ok(Some(bin))
+}
+
 /// The folder of Agones' binaries (built once per clone by tests/e2e/agones/build.sh), or None
 /// without ../shared.
 fn agones_binaries() -> Result<Option<PathBuf>> {
@@ -179,15 +247,20 @@ fn agones_binaries() -> Result<Option<PathBuf>> {
 
 fn fleet(ns: &str, replicas: u32) -> Value {
     json!({"apiVersion": "agones.dev/v1", "kind": "Fleet", "metadata": {"name": FLEET, "namespace": ns},
-        "spec": {"replicas": replicas, "template": {"spec": {
-            "eviction": {"safe": "Always"},
-            "health": {"disabled": true},
-            "ports": [{"name": "default", "containerPort": 7654}],
-            "template": {"spec": {
-                "containers": [{"name": "game", "image": "game:1"}],
-                "tolerations": [{"key": "e2e", "operator": "Exists", "effect": "NoSchedule"}],
-                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_A, NODE_B]}]}]}}}}}}}}})
+        "spec": {"replicas": replicas, "template": {"spec": game_server_spec()}}})
+}
+
+/// A game server's spec, on the scenario's nodes.
+fn game_server_spec() -> Value {
+    json!({
+        "eviction": {"safe": "Always"},
+        "health": {"disabled": true},
+        "ports": [{"name": "default", "containerPort": 7654}],
+        "template": {"spec": {
+            "containers": [{"name": "game", "image": "game:1"}],
+            "tolerations": [{"key": "e2e", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_A, NODE_B]}]}]}}}}}})
 }
 
 /// Agones as installed: its controller and extensions running, an SDK server per game server.
@@ -469,7 +542,11 @@ struct Sdk {
 impl Sdk {
     fn call(&self, path: &str, body: Value) -> Result<String> {
         let url = format!("http://127.0.0.1:{}{path}", self.port);
-        let method = if path.starts_with("/metadata/") { "PUT" } else { "POST" };
+        let method = match path {
+            _ if path.starts_with("/metadata/") => "PUT",
+            _ if path.starts_with("/v1beta1/counters/") => "PATCH",
+            _ => "POST",
+        };
         curl(&["-X", method, "-H", "Content-Type: application/json", "-d", &body.to_string(), &url])
     }
 }

@@ -50,6 +50,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     owner_kinds::agones_own_end_of_a_game_server_passes_while_busyguard_is_down,
     owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
     agones::agones_drains_a_reusing_fleet_under_steady_allocations,
+    agones::agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe,
     owner_chains::a_rule_reads_the_pod_and_the_owner_one_further_up,
     kueue::kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks,
     queues::a_drain_of_queue_workers_completes_within_a_task,
