@@ -47,12 +47,24 @@ const NODE_B: &str = "agones-b";
 /// scale-down that keep its Allocated server, and with busyguard down, that server's `SDK.Shutdown()`, whose pod Agones'
 /// controller deletes.
 pub fn agones_drains_a_reusing_fleet_under_steady_allocations(rig: &Rig) -> Result<()> {
+    with_agones(rig, "agones", || rig.install_with(&["agones"]), |agones, games| drains_and_ends(rig, agones, games))
+}
+
+/// Runs `scenario` in a namespace of its own with Agones installed and busyguard as `install`
+/// installs it; then Agones is uninstalled and busyguard's base installed again, two replicas
+/// answering, whatever the scenario did. Skipped, and said, where Agones is not at hand.
+fn with_agones(
+    rig: &Rig,
+    namespace: &str,
+    install: impl FnOnce() -> Result<()>,
+    scenario: impl FnOnce(&Agones, &str) -> Result<()>,
+) -> Result<()> {
     let Some(bin) = agones_at_hand()? else { return Ok(()) };
-    let games = rig.namespace("agones")?;
+    let games = rig.namespace(namespace)?;
     let agones = Agones::install(rig, &bin, &games);
     let outcome = agones.and_then(|agones| {
-        rig.install_with(&["agones"])?;
-        let outcome = drains_and_ends(rig, &agones, &games);
+        install()?;
+        let outcome = scenario(&agones, &games);
         let cleanup = agones.uninstall(rig, &games);
         outcome.and(cleanup)
     });
@@ -133,20 +145,8 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
 /// server whose game counts a session in (`SDK.Beta().IncrementCounter`) is busy, its eviction
 /// refused; once its last session ends it is idle, and its eviction goes through.
 pub fn agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe(rig: &Rig) -> Result<()> {
-    let Some(bin) = agones_at_hand()? else { return Ok(()) };
-    let games = rig.namespace("agones-sessions")?;
-    let agones = Agones::install(rig, &bin, &games);
-    let outcome = agones.and_then(|agones| {
-        rig.install_overlay(&["agones"], &counter_recipe()?)?;
-        let outcome = busy_while_sessions_last(rig, &agones, &games);
-        let cleanup = agones.uninstall(rig, &games);
-        outcome.and(cleanup)
-    });
-    for webhook in WEBHOOKS {
-        let _ = rig.try_kubectl(&["delete", webhook, "--ignore-not-found"]);
-    }
-    rig.install_release(Path::new(ROOT), None)?;
-    outcome
+    let install = || rig.install_overlay(&["agones"], &counter_recipe()?);
+    with_agones(rig, "agones-sessions", install, |agones, games| busy_while_sessions_last(rig, agones, games))
 }
 
 fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
