@@ -158,7 +158,7 @@ fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<(
     state(rig, games, "lobby", "Ready", Duration::from_secs(60))?;
     busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
 
-    // Two players join, as the game tells its SDK server; Agones' controller writes the count.
+    // Two players join, as the game tells its SDK server, which patches the GameServer's count.
     let sessions = |diff: i64| agones.sdk("lobby")?.call("/v1beta1/counters/sessions", json!({"countDiff": diff}));
     sessions(1)?;
     sessions(1)?;
