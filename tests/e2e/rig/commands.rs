@@ -37,10 +37,6 @@ pub fn kubeconfig_for(admin: &Path, path: &Path, name: &str, token: &str) -> Res
     Ok(path.to_path_buf())
 }
 
-pub fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// `N` free ports, each a different one: all are held until the last is picked.
 pub fn free_ports<const N: usize>() -> Result<[SocketAddr; N]> {
     let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;

@@ -25,7 +25,7 @@ use crate::kubelet::{Forwarder, Kubelet, get, get_body};
 mod commands;
 mod wait;
 use base64::Engine;
-pub use commands::{bound_token, die_with_parent, free_port, free_ports, kubeconfig_for, kubectl, kubectl_stdin, run};
+pub use commands::{bound_token, die_with_parent, free_ports, kubeconfig_for, kubectl, kubectl_stdin, run};
 use serde_json::{Value, json};
 pub use wait::{eventually, throughout};
 

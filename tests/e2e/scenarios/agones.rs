@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_ports};
+use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_ports, throughout};
 use crate::workers::label;
 
 const CRDS: &[&str] = &[
@@ -169,8 +169,9 @@ fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<(
 
     // One leaves: a session still runs. The last one leaves: the server is idle, and goes.
     sessions(-1)?;
-    std::thread::sleep(Duration::from_secs(2));
-    busy_label(rig, games, "lobby", "true", Duration::from_secs(1)).context("one session left")?;
+    throughout("lobby busy while one session is left", Duration::from_secs(3), || {
+        Ok(rig.pod(games, "lobby")?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("true")))
+    })?;
     sessions(-1)?;
     busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
     let (evicted, why) = rig.evict(games, "lobby")?;

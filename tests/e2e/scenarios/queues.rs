@@ -267,7 +267,7 @@ pub fn a_drain_of_a_queue_worker_behind_the_agent_completes_and_cuts_no_task(rig
     )?;
     let kubeconfig = rig.kubeconfig_for("queue-agent", &rig.pod_token(&ns, "worker", "worker")?)?;
     let app = App::start()?;
-    let listen = crate::rig::free_port()?;
+    let [listen] = crate::rig::free_ports()?;
     let mut agent = Command::new(crate::rig::BUSYGUARD);
     agent.args(["agent", "--busy-status", "503", "--interval", "200ms", "--pod", "worker", "--namespace", &ns]);
     agent.args(["--url", &format!("http://{}/busy", app.addr), "--listen", &listen.to_string(), "--kubeconfig"]);
