@@ -14,14 +14,13 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use jiff::Timestamp;
-use tokio::sync::oneshot;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
 use super::app::App;
 use super::listen::HttpService;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
-use crate::cluster::outbox::EffectResult;
+use crate::cluster::outbox::Sent;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
@@ -170,7 +169,7 @@ fn judge(app: &App, webhook: Webhook, request: &AdmissionRequest, arrived: Insta
 
 /// Waits for the side effects the answer depends on, within what is left of the API server's
 /// timeout.
-async fn await_effects(waiting: Vec<oneshot::Receiver<EffectResult>>, budget: Duration, uid: &str) {
+async fn await_effects(waiting: Vec<Sent>, budget: Duration, uid: &str) {
     if tokio::time::timeout(budget, futures::future::join_all(waiting)).await.is_err() {
         warn!(uid, ?budget, "answering before every pod was updated; the updates go on");
     }
@@ -218,8 +217,8 @@ fn warn_of_a_shared_controller_identity(app: &App, request: &AdmissionRequest) {
     }
 }
 
-/// Hands the side effects to the outbox; the receivers say when each is done.
-fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<oneshot::Receiver<EffectResult>> {
+/// Hands the side effects to the outbox; what it returns says when each is done.
+fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<Sent> {
     let Some(outbox) = &app.cluster.outbox else {
         for effect in &effects {
             debug!(kind = effect.kind(), "no cluster: side effect not carried out");

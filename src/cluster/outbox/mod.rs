@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::future::{Either, Ready, ready};
 use jiff::Timestamp;
 use kube::Client;
 use parking_lot::Mutex;
@@ -64,6 +65,11 @@ impl EffectResult {
         self.into()
     }
 }
+
+/// A side effect handed to the outbox, as a future of what became of it: settled at once where
+/// it was not queued (the common case of a refusal repeated within its Event's and mark's
+/// intervals, which then costs no channel), else when the worker is done with it.
+pub type Sent = Either<Ready<Result<EffectResult, oneshot::error::RecvError>>, oneshot::Receiver<EffectResult>>;
 
 struct Job {
     effect: Effect,
@@ -177,11 +183,10 @@ impl Outbox {
         Outbox { jobs, shared }
     }
 
-    /// Queues a side effect; the receiver tells when it is done. A deferred delete already in
-    /// flight and an Event within the rate limit are not queued again.
-    pub fn send(&self, effect: Effect) -> oneshot::Receiver<EffectResult> {
+    /// Queues a side effect; what it returns tells when it is done. A deferred delete already in
+    /// flight, an Event within the rate limit and a mark that stands are not queued again.
+    pub fn send(&self, effect: Effect) -> Sent {
         let shared = &self.shared;
-        let (done, receiver) = oneshot::channel();
         let kind = effect.kind();
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
@@ -198,9 +203,9 @@ impl Outbox {
         };
         if let Some((slot, result)) = skipped {
             shared.count_skipped(slot, kind, result);
-            let _ = done.send(result);
-            return receiver;
+            return Either::Left(ready(Ok(result)));
         }
+        let (done, receiver) = oneshot::channel();
         shared.pending.fetch_add(1, SeqCst);
         if let Err(e) = self.jobs.try_send(Job { effect, done: Some(done) }) {
             let job = match e {
@@ -222,7 +227,7 @@ impl Outbox {
             }
             shared.finished_one();
         }
-        receiver
+        Either::Right(receiver)
     }
 
     /// Waits (at most `within`) until every queued side effect is carried out or given up:
