@@ -1,21 +1,12 @@
 //! How a pod's JSON is read where serde's defaults would not do: `null` for an empty map, and
 //! the facts busyguard reads of managedFields.
 
+use std::fmt;
+
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::policy::keys::FIELD_MANAGER;
-
-/// One managedFields entry, as far as the mark's writer goes.
-#[derive(Deserialize)]
-struct ManagedFields {
-    #[serde(default)]
-    manager: Option<String>,
-    /// `status` for a write through `pods/status`; none for the pod itself.
-    #[serde(default)]
-    subresource: Option<String>,
-    #[serde(default, rename = "fieldsV1")]
-    fields: Option<MetadataFields>,
-}
 
 #[derive(Deserialize)]
 struct MetadataFields {
@@ -56,16 +47,124 @@ pub struct ByBusyguard {
 }
 
 pub fn by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ByBusyguard, D::Error> {
-    let entries = Option::<Vec<ManagedFields>>::deserialize(deserializer)?.unwrap_or_default();
-    let ours = entries.iter().filter(|entry| {
-        entry.manager.as_deref() == Some(FIELD_MANAGER) && entry.subresource.as_deref().unwrap_or_default().is_empty()
-    });
-    let mut by = ByBusyguard::default();
-    for keys in ours.filter_map(|entry| entry.fields.as_ref()?.metadata.as_ref()) {
-        by.mark |= keys.annotations.as_ref().is_some_and(|a| a.mark.is_some());
-        by.busy_label |= keys.labels.as_ref().is_some_and(|l| l.busy.is_some());
+    Ok(deserializer.deserialize_option(ManagedFieldsVisitor)?.unwrap_or_default())
+}
+
+/// Reads managedFields (`null` or a list of entries) entry by entry, nothing kept but the flags.
+struct ManagedFieldsVisitor;
+
+impl<'de> Visitor<'de> for ManagedFieldsVisitor {
+    type Value = Option<ByBusyguard>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of managedFields entries")
     }
-    Ok(by)
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut entries: A) -> Result<Self::Value, A::Error> {
+        let mut by = ByBusyguard::default();
+        while let Some(entry) = entries.next_element_seed(EntryVisitor)? {
+            by.mark |= entry.mark;
+            by.busy_label |= entry.busy_label;
+        }
+        Ok(Some(by))
+    }
+}
+
+/// One entry: what busyguard's own manager wrote through the pod itself, if it is that.
+/// The API server writes `manager` first: another manager's fields are then skipped unread.
+struct EntryVisitor;
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum EntryKey {
+    Manager,
+    /// `status` for a write through `pods/status`; none for the pod itself.
+    Subresource,
+    #[serde(rename = "fieldsV1")]
+    Fields,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> DeserializeSeed<'de> for EntryVisitor {
+    type Value = ByBusyguard;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = ByBusyguard;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a managedFields entry")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut entry: A) -> Result<Self::Value, A::Error> {
+        let (mut ours, mut through_pod, mut keys) = (None, true, None);
+        while let Some(key) = entry.next_key()? {
+            match key {
+                EntryKey::Manager => ours = Some(entry.next_value_seed(StrIs(Some(FIELD_MANAGER)))?),
+                EntryKey::Subresource => through_pod = entry.next_value_seed(StrIs(None))?,
+                EntryKey::Fields if ours != Some(false) => keys = entry.next_value::<Option<MetadataFields>>()?,
+                _ => drop(entry.next_value::<IgnoredAny>()?),
+            }
+        }
+        let keys = keys.and_then(|fields| fields.metadata).filter(|_| ours == Some(true) && through_pod);
+        Ok(keys.map_or_else(ByBusyguard::default, |keys| ByBusyguard {
+            mark: keys.annotations.is_some_and(|a| a.mark.is_some()),
+            busy_label: keys.labels.is_some_and(|l| l.busy.is_some()),
+        }))
+    }
+}
+
+/// Whether a string (or `null`) is the one named, `None` standing for empty or `null`: read in
+/// place, not copied into a String of its own.
+struct StrIs(Option<&'static str>);
+
+impl<'de> DeserializeSeed<'de> for StrIs {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string or null")
+    }
+
+    fn visit_none<E>(self) -> Result<bool, E> {
+        Ok(self.0.is_none())
+    }
+
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(self.0.is_none())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<bool, E> {
+        Ok(value == self.0.unwrap_or_default())
+    }
 }
 
 /// Kubernetes sends `null` for empty maps and lists now and then; treat it as empty.

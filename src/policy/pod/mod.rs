@@ -395,6 +395,21 @@ mod tests {
         let mut through_status = marked_by_busyguard();
         through_status[0]["subresource"] = json!("status");
         assert!(with(through_status).delete_request().is_none(), "written through the status");
+        // The API server writes `manager` first; any order is read alike.
+        let manager_last = json!([{"fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{DELETE_REQUESTED}"): {}}}},
+            "subresource": "", "manager": FIELD_MANAGER}]);
+        assert!(with(manager_last).delete_request().is_some(), "manager after the fields");
+        let manager_null = json!([{"manager": null, "fieldsV1": {"f:metadata": {"f:annotations":
+            {format!("f:{DELETE_REQUESTED}"): {}}}}}]);
+        assert!(with(manager_null).delete_request().is_none(), "no manager named");
+    }
+
+    #[test]
+    fn a_malformed_managed_fields_entry_is_an_error() {
+        for entry in [json!({"manager": 7}), json!("kubectl"), json!({"manager": FIELD_MANAGER, "fieldsV1": 5})] {
+            let pod = json!({"metadata": {"managedFields": [entry]}});
+            assert!(serde_json::from_value::<Pod>(pod).is_err(), "{entry}");
+        }
     }
 
     #[test]
