@@ -47,44 +47,40 @@ pub struct ByBusyguard {
 }
 
 pub fn by_busyguard<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ByBusyguard, D::Error> {
-    Ok(deserializer.deserialize_option(ManagedFieldsVisitor)?.unwrap_or_default())
+    Ok(Option::<Entries>::deserialize(deserializer)?.map_or_else(ByBusyguard::default, |entries| entries.0))
 }
 
-/// Reads managedFields (`null` or a list of entries) entry by entry, nothing kept but the flags.
-struct ManagedFieldsVisitor;
+/// managedFields read entry by entry, nothing kept but the flags.
+struct Entries(ByBusyguard);
 
-impl<'de> Visitor<'de> for ManagedFieldsVisitor {
-    type Value = Option<ByBusyguard>;
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(EntriesVisitor)
+    }
+}
+
+struct EntriesVisitor;
+
+impl<'de> Visitor<'de> for EntriesVisitor {
+    type Value = Entries;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of managedFields entries")
     }
 
-    fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_seq(self)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut entries: A) -> Result<Self::Value, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut entries: A) -> Result<Entries, A::Error> {
         let mut by = ByBusyguard::default();
-        while let Some(entry) = entries.next_element_seed(EntryVisitor)? {
+        while let Some(Entry(entry)) = entries.next_element()? {
             by.mark |= entry.mark;
             by.busy_label |= entry.busy_label;
         }
-        Ok(Some(by))
+        Ok(Entries(by))
     }
 }
 
 /// One entry: what busyguard's own manager wrote through the pod itself, if it is that.
 /// The API server writes `manager` first: another manager's fields are then skipped unread.
-struct EntryVisitor;
+struct Entry(ByBusyguard);
 
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "camelCase")]
@@ -98,22 +94,22 @@ enum EntryKey {
     Other,
 }
 
-impl<'de> DeserializeSeed<'de> for EntryVisitor {
-    type Value = ByBusyguard;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(EntryVisitor)
     }
 }
 
+struct EntryVisitor;
+
 impl<'de> Visitor<'de> for EntryVisitor {
-    type Value = ByBusyguard;
+    type Value = Entry;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a managedFields entry")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut entry: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut entry: A) -> Result<Entry, A::Error> {
         let (mut ours, mut through_pod, mut keys) = (None, true, None);
         while let Some(key) = entry.next_key()? {
             match key {
@@ -124,10 +120,10 @@ impl<'de> Visitor<'de> for EntryVisitor {
             }
         }
         let keys = keys.and_then(|fields| fields.metadata).filter(|_| ours == Some(true) && through_pod);
-        Ok(keys.map_or_else(ByBusyguard::default, |keys| ByBusyguard {
+        Ok(Entry(keys.map_or_else(ByBusyguard::default, |keys| ByBusyguard {
             mark: keys.annotations.is_some_and(|a| a.mark.is_some()),
             busy_label: keys.labels.is_some_and(|l| l.busy.is_some()),
-        }))
+        })))
     }
 }
 
