@@ -12,6 +12,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
 use http_body_util::BodyExt;
 use jiff::Timestamp;
 use tracing::{Instrument, Span, debug, debug_span, field, warn};
@@ -20,7 +21,7 @@ use super::app::App;
 use super::listen::HttpService;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
-use crate::cluster::outbox::Sent;
+use crate::cluster::outbox::Queued;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
@@ -169,7 +170,7 @@ fn judge(app: &App, webhook: Webhook, request: &AdmissionRequest, arrived: Insta
 
 /// Waits for the side effects the answer depends on, within what is left of the API server's
 /// timeout.
-async fn await_effects(waiting: Vec<Sent>, budget: Duration, uid: &str) {
+async fn await_effects(waiting: Vec<Queued>, budget: Duration, uid: &str) {
     if tokio::time::timeout(budget, futures::future::join_all(waiting)).await.is_err() {
         warn!(uid, ?budget, "answering before every pod was updated; the updates go on");
     }
@@ -217,15 +218,21 @@ fn warn_of_a_shared_controller_identity(app: &App, request: &AdmissionRequest) {
     }
 }
 
-/// Hands the side effects to the outbox; what it returns says when each is done.
-fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<Sent> {
+/// Hands the side effects to the outbox; what it returns says when each it queued is done. One
+/// it settled at once (a refusal's Event within its interval, a mark that stands: most repeated
+/// refusals) is not waited for.
+fn send_effects(app: &App, effects: Vec<Effect>) -> Vec<Queued> {
     let Some(outbox) = &app.cluster.outbox else {
         for effect in &effects {
             debug!(kind = effect.kind(), "no cluster: side effect not carried out");
         }
         return Vec::new();
     };
-    effects.into_iter().map(|effect| outbox.send(effect)).collect()
+    let queued = effects.into_iter().filter_map(|effect| match outbox.send(effect) {
+        Either::Left(_settled) => None,
+        Either::Right(queued) => Some(queued),
+    });
+    queued.collect()
 }
 
 /// The API server's `?timeout=` for this call; 10s (its default) when it sent none.

@@ -69,7 +69,10 @@ impl EffectResult {
 /// A side effect handed to the outbox, as a future of what became of it: settled at once where
 /// it was not queued (the common case of a refusal repeated within its Event's and mark's
 /// intervals, which then costs no channel), else when the worker is done with it.
-pub type Sent = Either<Ready<Result<EffectResult, oneshot::error::RecvError>>, oneshot::Receiver<EffectResult>>;
+pub type Sent = Either<Ready<Result<EffectResult, oneshot::error::RecvError>>, Queued>;
+
+/// A side effect queued: what became of it once the worker is done with it.
+pub type Queued = oneshot::Receiver<EffectResult>;
 
 struct Job {
     effect: Effect,
