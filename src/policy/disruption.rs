@@ -258,6 +258,7 @@ fn refuse_busy(
     now: Timestamp,
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
+    use std::fmt::Write;
     let (ask, pod) = (d.ask, d.pod);
     if let Taking::Restart { container } = d.taking {
         let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
@@ -279,15 +280,14 @@ fn refuse_busy(
     let target =
         PodRef { namespace: ask.namespace.to_string(), name: ask.name.to_string(), uid: pod.uid().to_string() };
     let request = || DeleteRequest::new(ask.requester.username, whole_second(now));
-    let (suffix, then, reason) = match consequence {
-        Consequence::Nothing | Consequence::Told => (String::new(), None, Reason::Busy),
+    let (then, reason) = match consequence {
+        Consequence::Nothing | Consequence::Told => (None, Reason::Busy),
         Consequence::Held => {
             let mark = hold::mark_due(pod, config.holds, now)
                 .then(|| Effect::MarkDisruptionWanted { pod: target.clone(), request: request() });
-            (held_from_new_tasks(), mark, Reason::Busy)
+            (mark, Reason::Busy)
         }
         Consequence::Deferred { in_background } => {
-            let suffix = if in_background { eviction_deferred() + &evacuation_triggered() } else { delete_deferred() };
             // An eviction deferred is carried out as an eviction, so PodDisruptionBudgets hold.
             let grace_period_seconds = match d.taking {
                 Taking::Evict { grace_period } => grace_period,
@@ -301,14 +301,14 @@ fn refuse_busy(
                 request: DeleteRequest { evict, ..request() },
                 in_background,
             });
-            (suffix, mark, Reason::BusyDeleteDeferred)
+            (mark, Reason::BusyDeleteDeferred)
         }
         Consequence::Released { label, hash } => {
             let release = Effect::Release { pod: target.clone(), label, hash: hash.to_string(), request: request() };
-            (released(label), Some(release), Reason::BusyReleased)
+            (Some(release), Reason::BusyReleased)
         }
     };
-    message.push_str(&suffix);
+    let _ = write!(message, "{consequence}");
     let told = (consequence != Consequence::Nothing).then(|| Effect::Event {
         pod: target,
         action: d.taking.action(),
@@ -342,8 +342,9 @@ pub struct Busy<'a> {
 /// `enforced`: the refusal stands (not `--mode dry-run`, where the pod goes all the same).
 pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool) -> String {
     use std::fmt::Write;
-    // One buffer, written once: every refusal of a busy pod builds this sentence.
-    let mut message = String::with_capacity(256 + 2 * (namespace.len() + name.len()));
+    // One buffer, written once: every refusal of a busy pod builds this sentence, and then adds
+    // what busyguard does next (`Consequence`'s words, up to some 300 bytes more).
+    let mut message = String::with_capacity(640 + 2 * (namespace.len() + name.len()));
     let what = if busy.by_readiness { "busy (not Ready)" } else { "busy" };
     let _ = write!(message, "pod {namespace}/{name} is {what}");
     // Without a busy-since (busyguard missed the flip), max-busy counts from the pod's creation.
@@ -421,43 +422,37 @@ pub fn how_to_force<'a>(namespace: &'a str, name: &'a str) -> impl std::fmt::Dis
     HowToForce(namespace, name)
 }
 
-/// Added to a refusal of a delete busyguard will carry out itself.
-pub fn delete_deferred() -> String {
-    format!(
-        "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle \
-         (if the annotation does not appear, delete again later)"
-    )
-}
-
-/// Added to a refusal of an eviction: the pod is held from new tasks meanwhile.
-pub fn held_from_new_tasks() -> String {
-    format!(
-        "; busyguard holds it from new tasks ({DISRUPTION_REQUESTED}), so it is idle at a retry after its task \
-         ends"
-    )
-}
-
-/// Added to a refusal of an eviction busyguard will carry out itself.
-pub fn eviction_deferred() -> String {
-    format!(
-        "; busyguard records the eviction on the pod ({DELETE_REQUESTED}) and carries it out once the pod is idle, \
-         as an eviction, so your PodDisruptionBudgets hold"
-    )
-}
-
-/// Added to a refusal of an eviction the descheduler asked to run in the background: its words
-/// for an evacuation under way.
-pub fn evacuation_triggered() -> String {
-    format!("; {EVACUATION_TRIGGERED}: the pod is marked {EVICTION_IN_PROGRESS} and goes once idle")
-}
-
-/// Added to a refusal of a busy (not Ready) pod the ReplicaSet controller picked; `label` is the
-/// one its ReplicaSet selects it by.
-pub fn released(label: &str) -> String {
-    format!(
-        "; busyguard takes it out of its ReplicaSet (label {label} kept in {RELEASED_FROM}), so the \
-         scale-down completes without it, and deletes it once it is Ready again"
-    )
+/// What a refusal adds of what busyguard does next, written into its message where it is used
+/// (no String of its own: every refusal of a busy pod says it).
+impl std::fmt::Display for Consequence<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Consequence::Nothing | Consequence::Told => Ok(()),
+            Consequence::Held => write!(
+                f,
+                "; busyguard holds it from new tasks ({DISRUPTION_REQUESTED}), so it is idle at a retry after its \
+                 task ends"
+            ),
+            Consequence::Deferred { in_background: false } => write!(
+                f,
+                "; busyguard records the delete on the pod ({DELETE_REQUESTED}) and carries it out once the pod is \
+                 idle (if the annotation does not appear, delete again later)"
+            ),
+            // The descheduler's words for an evacuation under way.
+            Consequence::Deferred { in_background: true } => write!(
+                f,
+                "; busyguard records the eviction on the pod ({DELETE_REQUESTED}) and carries it out once the pod \
+                 is idle, as an eviction, so your PodDisruptionBudgets hold; {EVACUATION_TRIGGERED}: the pod is \
+                 marked {EVICTION_IN_PROGRESS} and goes once idle"
+            ),
+            // `label`: the one its ReplicaSet selects it by.
+            Consequence::Released { label, .. } => write!(
+                f,
+                "; busyguard takes it out of its ReplicaSet (label {label} kept in {RELEASED_FROM}), so the \
+                 scale-down completes without it, and deletes it once it is Ready again"
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
