@@ -1,6 +1,7 @@
 //! `admission.k8s.io/v1` AdmissionReview on the wire: what busyguard reads and what it answers.
 //! Unknown fields are ignored, so newer API servers keep working.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use base64::Engine;
@@ -16,13 +17,15 @@ use crate::policy::outcome::Answer;
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
+/// `apiVersion` and `kind` are only compared: borrowed from the body where it holds them
+/// unescaped, as the API server writes them.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
+struct ReviewIn<'a> {
+    #[serde(default, borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    kind: Cow<'a, str>,
     request: Option<AdmissionRequest>,
 }
 
