@@ -300,9 +300,10 @@ struct EventLimits {
     in_window: u32,
 }
 
-/// When each pod (by uid) was last sent a write that is limited per pod.
+/// When each pod (by uid) was last sent a write that is limited per pod. Looked up on every
+/// refusal: foldhash, as the view's maps.
 #[derive(Default)]
-struct LastSent(HashMap<String, Instant>);
+struct LastSent(HashMap<String, Instant, foldhash::fast::RandomState>);
 
 impl LastSent {
     /// Whether the pod's last write was within `interval` of `now`. Those older are forgotten
