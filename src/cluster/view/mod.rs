@@ -5,10 +5,6 @@ mod api_pod;
 mod record;
 
 use std::collections::{BTreeMap, HashSet};
-
-/// The view's maps, looked up on every review: foldhash rather than SipHash (a fifth of the
-/// cost per key), seeded per process as SipHash is.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -23,6 +19,10 @@ use crate::policy::budget::{Siblings, unavailable_siblings};
 use crate::policy::hold::NodeGoing;
 use crate::policy::owners::OwnerState;
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
+
+/// The view's maps, looked up on every review: foldhash rather than SipHash (a fifth of the
+/// cost per key), seeded at random as SipHash is.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Pods by namespace, then name.
 type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
