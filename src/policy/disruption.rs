@@ -1131,6 +1131,37 @@ mod tests {
     }
 
     #[test]
+    fn every_refusal_says_what_busyguard_does_next_in_words_of_its_own() {
+        let said = |consequence: Consequence<'_>| consequence.to_string();
+        assert_eq!(said(Consequence::Nothing), "");
+        assert_eq!(said(Consequence::Told), "");
+        assert_eq!(
+            said(Consequence::Held),
+            "; busyguard holds it from new tasks (busyguard.io/disruption-requested), so it is idle at a retry after \
+             its task ends"
+        );
+        assert_eq!(
+            said(Consequence::Deferred { in_background: false }),
+            "; busyguard records the delete on the pod (busyguard.io/delete-requested) and carries it out once the \
+             pod is idle (if the annotation does not appear, delete again later)"
+        );
+        assert_eq!(
+            said(Consequence::Deferred { in_background: true }),
+            format!(
+                "; busyguard records the eviction on the pod (busyguard.io/delete-requested) and carries it out once \
+                 the pod is idle, as an eviction, so your PodDisruptionBudgets hold; {EVACUATION_TRIGGERED}: the pod \
+                 is marked {EVICTION_IN_PROGRESS} and goes once idle"
+            )
+        );
+        assert_eq!(
+            said(Consequence::Released { label: "pod-template-hash", hash: "6b8958b477" }),
+            "; busyguard takes it out of its ReplicaSet (label pod-template-hash kept in \
+             busyguard.io/released-from), so the scale-down completes without it, and deletes it once it is Ready \
+             again"
+        );
+    }
+
+    #[test]
     fn busy_denial_names_the_pod_the_time_and_the_override() {
         let (since, until) =
             (Some("2026-11-21T20:00:00Z".parse().unwrap()), Some("2026-11-22T20:00:00Z".parse().unwrap()));

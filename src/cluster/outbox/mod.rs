@@ -4,7 +4,7 @@
 
 mod calls;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use strum::VariantNames;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
+use super::FastMap;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::PolicyConfig;
@@ -300,10 +301,10 @@ struct EventLimits {
     in_window: u32,
 }
 
-/// When each pod (by uid) was last sent a write that is limited per pod. Looked up on every
-/// refusal: foldhash, as the view's maps.
+/// When each pod (by uid) was last sent a write that is limited per pod: looked up on every
+/// refusal.
 #[derive(Default)]
-struct LastSent(HashMap<String, Instant, foldhash::fast::RandomState>);
+struct LastSent(FastMap<String, Instant>);
 
 impl LastSent {
     /// Whether the pod's last write was within `interval` of `now`. Those older are forgotten

@@ -15,26 +15,23 @@ pub use api_pod::ApiPod;
 pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
+use super::FastMap;
 use crate::policy::budget::{Siblings, unavailable_siblings};
 use crate::policy::hold::NodeGoing;
 use crate::policy::owners::OwnerState;
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
-/// The view's maps, looked up on every review: foldhash rather than SipHash (a fifth of the
-/// cost per key), seeded at random as SipHash is.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
 /// Pods by namespace, then name.
-type Pods = HashMap<Box<str>, HashMap<Box<str>, PodRecord>>;
+type Pods = FastMap<Box<str>, FastMap<Box<str>, PodRecord>>;
 
 /// Owners under a busy rule by namespace, then `group/Kind/name`: whether they say their pods are
 /// busy, and since when.
-type Owners = HashMap<Box<str>, HashMap<Box<str>, OwnerState>>;
+type Owners = FastMap<Box<str>, FastMap<Box<str>, OwnerState>>;
 
 /// The objects between a pod and the owner a busy rule reads (`--busy-when-owner VIA>KIND=…`),
 /// by namespace, then their own `group/Kind/name`: the `group/Kind/name` of their controlling
 /// owner of the rule's kind.
-type Links = HashMap<Box<str>, HashMap<Box<str>, Box<str>>>;
+type Links = FastMap<Box<str>, FastMap<Box<str>, Box<str>>>;
 
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
@@ -56,7 +53,7 @@ pub struct View {
     shared: Mutex<Shared>,
     /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
     /// lifecycle conditions), and why: their pods take no new task.
-    nodes_going: RwLock<HashMap<String, NodeGoing>>,
+    nodes_going: RwLock<FastMap<String, NodeGoing>>,
     /// The owners under a busy rule (`--busy-when-owner`), by namespace and `group/Kind/name`,
     /// and whether their status says their pods are busy, as watched.
     owners: RwLock<Owners>,
@@ -427,7 +424,7 @@ impl View {
     }
 
     pub fn len(&self) -> usize {
-        self.read().values().map(HashMap::len).sum()
+        self.read().values().map(FastMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -444,7 +441,7 @@ impl View {
 }
 
 /// Every key of a map by namespace, with its namespace.
-fn known<V>(by_namespace: &HashMap<Box<str>, HashMap<Box<str>, V>>) -> Vec<(String, String)> {
+fn known<V>(by_namespace: &FastMap<Box<str>, FastMap<Box<str>, V>>) -> Vec<(String, String)> {
     let keys = by_namespace.iter().flat_map(|(namespace, in_namespace)| {
         in_namespace.keys().map(move |key| (namespace.to_string(), key.to_string()))
     });
@@ -453,7 +450,7 @@ fn known<V>(by_namespace: &HashMap<Box<str>, HashMap<Box<str>, V>>) -> Vec<(Stri
 
 /// Sets (`Some`) or removes (`None`) the value of `key` in `namespace`, and the namespace with
 /// its last key.
-fn set<V>(by_namespace: &mut HashMap<Box<str>, HashMap<Box<str>, V>>, namespace: &str, key: &str, value: Option<V>) {
+fn set<V>(by_namespace: &mut FastMap<Box<str>, FastMap<Box<str>, V>>, namespace: &str, key: &str, value: Option<V>) {
     match value {
         Some(value) => {
             by_namespace.entry(namespace.into()).or_default().insert(key.into(), value);
