@@ -230,7 +230,7 @@ fn within_budget(
                 allowed,
                 refusal: Box::new(refusal),
             };
-            Outcome { budget: Some(claim), ..Outcome::allow(Decision::Allowed) }
+            Outcome { budget: Some(Box::new(claim)), ..Outcome::allow(Decision::Allowed) }
         }
     }
 }

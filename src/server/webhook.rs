@@ -21,12 +21,13 @@ use super::app::App;
 use super::listen::HttpService;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
+use crate::cluster::arbiter::Budgets;
 use crate::cluster::outbox::Queued;
 use crate::duration::parse_positive_duration;
 use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
 use crate::policy::budget;
-use crate::policy::outcome::{Decision, Effect, Outcome};
+use crate::policy::outcome::{BudgetClaim, Decision, Effect, Outcome};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
 /// an object and its old version.
@@ -78,9 +79,13 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         operation = request.operation.as_str(),
         decision = field::Empty,
     );
-    let outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
-    let deadline = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
-    let outcome = arbitrate(app, outcome, deadline).instrument(span.clone()).await;
+    let mut outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
+    if let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) {
+        let deadline = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
+        if let Some(refusal) = arbitrate(budgets, *claim, deadline).instrument(span.clone()).await {
+            outcome = refusal;
+        }
+    }
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
     }
@@ -100,14 +105,14 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 /// A pod let go within its workload's budget is recorded with the arbiter (`policy::budget`)
 /// before the answer: if another replica took the budget's last place meanwhile, the decision's
 /// own refusal is the answer. Without an answer from the arbiter in time, refused too
-/// ([`budget::unrecorded`]).
-async fn arbitrate(app: &App, mut outcome: Outcome, deadline: Duration) -> Outcome {
-    let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) else { return outcome };
+/// ([`budget::unrecorded`]). `None`: the pod goes as decided. The outcome itself is not passed
+/// through: it is large, and most answers claim nothing.
+async fn arbitrate(budgets: &Budgets, claim: BudgetClaim, deadline: Duration) -> Option<Outcome> {
     match tokio::time::timeout(deadline, budgets.claim(&claim)).await {
-        Ok(Ok(true)) => outcome,
-        Ok(Ok(false)) => *claim.refusal,
-        Ok(Err(why)) => budget::unrecorded(claim, &why.0),
-        Err(_) => budget::unrecorded(claim, &format!("no answer within {deadline:?}")),
+        Ok(Ok(true)) => None,
+        Ok(Ok(false)) => Some(*claim.refusal),
+        Ok(Err(why)) => Some(budget::unrecorded(claim, &why.0)),
+        Err(_) => Some(budget::unrecorded(claim, &format!("no answer within {deadline:?}"))),
     }
 }
 

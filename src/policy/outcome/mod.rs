@@ -21,8 +21,9 @@ pub struct Outcome {
     /// must land before the controller picks pods.
     pub await_effects: bool,
     /// A pod let go within its workload's budget: the answer stands once the arbiter records it
-    /// (`policy::budget`), else the claim's refusal is the answer.
-    pub budget: Option<BudgetClaim>,
+    /// (`policy::budget`), else the claim's refusal is the answer. Boxed: rare, and an outcome
+    /// is moved from step to step.
+    pub budget: Option<Box<BudgetClaim>>,
 }
 
 /// A delete or eviction let go within the workload's budget, to be recorded with the arbiter
