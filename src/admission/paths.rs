@@ -39,7 +39,7 @@ pub enum Resource {
 
 impl Resource {
     pub fn of(request: &AdmissionRequest) -> Resource {
-        match (request.resource.group.as_str(), request.resource.resource.as_str(), request.sub_resource()) {
+        match (&*request.resource.group, &*request.resource.resource, request.sub_resource()) {
             ("", "pods", "") => Resource::Pods,
             ("", "pods", "status") => Resource::PodStatus,
             ("", "pods", "resize") => Resource::PodResize,

@@ -26,46 +26,51 @@ struct ReviewIn<'a> {
     api_version: Cow<'a, str>,
     #[serde(default, borrow)]
     kind: Cow<'a, str>,
-    request: Option<AdmissionRequest>,
+    #[serde(borrow)]
+    request: Option<AdmissionRequest<'a>>,
 }
 
+/// The request's strings are borrowed from the body where it holds them unescaped, as the API
+/// server writes them: no copy of each per review.
 #[derive(Debug)]
-pub struct AdmissionRequest {
-    pub uid: String,
-    pub kind: GroupVersionKind,
-    pub resource: GroupVersionResource,
-    pub sub_resource: Option<String>,
-    pub name: String,
-    pub namespace: String,
+pub struct AdmissionRequest<'a> {
+    pub uid: Cow<'a, str>,
+    pub kind: GroupVersionKind<'a>,
+    pub resource: GroupVersionResource<'a>,
+    pub sub_resource: Option<Cow<'a, str>>,
+    pub name: Cow<'a, str>,
+    pub namespace: Cow<'a, str>,
     pub operation: Operation,
-    pub user_info: UserInfo,
+    pub user_info: UserInfo<'a>,
     /// Decoded by `kind` into the fields decisions read (see `objects`); `None` when absent.
     pub object: Option<Object>,
     pub old_object: Option<Object>,
     pub dry_run: Option<bool>,
     /// The field manager the writer named (a create's, update's or patch's options), if any.
-    pub field_manager: Option<String>,
+    pub field_manager: Option<Cow<'a, str>>,
 }
 
 /// Of the request's kind only the name is read: it says how to decode the objects.
 #[derive(Debug, Default, Deserialize)]
-pub struct GroupVersionKind {
-    pub kind: String,
+pub struct GroupVersionKind<'a> {
+    #[serde(borrow)]
+    pub kind: Cow<'a, str>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct GroupVersionResource {
-    #[serde(default)]
-    pub group: String,
-    pub resource: String,
+pub struct GroupVersionResource<'a> {
+    #[serde(default, borrow)]
+    pub group: Cow<'a, str>,
+    #[serde(borrow)]
+    pub resource: Cow<'a, str>,
 }
 
 pub use crate::policy::Operation;
 
 #[derive(Debug, Default, Deserialize)]
-pub struct UserInfo {
-    #[serde(default)]
-    pub username: String,
+pub struct UserInfo<'a> {
+    #[serde(default, borrow)]
+    pub username: Cow<'a, str>,
     #[serde(default)]
     pub groups: Vec<String>,
     /// E.g. the pod a service-account token is bound to.
@@ -73,7 +78,7 @@ pub struct UserInfo {
     pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-impl AdmissionRequest {
+impl AdmissionRequest<'_> {
     pub fn sub_resource(&self) -> &str {
         self.sub_resource.as_deref().unwrap_or_default()
     }
@@ -111,7 +116,7 @@ enum Field {
     Other,
 }
 
-impl<'de> Deserialize<'de> for AdmissionRequest {
+impl<'de: 'a, 'a> Deserialize<'de> for AdmissionRequest<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RequestVisitor)
     }
@@ -122,24 +127,24 @@ impl<'de> Deserialize<'de> for AdmissionRequest {
 struct RequestVisitor;
 
 impl<'de> Visitor<'de> for RequestVisitor {
-    type Value = AdmissionRequest;
+    type Value = AdmissionRequest<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an AdmissionRequest object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest<'de>, A::Error> {
         let (mut uid, mut kind, mut resource, mut operation) = (None, None::<GroupVersionKind>, None, None);
         let (mut sub_resource, mut name, mut namespace, mut user_info, mut dry_run) = (None, None, None, None, None);
-        let (mut object, mut old_object, mut options) = (None, None, None::<Option<WriteOptions>>);
+        let (mut object, mut old_object, mut options) = (None, None, None::<Option<WriteOptions<'de>>>);
         while let Some(field) = map.next_key::<Field>()? {
             match field {
-                Field::Uid => set(&mut uid, map.next_value()?, "uid")?,
+                Field::Uid => set(&mut uid, map.next_value::<Text>()?.0, "uid")?,
                 Field::Kind => set(&mut kind, map.next_value()?, "kind")?,
                 Field::Resource => set(&mut resource, map.next_value()?, "resource")?,
-                Field::SubResource => set(&mut sub_resource, map.next_value()?, "subResource")?,
-                Field::Name => set(&mut name, map.next_value()?, "name")?,
-                Field::Namespace => set(&mut namespace, map.next_value()?, "namespace")?,
+                Field::SubResource => set(&mut sub_resource, map.next_value::<Option<Text>>()?, "subResource")?,
+                Field::Name => set(&mut name, map.next_value::<Option<Text>>()?, "name")?,
+                Field::Namespace => set(&mut namespace, map.next_value::<Option<Text>>()?, "namespace")?,
                 Field::Operation => set(&mut operation, map.next_value()?, "operation")?,
                 Field::UserInfo => set(&mut user_info, map.next_value()?, "userInfo")?,
                 Field::DryRun => set(&mut dry_run, map.next_value()?, "dryRun")?,
@@ -166,12 +171,12 @@ impl<'de> Visitor<'de> for RequestVisitor {
             resource: resource.ok_or_else(|| A::Error::missing_field("resource"))?,
             operation: operation.ok_or_else(|| A::Error::missing_field("operation"))?,
             kind,
-            sub_resource: sub_resource.flatten(),
-            name: name.flatten().unwrap_or_default(),
-            namespace: namespace.flatten().unwrap_or_default(),
+            sub_resource: sub_resource.flatten().map(|text| text.0),
+            name: name.flatten().map(|text| text.0).unwrap_or_default(),
+            namespace: namespace.flatten().map(|text| text.0).unwrap_or_default(),
             user_info: user_info.flatten().unwrap_or_default(),
             dry_run: dry_run.flatten(),
-            field_manager: options.flatten().and_then(|o| o.field_manager),
+            field_manager: options.flatten().and_then(|o| o.field_manager).map(|text| text.0),
         })
     }
 }
@@ -179,10 +184,16 @@ impl<'de> Visitor<'de> for RequestVisitor {
 /// What is read of a request's options (CreateOptions, UpdateOptions, PatchOptions, or a
 /// delete's DeleteOptions, which name no field manager).
 #[derive(Deserialize)]
-struct WriteOptions {
-    #[serde(default, rename = "fieldManager")]
-    field_manager: Option<String>,
+struct WriteOptions<'a> {
+    #[serde(default, borrow, rename = "fieldManager")]
+    field_manager: Option<Text<'a>>,
 }
+
+/// A string borrowed from the body where it holds it unescaped: serde's own `Cow` always
+/// copies, its derive borrows only a field marked so.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A field seen twice is refused: two readers of the same body must not see different values.
 fn set<T, E: Error>(slot: &mut Option<T>, value: T, field: &'static str) -> Result<(), E> {
@@ -207,7 +218,7 @@ fn object_seed<'a>(kind: &'a GroupVersionKind, field: &'static str) -> ObjectSee
     ObjectSeed { kind: &kind.kind, field }
 }
 
-pub fn decode(body: &[u8]) -> Result<AdmissionRequest, InvalidReview> {
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<'_>, InvalidReview> {
     // JSON is UTF-8. Checked here for the whole body at once: serde_json checks only the strings
     // it reads, one by one, and none of those it skips. The SIMD check first; the standard
     // library's says where a body fails.
@@ -241,32 +252,33 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest, InvalidReview> {
 struct ReviewOut<'a> {
     api_version: &'static str,
     kind: &'static str,
-    response: &'a AdmissionResponse,
+    response: &'a AdmissionResponse<'a>,
 }
 
+/// Borrows the request's uid and the decision's words: it is written once and dropped.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionResponse {
-    pub uid: String,
+pub struct AdmissionResponse<'a> {
+    pub uid: &'a str,
     pub allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<MetaStatus>,
+    pub status: Option<MetaStatus<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch_type: Option<&'static str>,
     /// Base64 of the JSONPatch; present only when there are operations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub warnings: &'a [String],
 }
 
 /// `metav1.Status` as the API server relays it to the requester.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct MetaStatus {
+pub struct MetaStatus<'a> {
     pub status: &'static str,
     pub code: u16,
     pub reason: &'static str,
-    pub message: String,
+    pub message: &'a str,
     pub details: StatusDetails,
 }
 
@@ -281,30 +293,23 @@ pub struct StatusCause {
     pub reason: &'static str,
 }
 
-impl AdmissionResponse {
-    pub fn allow(uid: &str) -> Self {
-        AdmissionResponse {
-            uid: uid.to_string(),
-            allowed: true,
-            status: None,
-            patch_type: None,
-            patch: None,
-            warnings: Vec::new(),
-        }
+impl<'a> AdmissionResponse<'a> {
+    pub fn allow(uid: &'a str) -> Self {
+        AdmissionResponse { uid, allowed: true, status: None, patch_type: None, patch: None, warnings: &[] }
     }
 
     /// The policy's answer on the wire: a patch as base64 JSONPatch, a refusal with its code,
     /// reason and cause.
-    pub fn of(uid: &str, answer: &Answer) -> Self {
+    pub fn of(uid: &'a str, answer: &'a Answer) -> Self {
         match answer {
-            Answer::Allow { warnings } => AdmissionResponse { warnings: warnings.clone(), ..Self::allow(uid) },
+            Answer::Allow { warnings } => AdmissionResponse { warnings, ..Self::allow(uid) },
             Answer::Patch { patch, warnings } => {
                 let mut patch_json = Vec::with_capacity(1024);
                 json::patch(&mut patch_json, patch);
                 AdmissionResponse {
                     patch_type: Some("JSONPatch"),
                     patch: Some(base64::engine::general_purpose::STANDARD.encode(patch_json)),
-                    warnings: warnings.clone(),
+                    warnings,
                     ..Self::allow(uid)
                 }
             }
@@ -314,7 +319,7 @@ impl AdmissionResponse {
                     status: "Failure",
                     code: denial.code(),
                     reason: denial.reason(),
-                    message: message.clone(),
+                    message,
                     details: StatusDetails { causes: [StatusCause { reason: denial.cause() }] },
                 }),
                 ..Self::allow(uid)
@@ -332,7 +337,7 @@ impl AdmissionResponse {
             + self.warnings.iter().map(|warning| warning.len() + 3).sum::<usize>();
         let mut out = Vec::with_capacity(256 + strings);
         out.extend_from_slice(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#);
-        json::string(&mut out, &self.uid);
+        json::string(&mut out, self.uid);
         out.extend_from_slice(if self.allowed { br#","allowed":true"# } else { br#","allowed":false"# });
         if let Some(status) = &self.status {
             out.extend_from_slice(br#","status":{"status":"#);
@@ -340,7 +345,7 @@ impl AdmissionResponse {
             let _ = write!(out, r#","code":{},"reason":"#, status.code);
             json::string(&mut out, status.reason);
             out.extend_from_slice(br#","message":"#);
-            json::string(&mut out, &status.message);
+            json::string(&mut out, status.message);
             let [cause] = &status.details.causes;
             out.extend_from_slice(br#","details":{"causes":[{"reason":"#);
             json::string(&mut out, cause.reason);
@@ -356,7 +361,7 @@ impl AdmissionResponse {
         }
         if !self.warnings.is_empty() {
             out.extend_from_slice(br#","warnings":"#);
-            json::strings(&mut out, &self.warnings);
+            json::strings(&mut out, self.warnings);
         }
         out.extend_from_slice(b"}}");
         out
@@ -382,13 +387,29 @@ mod tests {
 
     #[test]
     fn decodes_a_minimal_review_and_ignores_unknown_fields() {
-        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND,
-            "request": minimal_request(), "somethingNew": {"x": 1}})))
-        .unwrap();
+        let review = body(json!({"apiVersion": API_VERSION, "kind": KIND,
+            "request": minimal_request(), "somethingNew": {"x": 1}}));
+        let request = decode(&review).unwrap();
         assert_eq!(request.uid, "u-1");
         assert_eq!(request.operation, Operation::Delete);
         assert_eq!(request.sub_resource(), "");
         assert!(!request.is_dry_run());
+    }
+
+    #[test]
+    fn the_requests_strings_are_read_whether_or_not_the_body_escapes_them() {
+        let plain = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1",
+            "kind":{"kind":"Pod"},"resource":{"resource":"pods"},"subResource":"eviction","name":"w",
+            "namespace":"capture","operation":"CREATE","userInfo":{"username":"admin"}}}"#;
+        let request = decode(plain.as_bytes()).unwrap();
+        // Borrowed from the body: nothing is copied for a review the API server wrote.
+        for text in [&request.uid, &request.name, &request.namespace, &request.user_info.username] {
+            assert!(matches!(text, Cow::Borrowed(_)), "{text:?} is copied");
+        }
+        let escaped = plain.replace(r#""u-1""#, r#""u\u002d1""#).replace(r#""w""#, r#""w\"x""#);
+        let request = decode(escaped.as_bytes()).unwrap();
+        assert_eq!((&*request.uid, &*request.name, request.sub_resource()), ("u-1", "w\"x", "eviction"));
+        assert_eq!((&*request.namespace, &*request.user_info.username), ("capture", "admin"));
     }
 
     #[test]
@@ -397,16 +418,19 @@ mod tests {
         patch["operation"] = json!("UPDATE");
         patch["options"] =
             json!({"kind": "PatchOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "busyguard-agent"});
-        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": patch}))).unwrap();
+        let review = body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": patch}));
+        let request = decode(&review).unwrap();
         assert_eq!(request.field_manager.as_deref(), Some("busyguard-agent"));
         // A delete's options name none; a request may carry no options at all.
         let mut delete = minimal_request();
         delete["options"] = json!({"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1", "gracePeriodSeconds": 0});
-        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": delete}))).unwrap();
+        let review = body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": delete}));
+        let request = decode(&review).unwrap();
         assert_eq!(request.field_manager, None);
         let mut none = minimal_request();
         none["options"] = json!(null);
-        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": none}))).unwrap();
+        let review = body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": none}));
+        let request = decode(&review).unwrap();
         assert_eq!(request.field_manager, None);
     }
 
@@ -500,7 +524,8 @@ mod tests {
         let mut request = minimal_request();
         request["kind"]["kind"] = json!("ConfigMap");
         request["object"] = json!({"data": {"x": [1, {"y": null}]}});
-        let request = decode(&body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": request}))).unwrap();
+        let review = body(json!({"apiVersion": API_VERSION, "kind": KIND, "request": request}));
+        let request = decode(&review).unwrap();
         assert!(matches!(request.object, Some(Object::Unread)));
     }
 

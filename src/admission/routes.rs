@@ -239,7 +239,7 @@ pub fn node_claim_delete(
 }
 
 /// The pod a write stores, and the one it replaces (an update).
-fn pods(request: &AdmissionRequest) -> Result<(&Pod, Option<&Pod>), Unanswerable> {
+fn pods<'a>(request: &'a AdmissionRequest<'_>) -> Result<(&'a Pod, Option<&'a Pod>), Unanswerable> {
     let pod = expect_pod(request.object()?, "object")?;
     let before = match request.old_object.as_ref() {
         Some(old) => Some(expect_pod(old, "oldObject")?),
@@ -249,7 +249,7 @@ fn pods(request: &AdmissionRequest) -> Result<(&Pod, Option<&Pod>), Unanswerable
 }
 
 /// The request as the policy sees it.
-pub fn ask(request: &AdmissionRequest) -> Ask<'_> {
+pub fn ask<'a>(request: &'a AdmissionRequest<'_>) -> Ask<'a> {
     Ask {
         uid: &request.uid,
         operation: request.operation,

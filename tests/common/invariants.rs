@@ -11,7 +11,7 @@ use busyguard::duration::parse_positive_duration;
 use busyguard::policy::Exemptions;
 use busyguard::policy::busy::MaxBusy;
 use busyguard::policy::marks::MutationSettings;
-use busyguard::policy::outcome::AuditRecord;
+use busyguard::policy::outcome::{Answer, AuditRecord};
 use busyguard::policy::{Enrolment, Mode, POD_GC_USER, PolicyConfig};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
@@ -66,10 +66,18 @@ pub fn view_of(pods: &[&Value]) -> View {
     view
 }
 
-/// An answer on the wire and the audit line written with it.
+/// An answer and the audit line written with it.
 pub struct Judged {
-    pub response: AdmissionResponse,
+    pub uid: String,
+    pub answer: Answer,
     pub audit: Option<AuditRecord>,
+}
+
+impl Judged {
+    /// The answer as it goes on the wire.
+    pub fn response(&self) -> AdmissionResponse<'_> {
+        AdmissionResponse::of(&self.uid, &self.answer)
+    }
 }
 
 /// Decodes and judges `body` as `webhook`; a refusal is the 4xx/503 busyguard would send.
@@ -77,18 +85,18 @@ pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Unans
     let request = decode(body)?;
     let inputs = DecisionInputs { policy: &policy(), view, arrived: Instant::now() };
     let decided = admit(&request, webhook, &inputs, now())?;
-    let outcome = Judged { response: AdmissionResponse::of(&request.uid, &decided.answer), audit: decided.audit };
+    let outcome = Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit };
     // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
-    let answer: Value = serde_json::from_slice(&outcome.response.encode()).expect("the answer is JSON");
+    let answer: Value = serde_json::from_slice(&outcome.response().encode()).expect("the answer is JSON");
     assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(answer["kind"], "AdmissionReview");
-    assert_eq!(answer["response"]["uid"].as_str(), Some(request.uid.as_str()), "the answer echoes the uid");
+    assert_eq!(answer["response"]["uid"].as_str(), Some(&*request.uid), "the answer echoes the uid");
     if webhook == Webhook::Validating {
-        assert!(outcome.response.patch.is_none(), "only the mutating webhook patches");
+        assert!(outcome.response().patch.is_none(), "only the mutating webhook patches");
     }
-    if !outcome.response.allowed {
+    if !outcome.response().allowed {
         // 429 for a busy pod; 409 only for a flip to busy on a pod being deleted.
-        let code = outcome.response.status.as_ref().map(|s| s.code);
+        let code = outcome.response().status.as_ref().map(|s| s.code);
         // ...and 403 for a pod's own service account writing more than its own busy flag.
         let expected = code == Some(429)
             || (code == Some(409) && webhook == Webhook::Mutating)
@@ -130,9 +138,9 @@ pub fn busy_pods_go_only_with_an_audited_exemption(
     let unready_counts = labels["busyguard.io/busy"] == "when-unready";
     let has_budget = labels["busyguard.io/max-unavailable"].is_string();
     if !marked_busy && !unready_counts && !has_budget {
-        assert!(outcome.response.allowed, "a pod not marked busy (and with no budget) is never refused");
+        assert!(outcome.response().allowed, "a pod not marked busy (and with no budget) is never refused");
     }
-    if !outcome.response.allowed {
+    if !outcome.response().allowed {
         // Without a busy-since, max-busy counts from the pod's creation (the API server always
         // sends one; a generated pod may lack it).
         let since = outcome.audit.as_ref().and_then(|audit| audit.busy_since);
@@ -144,7 +152,7 @@ pub fn busy_pods_go_only_with_an_audited_exemption(
     // An eviction is judged from the view, which skips a pod the watch cannot read; a delete
     // carries its pod and is judged whatever the watch makes of it.
     let evicted = disruption.review["request"]["subResource"] == "eviction";
-    if !marked_busy || going || !outcome.response.allowed || (evicted && watched(pod).is_none()) {
+    if !marked_busy || going || !outcome.response().allowed || (evicted && watched(pod).is_none()) {
         return Ok(());
     }
     let audit = outcome.audit.expect("a busy pod let go is audited");
@@ -197,9 +205,9 @@ pub fn busy_and_back_restores_the_annotations(update: &Value) -> Result<(), Unan
         pod["metadata"]["labels"]["busyguard.io/busy"] = Value::String(to.into());
         let body = serde_json::to_vec(&review).unwrap();
         let outcome = judge(&body, Webhook::Mutating, &View::without_cluster())?;
-        assert!(outcome.response.allowed);
+        assert!(outcome.response().allowed);
         let mut patched = review["request"]["object"].clone();
-        if let Some(patch) = &outcome.response.patch {
+        if let Some(patch) = &outcome.response().patch {
             use base64::Engine;
             let patch: json_patch::Patch =
                 serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(patch).unwrap()).unwrap();
