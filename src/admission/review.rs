@@ -403,7 +403,8 @@ mod tests {
             "namespace":"capture","operation":"CREATE","userInfo":{"username":"admin"}}}"#;
         let request = decode(plain.as_bytes()).unwrap();
         // Borrowed from the body: nothing is copied for a review the API server wrote.
-        for text in [&request.uid, &request.name, &request.namespace, &request.user_info.username] {
+        let texts = [&request.uid, &request.kind.kind, &request.resource.resource, &request.name, &request.namespace];
+        for text in texts.into_iter().chain([&request.user_info.username]).chain(&request.sub_resource) {
             assert!(matches!(text, Cow::Borrowed(_)), "{text:?} is copied");
         }
         let escaped = plain.replace(r#""u-1""#, r#""u\u002d1""#).replace(r#""w""#, r#""w\"x""#);
