@@ -98,7 +98,7 @@ bench:
 		BUSYGUARD_BENCH_PEER=$$peer BUSYGUARD_BENCH_PREVIOUS=$$previous $(CARGO) bench --locked --bench load
 
 # Instructions per review on each route under callgrind, this build beside the previous release:
-# exact where timings move 5% from run to run (benches/instructions.py, BENCHMARKS.md).
+# it moves far less from run to run than timings do (benches/instructions.py, BENCHMARKS.md).
 bench-instructions:
 	$(CARGO) build --release --locked --bin busyguard
 	valgrind=$$(benches/valgrind.sh) && previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
