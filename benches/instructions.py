@@ -42,11 +42,17 @@ def load(name):
     return json.loads((FIXTURES / name).read_text())
 
 
+def made_busy(pod, now):
+    """`pod`, labelled busy and busy since `now`, as busyguard's webhook writes it."""
+    pod["metadata"].setdefault("annotations", {})["busyguard.io/busy-since"] = now
+    pod["metadata"].setdefault("labels", {})["busyguard.io/busy"] = "true"
+    return pod
+
+
 def routes(now):
     """(name, path, body, what the answer must say): the load bench's four scenarios."""
     delete = load("pod-delete-by-replicaset-controller.json")
-    delete["request"]["oldObject"]["metadata"].setdefault("annotations", {})["busyguard.io/busy-since"] = now
-    delete["request"]["oldObject"]["metadata"].setdefault("labels", {})["busyguard.io/busy"] = "true"
+    made_busy(delete["request"]["oldObject"], now)
     compact = lambda review: json.dumps(review, separators=(",", ":")).encode()
     return [
         ("eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429'),
@@ -65,10 +71,8 @@ def busy_pod(now):
     """The pod the eviction names, busy since `now`, as the API server lists it."""
     eviction = load("pod-eviction-by-user.json")["request"]
     pod = load("pod-delete-by-replicaset-controller.json")["request"]["oldObject"]
-    pod["metadata"].update(name=eviction["name"], namespace=eviction["namespace"])
-    pod["metadata"]["annotations"] = {"busyguard.io/busy-since": now}
-    pod["metadata"].setdefault("labels", {})["busyguard.io/busy"] = "true"
-    return json.dumps(pod)
+    pod["metadata"].update(name=eviction["name"], namespace=eviction["namespace"], annotations={})
+    return json.dumps(made_busy(pod, now))
 
 
 def stand_in_api_server(pod):

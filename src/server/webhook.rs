@@ -80,11 +80,12 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         decision = field::Empty,
     );
     let mut outcome = span.in_scope(|| judge(app, webhook, &request, review.arrived))?;
-    if let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets) {
-        let deadline = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
-        if let Some(refusal) = arbitrate(budgets, *claim, deadline).instrument(span.clone()).await {
-            outcome = refusal;
-        }
+    // What is left of the API server's timeout for the arbiter and the side effects.
+    let time_left = || effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
+    if let (Some(claim), Some(budgets)) = (outcome.budget.take(), &app.cluster.budgets)
+        && let Some(refusal) = arbitrate(budgets, *claim, time_left()).instrument(span.clone()).await
+    {
+        outcome = refusal;
     }
     if let Some(record) = &outcome.audit {
         app.audit.record(record);
@@ -93,11 +94,11 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     let encoded = AdmissionResponse::of(&request.uid, &outcome.answer).encode();
     let waiting = send_effects(app, outcome.effects);
     if outcome.await_effects && !waiting.is_empty() {
-        let budget = effects_budget(review.timeout).saturating_sub(review.arrived.elapsed());
-        await_effects(waiting, budget, &request.uid).instrument(span).await;
+        await_effects(waiting, time_left(), &request.uid).instrument(span).await;
     }
-    let response = respond(app, webhook, &request, outcome.decision, encoded, review.http1);
-    let labels = WebhookLabels { webhook: webhook.as_str(), resource: Resource::of(&request).label() };
+    let resource = Resource::of(&request).label();
+    let response = respond(app, webhook, resource, &request, outcome.decision, encoded, review.http1);
+    let labels = WebhookLabels { webhook: webhook.as_str(), resource };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     Ok(response)
 }
@@ -181,10 +182,11 @@ async fn await_effects(waiting: Vec<Queued>, budget: Duration, uid: &str) {
     }
 }
 
-/// The encoded answer as an HTTP response, counted.
+/// The encoded answer as an HTTP response, counted under the request's `resource` label.
 fn respond(
     app: &App,
     webhook: Webhook,
+    resource: &'static str,
     request: &AdmissionRequest,
     decision: Decision,
     encoded: Vec<u8>,
@@ -192,7 +194,7 @@ fn respond(
 ) -> Response {
     let labels = ReviewLabels {
         webhook: webhook.as_str(),
-        resource: Resource::of(request).label(),
+        resource,
         operation: request.operation.as_str(),
         result: decision.as_str(),
     };

@@ -87,16 +87,17 @@ pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Unans
     let decided = admit(&request, webhook, &inputs, now())?;
     let outcome = Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit };
     // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
-    let answer: Value = serde_json::from_slice(&outcome.response().encode()).expect("the answer is JSON");
+    let response = outcome.response();
+    let answer: Value = serde_json::from_slice(&response.encode()).expect("the answer is JSON");
     assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(answer["kind"], "AdmissionReview");
     assert_eq!(answer["response"]["uid"].as_str(), Some(&*request.uid), "the answer echoes the uid");
     if webhook == Webhook::Validating {
-        assert!(outcome.response().patch.is_none(), "only the mutating webhook patches");
+        assert!(response.patch.is_none(), "only the mutating webhook patches");
     }
-    if !outcome.response().allowed {
+    if !response.allowed {
         // 429 for a busy pod; 409 only for a flip to busy on a pod being deleted.
-        let code = outcome.response().status.as_ref().map(|s| s.code);
+        let code = response.status.as_ref().map(|s| s.code);
         // ...and 403 for a pod's own service account writing more than its own busy flag.
         let expected = code == Some(429)
             || (code == Some(409) && webhook == Webhook::Mutating)
