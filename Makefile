@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: help build dist image install run certs test unit bench bench-instructions bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build dist image install run certs test unit bench bench-wrk bench-instructions bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 # A plain `make` says what there is.
@@ -23,7 +23,8 @@ help:
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
 	@echo 'make dist      the CLI archives per platform (DIST_TARGETS), their SHA-256 and a krew manifest, in target/dist'
 	@echo 'make image IMAGE=registry/busyguard:tag   build (amd64, arm64) and push the container image'
-	@echo 'make bench     benchmarks (BENCHMARKS.md);  make bench-instructions  instructions per review beside the previous release'
+	@echo 'make bench     benchmarks (BENCHMARKS.md);  make bench-wrk  requests a second beside the previous release and the Go peer'
+	@echo 'make bench-instructions  instructions per review beside the previous release'
 	@echo 'make cluster-certs  certificates for manifests/self-managed'
 
 build:
@@ -96,12 +97,21 @@ bench:
 	$(CARGO) bench --locked --bench handler
 	peer=$$(benches/go-peer.sh) && previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
 		BUSYGUARD_BENCH_PEER=$$peer BUSYGUARD_BENCH_PREVIOUS=$$previous $(CARGO) bench --locked --bench load
+	$(MAKE) bench-wrk
+
+# Requests a second on each route as issue 54 measures them (wrk, from Debian's package, installed
+# once), this build beside the previous release and the Go peer (benches/wrk.py, BENCHMARKS.md).
+bench-wrk:
+	$(CARGO) build --release --locked --bin busyguard
+	wrk=$$(benches/debian-package.sh wrk) && peer=$$(benches/go-peer.sh) && \
+		previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
+		python3 benches/wrk.py $$wrk target/release/busyguard "$$previous" "$$peer"
 
 # Instructions per review on each route under callgrind, this build beside the previous release:
 # it moves far less from run to run than timings do (benches/instructions.py, BENCHMARKS.md).
 bench-instructions:
 	$(CARGO) build --release --locked --bin busyguard
-	valgrind=$$(benches/valgrind.sh) && previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
+	valgrind=$$(benches/debian-package.sh valgrind) && previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
 		python3 benches/instructions.py $$valgrind target/release/busyguard $$previous
 
 # API server throughput with and without busyguard, on the control plane of `make e2e`
