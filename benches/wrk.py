@@ -8,7 +8,8 @@ busyguard serves as deployed (TLS, watching a stand-in API server that lists the
 eviction names, the audit line written to a file); the Go peer (`benches/go-peer.sh`) is told the
 same pod is busy. Each route is measured ROUNDS times, the builds taking turns within a round so
 that the host's drift falls on all of them alike. Prints each run's requests a second, the ratios
-within each round, p99, and the server's CPU a request (user and system, from /proc).
+within each round and their median, the median p99, and the median of the server's CPU a
+request (user and system, from /proc).
 
 Usage: wrk.py WRK THIS_BUILD [PREVIOUS_BUILD [GO_PEER]]  (an empty argument: that one is left out)
 """
@@ -29,7 +30,8 @@ from pathlib import Path
 from stand_in import busy_pod_name, first_answer, free_ports, prepare, routes, serve_args, wait_ready
 
 SECONDS = 5
-ROUNDS = 3
+# The host's speed drifts a few percent between runs: five rounds, and the median of the ratios.
+ROUNDS = 5
 CONNECTIONS = 16
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -168,21 +170,23 @@ def main():
 
 def row(names, rounds):
     """The table's cells for one route: each run's requests a second, this build's ratio to each
-    other within each round, the medians of p99 and of CPU a request; a dash where a build
-    does not serve the route."""
+    other build within each round and their median, the medians of p99 and of CPU a request; a
+    dash where a build does not serve the route."""
     runs = lambda name: [round_[name] for round_ in rounds if name in round_]
     joined = lambda values, form: " · ".join(form.format(value) for value in values) or "–"
     cells = [joined((run[0] for run in runs(name)), "{:,.0f}") for name in names]
-    cells += [
-        joined((round_[names[0]][0] / round_[other][0] for round_ in rounds if other in round_), "{:.2f}")
-        for other in names[1:]
-    ]
+    for other in names[1:]:
+        ratios = [round_[names[0]][0] / round_[other][0] for round_ in rounds if other in round_]
+        cells.append(f"{joined(ratios, '{:.2f}')} (median {statistics.median(ratios):.2f})" if ratios else "–")
 
-    def median(name, field, form):
-        return form.format(statistics.median(run[field] for run in runs(name))) if runs(name) else "–"
+    def median(name, field):
+        return statistics.median(run[field] for run in runs(name))
 
-    cells.append(" / ".join(median(name, 1, "{:.2f}") for name in names))
-    cells.append(" / ".join(f"{median(name, 2, '{:.1f}')} + {median(name, 3, '{:.1f}')}" for name in names))
+    served = [name for name in names if runs(name)]
+    cells.append(" / ".join(f"{median(name, 1):.2f}" if name in served else "–" for name in names))
+    cells.append(
+        " / ".join(f"{median(name, 2):.1f} + {median(name, 3):.1f}" if name in served else "–" for name in names)
+    )
     return cells
 
 
