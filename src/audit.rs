@@ -3,12 +3,12 @@
 //!
 //! Off the request path: an answer only appends its line to a buffer (a short lock, no I/O,
 //! no system call); a writer thread of its own wakes once per batch, lets lines gather for
-//! [`GATHER`] or until they fill [`FULL_BATCH`], takes the buffer whole and writes it, so lines
-//! never interleave, a busy webhook makes a few writes a second instead of one a line, and a slow
-//! or full disk never slows an answer. A batch the sink refuses (full, read-only) stays held, in
-//! order, and is tried again every [`RETRY_AFTER`]; meanwhile `health` says why and the metrics
-//! count it. At most [`MAX_HELD_LINES`] wait: beyond, a line is dropped and counted. Shutdown
-//! flushes what waits (`flush`), and so does dropping the log.
+//! [`GATHER`], takes the buffer whole and writes it, so lines never interleave, a busy webhook
+//! makes a few writes a second instead of one a line, and a slow or full disk never slows an
+//! answer. A batch the sink refuses (full, read-only) stays held, in order, and is tried again
+//! every [`RETRY_AFTER`]; meanwhile `health` says why and the metrics count it. At most
+//! [`MAX_HELD_LINES`] wait: beyond, a line is dropped and counted. Shutdown flushes what waits
+//! (`flush`), and so does dropping the log.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -34,10 +34,6 @@ const RETRY_AFTER: Duration = Duration::from_millis(250);
 /// How long the writer lets lines gather once the first of a batch is queued: waking a thread
 /// for each line cost a busy webhook a context switch per denial (BENCHMARKS.md).
 const GATHER: Duration = Duration::from_millis(10);
-/// A batch this large is written without waiting out [`GATHER`]: one write of ten milliseconds of
-/// a busy webhook's lines (half a megabyte) keeps the writer on the core long enough to hold up
-/// the answers queued behind it (BENCHMARKS.md, issue 54).
-const FULL_BATCH: usize = 64 * 1024;
 
 /// Why the audit log cannot be written: `/status` and the `busyguard_audit_failing` gauge say it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,8 +60,6 @@ struct Shared {
     /// `flush` waits on it for every line to be written.
     written: Condvar,
     metrics: AuditMetrics,
-    /// [`GATHER`], but in tests.
-    gather: Duration,
 }
 
 #[derive(Default)]
@@ -106,17 +100,8 @@ impl AuditLog {
     }
 
     pub fn to(sink: Box<dyn Write + Send>, metrics: AuditMetrics) -> Self {
-        Self::gathering_for(sink, metrics, GATHER)
-    }
-
-    fn gathering_for(sink: Box<dyn Write + Send>, metrics: AuditMetrics, gather: Duration) -> Self {
-        let shared = Arc::new(Shared {
-            queue: Mutex::default(),
-            queued: Condvar::new(),
-            written: Condvar::new(),
-            metrics,
-            gather,
-        });
+        let shared =
+            Arc::new(Shared { queue: Mutex::default(), queued: Condvar::new(), written: Condvar::new(), metrics });
         let writer = std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn({
@@ -138,14 +123,11 @@ impl AuditLog {
             return;
         }
         let first = queue.lines.count == 0;
-        let filling = queue.lines.bytes.len() < FULL_BATCH;
         queue.lines.bytes.extend_from_slice(&line);
         queue.lines.count += 1;
-        let filled = filling && queue.lines.bytes.len() >= FULL_BATCH;
         drop(queue);
-        // The writer needs waking for the first line, to start gathering, and once the batch is
-        // full, to stop gathering: the lines in between go with them.
-        if first || filled {
+        // The writer needs waking for the first line only: it takes the later ones with it.
+        if first {
             self.shared.queued.notify_one();
         }
     }
@@ -204,13 +186,9 @@ impl Shared {
             while queue.lines.count == 0 && batch.lines.count == 0 && !queue.stopping {
                 self.queued.wait(&mut queue);
             }
-            let gathered = Instant::now() + self.gather;
-            while queue.flushing == 0
-                && !queue.stopping
-                && batch.lines.count == 0
-                && queue.lines.bytes.len() < FULL_BATCH
-                && !self.queued.wait_until(&mut queue, gathered).timed_out()
-            {}
+            if queue.flushing == 0 && !queue.stopping && batch.lines.count == 0 {
+                self.queued.wait_for(&mut queue, GATHER);
+            }
             let stopping = queue.stopping;
             batch.take(&mut queue.lines);
             queue.taken = batch.lines.count;
@@ -463,26 +441,6 @@ mod tests {
         assert_eq!(String::from_utf8(written.lock().clone()).unwrap().lines().count(), 500);
         let writes = writes.load(Ordering::SeqCst);
         assert!(writes <= 10, "500 lines recorded at once took {writes} writes");
-    }
-
-    #[test]
-    fn a_full_batch_is_written_at_once_not_held_until_the_gathering_ends() {
-        let (written, writes) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicUsize::new(0)));
-        let open = Arc::new((Mutex::new(true), Condvar::new()));
-        let sink = Gated { written: written.clone(), open, writes };
-        let log = AuditLog::gathering_for(Box::new(sink), AuditMetrics::default(), Duration::from_secs(3600));
-        let (mut recorded, mut lines) = (0, 0);
-        while recorded < FULL_BATCH {
-            let line = record(&format!("u-{lines}"));
-            recorded += encode(&line).len();
-            log.record(&line);
-            lines += 1;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while written.lock().len() < recorded && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(written.lock().len(), recorded, "{lines} lines, a full batch, waited for the hour of gathering");
     }
 
     #[test]
