@@ -200,8 +200,8 @@ def wait_ready(admin, serve, log, how):
 
 def first_answer(connection, route):
     """Sends the route's review until the answer is not a 503 (the view has listed the pods) or
-    two minutes have passed, and returns it; exits if that answer is not the route's (a pod not busy, a build
-    that decides otherwise): a measure of it would measure another path."""
+    two minutes have passed, and returns it; exits if that answer is not the route's (a pod not
+    busy, a build that decides otherwise): a measure of it would measure another path."""
     name, path, body, expected, _ = route
     deadline = time.monotonic() + 120
     while True:

@@ -57,15 +57,21 @@ def start(build, work, route):
         args = serve_args(binary, work, listen, admin)
     with open(log, "w") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinned_to(0))
-    if name == "Go peer":
-        wait_listening(listen, server, log)
-    else:
-        wait_ready(admin, server, log, "under wrk")
-    connection = http.client.HTTPSConnection(
-        "127.0.0.1", listen, context=ssl.create_default_context(cafile=str(work / "ca.crt"))
-    )
-    first_answer(connection, route)
-    connection.close()
+    try:
+        if name == "Go peer":
+            wait_listening(listen, server, log)
+        else:
+            wait_ready(admin, server, log, "under wrk")
+        connection = http.client.HTTPSConnection(
+            "127.0.0.1", listen, context=ssl.create_default_context(cafile=str(work / "ca.crt"))
+        )
+        first_answer(connection, route)
+        connection.close()
+    except BaseException:
+        # Exiting here (a wrong answer, no readiness) leaves no server behind.
+        server.kill()
+        server.wait()
+        raise
     return server, listen
 
 
