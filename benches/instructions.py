@@ -36,7 +36,6 @@ ROUNDS = 3
 def instructions(valgrind, binary, work, route, requests):
     """Instructions callgrind counts over a whole `busyguard serve` that answers `requests`
     reviews of `route`, after the route's first answer (`first_answer`) is checked."""
-    _, path, body, _, _ = route
     listen, admin = free_ports(2)
     out = work / "callgrind.out"
     with open(work / "serve.log", "w") as log:
@@ -51,7 +50,7 @@ def instructions(valgrind, binary, work, route, requests):
         connection = http.client.HTTPSConnection("127.0.0.1", listen, context=context)
         first_answer(connection, route)
         for _ in range(requests):
-            connection.request("POST", path, body, {"Content-Type": "application/json"})
+            connection.request("POST", route.path, route.body, {"Content-Type": "application/json"})
             connection.getresponse().read()
         connection.close()
     finally:
@@ -91,7 +90,7 @@ def main():
             if len(measured) == 2:
                 (this, _), (previous, _) = measured
                 cells.append(f"{(this - previous) / previous:+.1%}")
-            print(f"| {route[0]} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {route.name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

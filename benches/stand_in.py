@@ -11,11 +11,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import namedtuple
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+
+# A route measured: `expected` is what its answer must say; the Go peer decides only some.
+Route = namedtuple("Route", "name path body expected go_peer_serves")
 
 
 def load(name):
@@ -30,16 +34,17 @@ def made_busy(pod, now):
 
 
 def routes(now):
-    """(name, path, body, what the answer must say, whether the Go peer serves it): the load
-    bench's four scenarios."""
+    """The load bench's four scenarios."""
     delete = load("pod-delete-by-replicaset-controller.json")
     made_busy(delete["request"]["oldObject"], now)
     compact = lambda review: json.dumps(review, separators=(",", ":")).encode()
     return [
-        ("eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429', True),
-        ("delete, busy pod (429)", "/validate", compact(delete), '"code":429', True),
-        ("pod update to busy (patch)", "/mutate", compact(load("pod-update-label-busy-by-user.json")), '"patch":', True),
-        (
+        Route("eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429', True),
+        Route("delete, busy pod (429)", "/validate", compact(delete), '"code":429', True),
+        Route(
+            "pod update to busy (patch)", "/mutate", compact(load("pod-update-label-busy-by-user.json")), '"patch":', True
+        ),
+        Route(
             "scale subresource down",
             "/validate",
             compact(load("deployment-scale-subresource-down-by-kubectl.json")),
@@ -145,7 +150,7 @@ def planned(binary, work, pod):
         wait_ready(admin, serve, log, "planning the busy pod")
         context = ssl.create_default_context(cafile=str(work / "ca.crt"))
         connection = http.client.HTTPSConnection("127.0.0.1", listen, context=context)
-        answer = first_answer(connection, ("planning the busy pod", "/mutate", body, '"allowed":true', False))
+        answer = first_answer(connection, Route("planning the busy pod", "/mutate", body, '"allowed":true', False))
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=120)
@@ -202,15 +207,14 @@ def first_answer(connection, route):
     """Sends the route's review until the answer is not a 503 (the view has listed the pods) or
     two minutes have passed, and returns it; exits if that answer is not the route's (a pod not
     busy, a build that decides otherwise): a measure of it would measure another path."""
-    name, path, body, expected, _ = route
     deadline = time.monotonic() + 120
     while True:
-        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        connection.request("POST", route.path, route.body, {"Content-Type": "application/json"})
         response = connection.getresponse()
         answer = response.read().decode()
         if response.status != 503 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    if expected not in answer:
-        sys.exit(f"{name} was answered {answer[:400]}, not {expected}: not the route to measure")
+    if route.expected not in answer:
+        sys.exit(f"{route.name} was answered {answer[:400]}, not {route.expected}: not the route to measure")
     return answer

@@ -34,6 +34,7 @@ SECONDS = 5
 ROUNDS = 5
 CONNECTIONS = 16
 TICKS = os.sysconf("SC_CLK_TCK")
+GO_PEER = "Go peer"
 
 
 def pinned_to(core):
@@ -50,7 +51,7 @@ def start(build, work, route):
     name, binary = build
     listen, admin = free_ports(2)
     log = work / f"{name}.log"
-    if name == "Go peer":
+    if name == GO_PEER:
         args = [binary, "-listen", f"127.0.0.1:{listen}", "-cert", str(work / "tls.crt")]
         args += ["-key", str(work / "tls.key"), "-busy", busy_pod_name()]
     else:
@@ -58,7 +59,7 @@ def start(build, work, route):
     with open(log, "w") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinned_to(0))
     try:
-        if name == "Go peer":
+        if name == GO_PEER:
             wait_listening(listen, server, log)
         else:
             wait_ready(admin, server, log, "under wrk")
@@ -99,10 +100,10 @@ def wrk(wrk_binary, script, port, route, seconds):
     """wrk's output for `seconds` of the route."""
     args = [wrk_binary, "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", str(script)]
     done = subprocess.run(
-        args + [f"https://127.0.0.1:{port}{route[1]}"], capture_output=True, text=True, preexec_fn=pinned_to(1)
+        args + [f"https://127.0.0.1:{port}{route.path}"], capture_output=True, text=True, preexec_fn=pinned_to(1)
     )
     if done.returncode != 0 or "Non-2xx" in done.stdout or "Socket errors" in done.stdout:
-        sys.exit(f"wrk on {route[0]} did not get only 200s:\n{done.stdout}{done.stderr}")
+        sys.exit(f"wrk on {route.name} did not get only 200s:\n{done.stdout}{done.stderr}")
     return done.stdout
 
 
@@ -120,7 +121,8 @@ def measure(wrk_binary, build, work, route, script):
         out = wrk(wrk_binary, script, port, route, SECONDS)
         user_after, system_after = cpu_seconds(server.pid)
     finally:
-        server.send_signal(signal.SIGINT if build[0] != "Go peer" else signal.SIGTERM)
+        # busyguard drains on it; the Go peer exits.
+        server.send_signal(signal.SIGINT)
         server.wait(timeout=120)
         (work / "audit.log").unlink(missing_ok=True)
     requests = int(re.search(r"(\d+) requests in", out).group(1))
@@ -132,9 +134,9 @@ def measure(wrk_binary, build, work, route, script):
 
 def lua_script(work, route):
     """wrk's script: POST the route's review."""
-    body = route[2].decode()
+    body = route.body.decode()
     assert "]==]" not in body, "the review would end the Lua string"
-    script = work / f"{route[1].strip('/')}-{len(body)}.lua"
+    script = work / f"{route.path.strip('/')}-{len(body)}.lua"
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"wrk.body = [==[{body}]==]\n"
@@ -146,7 +148,7 @@ def main():
     if not 3 <= len(sys.argv) <= 5:
         sys.exit(__doc__.strip().splitlines()[-1])
     wrk_binary = sys.argv[1]
-    named = zip(["this build", "previous release", "Go peer"], sys.argv[2:])
+    named = zip(["this build", "previous release", GO_PEER], sys.argv[2:])
     builds = [(name, str(Path(binary).resolve())) for name, binary in named if binary]
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
@@ -165,13 +167,13 @@ def main():
         work = Path(tmp)
         prepare(work, builds[0][1], now)
         for route in routes(now):
-            serving = [build for build in builds if build[0] != "Go peer" or route[4]]
+            serving = [build for build in builds if build[0] != GO_PEER or route.go_peer_serves]
             script = lua_script(work, route)
             rounds = [
                 {name: measure(wrk_binary, (name, binary), work, route, script) for name, binary in serving}
                 for _ in range(ROUNDS)
             ]
-            print(f"| {route[0]} | " + " | ".join(row(names, rounds)) + " |", flush=True)
+            print(f"| {route.name} | " + " | ".join(row(names, rounds)) + " |", flush=True)
 
 
 def row(names, rounds):
