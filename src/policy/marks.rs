@@ -149,9 +149,11 @@ pub fn plan(
 ) -> Plan {
     let (mut annotations, protected) = if pod.is_terminal() || pod.is_terminating() {
         (Changes::new(), false)
-    } else if pod.label(BUSY_LABEL) == Some("true") {
+    } else if pod.label(BUSY_LABEL) == Some("true") && !pod.task_ended() {
         plan_busy(pod, before, settings, max_busy, now)
     } else {
+        // A run-to-completion pod whose task has ended is idle for good though its flag stays
+        // up and its sidecars run on: the busy-pod PDB and Karpenter must let its node go.
         // Busy by readiness (compatibility mode) is protected too.
         (plan_idle(pod, settings, now), busy_state(pod, max_busy, now).is_protected())
     };

@@ -311,6 +311,25 @@ mod tests {
     }
 
     #[test]
+    fn a_tekton_pod_whose_steps_ended_loses_its_protected_label_and_busy_values_while_its_sidecar_runs() {
+        let status = json!({"phase": "Running", "containerStatuses": [
+            {"name": "step-build", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-21T20:50:00Z"}}},
+            {"name": "sidecar-db", "state": {"running": {"startedAt": "2026-11-21T20:00:00Z"}}}]});
+        let mut ended = pod("true", json!({IDLE_COST: "3"}), status.clone());
+        ended.metadata.labels.insert("tekton.dev/taskRun".into(), "build".into());
+        let effects = due(&target(), &ended, &config(), now());
+        let [Effect::Refresh { plan, .. }] = effects.as_slice() else { panic!("{effects:?}") };
+        assert_eq!(plan.protected, Some(false), "the busy-pod PDB must let a drain take it");
+        assert_eq!(plan.annotations.get(KARPENTER_DO_NOT_DISRUPT), Some(&None), "Karpenter may take its node");
+        assert_eq!(plan.annotations.get(DELETION_COST), Some(&Some("3".to_string())), "the user's cost is back");
+        // As the refresh leaves it: still labelled busy, none of busyguard's busy values left.
+        let mut refreshed = pod("false", json!({DELETION_COST: "3"}), status);
+        refreshed.metadata.labels.insert(BUSY_LABEL.into(), "true".into());
+        refreshed.metadata.labels.insert("tekton.dev/taskRun".into(), "build".into());
+        assert_eq!(due(&target(), &refreshed, &config(), now()), Vec::new(), "once written, nothing more is due");
+    }
+
+    #[test]
     fn a_refused_evictions_mark_goes_after_its_hold_and_the_deschedulers_with_a_called_off_eviction() {
         let removed = |effects: Vec<Effect>| match effects.as_slice() {
             [Effect::Refresh { plan, .. }] => {

@@ -143,9 +143,10 @@ pub fn a_pending_job_pod_can_be_deleted(rig: &Rig) -> Result<()> {
     Ok(())
 }
 
-/// A Tekton TaskRun's pod (steps `step-*`, a sidecar): a step's image change of the busy pod and
-/// its eviction are refused; once its steps end, Tekton stops the sidecar by swapping its image for
-/// a no-op, and that goes through, and so does an eviction: the task has ended.
+/// A Tekton TaskRun's pod (steps `step-*`, a sidecar), under the namespace's busy-pod PDB: a
+/// step's image change of the busy pod and its eviction are refused; once its steps end, the pod
+/// loses its protected label and Karpenter's do-not-disrupt though its sidecar runs on, Tekton's
+/// sidecar stop (its image swapped for a no-op) goes through, and so does a drain's eviction.
 pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig: &Rig) -> Result<()> {
     let ns = run_to_completion(rig, "taskrun")?;
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
@@ -154,15 +155,23 @@ pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig
             {"name": "step-build", "image": "example.com/build:1"},
             {"name": "sidecar-db", "image": "example.com/redis:7"}]}});
     rig.apply(&pod)?;
-    eventually("the TaskRun's pod runs busy", Duration::from_secs(60), || {
+    eventually("the TaskRun's pod runs busy, protected and kept from Karpenter", Duration::from_secs(60), || {
         Ok(rig.pod(&ns, "build-pod")?.is_some_and(|p| {
-            p["status"]["phase"] == "Running" && label(&p, "busyguard.io/busy").as_deref() == Some("true")
+            p["status"]["phase"] == "Running"
+                && label(&p, "busyguard.io/busy").as_deref() == Some("true")
+                && label(&p, "busyguard.io/protected").as_deref() == Some("true")
+                && p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
         }))
     })?;
     let image = |container: usize, image: &str| {
         let patch = json!([{"op": "replace", "path": format!("/spec/containers/{container}/image"), "value": image}]);
         rig.try_kubectl(&["-n", &ns, "patch", "pod", "build-pod", "--type=json", "-p", &patch.to_string()])
     };
+    // The PDB keeper runs on the sweep (every 30 s): from then on the PDB refuses what the label
+    // still protects, whatever the webhook decides.
+    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
+        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+    })?;
     let (ok, _, err) = image(0, "example.com/build:2")?;
     ensure!(!ok && err.contains("step-build"), "a busy step's restart went through: {err}");
     ensure!(!rig.evict(&ns, "build-pod")?.0, "a drain's eviction went through while the step ran");
@@ -184,9 +193,19 @@ pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig
         "-p",
         &ended.to_string(),
     ])?;
+    eventually(
+        "with its steps ended, the pod is neither protected nor kept from Karpenter",
+        Duration::from_secs(10),
+        || {
+            Ok(rig.pod(&ns, "build-pod")?.is_some_and(|p| {
+                label(&p, "busyguard.io/protected").is_none()
+                    && p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"].is_null()
+            }))
+        },
+    )?;
     let (ok, _, err) = image(1, "gcr.io/tekton-releases/github.com/tektoncd/pipeline/cmd/nop")?;
     ensure!(ok, "Tekton's sidecar stop was refused: {err}");
-    eventually("with its steps ended, the pod's eviction goes through", Duration::from_secs(20), || {
+    eventually("with its steps ended, a drain's eviction goes through", Duration::from_secs(20), || {
         Ok(rig.evict(&ns, "build-pod")?.0)
     })
 }
