@@ -87,7 +87,8 @@ unit:
 # upstream release downloaded into target/k8s and checked against its SHA-256; Debian's etcd)
 # and installs busyguard from manifests/base on it, or
 # uses the control plane of BUSYGUARD_E2E_KUBECONFIG (it must reach this machine's loopback).
-# E2E_ONLY=word runs the scenarios whose name holds it; BUSYGUARD_E2E_KEEP=1 keeps the plane.
+# E2E_ONLY=word runs the scenarios whose name holds it, E2E_REPEAT=N each N times;
+# BUSYGUARD_E2E_KEEP=1 keeps the plane.
 e2e:
 	BUSYGUARD_E2E=1 $(CARGO) test --locked --test e2e -- $(E2E_ONLY)
 

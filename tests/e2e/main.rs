@@ -44,7 +44,11 @@ fn main() -> ExitCode {
     };
     println!("e2e: control plane and busyguard up in {:.0?}", started.elapsed());
     let (mut passed, mut failed) = (0, Vec::new());
-    for (name, scenario) in chosen {
+    // `E2E_REPEAT=N` runs each chosen scenario N times in a row: a flaky one shows itself.
+    let repeat = std::env::var("E2E_REPEAT").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let rounds = chosen.iter().flat_map(|chosen| (0..repeat).map(move |round| (round, *chosen)));
+    for (round, (name, scenario)) in rounds {
+        rig.round.store(round, std::sync::atomic::Ordering::Relaxed);
         let began = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| scenario(&rig)));
         let took = began.elapsed();

@@ -14,7 +14,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +68,9 @@ pub struct Rig {
     webhooks: Mutex<Vec<Value>>,
     /// This checkout is installed from its Helm chart, not its kustomize manifests.
     through_chart: AtomicBool,
+    /// Which repetition of the scenarios runs (`E2E_REPEAT`): each past the first has namespaces
+    /// of its own, since a namespace dropped is still terminating when the next run begins.
+    pub round: AtomicUsize,
 }
 
 struct ControlPlane {
@@ -97,6 +100,7 @@ impl Rig {
             webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
             webhooks: Mutex::new(Vec::new()),
             through_chart: AtomicBool::new(false),
+            round: AtomicUsize::new(0),
         };
         rig.clean_leftovers()?;
         rig.install()?;
@@ -585,7 +589,10 @@ impl Rig {
         // A scenario run again through the chart has namespaces of its own: its audit lines
         // are told apart from the first run's.
         let through = if self.through_chart.load(Ordering::Relaxed) { "chart-" } else { "" };
-        let name = format!("e2e-{through}{name}");
+        let name = match self.round.load(Ordering::Relaxed) {
+            0 => format!("e2e-{through}{name}"),
+            round => format!("e2e-{through}{name}-{round}"),
+        };
         self.kubectl(&["create", "namespace", &name])?;
         eventually("the namespace's default service account", Duration::from_secs(30), || {
             Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
