@@ -152,8 +152,9 @@ pub fn plan(
     } else if pod.label(BUSY_LABEL) == Some("true") && !pod.task_ended() {
         plan_busy(pod, before, settings, max_busy, now)
     } else {
-        // A run-to-completion pod whose task has ended is idle for good though its flag stays
-        // up and its sidecars run on: the busy-pod PDB and Karpenter must let its node go.
+        // A run-to-completion pod whose task has ended is idle for good, though its flag stays
+        // up and its sidecars run on: unprotected, a drain may take it past the busy-pod PDB,
+        // and Karpenter or cluster-autoscaler its node.
         // Busy by readiness (compatibility mode) is protected too.
         (plan_idle(pod, settings, now), busy_state(pod, max_busy, now).is_protected())
     };
