@@ -48,9 +48,9 @@ fn main() -> ExitCode {
     let repeat = std::env::var("E2E_REPEAT").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
     let rounds = chosen.iter().flat_map(|chosen| (0..repeat).map(move |round| (round, *chosen)));
     for (round, (name, scenario)) in rounds {
-        rig.round.store(round, std::sync::atomic::Ordering::Relaxed);
+        let settled = if round > 0 { rig.namespaces_gone() } else { Ok(()) };
         let began = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| scenario(&rig)));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| settled.and_then(|()| scenario(&rig))));
         let took = began.elapsed();
         // A busyguard that exited while its pod ran fails the scenario, whatever it asserted.
         let crashes = rig.crashes();

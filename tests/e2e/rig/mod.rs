@@ -14,7 +14,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,9 +68,8 @@ pub struct Rig {
     webhooks: Mutex<Vec<Value>>,
     /// This checkout is installed from its Helm chart, not its kustomize manifests.
     through_chart: AtomicBool,
-    /// Which repetition of the scenarios runs (`E2E_REPEAT`): each past the first has namespaces
-    /// of its own, since a namespace dropped is still terminating when the next run begins.
-    pub round: AtomicUsize,
+    /// The namespaces made since `namespaces_gone` was last asked.
+    namespaces: Mutex<Vec<String>>,
 }
 
 struct ControlPlane {
@@ -100,7 +99,7 @@ impl Rig {
             webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
             webhooks: Mutex::new(Vec::new()),
             through_chart: AtomicBool::new(false),
-            round: AtomicUsize::new(0),
+            namespaces: Mutex::new(Vec::new()),
         };
         rig.clean_leftovers()?;
         rig.install()?;
@@ -589,15 +588,27 @@ impl Rig {
         // A scenario run again through the chart has namespaces of its own: its audit lines
         // are told apart from the first run's.
         let through = if self.through_chart.load(Ordering::Relaxed) { "chart-" } else { "" };
-        let name = match self.round.load(Ordering::Relaxed) {
-            0 => format!("e2e-{through}{name}"),
-            round => format!("e2e-{through}{name}-{round}"),
-        };
+        let name = format!("e2e-{through}{name}");
         self.kubectl(&["create", "namespace", &name])?;
+        self.namespaces.lock().unwrap().push(name.clone());
         eventually("the namespace's default service account", Duration::from_secs(30), || {
             Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
         })?;
         Ok(Namespace { rig: self, name })
+    }
+
+    /// Waits until every namespace made since the last call is deleted, with all it held: a
+    /// scenario run again (`E2E_REPEAT`) starts with nothing of its last run still going.
+    pub fn namespaces_gone(&self) -> Result<()> {
+        let namespaces = std::mem::take(&mut *self.namespaces.lock().unwrap());
+        eventually("the last run's namespaces are gone", Duration::from_secs(120), || {
+            for namespace in &namespaces {
+                if self.try_kubectl(&["get", "namespace", namespace])?.0 {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
     }
 
     /// A token bound to `pod` of service account `sa`: what a container of that pod holds.
