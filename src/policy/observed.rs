@@ -212,6 +212,7 @@ mod tests {
     use crate::policy::keys::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT};
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::keys::{DELETE_REQUESTED, DeleteRequest};
+    use crate::policy::marks::{Changes, Plan, json_patch};
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
     use serde_json::json;
@@ -226,6 +227,11 @@ mod tests {
 
     /// A pod with busyguard's annotations as the mutating webhook leaves them for `label`.
     fn pod(label: &str, extra_annotations: serde_json::Value, status: serde_json::Value) -> Pod {
+        serde_json::from_value(pod_json(label, extra_annotations, status)).unwrap()
+    }
+
+    /// `pod`'s JSON, for a test that patches it as the API server would.
+    fn pod_json(label: &str, extra_annotations: serde_json::Value, status: serde_json::Value) -> serde_json::Value {
         let mut annotations = if label == "true" {
             json!({BUSY_SINCE: since().to_string(), DELETION_COST: busy_cost(since()).to_string(),
                    KARPENTER_DO_NOT_DISRUPT: "true", AUTOSCALER_SAFE_TO_EVICT: "false"})
@@ -240,10 +246,9 @@ mod tests {
         if annotations.get(DELETE_REQUESTED).is_some() {
             labels[DELETE_REQUESTED] = json!("true");
         }
-        serde_json::from_value(json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
+        json!({"metadata": {"uid": "u-w", "resourceVersion": "7",
             "labels": labels, "annotations": annotations, "managedFields": marked_by_busyguard()},
-            "status": status}))
-        .unwrap()
+            "status": status})
     }
 
     fn requested() -> serde_json::Value {
@@ -315,17 +320,24 @@ mod tests {
         let status = json!({"phase": "Running", "containerStatuses": [
             {"name": "step-build", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-21T20:50:00Z"}}},
             {"name": "sidecar-db", "state": {"running": {"startedAt": "2026-11-21T20:00:00Z"}}}]});
-        let mut ended = pod("true", json!({IDLE_COST: "3"}), status.clone());
-        ended.metadata.labels.insert("tekton.dev/taskRun".into(), "build".into());
+        let mut doc = pod_json("true", json!({IDLE_COST: "3"}), status);
+        doc["metadata"]["labels"]["tekton.dev/taskRun"] = json!("build");
+        let ended: Pod = serde_json::from_value(doc.clone()).unwrap();
         let effects = due(&target(), &ended, &config(), now());
         let [Effect::Refresh { plan, .. }] = effects.as_slice() else { panic!("{effects:?}") };
-        assert_eq!(plan.protected, Some(false), "the busy-pod PDB must let a drain take it");
-        assert_eq!(plan.annotations.get(KARPENTER_DO_NOT_DISRUPT), Some(&None), "Karpenter may take its node");
-        assert_eq!(plan.annotations.get(DELETION_COST), Some(&Some("3".to_string())), "the user's cost is back");
-        // As the refresh leaves it: still labelled busy, none of busyguard's busy values left.
-        let mut refreshed = pod("false", json!({DELETION_COST: "3"}), status);
-        refreshed.metadata.labels.insert(BUSY_LABEL.into(), "true".into());
-        refreshed.metadata.labels.insert("tekton.dev/taskRun".into(), "build".into());
+        // Unprotected, so the busy-pod PDB lets a drain take it; Karpenter's and cluster-autoscaler's
+        // marks gone, so they may take its node; the user's own cost back.
+        let idle = Changes::from([
+            (BUSY_SINCE, None),
+            (DELETION_COST, Some("3".to_string())),
+            (IDLE_COST, None),
+            (KARPENTER_DO_NOT_DISRUPT, None),
+            (AUTOSCALER_SAFE_TO_EVICT, None),
+        ]);
+        assert_eq!(plan, &Plan { annotations: idle, protected: Some(false) });
+        json_patch::patch(&mut doc, &json_patch(&ended, plan)).expect("the plan applies to its pod");
+        let refreshed: Pod = serde_json::from_value(doc).unwrap();
+        assert_eq!(refreshed.label(BUSY_LABEL), Some("true"), "the flag is the pod's own");
         assert_eq!(due(&target(), &refreshed, &config(), now()), Vec::new(), "once written, nothing more is due");
     }
 

@@ -56,6 +56,9 @@ pub fn binary(image: &str) -> PathBuf {
     }
 }
 
+/// How the name of every namespace a scenario makes begins.
+const SCENARIO_NAMESPACES: &str = "e2e-";
+
 pub struct Rig {
     /// The admin's kubeconfig: the person at the keyboard.
     pub admin: PathBuf,
@@ -68,8 +71,6 @@ pub struct Rig {
     webhooks: Mutex<Vec<Value>>,
     /// This checkout is installed from its Helm chart, not its kustomize manifests.
     through_chart: AtomicBool,
-    /// The namespaces made since `namespaces_gone` was last asked.
-    namespaces: Mutex<Vec<String>>,
 }
 
 struct ControlPlane {
@@ -99,7 +100,6 @@ impl Rig {
             webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
             webhooks: Mutex::new(Vec::new()),
             through_chart: AtomicBool::new(false),
-            namespaces: Mutex::new(Vec::new()),
         };
         rig.clean_leftovers()?;
         rig.install()?;
@@ -115,15 +115,23 @@ impl Rig {
             "--ignore-not-found",
         ]);
         let _ = self.try_kubectl(&["delete", "nodes", "-l", "e2e=true", "--wait=false"]);
-        let namespaces = self.kubectl(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
-        let ours: Vec<&str> =
-            namespaces.split_whitespace().filter(|n| n.starts_with("e2e-") || *n == "busyguard").collect();
+        let ours: Vec<String> = self
+            .namespace_names()?
+            .into_iter()
+            .filter(|n| n.starts_with(SCENARIO_NAMESPACES) || n == "busyguard")
+            .collect();
         if !ours.is_empty() {
             let mut args = vec!["delete", "ns", "--wait=true", "--timeout=60s"];
-            args.extend(ours);
+            args.extend(ours.iter().map(String::as_str));
             self.kubectl(&args)?;
         }
         Ok(())
+    }
+
+    /// Every namespace's name, terminating ones too.
+    fn namespace_names(&self) -> Result<Vec<String>> {
+        let names = self.kubectl(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
+        Ok(names.split_whitespace().map(str::to_string).collect())
     }
 
     /// `manifests/base` as shipped, the webhooks by URL; returns once two replicas answer.
@@ -588,27 +596,30 @@ impl Rig {
         // A scenario run again through the chart has namespaces of its own: its audit lines
         // are told apart from the first run's.
         let through = if self.through_chart.load(Ordering::Relaxed) { "chart-" } else { "" };
-        let name = format!("e2e-{through}{name}");
+        let name = format!("{SCENARIO_NAMESPACES}{through}{name}");
         self.kubectl(&["create", "namespace", &name])?;
-        self.namespaces.lock().unwrap().push(name.clone());
         eventually("the namespace's default service account", Duration::from_secs(30), || {
             Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
         })?;
         Ok(Namespace { rig: self, name })
     }
 
-    /// Waits until every namespace made since the last call is deleted, with all it held: a
+    /// Waits until every scenario's namespace is deleted, with all it held: a
     /// scenario run again (`E2E_REPEAT`) starts with nothing of its last run still going.
     pub fn namespaces_gone(&self) -> Result<()> {
-        let namespaces = std::mem::take(&mut *self.namespaces.lock().unwrap());
         eventually("the last run's namespaces are gone", Duration::from_secs(120), || {
-            for namespace in &namespaces {
-                if self.try_kubectl(&["get", "namespace", namespace])?.0 {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
+            Ok(!self.namespace_names()?.iter().any(|n| n.starts_with(SCENARIO_NAMESPACES)))
         })
+    }
+
+    /// Whether busyguard's busy-pod PDB is in `ns`.
+    pub fn has_busy_pdb(&self, ns: &str) -> Result<bool> {
+        Ok(self.try_kubectl(&["-n", ns, "get", "pdb", "busyguard-busy"])?.0)
+    }
+
+    /// Waits for busyguard's busy-pod PDB in `ns`: its keeper makes it on the sweep, every 30 s.
+    pub fn busy_pdb_made(&self, ns: &str) -> Result<()> {
+        eventually(&format!("busyguard's busy-pod PDB in {ns}"), Duration::from_secs(45), || self.has_busy_pdb(ns))
     }
 
     /// A token bound to `pod` of service account `sa`: what a container of that pod holds.

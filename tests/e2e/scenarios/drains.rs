@@ -39,10 +39,7 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     rig.node(node, "4")?;
     workers::start(rig, &workers::pod(&ns, "busy", Some(node)), "busy", 1)?;
     flip(rig, &ns, "busy", true)?;
-    // The PDB keeper runs on the sweep (every 30 s).
-    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
-        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
-    })?;
+    rig.busy_pdb_made(&ns)?;
     let pdb = rig.get(&["-n", &ns, "pdb", "busyguard-busy"])?;
     ensure!(
         pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget",
@@ -51,9 +48,7 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     );
     rig.kubectl(&["label", "namespace", &ns, "busyguard.io/enabled=false"])?;
     // Removed on the next sweep.
-    eventually("the PDB is gone", Duration::from_secs(45), || {
-        Ok(!rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
-    })?;
+    eventually("the PDB is gone", Duration::from_secs(45), || Ok(!rig.has_busy_pdb(&ns)?))?;
     eventually("the protected label is off", Duration::from_secs(20), || {
         Ok(rig.pod(&ns, "busy")?.is_some_and(|p| label(&p, "busyguard.io/protected").is_none()))
     })?;

@@ -7,7 +7,7 @@ use anyhow::{Result, ensure};
 use serde_json::{Value, json};
 
 use crate::rig::{Namespace, Rig, eventually, throughout};
-use crate::workers::label;
+use crate::workers::{annotation, label};
 
 /// A namespace whose Jobs' (and TaskRuns', Workflows') pods are busy while they run.
 pub(super) fn run_to_completion<'r>(rig: &'r Rig, name: &str) -> Result<Namespace<'r>> {
@@ -160,18 +160,15 @@ pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig
             p["status"]["phase"] == "Running"
                 && label(&p, "busyguard.io/busy").as_deref() == Some("true")
                 && label(&p, "busyguard.io/protected").as_deref() == Some("true")
-                && p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+                && annotation(&p, "karpenter.sh/do-not-disrupt").as_deref() == Some("true")
         }))
     })?;
     let image = |container: usize, image: &str| {
         let patch = json!([{"op": "replace", "path": format!("/spec/containers/{container}/image"), "value": image}]);
         rig.try_kubectl(&["-n", &ns, "patch", "pod", "build-pod", "--type=json", "-p", &patch.to_string()])
     };
-    // The PDB keeper runs on the sweep (every 30 s): from then on the PDB refuses what the label
-    // still protects, whatever the webhook decides.
-    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
-        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
-    })?;
+    // From then on the PDB refuses what the label still protects, whatever the webhook decides.
+    rig.busy_pdb_made(&ns)?;
     let (ok, _, err) = image(0, "example.com/build:2")?;
     ensure!(!ok && err.contains("step-build"), "a busy step's restart went through: {err}");
     ensure!(!rig.evict(&ns, "build-pod")?.0, "a drain's eviction went through while the step ran");
@@ -198,8 +195,7 @@ pub fn a_tekton_pods_sidecar_stop_and_eviction_go_through_once_its_steps_end(rig
         Duration::from_secs(10),
         || {
             Ok(rig.pod(&ns, "build-pod")?.is_some_and(|p| {
-                label(&p, "busyguard.io/protected").is_none()
-                    && p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"].is_null()
+                label(&p, "busyguard.io/protected").is_none() && annotation(&p, "karpenter.sh/do-not-disrupt").is_none()
             }))
         },
     )?;

@@ -67,9 +67,7 @@ pub fn while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployme
         Ok(pending.first().is_some_and(|p| label(p, "busyguard.io/busy").as_deref() == Some("true")))
     })?;
     let pending = pending[0]["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    eventually("busyguard's busy-pod PDB", Duration::from_secs(45), || {
-        Ok(rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
-    })?;
+    rig.busy_pdb_made(&ns)?;
 
     rig.scale_busyguard(0)?;
     let outcome = (|| -> Result<()> {
@@ -200,7 +198,7 @@ pub fn the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_
     rig.kubectl(&["-n", &ns, "delete", "pod", &agents[0], "--wait=false"])?;
     eventually("the deferred delete and the busy-pod PDB", Duration::from_secs(45), || {
         let marked = rig.pod(&ns, "task")?.is_some_and(|p| label(&p, "busyguard.io/delete-requested").is_some());
-        Ok(marked && rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0)
+        Ok(marked && rig.has_busy_pdb(&ns)?)
     })?;
     let cleanup = |dry_run: &[&str]| {
         let output = std::process::Command::new(crate::rig::BUSYGUARD)
@@ -250,7 +248,7 @@ pub fn the_documented_uninstall_refuses_nothing_more_and_cleanup_leaves_nothing_
         ensure!(ours(&pod["metadata"]["annotations"]).is_empty(), "left: {}", pod["metadata"]["annotations"]);
         ensure!(annotation(&pod, "controller.kubernetes.io/pod-deletion-cost").as_deref() == Some("-5"));
         ensure!(annotation(&pod, "karpenter.sh/do-not-disrupt").is_none(), "{}", pod["metadata"]["annotations"]);
-        ensure!(!rig.try_kubectl(&["-n", &ns, "get", "pdb", "busyguard-busy"])?.0, "the PDB stayed");
+        ensure!(!rig.has_busy_pdb(&ns)?, "the PDB stayed");
         Ok(())
     })();
     rig.scale_busyguard(2)?;

@@ -76,9 +76,7 @@ fn guarded_as_their_owners_say(rig: &Rig) -> Result<()> {
                 && workers::annotation(&pod, "karpenter.sh/do-not-disrupt").is_some())
         })?;
         // The busy-pod PDB (integer minAvailable: no scale subresource needed) is kept on the sweep.
-        eventually(&format!("the busy-pod PDB of {}", owned.namespace), Duration::from_secs(45), || {
-            Ok(rig.try_kubectl(&["-n", &owned.namespace, "get", "pdb", "busyguard-busy"])?.0)
-        })?;
+        rig.busy_pdb_made(&owned.namespace)?;
     }
 
     // busyguard down: the busy-pod PDBs still hold both.
