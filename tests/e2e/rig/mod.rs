@@ -572,9 +572,14 @@ impl Rig {
 
     /// A pod, or None once it is gone.
     pub fn pod(&self, ns: &str, name: &str) -> Result<Option<Value>> {
-        let (ok, out, err) = self.try_kubectl(&["-n", ns, "get", "pod", name, "-o", "json"])?;
+        self.object(ns, "pod", name)
+    }
+
+    /// An object of `kind` in `ns`, or None when there is none; any other failure is an error.
+    fn object(&self, ns: &str, kind: &str, name: &str) -> Result<Option<Value>> {
+        let (ok, out, err) = self.try_kubectl(&["-n", ns, "get", kind, name, "-o", "json"])?;
         if !ok {
-            ensure!(err.contains("NotFound"), "get pod {ns}/{name}: {err}");
+            ensure!(err.contains("NotFound"), "get {kind} {ns}/{name}: {err}");
             return Ok(None);
         }
         Ok(Some(serde_json::from_str(&out)?))
@@ -607,14 +612,14 @@ impl Rig {
     /// Waits until every scenario's namespace is deleted, with all it held: a
     /// scenario run again (`E2E_REPEAT`) starts with nothing of its last run still going.
     pub fn namespaces_gone(&self) -> Result<()> {
-        eventually("the last run's namespaces are gone", Duration::from_secs(120), || {
+        eventually("every scenario's namespace is gone", Duration::from_secs(120), || {
             Ok(!self.namespace_names()?.iter().any(|n| n.starts_with(SCENARIO_NAMESPACES)))
         })
     }
 
-    /// Whether busyguard's busy-pod PDB is in `ns`.
+    /// Whether busyguard's busy-pod PDB is in `ns`; a failure to ask is an error, not "no".
     pub fn has_busy_pdb(&self, ns: &str) -> Result<bool> {
-        Ok(self.try_kubectl(&["-n", ns, "get", "pdb", "busyguard-busy"])?.0)
+        Ok(self.object(ns, "pdb", "busyguard-busy")?.is_some())
     }
 
     /// Waits for busyguard's busy-pod PDB in `ns`: its keeper makes it on the sweep, every 30 s.
