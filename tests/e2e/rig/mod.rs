@@ -247,7 +247,7 @@ impl Rig {
             .into_iter()
             .partition(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy")));
         self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
-        if !self.try_kubectl(&["-n", "busyguard", "get", "secret", "busyguard-tls"])?.0 {
+        if !self.exists("busyguard", "secret", "busyguard-tls")? {
             let certs = self.certs();
             self.kubectl(&[
                 "-n",
@@ -585,6 +585,12 @@ impl Rig {
         Ok(Some(serde_json::from_str(&out)?))
     }
 
+    /// Whether `kind`/`name` is in `ns` (`ns` unread for a cluster-scoped kind); a failure to
+    /// ask is an error, not "absent".
+    pub fn exists(&self, ns: &str, kind: &str, name: &str) -> Result<bool> {
+        Ok(self.object(ns, kind, name)?.is_some())
+    }
+
     /// The names of the pods of `app` in `ns` that are not being deleted, sorted.
     pub fn live_pods(&self, ns: &str, app: &str) -> Result<Vec<String>> {
         let list = self.get(&["-n", ns, "pods", "-l", &format!("app={app}")])?;
@@ -619,7 +625,7 @@ impl Rig {
 
     /// Whether busyguard's busy-pod PDB is in `ns`; a failure to ask is an error, not "no".
     pub fn has_busy_pdb(&self, ns: &str) -> Result<bool> {
-        Ok(self.object(ns, "pdb", "busyguard-busy")?.is_some())
+        self.exists(ns, "pdb", "busyguard-busy")
     }
 
     /// Waits for busyguard's busy-pod PDB in `ns`: its keeper makes it on the sweep, every 30 s.
