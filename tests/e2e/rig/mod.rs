@@ -129,7 +129,7 @@ impl Rig {
     }
 
     /// Every namespace's name, terminating ones too.
-    fn namespace_names(&self) -> Result<Vec<String>> {
+    pub fn namespace_names(&self) -> Result<Vec<String>> {
         let names = self.kubectl(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
         Ok(names.split_whitespace().map(str::to_string).collect())
     }
@@ -585,8 +585,7 @@ impl Rig {
         Ok(Some(serde_json::from_str(&out)?))
     }
 
-    /// Whether `kind`/`name` is in `ns` (`ns` unread for a cluster-scoped kind); a failure to
-    /// ask is an error, not "absent".
+    /// Whether `kind`/`name` is in `ns`; a failure to ask is an error, not "absent".
     pub fn exists(&self, ns: &str, kind: &str, name: &str) -> Result<bool> {
         Ok(self.object(ns, kind, name)?.is_some())
     }

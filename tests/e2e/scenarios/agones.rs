@@ -124,10 +124,12 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
     ensure!(next.0 != playing && next.1 == NODE_B, "a match went to {next:?} on the node being drained");
     // Its audit line is written a moment after the refusal, and the stream's allocations try the
     // server again when this one went elsewhere.
+    let mut refused = Vec::new();
     eventually(&format!("an allocation of {playing} refused"), Duration::from_secs(15), || {
-        let refused = rig.audited(games, &playing, "denied");
+        refused = rig.audited(games, &playing, "denied");
         Ok(refused.iter().any(|l| l["detail"].as_str().is_some_and(|m| m.contains("takes no new task now"))))
-    })?;
+    })
+    .with_context(|| format!("its refusals audited then: {refused:?}"))?;
     agones.sdk(&next.0)?.call("/ready", json!({}))?;
 
     let started = Instant::now();
