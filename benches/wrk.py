@@ -12,6 +12,8 @@ within each round and their median, the median p99, and the median of the server
 request (user and system, from /proc).
 
 Usage: wrk.py WRK THIS_BUILD [PREVIOUS_BUILD [GO_PEER]]  (an empty argument: that one is left out)
+BENCH_ROUTES=eviction,delete measures only the routes whose names contain one of the words;
+BENCH_ROUNDS sets the rounds (5).
 """
 
 import datetime
@@ -144,18 +146,32 @@ def lua_script(work, route):
     return script
 
 
+def chosen_routes(now):
+    """The routes BENCH_ROUTES names (every route when it is unset), and BENCH_ROUNDS."""
+    every = routes(now)
+    words = [word.strip() for word in os.environ.get("BENCH_ROUTES", "").split(",") if word.strip()]
+    chosen = [route for route in every if not words or any(word in route.name for word in words)]
+    if not chosen:
+        sys.exit(f"BENCH_ROUTES={os.environ['BENCH_ROUTES']!r} names none of: {', '.join(r.name for r in every)}")
+    rounds = os.environ.get("BENCH_ROUNDS", str(ROUNDS))
+    if not rounds.isdigit() or int(rounds) < 1:
+        sys.exit(f"BENCH_ROUNDS={rounds!r}: a whole number of rounds, at least 1")
+    return chosen, int(rounds)
+
+
 def main():
     if not 3 <= len(sys.argv) <= 5:
-        sys.exit(__doc__.strip().splitlines()[-1])
+        sys.exit("Usage: " + __doc__.split("Usage: ")[1].splitlines()[0])
     wrk_binary = sys.argv[1]
     named = zip(["this build", "previous release", GO_PEER], sys.argv[2:])
     builds = [(name, str(Path(binary).resolve())) for name, binary in named if binary]
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    measured, rounds_each = chosen_routes(now)
     names = [name for name, _ in builds]
     print(
-        f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {ROUNDS} rounds taking turns;"
+        f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {rounds_each} rounds taking turns;"
         " each server on one core, wrk on another"
     )
     ratios = [f"this / {'previous' if name == 'previous release' else 'Go'}" for name in names[1:]]
@@ -166,12 +182,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prepare(work, builds[0][1], now)
-        for route in routes(now):
+        for route in measured:
             serving = [build for build in builds if build[0] != GO_PEER or route.go_peer_serves]
             script = lua_script(work, route)
             rounds = [
                 {name: measure(wrk_binary, (name, binary), work, route, script) for name, binary in serving}
-                for _ in range(ROUNDS)
+                for _ in range(rounds_each)
             ]
             print(f"| {route.name} | " + " | ".join(row(names, rounds)) + " |", flush=True)
 
