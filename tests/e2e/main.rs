@@ -49,6 +49,7 @@ fn main() -> ExitCode {
     let rounds = chosen.iter().flat_map(|chosen| (0..repeat).map(move |round| (round, *chosen)));
     for (round, (name, scenario)) in rounds {
         let settled = if round > 0 { rig.namespaces_gone() } else { Ok(()) };
+        rig.set_run(round + 1);
         let began = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| settled.and_then(|()| scenario(&rig))));
         let took = began.elapsed();

@@ -14,7 +14,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,6 +71,8 @@ pub struct Rig {
     webhooks: Mutex<Vec<Value>>,
     /// This checkout is installed from its Helm chart, not its kustomize manifests.
     through_chart: AtomicBool,
+    /// Which run of the scenario this is (`E2E_REPEAT`), from 1.
+    run: AtomicUsize,
 }
 
 struct ControlPlane {
@@ -100,6 +102,7 @@ impl Rig {
             webhook_url: format!("https://127.0.0.1:{}", forwarder.port),
             webhooks: Mutex::new(Vec::new()),
             through_chart: AtomicBool::new(false),
+            run: AtomicUsize::new(1),
         };
         rig.clean_leftovers()?;
         rig.install()?;
@@ -601,12 +604,21 @@ impl Rig {
         Ok(names)
     }
 
+    /// The scenarios that follow are the `run`th of their `E2E_REPEAT` runs (from 1).
+    pub fn set_run(&self, run: usize) {
+        self.run.store(run, Ordering::Relaxed);
+    }
+
     /// A fresh namespace for one scenario, deleted when the guard drops.
     pub fn namespace(&self, name: &str) -> Result<Namespace<'_>> {
-        // A scenario run again through the chart has namespaces of its own: its audit lines
-        // are told apart from the first run's.
+        // A scenario run again, through the chart or by `E2E_REPEAT`, has namespaces of its own:
+        // its audit lines, which outlive the namespace, are told apart from an earlier run's.
         let through = if self.through_chart.load(Ordering::Relaxed) { "chart-" } else { "" };
-        let name = format!("{SCENARIO_NAMESPACES}{through}{name}");
+        let again = match self.run.load(Ordering::Relaxed) {
+            1 => String::new(),
+            run => format!("run{run}-"),
+        };
+        let name = format!("{SCENARIO_NAMESPACES}{through}{again}{name}");
         self.kubectl(&["create", "namespace", &name])?;
         eventually("the namespace's default service account", Duration::from_secs(30), || {
             Ok(self.try_kubectl(&["-n", &name, "get", "sa", "default"])?.0)
@@ -656,12 +668,11 @@ impl Rig {
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
         self.kubectl(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
-        let _ = self.try_kubectl(&["taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-"]);
-        // Schedulable, though a scenario run before drained it.
-        self.kubectl(&["uncordon", name])?;
-        // Only the scenario's own pods land there (pinned, or tolerating this).
-        let _ = self.try_kubectl(&["taint", "node", name, "e2e=only:NoSchedule", "--overwrite"]);
-        Ok(())
+        // Schedulable, and none of the taints a scenario run before left (a drain's cordon, an
+        // autoscaler's mark that the node is going, not-ready): only the scenario's own pods
+        // land there (pinned, or tolerating this one).
+        let spec = json!({"spec": {"unschedulable": null, "taints": [{"key": "e2e", "value": "only", "effect": "NoSchedule"}]}});
+        self.kubectl(&["patch", "node", name, "--type=merge", "-p", &spec.to_string()]).map(drop)
     }
 }
 
