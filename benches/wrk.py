@@ -147,16 +147,21 @@ def lua_script(work, route):
 
 
 def chosen_routes(now):
-    """The routes BENCH_ROUTES names (every route when it is unset), and BENCH_ROUNDS."""
+    """The routes BENCH_ROUTES names (every route when it is unset)."""
     every = routes(now)
     words = [word.strip() for word in os.environ.get("BENCH_ROUTES", "").split(",") if word.strip()]
     chosen = [route for route in every if not words or any(word in route.name for word in words)]
     if not chosen:
         sys.exit(f"BENCH_ROUTES={os.environ['BENCH_ROUTES']!r} names none of: {', '.join(r.name for r in every)}")
+    return chosen
+
+
+def rounds_each():
+    """BENCH_ROUNDS, or ROUNDS when it is unset."""
     rounds = os.environ.get("BENCH_ROUNDS", str(ROUNDS))
     if not rounds.isdigit() or int(rounds) < 1:
         sys.exit(f"BENCH_ROUNDS={rounds!r}: a whole number of rounds, at least 1")
-    return chosen, int(rounds)
+    return int(rounds)
 
 
 def main():
@@ -168,10 +173,10 @@ def main():
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    measured, rounds_each = chosen_routes(now)
+    measured, round_count = chosen_routes(now), rounds_each()
     names = [name for name, _ in builds]
     print(
-        f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {rounds_each} rounds taking turns;"
+        f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {round_count} rounds taking turns;"
         " each server on one core, wrk on another"
     )
     ratios = [f"this / {'previous' if name == 'previous release' else 'Go'}" for name in names[1:]]
@@ -187,7 +192,7 @@ def main():
             script = lua_script(work, route)
             rounds = [
                 {name: measure(wrk_binary, (name, binary), work, route, script) for name, binary in serving}
-                for _ in range(rounds_each)
+                for _ in range(round_count)
             ]
             print(f"| {route.name} | " + " | ".join(row(names, rounds)) + " |", flush=True)
 
