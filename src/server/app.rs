@@ -33,10 +33,16 @@ pub struct Limits {
     pub max_body_memory: usize,
 }
 
-/// Why a replica is not ready: it drains its connections before it stops.
+/// Why a replica is not ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("shutting down")]
-pub struct ShuttingDown;
+pub enum NotReady {
+    /// It drains its connections before it stops.
+    #[error("shutting down")]
+    ShuttingDown,
+    /// Its view has not had its first list: it could judge no eviction yet.
+    #[error("{}", Unavailable::NotListed)]
+    NotListed,
+}
 
 /// What the request handlers share.
 pub struct App {
@@ -81,13 +87,19 @@ impl App {
         self.serving.load(Ordering::Relaxed)
     }
 
-    /// Ready means able to answer reviews: serving and not draining. A stale view or a failing
-    /// audit sink does not take a replica out of the Service: the delete path needs neither, and
-    /// with every replica unready each delete of an opted-in pod would fail cluster-wide (the
-    /// webhook fails closed). They are reported by `health` (`/status`) and the metrics instead.
-    pub fn readiness(&self) -> Result<(), ShuttingDown> {
+    /// Ready means able to answer every review: serving, not draining, and the view listed once
+    /// (where there is a cluster). Until that first list a new replica would answer each eviction
+    /// 503, which its webhook lets through, while the replica a rollout replaces could still
+    /// judge it. Once listed, a stale view or a failing audit sink does not take a replica out of
+    /// the Service: the delete path needs neither, and with every replica unready each delete of
+    /// an opted-in pod would fail cluster-wide (the webhook fails closed). They are reported by
+    /// `health` (`/status`) and the metrics instead.
+    pub fn readiness(&self) -> Result<(), NotReady> {
         if !self.is_serving() {
-            return Err(ShuttingDown);
+            return Err(NotReady::ShuttingDown);
+        }
+        if self.cluster.view.check(Instant::now()) == Err(Unavailable::NotListed) {
+            return Err(NotReady::NotListed);
         }
         Ok(())
     }
@@ -135,7 +147,9 @@ impl App {
         });
         problems.extend(view.err());
         problems.extend(owner_rule_problems(&self.cluster.view.owner_kinds()));
-        problems.extend(self.readiness().err().map(|e| e.to_string()));
+        if !self.is_serving() {
+            problems.push(NotReady::ShuttingDown.to_string());
+        }
         if problems.is_empty() { Ok(()) } else { Err(problems) }
     }
 

@@ -61,7 +61,7 @@ async fn watch_restart_and_relist_keep_answers_correct() {
 }
 
 #[tokio::test]
-async fn until_the_first_list_evictions_get_503_and_status_says_why() {
+async fn until_the_first_list_the_replica_is_unready_its_evictions_get_503_and_status_says_why() {
     let api = ApiServer::start().await;
     api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
     api.fail_lists(true);
@@ -80,9 +80,15 @@ async fn until_the_first_list_evictions_get_503_and_status_says_why() {
         (503, "busyguard has not finished listing the opted-in pods yet\n".into())
     );
     assert_eq!(server.metric("busyguard_view_unavailable").await, Some(1.0));
-    assert_eq!(server.admin_get("/readyz").await.status, 200, "deletes are judged without the view");
+    // Out of the Service meanwhile: the replica a rollout replaces could still judge evictions.
+    let readyz = server.admin_get("/readyz").await;
+    assert_eq!(
+        (readyz.status, readyz.text()),
+        (503, "not ready: busyguard has not finished listing the opted-in pods yet\n".into())
+    );
 
     recovers_and_refuses_the_busy_eviction_again(&api, &server).await;
+    assert_eq!(server.admin_get("/readyz").await.status, 200, "ready once listed");
 }
 
 /// The first line of `/status` once it reports a problem.

@@ -402,8 +402,17 @@ impl Rig {
 
     /// The `/status` page of every replica, whatever it answers (200: ok; 503: what is wrong).
     pub fn statuses(&self) -> Vec<String> {
+        self.admin_pages("/status")
+    }
+
+    /// The `/readyz` page of every replica running, terminating ones too ("ready", or why not).
+    pub fn readiness(&self) -> Vec<String> {
+        self.admin_pages("/readyz")
+    }
+
+    fn admin_pages(&self, path: &str) -> Vec<String> {
         let admins: Vec<SocketAddr> = self.kubelet.admins();
-        let bodies = admins.into_iter().filter_map(|admin| get(admin, "/status"));
+        let bodies = admins.into_iter().filter_map(|admin| get(admin, path));
         bodies.filter_map(|r| r.split_once("\r\n\r\n").map(|(_, body)| body.to_string())).collect()
     }
 
@@ -559,9 +568,21 @@ impl Rig {
 
     /// As [`Rig::evict`], as `user` (Karpenter, cluster-autoscaler) where one is given.
     pub fn evict_as(&self, user: Option<&str>, namespace: &str, pod: &str) -> Result<(bool, String)> {
-        let eviction =
+        self.send_eviction(user, namespace, pod, false)
+    }
+
+    /// As [`Rig::evict`], a dry run (`kubectl drain --dry-run=server`): judged, never carried out.
+    pub fn evict_dry_run(&self, namespace: &str, pod: &str) -> Result<(bool, String)> {
+        self.send_eviction(None, namespace, pod, true)
+    }
+
+    fn send_eviction(&self, user: Option<&str>, namespace: &str, pod: &str, dry_run: bool) -> Result<(bool, String)> {
+        let mut eviction =
             json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}});
-        let path = self.work.join(format!("{namespace}-{pod}-eviction.json"));
+        if dry_run {
+            eviction["deleteOptions"] = json!({"dryRun": ["All"]});
+        }
+        let path = self.work.join(format!("{namespace}-{pod}-eviction{}.json", if dry_run { "-dry-run" } else { "" }));
         std::fs::write(&path, eviction.to_string())?;
         let raw = format!("/api/v1/namespaces/{namespace}/pods/{pod}/eviction");
         let path = path.to_string_lossy();

@@ -89,6 +89,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     drains::a_staged_install_guards_only_the_namespaces_opted_in,
     outages::while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down,
     outages::a_rolling_restart_of_busyguard_fails_no_admission,
+    outages::a_new_replica_takes_reviews_only_once_it_has_listed_the_pods,
     outages::certificate_rotation_under_traffic_fails_no_admission,
     upgrade::an_upgrade_from_the_previous_release_loses_no_busy_pod,
     chart::the_chart_installs_a_busyguard_that_guards_as_the_manifests_do,

@@ -1,11 +1,10 @@
 //! busyguard down, restarted and re-keyed: what waits and what goes on.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::jobs;
 use crate::rig::{Rig, eventually};
@@ -117,39 +116,80 @@ fn uninstall_command(word: &str) -> Result<String> {
 }
 
 /// Requests that need busyguard's answer keep getting it while `change` runs: a dry-run delete
-/// of a busy pod (fail-closed webhook) is refused 429 by busyguard every time, never "failed
-/// calling webhook".
+/// of a busy pod (fail-closed webhook) and a dry-run eviction of it (its webhook fails open) are
+/// refused 429 by busyguard every time: never "failed calling webhook", never let through to the
+/// PDB by a replica that could not judge them yet.
 fn answered_throughout(rig: &Rig, name: &str, change: impl FnOnce() -> Result<()>) -> Result<()> {
     let ns = rig.namespace(name)?;
     workers::start(rig, &workers::pod(&ns, "busy", None), "busy", 1)?;
     flip(rig, &ns, "busy", true)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (admin, namespace, stopping) = (rig.admin.clone(), ns.name.clone(), stop.clone());
-    let traffic = std::thread::spawn(move || -> Result<usize> {
-        let mut answered = 0;
-        while !stopping.load(Ordering::Relaxed) {
-            let args = ["-n", &namespace, "delete", "pod", "busy", "--dry-run=server", "--wait=false"];
-            let (ok, _, err) = crate::rig::kubectl(&admin, &args)?;
-            ensure!(!ok && err.contains("is busy since"), "request {answered}: not busyguard's refusal: {err}");
-            answered += 1;
-        }
-        Ok(answered)
-    });
-    let changed = change();
-    stop.store(true, Ordering::Relaxed);
-    let answered = traffic.join().map_err(|_| anyhow::anyhow!("the traffic panicked"))??;
-    changed?;
-    ensure!(answered >= 10, "only {answered} requests were made");
-    Ok(())
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // A delete and an eviction in turn, each a dry run: each must be busyguard's own refusal,
+        // not a failure let through nor the busy-pod PDB's answer in its place.
+        let traffic = scope.spawn(|| -> Result<usize> {
+            let mut answered = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let (ok, _, err) =
+                    rig.try_kubectl(&["-n", &ns, "delete", "pod", "busy", "--dry-run=server", "--wait=false"])?;
+                let eviction = rig.evict_dry_run(&ns, "busy")?;
+                for (what, (ok, err)) in [("a delete", (ok, err)), ("an eviction", eviction)] {
+                    let refused = !ok && err.contains("is busy since");
+                    ensure!(refused, "request {answered}, {what}: not busyguard's refusal: {err}");
+                    answered += 1;
+                }
+            }
+            Ok(answered)
+        });
+        let changed = change();
+        stop.store(true, Ordering::Relaxed);
+        let answered = traffic.join().map_err(|_| anyhow::anyhow!("the traffic panicked"))??;
+        changed?;
+        ensure!(answered >= 10, "only {answered} requests were made");
+        Ok(())
+    })
 }
 
-/// `kubectl rollout restart` of busyguard (maxUnavailable 0, preStop, graceful drain): no
-/// admission fails.
+/// `kubectl rollout restart` of busyguard (maxUnavailable 0, a new replica ready once it has
+/// listed the opted-in pods, preStop, graceful drain): no admission fails.
 pub fn a_rolling_restart_of_busyguard_fails_no_admission(rig: &Rig) -> Result<()> {
     answered_throughout(rig, "restart", || {
         rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
         rig.rolled_out()
     })
+}
+
+/// A rollout whose new replica cannot list the opted-in pods (its ClusterRole lost `list` on
+/// pods, as an edit gone wrong does): the new replica stays out of the Service and says why,
+/// the old ones judge every delete and eviction meanwhile, and once it can list, it is taken in
+/// and the rollout completes.
+pub fn a_new_replica_takes_reviews_only_once_it_has_listed_the_pods(rig: &Rig) -> Result<()> {
+    let role = rig.get(&["clusterrole", "busyguard"])?;
+    let rules = role["rules"].as_array().context("the ClusterRole's rules")?;
+    let pods = (rules.iter())
+        .position(|r| r["apiGroups"] == json!([""]) && r["resources"] == json!(["pods"]))
+        .context("the ClusterRole's rule on pods")?;
+    let verbs = rules[pods]["verbs"].clone();
+    let without_list: Vec<&Value> = verbs.as_array().into_iter().flatten().filter(|v| *v != "list").collect();
+    let set_verbs = |verbs: &Value| {
+        let patch = json!([{"op": "replace", "path": format!("/rules/{pods}/verbs"), "value": verbs}]);
+        rig.kubectl(&["patch", "clusterrole", "busyguard", "--type=json", "-p", &patch.to_string()])
+    };
+    let outcome = answered_throughout(rig, "first-list", || {
+        set_verbs(&json!(without_list))?;
+        rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
+        let not_listed = "not ready: busyguard has not finished listing the opted-in pods yet\n";
+        eventually("a new replica, unready until it has listed", Duration::from_secs(30), || {
+            Ok(rig.readiness().iter().any(|page| page == not_listed))
+        })?;
+        // Reviews keep coming meanwhile (answered_throughout checks each).
+        std::thread::sleep(Duration::from_secs(3));
+        ensure!(rig.readiness().iter().any(|page| page == not_listed), "the new replica went ready unlisted");
+        set_verbs(&verbs)?;
+        rig.rolled_out()
+    });
+    set_verbs(&verbs)?;
+    outcome
 }
 
 /// Certificate rotation as the README's steps do it (the caBundle trusts old and new, then the
