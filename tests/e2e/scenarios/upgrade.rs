@@ -47,6 +47,11 @@ fn upgrade_under_load(rig: &Rig) -> Result<()> {
                 .is_some_and(|p| label(&p, "busyguard.io/protected").as_deref() == Some("true"))
         }))
     })?;
+    // As a cluster running the previous release has it: its busy-pod PDB, made on its sweep. That
+    // release closes its keep-alive connections at SIGTERM at once (no shutdown delay before
+    // 0.3.0), so an eviction sent on one in that instant fails, and its webhook lets it through
+    // to the PDB.
+    rig.busy_pdb_made(&ns)?;
     // The ReplicaSet takes the idle pod and keeps asking for the busy ones.
     rig.kubectl(&["-n", &ns, "scale", "deployment/worker", "--replicas=0"])?;
     eventually("the idle worker goes", Duration::from_secs(30), || Ok(rig.live_pods(&ns, "worker")? == busy))?;
