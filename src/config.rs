@@ -296,7 +296,8 @@ pub struct ClusterArgs {
     /// `workloads.kueue.x-k8s.io`). Off: a preempted Job's pods go at once, as the Job's own end.
     #[arg(long, env = "BUSYGUARD_HOLD_KUEUE_PREEMPTION", default_value_t = false, action = ArgAction::Set)]
     pub hold_kueue_preemption: bool,
-    /// At most one DisruptionBlocked Event per pod in this interval.
+    /// At most one DisruptionBlocked Event per pod in each such interval of the clock (with 60s,
+    /// each minute), whichever replica refuses.
     #[arg(long, env = "BUSYGUARD_EVENT_INTERVAL", default_value = "60s", value_parser = std_duration)]
     pub event_interval: Duration,
     /// busyguard's own namespace (the downward API's `metadata.namespace`), where it keeps the
