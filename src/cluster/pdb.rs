@@ -1,8 +1,10 @@
-//! Keeps the busy-pod PodDisruptionBudgets (see `policy::pdb`): on each sweep, lists the PDBs,
-//! plans against the view's opted-in pods, and has the outbox create or delete busyguard's own.
+//! Keeps the busy-pod PodDisruptionBudgets (see `policy::pdb`): on each sweep, and when a
+//! namespace's first opted-in pod comes, lists the PDBs, plans against the view's opted-in pods,
+//! and has the outbox create or delete busyguard's own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::PoisonError;
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
@@ -29,6 +31,8 @@ pub struct BusyPdbs {
     pub round: Arc<tokio::sync::Mutex<()>>,
     /// The conflicts last warned of, by namespace: each is said when it changes, not every round.
     pub told: Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>,
+    /// The namespaces the last round planned for: those that had opted-in pods then.
+    pub planned: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 /// The namespaces whose conflicts are not those `told` last: new, or changed.
@@ -53,8 +57,14 @@ fn opted_in_by_namespace(view: &View) -> BTreeMap<String, Vec<BTreeMap<String, S
 
 impl BusyPdbs {
     pub fn new(client: Client, outbox: Outbox, scopes: &[Scope], metrics: &Arc<Metrics>) -> BusyPdbs {
-        let (round, told) = (Arc::default(), Arc::default());
-        BusyPdbs { client, outbox, scopes: scopes.to_vec(), metrics: metrics.clone(), round, told }
+        let (round, told, planned) = (Arc::default(), Arc::default(), Arc::default());
+        BusyPdbs { client, outbox, scopes: scopes.to_vec(), metrics: metrics.clone(), round, told, planned }
+    }
+
+    /// Whether `namespace` had no opted-in pod at the last round: its first one gets its PDB
+    /// from a round of its own, not up to a sweep interval later.
+    pub fn is_new(&self, namespace: &str) -> bool {
+        !self.planned.lock().unwrap_or_else(PoisonError::into_inner).contains(namespace)
     }
 
     /// One round: what the plan says, carried out; failures are logged and tried next round.
@@ -72,6 +82,7 @@ impl BusyPdbs {
             }
         };
         let by_namespace = opted_in_by_namespace(view);
+        *self.planned.lock().unwrap_or_else(PoisonError::into_inner) = by_namespace.keys().cloned().collect();
         let mut skipped = 0;
         let mut changes = Vec::new();
         let mut conflicts = BTreeMap::new();
@@ -109,7 +120,7 @@ impl BusyPdbs {
 
     /// Warns of each namespace's conflicting PDBs when they change, not every round.
     fn tell(&self, conflicts: BTreeMap<String, Vec<String>>) {
-        let mut told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut told = self.told.lock().unwrap_or_else(PoisonError::into_inner);
         for (namespace, conflicting) in news(&told, &conflicts) {
             warn!(%namespace, ?conflicting, "no busy-pod PDB here: a PDB of yours selects opted-in pods too, \
                 and a pod in two PDBs cannot be evicted at all (500); busyguard's eviction webhook guards here \

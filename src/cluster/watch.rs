@@ -169,6 +169,11 @@ impl Watch {
             observed.effects.extend(leads);
         }
         observed.effects = owners::no_delete_before_a_busy_flip(observed.effects);
+        // A namespace's first opted-in pod: its busy-pod PDB now, not at the next sweep.
+        let opted_in = after.as_ref().is_some_and(|record| record.label(BUSY_LABEL).is_some());
+        if before.is_none() && opted_in && self.pdbs.as_ref().is_some_and(|pdbs| pdbs.is_new(namespace)) {
+            self.keep_pdbs();
+        }
         self.act(pod, before, after, observed).await;
     }
 
@@ -209,14 +214,19 @@ impl Watch {
         !self.policy.owner_rules.is_empty()
     }
 
-    /// What is due for every pod, whether it changed or not.
-    fn sweep(&self) {
+    /// A round of the busy-pod PDBs, aside, where they are kept and the view can be trusted.
+    fn keep_pdbs(&self) {
         if let Some(pdbs) = self.pdbs.clone()
             && self.view.check(Instant::now()).is_ok()
         {
             let view = self.view.clone();
             tokio::spawn(async move { pdbs.keep(&view).await });
         }
+    }
+
+    /// What is due for every pod, whether it changed or not.
+    fn sweep(&self) {
+        self.keep_pdbs();
         let now = Timestamp::now();
         let mut effects = self.view.flat_map(|namespace, name, record| {
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };

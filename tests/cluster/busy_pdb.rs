@@ -4,9 +4,13 @@ use super::*;
 
 /// A server keeping the busy-pod PDBs, sweeping every 200 ms.
 async fn keeping_busy_pdbs(api: &ApiServer) -> TestServer {
+    keeping_busy_pdbs_sweeping_every(api, Duration::from_millis(200)).await
+}
+
+async fn keeping_busy_pdbs_sweeping_every(api: &ApiServer, sweep_interval: Duration) -> TestServer {
     let server = TestServer::start_with(|config| {
         config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
-        config.cluster.sweep_interval = Duration::from_millis(200);
+        config.cluster.sweep_interval = sweep_interval;
         config.cluster.busy_pdb = true;
     })
     .await;
@@ -53,6 +57,23 @@ async fn a_namespace_with_opted_in_pods_gets_one_busy_pod_pdb_that_allows_no_evi
     api.remove_pod("capture", "worker-a");
     api.wait_for(1, pdb_call("DELETE")).await;
     assert_eq!(api.pdbs(), Vec::<Value>::new());
+}
+
+#[tokio::test]
+async fn a_namespaces_first_opted_in_pod_gets_its_pdb_at_once_not_at_the_next_sweep() {
+    let api = ApiServer::start().await;
+    let server = keeping_busy_pdbs_sweeping_every(&api, Duration::from_secs(3600)).await;
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let created = api.wait_for(1, pdb_call("POST")).await;
+    assert_eq!(created[0].path, "/apis/policy/v1/namespaces/capture/poddisruptionbudgets");
+
+    // The namespace's next pod needs no round of its own: the PDB is there.
+    let rounds = || api.calls().into_iter().filter(pdb_call("GET")).count();
+    let before = rounds();
+    api.put_pod(busy_pod("worker-b", since_minutes_ago(1)));
+    wait_until_eviction_allowed_is(&server, "worker-b", false).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rounds(), before, "one round for the namespace's first pod only");
 }
 
 #[tokio::test]

@@ -660,7 +660,8 @@ impl Rig {
         self.exists(ns, "pdb", "busyguard-busy")
     }
 
-    /// Waits for busyguard's busy-pod PDB in `ns`: its keeper makes it on the sweep, every 30 s.
+    /// Waits for busyguard's busy-pod PDB in `ns`: made with the namespace's first opted-in pod,
+    /// and on the sweep, every 30 s (0.2.0: on the sweep only).
     pub fn busy_pdb_made(&self, ns: &str) -> Result<()> {
         eventually(&format!("busyguard's busy-pod PDB in {ns}"), Duration::from_secs(45), || self.has_busy_pdb(ns))
     }

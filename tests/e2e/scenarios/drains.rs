@@ -37,15 +37,17 @@ pub fn a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle(rig: &Rig) -
     Ok(())
 }
 
-/// A namespace labelled busyguard.io/enabled=false is left alone: busyguard removes its busy-pod
-/// PDB and protected labels there, and a drain takes its busy pod.
+/// A namespace's first opted-in pod brings busyguard's busy-pod PDB at once, not at the next
+/// sweep. A namespace labelled busyguard.io/enabled=false is left alone: busyguard removes its
+/// busy-pod PDB and protected labels there, and a drain takes its busy pod.
 pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("opt-out")?;
     let node = "e2e-opt-out";
     rig.node(node, "4")?;
     workers::start(rig, &workers::pod(&ns, "busy", Some(node)), "busy", 1)?;
     flip(rig, &ns, "busy", true)?;
-    rig.busy_pdb_made(&ns)?;
+    let made = || rig.has_busy_pdb(&ns);
+    eventually("the busy-pod PDB, well before the next sweep (30 s)", Duration::from_secs(10), made)?;
     let pdb = rig.get(&["-n", &ns, "pdb", "busyguard-busy"])?;
     ensure!(
         pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget",
