@@ -17,8 +17,8 @@ pub fn a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle(rig: &Rig) -
         workers::start(rig, &workers::pod(&ns, name, Some(node)), name, 1)?;
     }
     flip(rig, &ns, "busy", true)?;
-    // Events are named by the minute (--event-interval, 60s): the refusals counted below fall
-    // within one, at most 20 s after the drain starts, when it starts early enough in it.
+    // Events are named by the minute (--event-interval, 60s): the two refusals counted below
+    // (kubectl retries every 5 s) fall within one when the drain starts in its first half.
     let into_minute = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 60;
     if into_minute > 30 {
         std::thread::sleep(Duration::from_secs(61 - into_minute));

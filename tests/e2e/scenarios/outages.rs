@@ -179,12 +179,11 @@ pub fn a_new_replica_takes_reviews_only_once_it_has_listed_the_pods(rig: &Rig) -
         set_verbs(&json!(without_list))?;
         rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
         let not_listed = "not ready: busyguard has not finished listing the opted-in pods yet\n";
-        eventually("a new replica, unready until it has listed", Duration::from_secs(30), || {
-            Ok(rig.readiness().iter().any(|page| page == not_listed))
-        })?;
+        let one_unlisted = || rig.readiness().iter().any(|page| page == not_listed);
+        eventually("a new replica, unready until it has listed", Duration::from_secs(30), || Ok(one_unlisted()))?;
         // Reviews keep coming meanwhile (answered_throughout checks each).
         std::thread::sleep(Duration::from_secs(3));
-        ensure!(rig.readiness().iter().any(|page| page == not_listed), "the new replica went ready unlisted");
+        ensure!(one_unlisted(), "the new replica went ready unlisted");
         set_verbs(&verbs)?;
         rig.rolled_out()
     });
