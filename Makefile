@@ -101,12 +101,17 @@ bench:
 	$(MAKE) bench-wrk
 
 # Requests a second on each route as issue 54 measures them (wrk, from Debian's package, installed
-# once), this build beside the previous release and the Go peer (benches/wrk.py, BENCHMARKS.md).
+# once), this build beside the previous release, the Go peer and the load bench's two floors
+# (benches/wrk.py, BENCHMARKS.md).
+# The floors are built first: building a bench puts the bench profile's own build of busyguard at
+# target/release/busyguard, and the one to measure is the release's.
 bench-wrk:
-	$(CARGO) build --release --locked --bin busyguard
-	wrk=$$(benches/debian-package.sh wrk) && peer=$$(benches/go-peer.sh) && \
+	floors=$$($(CARGO) bench --locked --no-run --bench load --message-format=json | \
+			python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("target", {}).get("name") == "load" and m.get("executable")))') && \
+		$(CARGO) build --release --locked --bin busyguard && \
+		wrk=$$(benches/debian-package.sh wrk) && peer=$$(benches/go-peer.sh) && \
 		previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
-		python3 benches/wrk.py $$wrk target/release/busyguard "$$previous" "$$peer"
+		python3 benches/wrk.py $$wrk target/release/busyguard "$$previous" "$$peer" "$$floors"
 
 # Instructions per review on each route under callgrind, this build beside the previous release:
 # it moves far less from run to run than timings do (benches/instructions.py, BENCHMARKS.md).

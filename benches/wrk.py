@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Requests a second on each route as issue 54 measured them, this build beside the previous
-release and the Go peer, taking turns (`make bench`'s last step, `make bench-wrk`; BENCHMARKS.md).
+release, the Go peer and the two floors, taking turns (`make bench`'s last step, `make bench-wrk`;
+BENCHMARKS.md).
 
 Each server runs alone on the first core, wrk on the second: one thread, 16 keep-alive TLS
 connections, the route's review again and again, a second to warm up and SECONDS measured.
 busyguard serves as deployed (TLS, watching a stand-in API server that lists the one busy pod the
 eviction names, the audit line written to a file); the Go peer (`benches/go-peer.sh`) is told the
-same pod is busy. Each route is measured ROUNDS times, the builds taking turns within a round so
-that the host's drift falls on all of them alike. Prints each run's requests a second, the ratios
-within each round and their median, the median p99, and the median of the server's CPU a
-request (user and system, from /proc).
+same pod is busy. The floors are the load bench's (`benches/load.rs`): busyguard's TLS and HTTP
+stack answering a constant, and the same checking the review's JSON as busyguard does; what they
+answer against the Go peer is the most any server on this stack could, on this machine. Each
+route is measured ROUNDS times, the builds taking turns within a round so that the host's drift
+falls on all of them alike. Prints each run's requests a second, the ratios within each round and
+their median, the median p99, and the median of the server's CPU a request (user and system,
+from /proc).
 
-Usage: wrk.py WRK THIS_BUILD [PREVIOUS_BUILD [GO_PEER]]  (an empty argument: that one is left out)
+Usage: wrk.py WRK THIS_BUILD [PREVIOUS_BUILD [GO_PEER [LOAD_BENCH]]]  (an empty argument: that one is left out)
 BENCH_ROUTES=eviction,delete measures only the routes whose names contain one of the words;
 BENCH_ROUNDS sets the rounds (5).
 """
@@ -37,6 +41,10 @@ ROUNDS = 5
 CONNECTIONS = 16
 TICKS = os.sysconf("SC_CLK_TCK")
 GO_PEER = "Go peer"
+FLOOR = "floor"
+FLOOR_JSON = "floor + JSON"
+# The load bench's executable is either floor, as these variables tell it.
+FLOOR_ENV = {FLOOR: {}, FLOOR_JSON: {"BUSYGUARD_BENCH_FLOOR_JSON": "1"}}
 
 
 def pinned_to(core):
@@ -53,16 +61,22 @@ def start(build, work, route):
     name, binary = build
     listen, admin = free_ports(2)
     log = work / f"{name}.log"
+    env = None
     if name == GO_PEER:
         args = [binary, "-listen", f"127.0.0.1:{listen}", "-cert", str(work / "tls.crt")]
         args += ["-key", str(work / "tls.key"), "-busy", busy_pod_name()]
+    elif name in FLOOR_ENV:
+        args = [binary]
+        env = dict(os.environ, BUSYGUARD_BENCH_FLOOR=str(work), FLOOR_LISTEN=f"127.0.0.1:{listen}", **FLOOR_ENV[name])
+        # A floor decides nothing: it lets every review through.
+        route = route._replace(expected='"allowed":true')
     else:
         args = serve_args(binary, work, listen, admin)
     with open(log, "w") as out:
-        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinned_to(0))
+        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=pinned_to(0))
     try:
-        if name == GO_PEER:
-            wait_listening(listen, server, log)
+        if name == GO_PEER or name in FLOOR_ENV:
+            wait_listening(name, listen, server, log)
         else:
             wait_ready(admin, server, log, "under wrk")
         connection = http.client.HTTPSConnection(
@@ -78,17 +92,17 @@ def start(build, work, route):
     return server, listen
 
 
-def wait_listening(port, server, log):
+def wait_listening(name, port, server, log):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            sys.exit(f"the Go peer exited: {log.read_text()[-2000:]}")
+            sys.exit(f"the {name} exited: {log.read_text()[-2000:]}")
         try:
             http.client.HTTPConnection("127.0.0.1", port, timeout=1).connect()
             return
         except OSError:
             time.sleep(0.1)
-    sys.exit("the Go peer did not listen within 30 s")
+    sys.exit(f"the {name} did not listen within 30 s")
 
 
 def cpu_seconds(pid):
@@ -123,7 +137,7 @@ def measure(wrk_binary, build, work, route, script):
         out = wrk(wrk_binary, script, port, route, SECONDS)
         user_after, system_after = cpu_seconds(server.pid)
     finally:
-        # busyguard drains on it; the Go peer exits.
+        # busyguard drains on it; the Go peer and the floors exit.
         server.send_signal(signal.SIGINT)
         server.wait(timeout=120)
         (work / "audit.log").unlink(missing_ok=True)
@@ -165,11 +179,16 @@ def rounds_each():
 
 
 def main():
-    if not 3 <= len(sys.argv) <= 5:
+    if not 3 <= len(sys.argv) <= 6:
         sys.exit("Usage: " + __doc__.split("Usage: ")[1].splitlines()[0])
     wrk_binary = sys.argv[1]
-    named = zip(["this build", "previous release", GO_PEER], sys.argv[2:])
-    builds = [(name, str(Path(binary).resolve())) for name, binary in named if binary]
+    named = zip(["this build", "previous release", GO_PEER, "floors"], sys.argv[2:])
+    builds = []
+    for name, binary in named:
+        if binary:
+            # The load bench's one executable serves as either floor.
+            served_as = list(FLOOR_ENV) if name == "floors" else [name]
+            builds += [(each, str(Path(binary).resolve())) for each in served_as]
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -179,8 +198,8 @@ def main():
         f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {round_count} rounds taking turns;"
         " each server on one core, wrk on another"
     )
-    ratios = [f"this / {'previous' if name == 'previous release' else 'Go'}" for name in names[1:]]
-    header = [f"{name} req/s" for name in names] + ratios
+    pairs = ratio_pairs(names)
+    header = [f"{name} req/s" for name in names] + [label for label, _, _ in pairs]
     header += ["p99 ms " + " / ".join(names), "CPU µs/req (user + system) " + " / ".join(names)]
     print("| route | " + " | ".join(header) + " |")
     print("|---" * (len(header) + 1) + "|")
@@ -194,18 +213,30 @@ def main():
                 {name: measure(wrk_binary, (name, binary), work, route, script) for name, binary in serving}
                 for _ in range(round_count)
             ]
-            print(f"| {route.name} | " + " | ".join(row(names, rounds)) + " |", flush=True)
+            print(f"| {route.name} | " + " | ".join(row(names, pairs, rounds)) + " |", flush=True)
 
 
-def row(names, rounds):
-    """The table's cells for one route: each run's requests a second, this build's ratio to each
-    other build within each round and their median, the medians of p99 and of CPU a request; a
-    dash where a build does not serve the route."""
+def ratio_pairs(names):
+    """The ratios printed, as (label, numerator, denominator), of the builds measured: this build
+    against the others, and each floor against the Go peer (the most this stack allows here)."""
+    pairs = [
+        ("this / previous", "this build", "previous release"),
+        ("this / Go", "this build", GO_PEER),
+        ("floor / Go", FLOOR, GO_PEER),
+        ("floor + JSON / Go", FLOOR_JSON, GO_PEER),
+    ]
+    return [pair for pair in pairs if pair[1] in names and pair[2] in names]
+
+
+def row(names, pairs, rounds):
+    """The table's cells for one route: each run's requests a second, each pair's ratio within
+    each round and their median, the medians of p99 and of CPU a request; a dash where a build
+    does not serve the route."""
     runs = lambda name: [round_[name] for round_ in rounds if name in round_]
     joined = lambda values, form: " · ".join(form.format(value) for value in values) or "–"
     cells = [joined((run[0] for run in runs(name)), "{:,.0f}") for name in names]
-    for other in names[1:]:
-        ratios = [round_[names[0]][0] / round_[other][0] for round_ in rounds if other in round_]
+    for _, over, under in pairs:
+        ratios = [round_[over][0] / round_[under][0] for round_ in rounds if under in round_]
         cells.append(f"{joined(ratios, '{:.2f}')} (median {statistics.median(ratios):.2f})" if ratios else "–")
 
     def median(name, field):
