@@ -61,7 +61,8 @@ def start(build, work, route):
     name, binary = build
     listen, admin = free_ports(2)
     log = work / f"{name}.log"
-    env = None
+    # busyguard says on its admin port when it is ready; the others, by listening.
+    env, ready = None, lambda server: wait_listening(name, listen, server, log)
     if name == GO_PEER:
         args = [binary, "-listen", f"127.0.0.1:{listen}", "-cert", str(work / "tls.crt")]
         args += ["-key", str(work / "tls.key"), "-busy", busy_pod_name()]
@@ -72,13 +73,11 @@ def start(build, work, route):
         route = route._replace(expected='"allowed":true')
     else:
         args = serve_args(binary, work, listen, admin)
+        ready = lambda server: wait_ready(admin, server, log, "under wrk")
     with open(log, "w") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=pinned_to(0))
     try:
-        if name == GO_PEER or name in FLOOR_ENV:
-            wait_listening(name, listen, server, log)
-        else:
-            wait_ready(admin, server, log, "under wrk")
+        ready(server)
         connection = http.client.HTTPSConnection(
             "127.0.0.1", listen, context=ssl.create_default_context(cafile=str(work / "ca.crt"))
         )

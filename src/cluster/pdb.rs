@@ -43,10 +43,14 @@ fn news<'c>(
     conflicts.iter().filter(|(namespace, conflicting)| told.get(*namespace) != Some(*conflicting)).collect()
 }
 
-/// The labels of the opted-in pods of the view, by namespace (pods of namespaces left alone are
-/// kept without the busy label).
+/// Whether a pod of the view counts for the busy-pod PDBs: pods of namespaces left alone are kept
+/// without the busy label.
+fn opted_in(pod: &PodRecord) -> bool {
+    pod.label(BUSY_LABEL).is_some()
+}
+
+/// The labels of the opted-in pods of the view, by namespace.
 fn opted_in_by_namespace(view: &View) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
-    let opted_in = |pod: &PodRecord| pod.label(BUSY_LABEL).is_some();
     let pods = view.flat_map(|namespace, _, pod| opted_in(pod).then(|| (namespace.to_string(), pod.labels_map())));
     let mut by_namespace: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
     for (namespace, labels) in pods {
@@ -61,10 +65,10 @@ impl BusyPdbs {
         BusyPdbs { client, outbox, scopes: scopes.to_vec(), metrics: metrics.clone(), round, told, planned }
     }
 
-    /// Whether `namespace` had no opted-in pod at the last round: its first one gets its PDB
-    /// from a round of its own, not up to a sweep interval later.
-    pub fn is_new(&self, namespace: &str) -> bool {
-        !self.planned.lock().unwrap_or_else(PoisonError::into_inner).contains(namespace)
+    /// Whether `pod`, new to the view, is opted in where the last round found no opted-in pod:
+    /// the namespace's first gets its PDB from a round of its own, not up to a sweep interval later.
+    pub fn is_namespaces_first(&self, namespace: &str, pod: &PodRecord) -> bool {
+        opted_in(pod) && !self.planned.lock().unwrap_or_else(PoisonError::into_inner).contains(namespace)
     }
 
     /// One round: what the plan says, carried out; failures are logged and tried next round.

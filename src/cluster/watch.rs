@@ -170,8 +170,10 @@ impl Watch {
         }
         observed.effects = owners::no_delete_before_a_busy_flip(observed.effects);
         // A namespace's first opted-in pod: its busy-pod PDB now, not at the next sweep.
-        let opted_in = after.as_ref().is_some_and(|record| record.label(BUSY_LABEL).is_some());
-        if before.is_none() && opted_in && self.pdbs.as_ref().is_some_and(|pdbs| pdbs.is_new(namespace)) {
+        if before.is_none()
+            && let (Some(pdbs), Some(record)) = (&self.pdbs, &after)
+            && pdbs.is_namespaces_first(namespace, record)
+        {
             self.keep_pdbs();
         }
         self.act(pod, before, after, observed).await;
