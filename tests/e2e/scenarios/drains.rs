@@ -1,6 +1,6 @@
 //! Drains: evictions of busy pods answered 429 until they are idle; namespaces that opt out.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
@@ -38,7 +38,23 @@ pub fn a_drain_waits_for_the_busy_pod_and_completes_once_it_is_idle(rig: &Rig) -
 }
 
 /// A namespace's first opted-in pod brings busyguard's busy-pod PDB at once, not at the next
-/// sweep. A namespace labelled busyguard.io/enabled=false is left alone: busyguard removes its
+/// sweep. Three namespaces get their first pod 10 s apart, and each PDB must come within 8 s:
+/// the sweeps of two replicas, every 30 s, could bring at most two of the three that soon.
+pub fn a_namespaces_first_pod_brings_its_busy_pod_pdb_at_once(rig: &Rig) -> Result<()> {
+    const APART: Duration = Duration::from_secs(10);
+    const AT_ONCE: Duration = Duration::from_secs(8);
+    let namespaces = ["first-pod-a", "first-pod-b", "first-pod-c"].map(|name| rig.namespace(name));
+    for ns in namespaces {
+        let ns = ns?;
+        let created = Instant::now();
+        rig.apply(&workers::pod(&ns, "worker", None))?;
+        eventually(&format!("the busy-pod PDB of {}'s first pod, at once", &*ns), AT_ONCE, || rig.has_busy_pdb(&ns))?;
+        std::thread::sleep(APART.saturating_sub(created.elapsed()));
+    }
+    Ok(())
+}
+
+/// A namespace labelled busyguard.io/enabled=false is left alone: busyguard removes its
 /// busy-pod PDB and protected labels there, and a drain takes its busy pod.
 pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     let ns = rig.namespace("opt-out")?;
@@ -46,8 +62,7 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
     rig.node(node, "4")?;
     workers::start(rig, &workers::pod(&ns, "busy", Some(node)), "busy", 1)?;
     flip(rig, &ns, "busy", true)?;
-    let made = || rig.has_busy_pdb(&ns);
-    eventually("the busy-pod PDB, well before the next sweep (30 s)", Duration::from_secs(10), made)?;
+    rig.busy_pdb_made(&ns)?;
     let pdb = rig.get(&["-n", &ns, "pdb", "busyguard-busy"])?;
     ensure!(
         pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget",

@@ -85,6 +85,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     nodes::karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod,
     readiness::a_busy_unready_pod_is_released_from_its_replicaset_then_reaped_once,
     readiness::an_argo_rollouts_replicaset_releases_and_reaps_like_a_deployments,
+    drains::a_namespaces_first_pod_brings_its_busy_pod_pdb_at_once,
     drains::an_opted_out_namespace_is_left_alone,
     drains::a_staged_install_guards_only_the_namespaces_opted_in,
     outages::while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down,
