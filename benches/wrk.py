@@ -235,7 +235,7 @@ def row(names, pairs, rounds):
     joined = lambda values, form: " · ".join(form.format(value) for value in values) or "–"
     cells = [joined((run[0] for run in runs(name)), "{:,.0f}") for name in names]
     for _, over, under in pairs:
-        ratios = [round_[over][0] / round_[under][0] for round_ in rounds if under in round_]
+        ratios = [round_[over][0] / round_[under][0] for round_ in rounds if over in round_ and under in round_]
         cells.append(f"{joined(ratios, '{:.2f}')} (median {statistics.median(ratios):.2f})" if ratios else "–")
 
     def median(name, field):

@@ -44,12 +44,12 @@ pub fn a_namespaces_first_pod_brings_its_busy_pod_pdb_at_once(rig: &Rig) -> Resu
     const APART: Duration = Duration::from_secs(10);
     const AT_ONCE: Duration = Duration::from_secs(8);
     let namespaces = ["first-pod-a", "first-pod-b", "first-pod-c"].map(|name| rig.namespace(name));
-    for ns in namespaces {
+    let first = Instant::now();
+    for (ns, nth) in namespaces.into_iter().zip(0..) {
         let ns = ns?;
-        let created = Instant::now();
+        std::thread::sleep((first + APART * nth).saturating_duration_since(Instant::now()));
         rig.apply(&workers::pod(&ns, "worker", None))?;
         eventually(&format!("the busy-pod PDB of {}'s first pod, at once", &*ns), AT_ONCE, || rig.has_busy_pdb(&ns))?;
-        std::thread::sleep(APART.saturating_sub(created.elapsed()));
     }
     Ok(())
 }
