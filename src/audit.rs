@@ -264,6 +264,10 @@ fn encode(record: &AuditRecord) -> Vec<u8> {
         out.extend_from_slice(br#","plan":"#);
         serde_json::to_writer(&mut out, plan).expect("a plan of numbers always serializes");
     }
+    if let Some(workload) = &record.workload {
+        out.extend_from_slice(br#","workload":"#);
+        json::string(&mut out, workload);
+    }
     out.extend_from_slice(b"}\n");
     out
 }
@@ -340,6 +344,7 @@ mod tests {
             mode: Mode::Enforce,
             dry_run: false,
             plan: None,
+            workload: None,
         }
     }
 
@@ -450,8 +455,9 @@ mod tests {
         odd.detail = "tab\t, newline\n, quote \", é".into();
         odd.groups = vec![];
         odd.busy_since = None;
-        odd.mode = Mode::DryRun;
+        odd.mode = Mode::Audit;
         odd.dry_run = true;
+        odd.workload = Some("Deployment/\"w\"".into());
         odd.time = "2026-11-21T20:00:00.123456789Z".parse().unwrap();
         let mut planned = record("u-2");
         planned.plan = Some(ScalePlan {

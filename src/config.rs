@@ -183,7 +183,8 @@ pub struct LimitArgs {
 pub struct PolicyArgs {
     #[command(flatten)]
     pub max_busy: MaxBusyArgs,
-    /// `enforce` denies disruptions of busy pods; `dry-run` allows them with a warning and audits.
+    /// `enforce` denies disruptions of busy pods; `audit` (formerly `dry-run`) is a trial that
+    /// changes nothing: every request allowed unpatched, no PDB, what enforce would do audited.
     #[arg(long, env = "BUSYGUARD_MODE", value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
     /// Users who may delete busy pods (comma-separated, or repeated). Replaces the default.
@@ -436,7 +437,7 @@ mod tests {
     fn flags_set_mode_durations_exemptions_and_annotations() {
         let config = serve(&[
             "--mode",
-            "dry-run",
+            "audit",
             "--max-busy",
             "1h30m",
             "--exempt-user",
@@ -447,7 +448,8 @@ mod tests {
             "--body-read-timeout",
             "500ms",
         ]);
-        assert_eq!(config.policy.mode, Mode::DryRun);
+        assert_eq!(config.policy.mode, Mode::Audit);
+        assert_eq!(serve(&["--mode", "dry-run"]).policy.mode, Mode::Audit, "the former name still works");
         assert_eq!(config.policy.max_busy.default, SignedDuration::from_mins(90));
         assert_eq!(config.policy.exemptions.users, vec!["a", "b"]);
         assert_eq!(config.policy.exemptions.groups, vec!["ops"]);

@@ -8,7 +8,8 @@ use anyhow::Context;
 use busyguard::cli::{Cli, Command, LogFormat};
 use busyguard::commands::certs::{self, CertsOutcome, CertsRequest};
 use busyguard::commands::dev_webhooks::DevWebhooksArgs;
-use busyguard::commands::{check, cleanup, dev_webhooks, status};
+use busyguard::commands::status::StatusArgs;
+use busyguard::commands::{check, cleanup, dev_webhooks, status, trial};
 use busyguard::config::ServeArgs;
 use busyguard::server;
 use clap::{CommandFactory, FromArgMatches};
@@ -38,6 +39,9 @@ fn main() -> ExitCode {
             let config = busyguard::cluster::client_config(&source).await?.context(busyguard::cluster::NO_CLUSTER)?;
             agent.run(config).await
         }),
+        Command::Status(StatusArgs { trial: Some(file), .. }) => {
+            read_input(&file).map(|text| print!("{}", trial::summarise(&text)))
+        }
         Command::Status(args) => {
             let (source, settings) = (
                 args.cluster.source(),
@@ -179,6 +183,14 @@ fn write_certs(request: CertsRequest) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+/// A file's text, or standard input's for `-`.
+fn read_input(path: &std::path::Path) -> anyhow::Result<String> {
+    if path == std::path::Path::new("-") {
+        return std::io::read_to_string(std::io::stdin()).context("reading standard input");
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 fn print_dev_webhooks(args: &DevWebhooksArgs) -> anyhow::Result<()> {

@@ -48,6 +48,14 @@ pub struct SideEffectLabels {
     pub result: &'static str,
 }
 
+/// What audit mode let through that enforce mode would have refused: the route (the review's
+/// resource label) and the audit line's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WouldDenyLabels {
+    pub route: &'static str,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
     pub cause: &'static str,
@@ -83,6 +91,7 @@ const ERROR_STATUSES: [u16; 8] = [400, 404, 405, 408, 413, 415, 500, 503];
 pub struct Metrics {
     registry: Registry,
     pub reviews: Family<ReviewLabels, Counter>,
+    pub would_deny: Family<WouldDenyLabels, Counter>,
     pub review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram>,
     pub http_errors: Family<StatusLabels, Counter>,
     pub reviews_shed: Counter,
@@ -121,6 +130,12 @@ impl Default for Metrics {
             "admission_reviews",
             "AdmissionReviews answered, by webhook, resource, operation and result",
             reviews.clone(),
+        );
+        let would_deny = Family::<WouldDenyLabels, Counter>::default();
+        registry.register(
+            "would_deny",
+            "Audit mode (--mode audit): requests allowed that enforce mode would have refused, by route and reason",
+            would_deny.clone(),
         );
         // 50 µs to ~0.8 s: the answers are usually well under a millisecond.
         let review_seconds: Family<WebhookLabels, Histogram, fn() -> Histogram> =
@@ -281,6 +296,7 @@ impl Default for Metrics {
         Metrics {
             registry,
             reviews,
+            would_deny,
             review_seconds,
             http_errors,
             reviews_shed,

@@ -14,6 +14,7 @@ pub use paths::{Resource, Route, Webhook};
 use review::AdmissionRequest;
 pub use routes::{DecisionInputs, Unanswerable};
 
+use crate::policy::Mode;
 use crate::policy::outcome::{Decision, Outcome};
 
 /// The request's route, and its answer.
@@ -24,7 +25,7 @@ pub fn admit(
     now: Timestamp,
 ) -> Result<Outcome, Unanswerable> {
     let ask = routes::ask(request);
-    match Route::of(webhook, Resource::of(request), request.operation) {
+    let outcome = match Route::of(webhook, Resource::of(request), request.operation) {
         Route::PodMutate => routes::pod_mutate(request, &ask, inputs, now),
         Route::PodResize => routes::pod_resize(request, &ask, inputs, now),
         Route::PodWriteCheck => routes::pod_write_check(request, &ask, inputs, now),
@@ -35,5 +36,9 @@ pub fn admit(
         Route::NodeClaimDelete => routes::node_claim_delete(request, &ask, inputs, now),
         Route::OwnerUpdate => routes::owner_update(request, &ask, inputs, now),
         Route::Unhandled => Ok(Outcome::allow(Decision::Unhandled)),
-    }
+    }?;
+    Ok(match inputs.policy.mode {
+        Mode::Enforce => outcome,
+        Mode::Audit => outcome.in_audit_mode(&ask, now),
+    })
 }

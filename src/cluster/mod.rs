@@ -92,7 +92,10 @@ impl Cluster {
         if settings.hold_kueue_preemption {
             kueue::start(client.clone(), view.clone(), &scopes, watch_timeout_secs);
         }
-        let pdbs = settings.busy_pdb.then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics));
+        // In audit mode the round runs to remove the busy-pod PDBs enforce mode made.
+        let audit_mode = policy.mode == crate::policy::Mode::Audit;
+        let pdbs = (settings.busy_pdb || audit_mode)
+            .then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics, audit_mode));
         let watch = Watch {
             client: client.clone(),
             view: view.clone(),

@@ -33,6 +33,9 @@ pub struct BusyPdbs {
     pub told: Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>,
     /// The namespaces the last round planned for: those that had opted-in pods then.
     pub planned: Arc<std::sync::Mutex<BTreeSet<String>>>,
+    /// Audit mode (`--mode audit`): no namespace wants a busy-pod PDB, so every one that enforce
+    /// mode made is removed and none is made.
+    pub none_wanted: bool,
 }
 
 /// The namespaces whose conflicts are not those `told` last: new, or changed.
@@ -60,15 +63,24 @@ fn opted_in_by_namespace(view: &View) -> BTreeMap<String, Vec<BTreeMap<String, S
 }
 
 impl BusyPdbs {
-    pub fn new(client: Client, outbox: Outbox, scopes: &[Scope], metrics: &Arc<Metrics>) -> BusyPdbs {
+    pub fn new(
+        client: Client,
+        outbox: Outbox,
+        scopes: &[Scope],
+        metrics: &Arc<Metrics>,
+        none_wanted: bool,
+    ) -> BusyPdbs {
         let (round, told, planned) = (Arc::default(), Arc::default(), Arc::default());
-        BusyPdbs { client, outbox, scopes: scopes.to_vec(), metrics: metrics.clone(), round, told, planned }
+        let scopes = scopes.to_vec();
+        BusyPdbs { client, outbox, scopes, metrics: metrics.clone(), round, told, planned, none_wanted }
     }
 
     /// Whether `pod`, new to the view, is opted in where the last round found no opted-in pod:
     /// the namespace's first gets its PDB from a round of its own, not up to a sweep interval later.
     pub fn is_namespaces_first(&self, namespace: &str, pod: &PodRecord) -> bool {
-        opted_in(pod) && !self.planned.lock().unwrap_or_else(PoisonError::into_inner).contains(namespace)
+        !self.none_wanted
+            && opted_in(pod)
+            && !self.planned.lock().unwrap_or_else(PoisonError::into_inner).contains(namespace)
     }
 
     /// One round: what the plan says, carried out; failures are logged and tried next round.
@@ -85,7 +97,7 @@ impl BusyPdbs {
                 return;
             }
         };
-        let by_namespace = opted_in_by_namespace(view);
+        let by_namespace = if self.none_wanted { BTreeMap::new() } else { opted_in_by_namespace(view) };
         *self.planned.lock().unwrap_or_else(PoisonError::into_inner) = by_namespace.keys().cloned().collect();
         let mut skipped = 0;
         let mut changes = Vec::new();

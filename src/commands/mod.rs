@@ -8,3 +8,4 @@ pub mod check;
 pub mod cleanup;
 pub mod dev_webhooks;
 pub mod status;
+pub mod trial;

@@ -37,6 +37,10 @@ pub struct StatusArgs {
     /// The cluster's own, to tell the pods that take no new task.
     #[command(flatten)]
     pub holds: HoldArgs,
+    /// Instead: what a trial in audit mode saw, from busyguard's audit lines in this file (`-`:
+    /// standard input), e.g. `kubectl logs -n busyguard deploy/busyguard --since=168h`.
+    #[arg(long, value_name = "FILE")]
+    pub trial: Option<std::path::PathBuf>,
 }
 
 /// One opted-in pod as listed.

@@ -13,8 +13,11 @@ use super::owners::OwnerRule;
 pub enum Mode {
     /// Deny disruptions of busy pods.
     Enforce,
-    /// Allow everything, warn the requester and audit what would have been denied.
-    DryRun,
+    /// A trial that changes nothing: every request allowed as it came (no patch), nothing
+    /// written, no busy-pod PDB; what enforce would have refused or patched is audited
+    /// (`would-deny`, `would-patch`) and counted. `dry-run` is its former name.
+    #[value(alias = "dry-run")]
+    Audit,
 }
 
 impl Mode {

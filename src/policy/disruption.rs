@@ -18,6 +18,7 @@ use super::owners;
 use super::pod::{PodFacts, PodRef};
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
 use super::verdict::{Override, Verdict, deleted_as_its_end, judge, let_through, must_not_wait, override_detail};
+use super::workloads::workload_of;
 use crate::duration::whole_second;
 
 /// A refused delete is carried out later only for people and the garbage collector: they ask
@@ -166,6 +167,8 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
     };
     let audit = |decision, reason, detail| AuditRecord {
         busy_since,
+        // Named only where the trial's summary reads it: other lines need not pay for it.
+        workload: (config.mode == Mode::Audit).then(|| workload_of(d.pod, d.ask.name)),
         ..d.ask.audit(decision, reason, detail, config.mode, now)
     };
     match judge(state, d.ask.requester, &config.exemptions) {
@@ -265,7 +268,7 @@ fn refuse_busy(
         return Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit);
     }
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
-    let enforced = config.mode != Mode::DryRun;
+    let enforced = config.mode != Mode::Audit;
     // The owner's key is built only where a busy rule could name it: this is every refusal's path.
     let owner = (!config.owner_rules.is_empty()).then(|| pod.owner()).flatten();
     let under_rule = owner.as_deref().filter(|owner| owners::rule_of(&config.owner_rules, owner).is_some());
@@ -339,7 +342,7 @@ pub struct Busy<'a> {
 }
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
-/// `enforced`: the refusal stands (not `--mode dry-run`, where the pod goes all the same).
+/// `enforced`: the refusal stands (not `--mode audit`, where the pod goes all the same).
 pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool) -> String {
     use std::fmt::Write;
     // One buffer, written once: every refusal of a busy pod builds this sentence, and then adds
@@ -361,9 +364,11 @@ pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool)
     if let Some(t) = busy.until {
         let _ = write!(message, " ({}{counted})", lapses_at(t));
     }
-    if enforced {
-        message.push_str("; it will be spared until it is idle");
+    if !enforced {
+        // Audit mode: the pod goes all the same, there is nothing to force.
+        return message;
     }
+    message.push_str("; it will be spared until it is idle");
     match busy.followed {
         // Its label is busyguard's to write: a person's relabelling is undone at the next flip.
         Some(owner) => {
@@ -1088,11 +1093,12 @@ mod tests {
     }
 
     #[test]
-    fn dry_run_mode_allows_with_a_warning_and_promises_no_deferred_delete() {
-        let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::DryRun, now());
+    fn audit_mode_allows_with_a_warning_and_promises_nothing() {
+        let outcome = busy_decided(ask("alice", false), Action::Delete, Mode::Audit, now());
         let Answer::Allow { warnings } = &outcome.answer else { panic!("{:?}", outcome.answer) };
-        assert!(warnings[0].starts_with("busyguard dry-run, would deny: pod capture/w is busy"), "{warnings:?}");
-        assert!(!warnings[0].contains("delete is recorded"), "nothing is recorded in dry-run mode");
+        assert!(warnings[0].starts_with("busyguard audit mode, would deny: pod capture/w is busy"), "{warnings:?}");
+        assert!(!warnings[0].contains("delete is recorded"), "nothing is recorded in audit mode");
+        assert!(!warnings[0].contains("to force"), "nothing to force: the pod goes: {warnings:?}");
         assert_eq!(outcome.decision, Decision::WouldDeny);
         assert!(outcome.effects.is_empty());
     }

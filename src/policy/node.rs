@@ -117,7 +117,7 @@ fn judged_on_node(
     }
     let message = refusal(&busy);
     let refused = Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
-    if config.mode == Mode::DryRun || ask.dry_run {
+    if config.mode == Mode::Audit || ask.dry_run {
         return refused;
     }
     let request = DeleteRequest::new(ask.requester.username, whole_second(now));

@@ -24,7 +24,7 @@ use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::arbiter::Budgets;
 use crate::cluster::outbox::Queued;
 use crate::duration::parse_positive_duration;
-use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels};
+use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels, WouldDenyLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
 use crate::policy::budget;
 use crate::policy::outcome::{BudgetClaim, Decision, Effect, Outcome};
@@ -97,6 +97,10 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         await_effects(waiting, time_left(), &request.uid).instrument(span).await;
     }
     let resource = Resource::of(&request).label();
+    if let (Decision::WouldDeny, Some(record)) = (outcome.decision, &outcome.audit) {
+        let labels = WouldDenyLabels { route: resource, reason: record.reason.as_str() };
+        app.metrics.would_deny.get_or_create(&labels).inc();
+    }
     let response = respond(app, webhook, resource, &request, outcome.decision, encoded, review.http1);
     let labels = WebhookLabels { webhook: webhook.as_str(), resource };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());

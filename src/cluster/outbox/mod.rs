@@ -21,9 +21,9 @@ use tracing::{debug, error, info, warn};
 use super::FastMap;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
-use crate::policy::PolicyConfig;
 use crate::policy::keys::FIELD_MANAGER;
 use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause};
+use crate::policy::{Mode, PolicyConfig};
 use calls::Calls;
 
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +59,8 @@ pub enum EffectResult {
     Failed,
     Dropped,
     RateLimited,
+    /// Audit mode (`--mode audit`): not carried out.
+    Withheld,
 }
 
 impl EffectResult {
@@ -99,6 +101,8 @@ struct Shared {
     /// The counters of the effects skipped before the queue, looked up once: a refusal of a
     /// busy pod skips one on nearly every request.
     skipped: Skipped,
+    /// `--mode audit`: only what [`Effect::is_kept_in_audit_mode`] says goes out.
+    audit_mode: bool,
 }
 
 /// The counter of each effect the outbox skips before its queue.
@@ -174,6 +178,7 @@ impl Outbox {
             marks: Mutex::default(),
             mark_stands: policy.holds.renew_after().unsigned_abs(),
             skipped: Default::default(),
+            audit_mode: policy.mode == Mode::Audit,
         });
         let instance = std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok());
         let calls = Calls {
@@ -192,6 +197,11 @@ impl Outbox {
     pub fn send(&self, effect: Effect) -> Sent {
         let shared = &self.shared;
         let kind = effect.kind();
+        if shared.audit_mode && !effect.is_kept_in_audit_mode() {
+            debug!(kind, subject = %effect, "audit mode: side effect withheld");
+            shared.count(kind, EffectResult::Withheld);
+            return Either::Left(ready(Ok(EffectResult::Withheld)));
+        }
         let skipped = match &effect {
             Effect::DeleteIdle { pod, .. } => {
                 let in_flight = !shared.deletes.lock().insert(pod.uid.clone());

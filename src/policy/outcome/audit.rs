@@ -15,8 +15,10 @@ pub enum Decision {
     Allowed,
     Patched,
     Denied,
-    /// Dry-run mode: allowed with a warning, audited as a denial that did not happen.
+    /// Audit mode: allowed with a warning, audited as a denial that did not happen.
     WouldDeny,
+    /// Audit mode: allowed without the patch enforce mode writes, audited with what it was.
+    WouldPatch,
     /// A busy pod's protection set aside for an exempt requester.
     Exempted,
     /// A pod marked busy whose protection ran out (max-busy, restart).
@@ -89,6 +91,9 @@ pub enum Reason {
     NodeClaimEnding,
     MaxBusyExceeded,
     StaleAfterRestart,
+    /// What a flip writes (deletion cost, the autoscalers' annotations, the protected label),
+    /// withheld in audit mode.
+    BusyMarks,
     Plan,
     NoSelector,
     InvalidSelector,
@@ -132,6 +137,10 @@ pub struct AuditRecord {
     pub dry_run: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<ScalePlan>,
+    /// In audit mode, the workload of a pod whose delete or eviction would have been refused
+    /// (`Deployment/worker`), for the trial's summary (`busyguard status --trial`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
 }
 
 fn operation_or_empty<S: serde::Serializer>(operation: &Option<Operation>, to: S) -> Result<S::Ok, S::Error> {
@@ -175,6 +184,7 @@ impl AuditRecord {
             mode,
             dry_run: request.is_some_and(|ask| ask.dry_run),
             plan: None,
+            workload: None,
         }
     }
 }

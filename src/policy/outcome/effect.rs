@@ -104,6 +104,13 @@ pub enum Call<'a> {
 }
 
 impl Effect {
+    /// Whether audit mode (`--mode audit`) carries it out: a loss reported, busyguard's own busy
+    /// label following an owner (no controller but busyguard reads it), and the removal of a
+    /// busy-pod PDB that enforce mode made. Nothing that refuses, holds or defers.
+    pub fn is_kept_in_audit_mode(&self) -> bool {
+        matches!(self, Effect::ReportLoss { .. } | Effect::FollowOwner { .. } | Effect::DeleteBusyPdb { .. })
+    }
+
     /// The API call that carries the effect out.
     pub fn call(&self) -> Call<'_> {
         let (pod, mut patch, resource_version) = match self {

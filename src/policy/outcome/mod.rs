@@ -4,6 +4,7 @@
 
 mod audit;
 mod effect;
+mod trial;
 
 pub use audit::{AuditRecord, Decision, Reason, ScalePlan, Subject};
 pub use effect::{Action, Call, Effect, LossCause, PodWrite};
@@ -50,7 +51,7 @@ impl Outcome {
         Self::answer(Answer::Allow { warnings: Vec::new() }, decision)
     }
 
-    /// A refusal, or in `--mode dry-run` the warning that stands in for it; `audit` names the
+    /// A refusal, or in `--mode audit` the warning that stands in for it; `audit` names the
     /// request for the audit line.
     pub fn refused(
         denial: Denial,
@@ -59,7 +60,7 @@ impl Outcome {
         mode: Mode,
         audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
     ) -> Self {
-        if mode == Mode::DryRun {
+        if mode == Mode::Audit {
             let warnings = vec![would_deny(&message)];
             return Self::answer(Answer::Allow { warnings }, Decision::WouldDeny).audited(audit(
                 Decision::WouldDeny,
@@ -74,7 +75,7 @@ impl Outcome {
         ))
     }
 
-    /// The same refusal in other words: the answer's message (or its dry-run warning) and the
+    /// The same refusal in other words: the answer's message (or its audit-mode warning) and the
     /// audit line's detail.
     pub fn reworded(mut self, message: String) -> Self {
         match &mut self.answer {
@@ -192,9 +193,9 @@ impl Denial {
     }
 }
 
-/// The warning of `--mode dry-run` in place of a refusal.
+/// The warning of `--mode audit` in place of a refusal.
 pub fn would_deny(message: &str) -> String {
-    format!("busyguard dry-run, would deny: {message}")
+    format!("busyguard audit mode, would deny: {message}")
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 
 use crate::rig::{Rig, eventually};
 use crate::workers::{self, flip, label};
@@ -110,4 +110,56 @@ pub fn a_staged_install_guards_only_the_namespaces_opted_in(rig: &Rig) -> Result
     })();
     rig.switch_to("base", &[("BUSYGUARD_OPT_IN", None)])?;
     staged
+}
+
+/// Audit mode (`BUSYGUARD_MODE=audit`, the chart's `mode: audit`) is a trial that changes
+/// nothing: the busy-pod PDB that enforce mode made is removed, a flip to busy gets none of
+/// busyguard's marks (no deletion cost, no `karpenter.sh/do-not-disrupt`, no protected label),
+/// and a drain takes the busy pod at once, with no DisruptionBlocked Event; the audit names what
+/// enforce mode would have done (`would-patch`, `would-deny`) and the metric counts it.
+pub fn audit_mode_lets_a_drain_take_a_busy_pod_and_says_what_it_would_have_done(rig: &Rig) -> Result<()> {
+    let ns = rig.namespace("audit-mode")?;
+    let node = "e2e-audit-mode";
+    rig.node(node, "4")?;
+    workers::start(rig, &workers::pod(&ns, "earlier", Some(node)), "earlier", 1)?;
+    flip(rig, &ns, "earlier", true)?;
+    rig.busy_pdb_made(&ns)?;
+    flip(rig, &ns, "earlier", false)?;
+    rig.switch_to("base", &[("BUSYGUARD_MODE", Some("audit"))])?;
+    let trial = (|| {
+        eventually("the PDB enforce mode made is removed", Duration::from_secs(45), || Ok(!rig.has_busy_pdb(&ns)?))?;
+        workers::start(rig, &workers::pod(&ns, "busy", Some(node)), "busy", 1)?;
+        flip(rig, &ns, "busy", true)?;
+        let pod = rig.pod(&ns, "busy")?.context("the busy pod")?;
+        let annotations = &pod["metadata"]["annotations"];
+        ensure!(
+            label(&pod, "busyguard.io/protected").is_none()
+                && annotations["karpenter.sh/do-not-disrupt"].is_null()
+                && annotations["controller.kubernetes.io/pod-deletion-cost"].is_null()
+                && annotations["busyguard.io/busy-since"].is_null(),
+            "audit mode wrote busyguard's marks on the busy pod: {}",
+            pod["metadata"]
+        );
+        ensure!(!rig.audited(&ns, "busy", "would-patch").is_empty(), "the withheld marks were not audited");
+        let (ok, _, err) = rig.try_kubectl(&["drain", node, "--force", "--ignore-daemonsets", "--timeout=30s"])?;
+        ensure!(ok, "the drain did not take the busy pod at once in audit mode: {err}");
+        ensure!(rig.live_pods(&ns, "busy")?.is_empty(), "the busy pod is still there");
+        eventually("the eviction audited would-deny", Duration::from_secs(10), || {
+            Ok(rig.audited(&ns, "busy", "would-deny").iter().any(|l| l["subresource"] == "eviction"))
+        })?;
+        let events = rig.get(&["-n", &ns, "events", "--field-selector", "reason=DisruptionBlocked"])?;
+        ensure!(events["items"].as_array().is_some_and(Vec::is_empty), "an Event told the drain to wait: {events}");
+        ensure!(!rig.has_busy_pdb(&ns)?, "a busy-pod PDB was made in audit mode");
+        let counted = rig.metrics().iter().any(|text| {
+            text.lines().any(|l| {
+                l.starts_with("busyguard_would_deny_total{")
+                    && l.contains(r#"route="pods/eviction""#)
+                    && !l.ends_with(" 0")
+            })
+        });
+        ensure!(counted, "busyguard_would_deny_total did not count the eviction");
+        Ok(())
+    })();
+    rig.switch_to("base", &[("BUSYGUARD_MODE", None)])?;
+    trial
 }

@@ -88,6 +88,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     drains::a_namespaces_first_pod_brings_its_busy_pod_pdb_at_once,
     drains::an_opted_out_namespace_is_left_alone,
     drains::a_staged_install_guards_only_the_namespaces_opted_in,
+    drains::audit_mode_lets_a_drain_take_a_busy_pod_and_says_what_it_would_have_done,
     outages::while_busyguard_is_down_only_busy_pods_wait_and_a_readiness_mode_deployment_of_ready_pods_scales_down,
     outages::a_rolling_restart_of_busyguard_fails_no_admission,
     outages::a_new_replica_takes_reviews_only_once_it_has_listed_the_pods,

@@ -1,0 +1,158 @@
+//! Audit mode (`--mode audit`): a trial that changes nothing. Every request is answered as it
+//! came: a refusal becomes its warning and a `would-deny` line, a patch a `would-patch` line
+//! naming what enforce mode would have written, and no workload budget is claimed. The side
+//! effects go on to the outbox, which withholds them in this mode (`cluster::outbox`).
+//!
+//! One write is kept: busyguard's own busy label, where busyguard itself writes it (a pod opted
+//! in by an owner rule, a run-to-completion pod). No controller but busyguard reads it, and
+//! without it the trial would not see those pods' tasks at all.
+
+use jiff::Timestamp;
+use json_patch::{Patch, PatchOperation};
+
+use super::{Answer, Decision, Outcome, Reason};
+use crate::policy::ask::Ask;
+use crate::policy::config::Mode;
+use crate::policy::keys::BUSY_LABEL;
+
+impl Outcome {
+    /// This outcome as audit mode answers it (see the module's comment).
+    pub fn in_audit_mode(self, ask: &Ask<'_>, now: Timestamp) -> Outcome {
+        let Outcome { answer, decision, audit, effects, .. } = self;
+        let outcome = match answer {
+            Answer::Deny { message, .. } => {
+                let audit = audit.map(|record| super::AuditRecord { decision: Decision::WouldDeny, ..record });
+                let allowed = Answer::Allow { warnings: vec![super::would_deny(&message)] };
+                Outcome { audit, ..Outcome::answer(allowed, Decision::WouldDeny) }
+            }
+            Answer::Patch { patch, warnings } => {
+                let (kept, withheld) = split_busy_label(patch);
+                let answer = match kept.0.is_empty() {
+                    true => Answer::Allow { warnings },
+                    false => Answer::Patch { patch: kept, warnings },
+                };
+                if withheld.0.is_empty() {
+                    Outcome { audit, ..Outcome::answer(answer, decision) }
+                } else {
+                    let detail = format!("enforce mode would write: {}", described(&withheld));
+                    let record = ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now);
+                    // A line of its own already (a protection that lapsed) is kept.
+                    Outcome::answer(answer, Decision::WouldPatch).audited(audit.unwrap_or(record))
+                }
+            }
+            allowed => Outcome { audit, ..Outcome::answer(allowed, decision) },
+        };
+        Outcome { effects, ..outcome }
+    }
+}
+
+/// The operations that write only the busy label, and the rest.
+fn split_busy_label(patch: Patch) -> (Patch, Patch) {
+    let busy_label = format!("/metadata/labels/{}", BUSY_LABEL.replace('/', "~1"));
+    let (kept, withheld) = patch.0.into_iter().partition(|operation| match operation {
+        PatchOperation::Add(add) if add.path.as_str() == busy_label => true,
+        // A pod without labels gets the map whole, with the busy label alone in it.
+        PatchOperation::Add(add) if add.path.as_str() == "/metadata/labels" => {
+            add.value.as_object().is_some_and(|labels| labels.len() == 1 && labels.contains_key(BUSY_LABEL))
+        }
+        _ => false,
+    });
+    (Patch(kept), Patch(withheld))
+}
+
+/// A patch in one line: `add /metadata/annotations/karpenter.sh~1do-not-disrupt="true", ...`.
+fn described(patch: &Patch) -> String {
+    let each = patch.0.iter().map(|operation| match operation {
+        PatchOperation::Add(op) => format!("add {}={}", op.path, op.value),
+        PatchOperation::Replace(op) => format!("replace {}={}", op.path, op.value),
+        PatchOperation::Remove(op) => format!("remove {}", op.path),
+        other => format!("{other:?}"),
+    });
+    each.collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::outcome::Denial;
+    use crate::policy::testing::{ask as request, now};
+    use json_patch::AddOperation;
+
+    fn ask(username: &'static str) -> Ask<'static> {
+        request("UPDATE", username)
+    }
+
+    fn add(path: &str, value: serde_json::Value) -> PatchOperation {
+        PatchOperation::Add(AddOperation { path: path.parse().unwrap(), value })
+    }
+
+    #[test]
+    fn a_refusal_is_allowed_with_its_warning_and_audited_would_deny() {
+        let alice = ask("alice");
+        let message = "pod w/x is busy".to_string();
+        let denied =
+            Outcome::answer(Answer::Deny { denial: Denial::PodBusy, message: message.clone() }, Decision::Denied)
+                .audited(alice.audit(Decision::Denied, Reason::Busy, message, Mode::Audit, now()));
+        let trial = denied.in_audit_mode(&alice, now());
+        assert_eq!(
+            trial.answer,
+            Answer::Allow { warnings: vec!["busyguard audit mode, would deny: pod w/x is busy".into()] }
+        );
+        assert_eq!(trial.decision, Decision::WouldDeny);
+        assert_eq!(trial.audit.unwrap().decision, Decision::WouldDeny);
+    }
+
+    #[test]
+    fn a_flips_marks_are_not_written_but_audited_would_patch() {
+        let alice = ask("alice");
+        let patch = Patch(vec![
+            add("/metadata/annotations/karpenter.sh~1do-not-disrupt", "true".into()),
+            add("/metadata/labels/busyguard.io~1protected", "true".into()),
+        ]);
+        let trial =
+            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
+        assert_eq!(trial.answer, Answer::Allow { warnings: vec![] }, "nothing written");
+        assert_eq!(trial.decision, Decision::WouldPatch);
+        let audit = trial.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason), (Decision::WouldPatch, Reason::BusyMarks));
+        assert_eq!(
+            audit.detail,
+            "enforce mode would write: add /metadata/annotations/karpenter.sh~1do-not-disrupt=\"true\", \
+             add /metadata/labels/busyguard.io~1protected=\"true\""
+        );
+    }
+
+    #[test]
+    fn busyguards_own_busy_label_is_still_written_and_nothing_else() {
+        let alice = ask("alice");
+        let opted_in = Patch(vec![add("/metadata/labels", serde_json::json!({BUSY_LABEL: "false"}))]);
+        let trial = Outcome::answer(Answer::Patch { patch: opted_in.clone(), warnings: vec![] }, Decision::Patched)
+            .in_audit_mode(&alice, now());
+        assert_eq!(trial.answer, Answer::Patch { patch: opted_in, warnings: vec![] });
+        assert!(trial.audit.is_none(), "nothing withheld, nothing to audit");
+
+        let busy_label = add("/metadata/labels/busyguard.io~1busy", "true".into());
+        let cost = add("/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "1000".into());
+        let patch = Patch(vec![busy_label.clone(), cost]);
+        let trial =
+            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
+        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![busy_label]), warnings: vec![] });
+        assert_eq!(trial.decision, Decision::WouldPatch);
+    }
+
+    #[test]
+    fn no_budget_is_claimed_in_audit_mode() {
+        let alice = ask("alice");
+        let refusal = Box::new(Outcome::allow(Decision::Allowed));
+        let claim = super::super::BudgetClaim {
+            namespace: "w".into(),
+            pod: "x".into(),
+            workload: "ReplicaSet/r".into(),
+            unavailable: vec![],
+            allowed: 1,
+            refusal,
+        };
+        let claimed = Outcome { budget: Some(Box::new(claim)), ..Outcome::allow(Decision::Allowed) };
+        assert!(claimed.in_audit_mode(&alice, now()).budget.is_none());
+    }
+}
