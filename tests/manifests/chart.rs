@@ -175,3 +175,120 @@ fn the_chart_the_manifests_the_changelog_and_busyguard_name_one_version() {
     let said = String::from_utf8(said.stdout).unwrap();
     assert!(said.starts_with(&format!("busyguard {version} (commit ")), "{said}");
 }
+
+/// The values file at `charts/busyguard/examples/NAME`, as `-f` reads it.
+fn values_file(name: &str) -> Value {
+    let text = std::fs::read_to_string(format!("{ROOT}/charts/busyguard/examples/{name}")).unwrap();
+    serde_saphyr::from_str(&text).unwrap()
+}
+
+fn one<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found = objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name);
+    found.unwrap_or_else(|| panic!("no {kind}/{name}"))
+}
+
+/// The webhooks of both configurations, flattened.
+fn webhooks(objects: &[Value]) -> Vec<&Value> {
+    let configurations =
+        objects.iter().filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")));
+    configurations.flat_map(|c| c["webhooks"].as_array().unwrap()).collect()
+}
+
+/// A production cluster's values (ARC, Agones, Kueue, Karpenter with its own service account,
+/// kube-prometheus-stack, cert-manager, a system node pool with its taint, a pull secret, audit
+/// mode first): each lands where that cluster needs it.
+#[test]
+fn the_production_values_file_fits_a_production_cluster() {
+    let objects = render_chart(values_file("production.yaml"));
+    let deployment = one(&objects, "Deployment", "busyguard");
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(pod["spec"]["nodeSelector"], json!({"karpenter.sh/nodepool": "system"}));
+    assert_eq!(pod["spec"]["tolerations"][0]["key"], "CriticalAddonsOnly");
+    assert_eq!(pod["spec"]["imagePullSecrets"], json!([{"name": "ghcr-pull"}]));
+    assert_eq!(pod["metadata"]["labels"]["team"], "platform", "commonLabels on the pods");
+    assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/name"], "busyguard", "the selector's label kept");
+    let container = &pod["spec"]["containers"][0];
+    assert!(container["env"].as_array().unwrap().contains(&json!({"name": "BUSYGUARD_MODE", "value": "audit"})));
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(args.contains(&"--hold-kueue-preemption=true"), "{args:?}");
+    assert!(args.contains(&"--karpenter-user=system:serviceaccount:karpenter:karpenter"), "{args:?}");
+    for kind in ["PodMonitor", "PrometheusRule"] {
+        assert_eq!(one(&objects, kind, "busyguard")["metadata"]["labels"]["release"], "kps", "{kind}: kps selects it");
+    }
+    assert_eq!(one(&objects, "ConfigMap", "busyguard-dashboard")["metadata"]["labels"]["release"], "kps");
+    let kueue = one(&objects, "ClusterRole", "busyguard-kueue");
+    assert_eq!(kueue["rules"][0]["resources"], json!(["workloads"]));
+    for object in &objects {
+        assert_eq!(
+            object["metadata"]["labels"]["team"], "platform",
+            "commonLabels on {} {}",
+            object["kind"], object["metadata"]["name"]
+        );
+    }
+    let karpenter_conditions: Vec<&str> = webhooks(&objects)
+        .into_iter()
+        .flat_map(|w| w["matchConditions"].as_array().into_iter().flatten())
+        .filter_map(|c| c["expression"].as_str())
+        .filter(|e| e.contains("userInfo.username") && e.contains(":karpenter"))
+        .collect();
+    assert!(karpenter_conditions.len() >= 5, "every condition that names Karpenter: {karpenter_conditions:?}");
+    for condition in karpenter_conditions {
+        assert!(
+            condition.contains("'system:serviceaccount:karpenter:karpenter'")
+                && !condition.contains("kube-system:karpenter"),
+            "karpenter.users not in {condition}"
+        );
+    }
+    let output = chart(&["lint"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// `watchNamespaces` guards those namespaces only: every webhook of a namespaced kind selects
+/// them, and no other (those of nodes and NodeClaims have no namespace to select).
+#[test]
+fn watch_namespaces_narrows_every_webhook_to_its_namespaces() {
+    let values = json!({"watchNamespaces": ["arc-runners", "games"], "actionsRunnerController": {"enabled": true},
+        "agones": {"enabled": true}});
+    let objects = render_chart(values);
+    let hooks = webhooks(&objects);
+    assert!(hooks.len() > 15, "{} webhooks", hooks.len());
+    for webhook in hooks.into_iter().filter(|w| !w["namespaceSelector"].is_null()) {
+        let terms = webhook["namespaceSelector"]["matchExpressions"].as_array().unwrap();
+        let narrowed =
+            json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["arc-runners", "games"]});
+        assert!(terms.contains(&narrowed), "{} selects namespaces outside watchNamespaces: {terms:?}", webhook["name"]);
+    }
+}
+
+/// The values a platform team sets that change what is installed, each where it belongs; and a
+/// value that would fight the chart's own is refused at render, naming the value to set instead.
+#[test]
+fn the_eviction_failure_policy_the_agones_rule_and_env_are_values_that_do_not_fight_the_charts_own() {
+    let rule = "!has(object.metadata.deletionTimestamp) && has(object.status) && has(object.status.state) && object.status.state == 'Allocated'";
+    let objects = render_chart(json!({"webhooks": {"evictions": {"failurePolicy": "Fail"}},
+        "agones": {"enabled": true, "rule": rule}}));
+    let evictions = webhooks(&objects).into_iter().find(|w| w["name"] == "pod-evictions.busyguard.io").unwrap();
+    assert_eq!(evictions["failurePolicy"], "Fail");
+    let args = &one(&objects, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().unwrap().contains(&json!(format!("--busy-when-owner=agones.dev/v1/GameServer={rule}"))));
+
+    let refused = |values: Value| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), values.to_string()).unwrap();
+        let output = chart(&["render", file.path().to_str().unwrap()]);
+        assert!(!output.status.success() && output.stdout.is_empty(), "{values} rendered");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let twice = refused(json!({"env": {"BUSYGUARD_LOG_FORMAT": "text"}}));
+    assert!(
+        twice.contains(
+            "env.BUSYGUARD_LOG_FORMAT: the chart sets BUSYGUARD_LOG_FORMAT itself: set the value logFormat instead"
+        ),
+        "{twice}"
+    );
+    let second_rule =
+        refused(json!({"agones": {"enabled": true}, "busyWhenOwner": [format!("agones.dev/v1/GameServer={rule}")]}));
+    assert!(second_rule.contains("set agones.rule instead"), "{second_rule}");
+    let mode = refused(json!({"mode": "dry-run"}));
+    assert!(mode.contains("/mode") && mode.contains("'enforce', 'audit'"), "{mode}");
+}

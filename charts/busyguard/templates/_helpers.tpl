@@ -24,12 +24,16 @@ annotations:
 {{- end }}
 {{- end }}
 
-{{/* Every webhook's namespaceSelector term on busyguard.io/enabled (opt-in: only "true"). */}}
+{{/* Every webhook's namespaceSelector terms: busyguard.io/enabled (opt-in: only "true"), and
+watchNamespaces' names where it lists any (busyguard watches those only). */}}
 {{- define "busyguard.enabledTerm" -}}
 {{- if .Values.optIn }}
 - {key: busyguard.io/enabled, operator: In, values: ["true"]}
 {{- else }}
 - {key: busyguard.io/enabled, operator: NotIn, values: ["false"]}
+{{- end }}
+{{- with .Values.watchNamespaces }}
+- {key: kubernetes.io/metadata.name, operator: In, values: {{ toJson . }}}
 {{- end }}
 {{- end }}
 
@@ -147,12 +151,44 @@ clientConfig:
 - "--busy-when-owner=actions.github.com/v1alpha1/EphemeralRunner=has(object.status) && ((has(object.status.jobId) && object.status.jobId != '') || (has(object.status.jobRequestId) && object.status.jobRequestId > 0))"
 {{- end }}
 {{- if .Values.agones.enabled }}
-- "--busy-when-owner=agones.dev/v1/GameServer=!has(object.metadata.deletionTimestamp) && has(object.status) && has(object.status.state) && object.status.state in ['Allocated', 'Reserved']"
+- {{ printf "--busy-when-owner=agones.dev/v1/GameServer=%s" .Values.agones.rule | quote }}
 {{- end }}
 {{- range .Values.busyWhenOwner }}
+{{- if and $.Values.agones.enabled (hasPrefix "agones.dev/v1/GameServer=" .) }}
+{{- fail "busyWhenOwner: agones.enabled names the GameServer rule already: set agones.rule instead (docs/agones.md)" }}
+{{- end }}
+{{- if and $.Values.actionsRunnerController.enabled (hasPrefix "actions.github.com/v1alpha1/EphemeralRunner=" .) }}
+{{- fail "busyWhenOwner: actionsRunnerController.enabled names the EphemeralRunner rule already" }}
+{{- end }}
 - {{ printf "--busy-when-owner=%s" . | quote }}
+{{- end }}
+{{- if .Values.kueue.enabled }}
+- "--hold-kueue-preemption=true"
+{{- end }}
+{{- if ne (include "busyguard.karpenterUsers" .) "'system:serviceaccount:kube-system:karpenter', 'system:serviceaccount:karpenter:karpenter'" }}
+- {{ printf "--karpenter-user=%s" (join "," .Values.karpenter.users) | quote }}
 {{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end }}
+
+{{/* `env` may not name a variable the chart sets from a value of its own: a server-side apply
+refuses the duplicate, a client-side one keeps the later without a word. */}}
+{{- define "busyguard.envSetByTheChart" -}}
+{{- $own := dict "BUSYGUARD_TLS_CERT" "" "BUSYGUARD_TLS_KEY" "" "BUSYGUARD_LOG_FORMAT" "logFormat" "BUSYGUARD_SHUTDOWN_DELAY" "" "BUSYGUARD_SHUTDOWN_TIMEOUT" "shutdownTimeout" "BUSYGUARD_BUSY_PDB" "busyPdb" "POD_NAMESPACE" "" "BUSYGUARD_OPT_IN" "optIn" "BUSYGUARD_NAMESPACES" "watchNamespaces" "BUSYGUARD_MODE" "mode" }}
+{{- range $name, $value := .Values.env }}
+{{- if hasKey $own $name }}
+{{- $instead := get $own $name }}
+{{- fail (printf "env.%s: the chart sets %s itself%s" $name $name (ternary "" (printf ": set the value %s instead" $instead) (eq $instead ""))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Karpenter's service accounts (karpenter.users), as a CEL list: every webhook condition that
+names Karpenter reads it, and so does --karpenter-user. */}}
+{{- define "busyguard.karpenterUsers" -}}
+{{- $quoted := list }}
+{{- range .Values.karpenter.users }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end }}
+{{- join ", " $quoted }}
 {{- end }}
