@@ -13,8 +13,8 @@ use super::owners::OwnerRule;
 pub enum Mode {
     /// Deny disruptions of busy pods.
     Enforce,
-    /// A trial that changes nothing: every request allowed as it came (no patch), nothing
-    /// written, no busy-pod PDB; what enforce would have refused or patched is audited
+    /// A trial that changes nothing: every request allowed as it came (no patch but busyguard's
+    /// own busy-since and busy label), nothing else written, no busy-pod PDB; what enforce would have refused or patched is audited
     /// (`would-deny`, `would-patch`) and counted. `dry-run` is its former name.
     #[value(alias = "dry-run")]
     Audit,

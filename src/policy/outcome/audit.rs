@@ -91,8 +91,8 @@ pub enum Reason {
     NodeClaimEnding,
     MaxBusyExceeded,
     StaleAfterRestart,
-    /// What a flip writes (deletion cost, the autoscalers' annotations, the protected label),
-    /// withheld in audit mode.
+    /// What a flip writes for other controllers (deletion cost, the autoscalers' annotations,
+    /// the protected label), withheld in audit mode.
     BusyMarks,
     Plan,
     NoSelector,

@@ -3,9 +3,10 @@
 //! naming what enforce mode would have written, and no workload budget is claimed. The side
 //! effects go on to the outbox, which withholds them in this mode (`cluster::outbox`).
 //!
-//! One write is kept: busyguard's own busy label, where busyguard itself writes it (a pod opted
-//! in by an owner rule, a run-to-completion pod). No controller but busyguard reads it, and
-//! without it the trial would not see those pods' tasks at all.
+//! Two keys of busyguard's own are still written, which no controller but busyguard reads: the
+//! busy label where busyguard itself writes it (a pod opted in by an owner rule, a
+//! run-to-completion pod: without it the trial would not see those pods' tasks at all), and
+//! busy-since, so the trial can tell how far into its task each pod taken was.
 
 use jiff::Timestamp;
 use json_patch::{Patch, PatchOperation};
@@ -13,7 +14,7 @@ use json_patch::{Patch, PatchOperation};
 use super::{Answer, Decision, Outcome, Reason};
 use crate::policy::ask::Ask;
 use crate::policy::config::Mode;
-use crate::policy::keys::BUSY_LABEL;
+use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
 
 impl Outcome {
     /// This outcome as audit mode answers it (see the module's comment).
@@ -46,17 +47,41 @@ impl Outcome {
     }
 }
 
-/// The operations that write only the busy label, and the rest.
+/// busyguard's own keys, kept in audit mode: the busy label where busyguard writes it, and
+/// busy-since, which the trial's summary reads; no controller but busyguard reads either.
+const KEPT: [(&str, &str); 2] = [("labels", BUSY_LABEL), ("annotations", BUSY_SINCE)];
+
+/// The operations that write only busyguard's own keys ([`KEPT`]), and the rest. A map added
+/// whole (a pod without labels or annotations) is split by key.
 fn split_busy_label(patch: Patch) -> (Patch, Patch) {
-    let busy_label = format!("/metadata/labels/{}", BUSY_LABEL.replace('/', "~1"));
-    let (kept, withheld) = patch.0.into_iter().partition(|operation| match operation {
-        PatchOperation::Add(add) if add.path.as_str() == busy_label => true,
-        // A pod without labels gets the map whole, with the busy label alone in it.
-        PatchOperation::Add(add) if add.path.as_str() == "/metadata/labels" => {
-            add.value.as_object().is_some_and(|labels| labels.len() == 1 && labels.contains_key(BUSY_LABEL))
+    let (mut kept, mut withheld) = (Vec::new(), Vec::new());
+    for operation in patch.0 {
+        let PatchOperation::Add(add) = &operation else {
+            withheld.push(operation);
+            continue;
+        };
+        let path = add.path.as_str();
+        if KEPT.iter().any(|(map, key)| path == format!("/metadata/{map}/{}", key.replace('/', "~1"))) {
+            kept.push(operation);
+            continue;
         }
-        _ => false,
-    });
+        let whole = KEPT.iter().find(|(map, _)| path == format!("/metadata/{map}"));
+        match (whole, add.value.as_object()) {
+            (Some((_, key)), Some(map)) => {
+                let (ours, rest): (serde_json::Map<_, _>, _) = map.clone().into_iter().partition(|(k, _)| k == key);
+                let part = |map: serde_json::Map<String, serde_json::Value>| {
+                    PatchOperation::Add(json_patch::AddOperation { path: add.path.clone(), value: map.into() })
+                };
+                if !ours.is_empty() {
+                    kept.push(part(ours));
+                }
+                if !rest.is_empty() {
+                    withheld.push(part(rest));
+                }
+            }
+            _ => withheld.push(operation),
+        }
+    }
     (Patch(kept), Patch(withheld))
 }
 
@@ -138,6 +163,22 @@ mod tests {
             Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
         assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![busy_label]), warnings: vec![] });
         assert_eq!(trial.decision, Decision::WouldPatch);
+    }
+
+    #[test]
+    fn busy_since_is_kept_out_of_a_whole_annotations_map_and_the_rest_withheld() {
+        let alice = ask("alice");
+        let map = serde_json::json!({BUSY_SINCE: "2026-12-01T10:00:00Z", "karpenter.sh/do-not-disrupt": "true"});
+        let patch = Patch(vec![add("/metadata/annotations", map)]);
+        let trial =
+            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
+        let kept = add("/metadata/annotations", serde_json::json!({BUSY_SINCE: "2026-12-01T10:00:00Z"}));
+        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![kept]), warnings: vec![] });
+        let detail = trial.audit.unwrap().detail;
+        assert_eq!(
+            detail,
+            "enforce mode would write: add /metadata/annotations={\"karpenter.sh/do-not-disrupt\":\"true\"}"
+        );
     }
 
     #[test]

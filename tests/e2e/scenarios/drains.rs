@@ -114,7 +114,8 @@ pub fn a_staged_install_guards_only_the_namespaces_opted_in(rig: &Rig) -> Result
 
 /// Audit mode (`BUSYGUARD_MODE=audit`, the chart's `mode: audit`) is a trial that changes
 /// nothing: the busy-pod PDB that enforce mode made is removed, a flip to busy gets none of
-/// busyguard's marks (no deletion cost, no `karpenter.sh/do-not-disrupt`, no protected label),
+/// busyguard's marks (no deletion cost, no `karpenter.sh/do-not-disrupt`, no protected label;
+/// only busyguard's own busy-since),
 /// and a drain takes the busy pod at once, with no DisruptionBlocked Event; the audit names what
 /// enforce mode would have done (`would-patch`, `would-deny`) and the metric counts it.
 pub fn audit_mode_lets_a_drain_take_a_busy_pod_and_says_what_it_would_have_done(rig: &Rig) -> Result<()> {
@@ -135,11 +136,13 @@ pub fn audit_mode_lets_a_drain_take_a_busy_pod_and_says_what_it_would_have_done(
         ensure!(
             label(&pod, "busyguard.io/protected").is_none()
                 && annotations["karpenter.sh/do-not-disrupt"].is_null()
-                && annotations["controller.kubernetes.io/pod-deletion-cost"].is_null()
-                && annotations["busyguard.io/busy-since"].is_null(),
+                && annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"].is_null()
+                && annotations["controller.kubernetes.io/pod-deletion-cost"].is_null(),
             "audit mode wrote busyguard's marks on the busy pod: {}",
             pod["metadata"]
         );
+        // busy-since, busyguard's own, is kept: the trial's summary tells how far into its task it was.
+        ensure!(annotations["busyguard.io/busy-since"].is_string(), "no busy-since: {}", pod["metadata"]);
         ensure!(!rig.audited(&ns, "busy", "would-patch").is_empty(), "the withheld marks were not audited");
         let (ok, _, err) = rig.try_kubectl(&["drain", node, "--force", "--ignore-daemonsets", "--timeout=30s"])?;
         ensure!(ok, "the drain did not take the busy pod at once in audit mode: {err}");
