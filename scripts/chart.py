@@ -3,6 +3,7 @@
 
   chart.py render [VALUES.json [NAMESPACE]]
                                     the objects `helm install` would apply, as one JSON List
+  chart.py tests [VALUES.json]      the test hook's objects (`helm test`), as one JSON List
   chart.py lint                     `helm lint --strict`; exits 1 on any finding
   chart.py readme [--check]         writes the chart's README from values.yaml (--check: only says if it differs)
   chart.py package DIR [URL]        the chart's .tgz and an index.yaml (its entries at URL) in DIR
@@ -16,7 +17,8 @@ import yaml
 CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "busyguard")
 
 
-def render(values, namespace="busyguard"):
+def render(values, namespace="busyguard", tests=False):
+    """The objects `helm install` applies; with `tests`, instead the test hook's (`helm test`)."""
     chart = helm_python.Chart.load(CHART)
     try:
         rendered = chart.render(values, name="busyguard", namespace=namespace, is_install=True)
@@ -26,7 +28,8 @@ def render(values, namespace="busyguard"):
     for template, text in sorted(rendered.items()):
         if template.endswith(".yaml"):
             items.extend(obj for obj in yaml.safe_load_all(text) if obj)
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+    is_test = lambda obj: (obj.get("metadata", {}).get("annotations") or {}).get("helm.sh/hook") == "test"
+    return {"apiVersion": "v1", "kind": "List", "items": [obj for obj in items if is_test(obj) == tests]}
 
 
 def lint():
@@ -66,6 +69,12 @@ def main():
         values = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {}
         try:
             json.dump(render(values, *sys.argv[3:4]), sys.stdout)
+        except helm_python.HelmError as e:
+            sys.exit(f"the chart does not render: {e}")
+    elif command == "tests":
+        values = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {}
+        try:
+            json.dump(render(values, tests=True), sys.stdout)
         except helm_python.HelmError as e:
             sys.exit(f"the chart does not render: {e}")
     elif command == "lint":

@@ -148,6 +148,12 @@ fn a_misspelt_or_unknown_value_is_refused_with_a_clear_error_and_nothing_rendere
     );
     let no_cidr = refused(json!({"networkPolicy": {"enabled": true}}), "busyguard");
     assert!(no_cidr.contains("networkPolicy.apiServerCIDR"), "{no_cidr}");
+    let not_pem =
+        json!({"certificates": {"source": "self-managed", "selfManaged": {"createSecret": false, "caCrt": "ca"}}});
+    let not_pem = refused(not_pem, "busyguard");
+    assert!(not_pem.contains("certificates.selfManaged.caCrt is not a PEM certificate"), "{not_pem}");
+    let ignored = refused(json!({"certificates": {"selfManaged": {"tlsCrt": "x"}}}), "busyguard");
+    assert!(ignored.contains("but certificates.source is cert-manager, which ignores it"), "{ignored}");
     let elsewhere = refused(json!({}), "platform");
     assert!(elsewhere.contains("busyguard installs in the namespace busyguard, not \"platform\""), "{elsewhere}");
 }
@@ -291,4 +297,36 @@ fn the_eviction_failure_policy_the_agones_rule_and_env_are_values_that_do_not_fi
     assert!(second_rule.contains("set agones.rule instead"), "{second_rule}");
     let mode = refused(json!({"mode": "dry-run"}));
     assert!(mode.contains("/mode") && mode.contains("'enforce', 'audit'"), "{mode}");
+}
+
+/// `helm test` runs `busyguard check` from the release's image in a namespace busyguard guards
+/// (the first of `watchNamespaces`), under a service account that may only create pods there
+/// and read busyguard's Deployment; `helm install` does not apply it.
+#[test]
+fn helm_test_runs_busyguard_check_with_rights_for_that_alone() {
+    let values = json!({"watchNamespaces": ["arc-runners", "games"], "image": {"repository": "ghcr.io/o/busyguard", "tag": "1.2.3"}});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), values.to_string()).unwrap();
+    let output = chart(&["tests", file.path().to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let list: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let hooks = list["items"].as_array().unwrap();
+    let pod = one(hooks, "Pod", "busyguard-test");
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["image"], "ghcr.io/o/busyguard:1.2.3");
+    assert_eq!(container["args"], json!(["check", "--namespace", "arc-runners", "--timeout", "2m"]));
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    let probe = one(hooks, "Role", "busyguard-test");
+    assert_eq!(
+        (probe["metadata"]["namespace"].as_str(), &probe["rules"]),
+        (Some("arc-runners"), &json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]))
+    );
+    let rules = one(hooks, "Role", "busyguard-test-rules");
+    assert_eq!(rules["rules"][0]["resourceNames"], json!(["busyguard"]));
+    assert!(hooks.iter().all(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test"), "every object is the hook's");
+    let installed = render_chart(values);
+    assert!(
+        installed.iter().all(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null()),
+        "helm install applied a test hook"
+    );
 }

@@ -4,15 +4,28 @@ busyguard installs in the namespace busyguard: its webhooks, its fence and busyg
 */}}
 {{- define "busyguard.namespace" -}}
 {{- if ne .Release.Namespace "busyguard" -}}
-{{- fail (printf "busyguard installs in the namespace busyguard, not %q: helm install busyguard CHART --namespace busyguard --create-namespace" .Release.Namespace) -}}
+{{- fail (printf "busyguard installs in the namespace busyguard, not %q: kubectl create namespace busyguard, label it (the chart's README says how), then helm install busyguard CHART --namespace busyguard" .Release.Namespace) -}}
 {{- end -}}
 busyguard
 {{- end }}
 
-{{/* The webhooks' caBundle, where the certificates are self-managed. */}}
+{{/* The webhooks' caBundle, where the certificates are self-managed: a PEM certificate, or the
+API server could not verify busyguard and every delete of a busy pod would fail closed. */}}
 {{- define "busyguard.caBundle" -}}
 {{- if eq .Values.certificates.source "self-managed" }}
-caBundle: {{ required "certificates.selfManaged.caCrt: the CA's certificate (PEM), e.g. --set-file certificates.selfManaged.caCrt=certs/ca.crt" .Values.certificates.selfManaged.caCrt | b64enc }}
+{{- $ca := required "certificates.selfManaged.caCrt: the CA's certificate (PEM), e.g. --set-file certificates.selfManaged.caCrt=certs/ca.crt" .Values.certificates.selfManaged.caCrt }}
+{{- if not (hasPrefix "-----BEGIN CERTIFICATE-----" (trim $ca)) }}
+{{- fail "certificates.selfManaged.caCrt is not a PEM certificate (-----BEGIN CERTIFICATE-----): pass the file with --set-file certificates.selfManaged.caCrt=certs/ca.crt" }}
+{{- end }}
+caBundle: {{ $ca | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/* Values given where they are not read: said, not ignored. */}}
+{{- define "busyguard.checks" -}}
+{{- $self := .Values.certificates.selfManaged }}
+{{- if and (eq .Values.certificates.source "cert-manager") (or $self.tlsCrt $self.tlsKey $self.caCrt) }}
+{{- fail "certificates.selfManaged.* is set, but certificates.source is cert-manager, which ignores it: set certificates.source=self-managed, or drop them" }}
 {{- end }}
 {{- end }}
 
@@ -191,4 +204,15 @@ names Karpenter reads it, and so does --karpenter-user. */}}
 {{- $quoted := list }}
 {{- range .Values.karpenter.users }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end }}
 {{- join ", " $quoted }}
+{{- end }}
+
+{{/* The `helm test` hook's annotations, and the namespace it checks (test.namespace; empty: the
+first of watchNamespaces, else default). */}}
+{{- define "busyguard.testHook" -}}
+helm.sh/hook: test
+helm.sh/hook-weight: "-1"
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+{{- define "busyguard.testNamespace" -}}
+{{- .Values.test.namespace | default (first .Values.watchNamespaces) | default "default" }}
 {{- end }}

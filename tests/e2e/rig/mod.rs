@@ -195,6 +195,49 @@ impl Rig {
         self.install_rendered(list["items"].as_array().context("the chart's objects")?.clone(), None)
     }
 
+    /// `helm test` of the release installed from the chart: its test hook's objects (`chart.py
+    /// tests`, with the install's values) applied, and its Pod played as the kubelet runs it (the
+    /// build its image names, its args) with a token of its own service account. What the check
+    /// printed; an error with its output if it failed.
+    pub fn helm_test(&self) -> Result<String> {
+        let python_path = run(Command::new("sh").arg(Path::new(ROOT).join("scripts/helm-python.sh")))?;
+        let output = Command::new("python3")
+            .arg(Path::new(ROOT).join("scripts/chart.py"))
+            .arg("tests")
+            .arg(self.work.join("chart-values.json"))
+            .env("PYTHONPATH", python_path.trim())
+            .output()?;
+        ensure!(
+            output.status.success(),
+            "the chart's tests did not render: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let list: Value = serde_json::from_slice(&output.stdout)?;
+        let (pods, rest): (Vec<Value>, Vec<Value>) = list["items"]
+            .as_array()
+            .context("the test hook's objects")?
+            .iter()
+            .cloned()
+            .partition(|o| o["kind"] == "Pod");
+        let [pod] = pods.as_slice() else { anyhow::bail!("not one test Pod: {pods:?}") };
+        self.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rest}))?;
+        let account = pod["spec"]["serviceAccountName"].as_str().context("the test Pod's service account")?;
+        let token = self.kubectl(&["-n", "busyguard", "create", "token", account])?;
+        let kubeconfig = self.kubeconfig_for(account, token.trim())?;
+        let container = &pod["spec"]["containers"][0];
+        let args: Vec<&str> =
+            container["args"].as_array().context("its args")?.iter().filter_map(Value::as_str).collect();
+        let checked = Command::new(binary(container["image"].as_str().unwrap_or_default()))
+            .args(&args)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env_remove("KUBECONFIG")
+            .output()?;
+        let said = format!("{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+        ensure!(checked.status.success(), "helm test: busyguard {} failed: {said}", args.join(" "));
+        Ok(said)
+    }
+
     /// This checkout's base with `components` (under manifests/), applied as `install_release`
     /// applies a base: back to the base alone, `install_release(ROOT)` takes them away.
     pub fn install_with(&self, components: &[&str]) -> Result<()> {
