@@ -330,3 +330,36 @@ fn helm_test_runs_busyguard_check_with_rights_for_that_alone() {
         "helm install applied a test hook"
     );
 }
+
+/// The busy rules the docs give as chart values (`busyWhenOwner`) pass the chart's schema: a
+/// rule through a kind between (Spark, KubeRay) and a core-group kind as well as a group's; and
+/// the one value that reaches CEL, `agones.namespace`, is a namespace's name or refused.
+#[test]
+fn the_busy_rules_the_docs_give_are_chart_values_and_agones_namespace_cannot_reach_into_cel() {
+    let from_docs = |page: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(format!("{ROOT}/docs/{page}")).unwrap();
+        let rules = text
+            .lines()
+            .filter_map(|l| l.split("--busy-when-owner=").nth(1))
+            .map(|r| r.trim_end_matches('"').to_string());
+        rules.collect()
+    };
+    let mut rules: Vec<String> = ["spark.md", "kuberay.md", "agones.md"].into_iter().flat_map(from_docs).collect();
+    assert!(rules.len() >= 3, "the recipes' rules: {rules:?}");
+    rules.push("v1/ConfigMap=true".into());
+    let objects = render_chart(json!({"busyWhenOwner": rules}));
+    let args = &one(&objects, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"];
+    for rule in &rules {
+        assert!(args.as_array().unwrap().contains(&json!(format!("--busy-when-owner={rule}"))), "{rule}");
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), json!({"agones": {"enabled": true, "namespace": "x' || true || '"}}).to_string())
+        .unwrap();
+    let output = chart(&["render", file.path().to_str().unwrap()]);
+    assert!(!output.status.success(), "a namespace that breaks out of its CEL string rendered");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("/agones/namespace"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
