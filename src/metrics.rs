@@ -113,6 +113,7 @@ pub struct Metrics {
     pub workload_retired_keys: Family<WorkloadOnlyLabels, Gauge>,
     pub tls_certificate_expiry: Gauge,
     pub owner_rule_followed: Family<OwnerRuleLabels, Gauge>,
+    pub kueue_hold_followed: Gauge,
     pub owner_rule_ended_idle: Family<OwnerRuleLabels, Gauge>,
     pub owner_rule_undecided: Family<OwnerRuleLabels, Counter>,
 }
@@ -272,6 +273,14 @@ impl Default for Metrics {
             "When the serving certificate in use expires (Unix seconds): the API server's calls fail after it",
             tls_certificate_expiry.clone(),
         );
+        let kueue_hold_followed = Gauge::default();
+        kueue_hold_followed.set(1);
+        registry.register(
+            "kueue_hold_followed",
+            "0 while --hold-kueue-preemption is on and Kueue's Workloads are not followed (Kueue not served, the API \
+             server not reachable, their watch failing: RBAC), so Kueue's preemptions are not held; 1 otherwise",
+            kueue_hold_followed.clone(),
+        );
         let owner_rule_followed = Family::<OwnerRuleLabels, Gauge>::default();
         registry.register(
             "owner_rule_followed",
@@ -318,6 +327,7 @@ impl Default for Metrics {
             workload_retired_keys,
             tls_certificate_expiry,
             owner_rule_followed,
+            kueue_hold_followed,
             owner_rule_ended_idle,
             owner_rule_undecided,
         }

@@ -3,8 +3,9 @@
 //! that the Job controller's delete of a busy pod of a Job whose Workload Kueue preempted is
 //! judged as a cluster disruption (refused while busy), not as the Job's own end. Kueue keeps
 //! the preempted Workload's quota until its Job has no active pod left, so the preemptor waits
-//! as a scheduler preemptor does. Kueue not installed leaves everything else as it is, and says
-//! so in the log, asking again.
+//! as a scheduler preemptor does. Kueue not installed, or its Workloads not readable, leaves
+//! everything else as it is, and says which on `/status` and in `busyguard_kueue_hold_followed`,
+//! asking again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,6 +30,11 @@ const PREEMPTED: &str = "Preempted";
 /// The longest pause between two tries at Kueue's API when it is not served.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(60);
 
+/// Why the hold has nothing to follow: Kueue is not installed (its API group is not served).
+fn not_served() -> String {
+    "the API server does not serve Kueue's Workloads (Kueue not installed?)".into()
+}
+
 /// Follows the namespaces that hold preemptions, and Kueue's Workloads in `scopes`, until the
 /// process stops.
 pub fn start(client: Client, view: Arc<View>, scopes: &[Scope], watch_timeout_secs: u32) {
@@ -40,20 +46,23 @@ pub fn start(client: Client, view: Arc<View>, scopes: &[Scope], watch_timeout_se
         let mut index = Holding { view: &index_view };
         driver::drive(&mut index, namespaces.map(|event| (None, event))).await;
     });
+    view.set_kueue_unfollowed(Some("not asked of the API server yet".into()));
     tokio::spawn(workloads(client, view, scopes.to_vec(), watch_timeout_secs));
 }
 
 async fn workloads(client: Client, view: Arc<View>, scopes: Vec<Scope>, watch_timeout_secs: u32) {
     let mut pause = Duration::from_secs(1);
     let resource = loop {
-        match kube::discovery::group(&client, KUEUE_GROUP).await.map(|group| group.recommended_kind("Workload")) {
-            Ok(Some((resource, _))) => break resource,
-            Ok(None) | Err(_) => warn!(
-                retry_in = ?pause,
-                "--hold-kueue-preemption: the API server does not serve Kueue's Workloads (Kueue not installed?): \
-                 its preemptions are not held; everything else is served"
-            ),
-        }
+        let why =
+            match kube::discovery::group(&client, KUEUE_GROUP).await.map(|group| group.recommended_kind("Workload")) {
+                Ok(Some((resource, _))) => break resource,
+                // The group not among the API server's (MissingApiGroup), or without Workloads.
+                Ok(None) | Err(kube::Error::Discovery(_)) => not_served(),
+                Err(kube::Error::Api(status)) if status.code == 404 => not_served(),
+                Err(e) => format!("cannot ask the API server whether it serves Kueue's Workloads: {e}"),
+            };
+        warn!(retry_in = ?pause, "--hold-kueue-preemption: {why}: Kueue's preemptions are not held; everything else is served");
+        view.set_kueue_unfollowed(Some(why));
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_RETRY_PAUSE);
     };
@@ -112,6 +121,16 @@ impl Index<DynamicObject> for Workloads<'_> {
     async fn delete(&mut self, workload: DynamicObject) {
         let (namespace, job) = self.key(&workload);
         self.view.set_preempted(&namespace, &job, false);
+    }
+
+    /// The API server answered: the Workloads are followed (again).
+    fn alive(&mut self) {
+        self.view.set_kueue_unfollowed(None);
+    }
+
+    /// RBAC missing (403) shows here: the hold is off until the watch works, and `/status` says so.
+    fn failed(&mut self, error: &watcher::Error) {
+        self.view.set_kueue_unfollowed(Some(format!("the watch of Kueue's Workloads failed: {error}")));
     }
 
     async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {

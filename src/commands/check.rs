@@ -152,6 +152,7 @@ async fn busy_rules(client: &kube::Client) -> anyhow::Result<Option<(Vec<OwnerRu
         Err(_) => return Ok(None),
     };
     let containers = deployment.spec.template.spec.map(|s| s.containers).unwrap_or_default();
+    let holds_kueue = containers.iter().any(holds_kueue_preemption);
     let mut values = Vec::new();
     for container in containers {
         let args = container.args.unwrap_or_default();
@@ -194,7 +195,66 @@ async fn busy_rules(client: &kube::Client) -> anyhow::Result<Option<(Vec<OwnerRu
             }
         }
     }
+    if holds_kueue {
+        warnings.extend(kueue_hold_warning(client).await);
+    }
     Ok(Some((rules, warnings)))
+}
+
+/// Whether busyguard's container runs with `--hold-kueue-preemption` on (flag or variable).
+fn holds_kueue_preemption(container: &k8s_openapi::api::core::v1::Container) -> bool {
+    let args = container.args.as_deref().unwrap_or_default();
+    let by_flag = args.iter().enumerate().any(|(i, arg)| match arg.strip_prefix("--hold-kueue-preemption") {
+        Some("") => args.get(i + 1).is_none_or(|value| value == "true"),
+        Some("=true") => true,
+        _ => false,
+    });
+    let by_env = container
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name == "BUSYGUARD_HOLD_KUEUE_PREEMPTION" && e.value.as_deref() == Some("true"));
+    by_flag || by_env
+}
+
+/// What keeps `--hold-kueue-preemption` from holding anything, as far as the user may tell:
+/// Kueue's Workloads not served, or busyguard's service account not allowed to watch them (a
+/// SubjectAccessReview; not asked where the user may not ask it).
+async fn kueue_hold_warning(client: &kube::Client) -> Option<String> {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+    let off = "Kueue's preemptions are not held, everything else is served";
+    match kube::discovery::group(client, "kueue.x-k8s.io").await {
+        Ok(group) if group.recommended_kind("Workload").is_some() => {}
+        Ok(_) | Err(kube::Error::Discovery(_)) => {
+            return Some(format!(
+                "warning: --hold-kueue-preemption: the API server does not serve Kueue's Workloads (Kueue not \
+                 installed?): {off}"
+            ));
+        }
+        Err(_) => return None,
+    }
+    let account = format!("system:serviceaccount:{BUSYGUARD_NAMESPACE}:busyguard");
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(account.clone()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("kueue.x-k8s.io".into()),
+                resource: Some("workloads".into()),
+                verb: Some("watch".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let allowed = reviews.create(&Default::default(), &review).await.ok()?.status.is_some_and(|s| s.allowed);
+    (!allowed).then(|| {
+        format!(
+            "warning: --hold-kueue-preemption: {account} may not watch Kueue's Workloads (grant get, list, watch on \
+             workloads.kueue.x-k8s.io; the chart's kueue.enabled does): {off}"
+        )
+    })
 }
 
 /// The fields the rule reads that its kind's CustomResourceDefinition (if it is one the user may

@@ -266,3 +266,31 @@ async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with_and_wa
         assert!(warnings.iter().any(|w| w.contains(&format!("--busy-when-owner {kind}:"))), "{kind}: {warnings:?}");
     }
 }
+
+#[tokio::test]
+async fn a_kueue_hold_with_nothing_to_follow_says_why_and_tells_not_installed_from_cannot_ask() {
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("busy", true));
+    let server = TestServer::start_with(|config| {
+        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.hold_kueue_preemption = true;
+    })
+    .await;
+    let not_installed = "--hold-kueue-preemption: Kueue's preemptions are not held (the API server does not serve \
+                         Kueue's Workloads (Kueue not installed?)); everything else is served, and busyguard tries again";
+    eventually("/status says Kueue is not installed", async || {
+        server.admin_get("/status").await.text().contains(not_installed).then_some(())
+    })
+    .await;
+    assert_eq!(server.metric("busyguard_kueue_hold_followed").await, Some(0.0));
+    let review = delete_of(&api.pod("capture", "busy").unwrap(), "pod-delete-by-user.json");
+    assert_eq!(server.review("/validate", &review).await["status"]["code"], 429, "everything else is served");
+
+    // Asked again (within a minute): an API server that cannot be asked is not "not installed".
+    api.fault("GET", "/apis", std::iter::repeat_with(|| Fault::Status(403)).take(100));
+    eventually("/status says it cannot ask", async || {
+        let status = server.admin_get("/status").await.text();
+        status.contains("Kueue's preemptions are not held (cannot ask the API server whether it serves").then_some(())
+    })
+    .await;
+}

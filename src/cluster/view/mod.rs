@@ -71,6 +71,9 @@ pub struct View {
 struct Preemptions {
     holding: HashSet<String>,
     preempted: HashSet<(String, String)>,
+    /// With the hold on: why Kueue's Workloads are not followed now (`None`: followed).
+    /// `None` outside: the hold is off.
+    unfollowed: Option<Option<String>>,
 }
 
 /// How following one busy rule's kind goes.
@@ -294,6 +297,16 @@ impl View {
 
     pub fn preempted_jobs(&self) -> Vec<(String, String)> {
         self.preemptions.read().preempted.iter().cloned().collect()
+    }
+
+    /// With the hold on, whether Kueue's Workloads are followed: `None` if so, else why not.
+    pub fn set_kueue_unfollowed(&self, why: Option<String>) {
+        self.preemptions.write().unfollowed = Some(why);
+    }
+
+    /// `None`: the hold is off; `Some(None)`: Kueue's Workloads are followed; else why not.
+    pub fn kueue_unfollowed(&self) -> Option<Option<String>> {
+        self.preemptions.read().unfollowed.clone()
     }
 
     /// The namespaces labelled the other way than the rest, as recorded.

@@ -20,7 +20,9 @@ const WORKLOAD_CRD: &str = "kueue-v0.19.2/config/components/crd/bases/kueue.x-k8
 /// A busy pod of a Job whose Workload Kueue preempted, in a namespace that holds preemptions:
 /// the Job controller's delete (after Kueue suspends the Job) is refused while the pod is busy,
 /// and goes at its next idle moment. In a namespace that does not ask, the same preemption
-/// takes the busy pod at once, as the Job's own end. Needs ../shared (skipped, and said, without it).
+/// takes the busy pod at once, as the Job's own end. Before its RBAC is granted, `/status` and
+/// `busyguard_kueue_hold_followed` say the hold is off, and why. Needs ../shared (skipped, and
+/// said, without it).
 pub fn kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks(rig: &Rig) -> Result<()> {
     let crd = Path::new(ROOT).join("../shared/peers").join(WORKLOAD_CRD);
     let Some(crd) = crd.is_file().then_some(crd) else {
@@ -28,6 +30,27 @@ pub fn kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks(rig: &Rig
         return Ok(());
     };
     rig.install_crd(&crd)?;
+    // The hold on before its RBAC: said on /status and in the metric, not only in a log line.
+    rig.kubectl(&["delete", "clusterrolebinding,clusterrole", "busyguard-kueue", "--ignore-not-found"])?;
+    rig.install_with_args(&[], &["--hold-kueue-preemption=true".to_string()])?;
+    let unfollowed = "--hold-kueue-preemption: Kueue's preemptions are not held (the watch of Kueue's Workloads failed";
+    eventually("/status says the hold has no RBAC", Duration::from_secs(30), || {
+        Ok(rig.statuses().iter().all(|s| s.contains(unfollowed) && s.contains("forbidden")))
+    })
+    .with_context(|| format!("/status: {:?}", rig.statuses()))?;
+    ensure!(
+        rig.metrics().iter().all(|m| m.lines().any(|l| l == "busyguard_kueue_hold_followed 0")),
+        "busyguard_kueue_hold_followed is not 0 without RBAC"
+    );
+    let checked = std::process::Command::new(crate::rig::BUSYGUARD)
+        .args(["check", "-n", "default", "--timeout", "60s", "--kubeconfig"])
+        .arg(&rig.admin)
+        .output()?;
+    let said = String::from_utf8_lossy(&checked.stdout);
+    ensure!(
+        checked.status.success() && said.contains("may not watch Kueue's Workloads"),
+        "busyguard check did not warn of the hold's missing RBAC: {said}"
+    );
     let read = json!(["get", "list", "watch"]);
     rig.grant_cluster(
         "busyguard-kueue",
@@ -35,7 +58,9 @@ pub fn kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks(rig: &Rig
         "busyguard",
         "busyguard",
     )?;
-    rig.install_with_args(&[], &["--hold-kueue-preemption=true".to_string()])?;
+    eventually("the hold followed once granted", Duration::from_secs(90), || {
+        Ok(rig.statuses().iter().all(|s| !s.contains("--hold-kueue-preemption")))
+    })?;
     let outcome = held_where_asked(rig);
     rig.install_release(Path::new(ROOT), None)?;
     outcome
