@@ -7,6 +7,9 @@
   chart.py lint                     `helm lint --strict`; exits 1 on any finding
   chart.py readme [--check]         writes the chart's README from values.yaml (--check: only says if it differs)
   chart.py package DIR [URL]        the chart's .tgz and an index.yaml (its entries at URL) in DIR
+  chart.py stamp REPOSITORY IMAGE   a release's chart, in place: its image IMAGE (at appVersion), home and
+                                    sources REPOSITORY's URL, and Artifact Hub's annotations (licence, image,
+                                    links, and the changes of its version from CHANGELOG.md)
 
 Rendered as installed: release busyguard, namespace busyguard unless NAMESPACE says otherwise."""
 import json, os, re, sys
@@ -14,7 +17,9 @@ import json, os, re, sys
 import helm_python
 import yaml
 
-CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "busyguard")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# BUSYGUARD_CHART: another copy of the chart (the tests stamp one).
+CHART = os.environ.get("BUSYGUARD_CHART") or os.path.join(ROOT, "charts", "busyguard")
 
 
 def render(values, namespace="busyguard", tests=False):
@@ -63,6 +68,53 @@ def readme():
     return head + "\n| value | default | what it does |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
+def changes(version):
+    """The bold titles of CHANGELOG.md's entries under the heading of `version`, by section, as
+    Artifact Hub's `changes` annotation lists them (kind: added, changed, removed, ...)."""
+    kinds = {"Breaking": "changed", "Added": "added", "Changed": "changed", "Fixed": "fixed", "Removed": "removed"}
+    text = open(os.path.join(ROOT, "CHANGELOG.md")).read()
+    section = re.split(r"^## ", text, flags=re.M)
+    mine = next((s for s in section if s.startswith(version + " ") or s.startswith(version + "\n")), None)
+    if mine is None:
+        sys.exit(f"CHANGELOG.md has no heading for {version}")
+    found, kind = [], "changed"
+    for line in mine.splitlines():
+        heading = re.match(r"^### (\w+)", line)
+        if heading:
+            kind = kinds.get(heading.group(1), "changed")
+        title = re.match(r"^- \*\*(.+?)\*\*", line)
+        if title:
+            found.append({"kind": kind, "description": title.group(1).rstrip(".")})
+    return found
+
+
+def stamp(repository, image):
+    """The chart as a release publishes it: values.yaml's image is the published one, and
+    Chart.yaml says where the project is and what changed (appended: its comments stay)."""
+    chart_yaml = os.path.join(CHART, "Chart.yaml")
+    meta = yaml.safe_load(open(chart_yaml))
+    version = meta["appVersion"]
+    if version.endswith("-dev"):
+        sys.exit(f"{version} is not a release: stamp a released version's chart only")
+    values_path = os.path.join(CHART, "values.yaml")
+    values = open(values_path).read()
+    if "\n  repository: busyguard\n" not in values:
+        sys.exit("values.yaml's image.repository is not the checkout's `busyguard`")
+    open(values_path, "w").write(values.replace("\n  repository: busyguard\n", f"\n  repository: {image}\n", 1))
+    annotations = {
+        "artifacthub.io/license": "Apache-2.0",
+        "artifacthub.io/images": yaml.safe_dump([{"name": "busyguard", "image": f"{image}:{version}"}]),
+        "artifacthub.io/links": yaml.safe_dump([{"name": "source", "url": repository},
+                                                {"name": "documentation", "url": f"{repository}/tree/v{version}/docs"}]),
+        "artifacthub.io/changes": yaml.safe_dump(changes(version), sort_keys=False),
+        "artifacthub.io/containsSecurityUpdates": "false",
+    }
+    extra = {"home": repository, "sources": [repository], "annotations": annotations}
+    with open(chart_yaml, "a") as out:
+        out.write("# Stamped by the release (scripts/chart.py stamp).\n")
+        out.write(yaml.safe_dump(extra, sort_keys=False, width=1000))
+
+
 def main():
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "render":
@@ -87,6 +139,8 @@ def main():
                 sys.exit("charts/busyguard/README.md differs from values.yaml: run scripts/chart.py readme")
         else:
             open(path, "w").write(text)
+    elif command == "stamp":
+        stamp(sys.argv[2], sys.argv[3])
     elif command == "package":
         destination = sys.argv[2]
         os.makedirs(destination, exist_ok=True)

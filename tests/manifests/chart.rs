@@ -363,3 +363,42 @@ fn the_busy_rules_the_docs_give_are_chart_values_and_agones_namespace_cannot_rea
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// A release's chart, as the release workflow stamps it (`chart.py stamp`): its image the
+/// published one at its appVersion, its home and sources the repository, and Artifact Hub's
+/// annotations with the changes of its version from the CHANGELOG; a `-dev` chart is refused.
+#[test]
+fn a_released_chart_pulls_the_published_image_and_says_what_changed() {
+    let copy = tempfile::tempdir().unwrap();
+    let chart = copy.path().join("busyguard");
+    let copied = Command::new("cp").arg("-r").arg(format!("{ROOT}/charts/busyguard")).arg(&chart).status().unwrap();
+    assert!(copied.success());
+    let stamp = |chart_yaml: &str| {
+        std::fs::write(chart.join("Chart.yaml"), chart_yaml).unwrap();
+        let installed = run(Command::new("sh").arg(format!("{ROOT}/scripts/helm-python.sh")));
+        let mut command = Command::new("python3");
+        command.arg(format!("{ROOT}/scripts/chart.py")).args([
+            "stamp",
+            "https://github.com/o/busyguard",
+            "ghcr.io/o/busyguard",
+        ]);
+        command.env("PYTHONPATH", String::from_utf8(installed.stdout).unwrap().trim()).env("BUSYGUARD_CHART", &chart);
+        command.output().unwrap()
+    };
+    let original = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
+    let dev = stamp(&original.replace(&format!("version: {}", env!("CARGO_PKG_VERSION")), "version: 0.2.0-dev"));
+    assert!(!dev.status.success(), "a -dev chart was stamped");
+    let released = original.lines().filter(|l| !l.contains("ersion: ")).collect::<Vec<_>>().join("\n");
+    let stamped = stamp(&format!("{released}\nversion: 0.2.0\nappVersion: 0.2.0\n"));
+    assert!(stamped.status.success(), "{}", String::from_utf8_lossy(&stamped.stderr));
+    let meta: Value = serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap()).unwrap();
+    assert_eq!(meta["home"], "https://github.com/o/busyguard");
+    let annotations = &meta["annotations"];
+    let images: Value = serde_saphyr::from_str(annotations["artifacthub.io/images"].as_str().unwrap()).unwrap();
+    assert_eq!(images, json!([{"name": "busyguard", "image": "ghcr.io/o/busyguard:0.2.0"}]));
+    let changes: Value = serde_saphyr::from_str(annotations["artifacthub.io/changes"].as_str().unwrap()).unwrap();
+    assert!(changes.as_array().is_some_and(|c| c.len() > 3), "0.2.0's changes: {changes}");
+    let values = std::fs::read_to_string(chart.join("values.yaml")).unwrap();
+    assert!(values.contains("\n  repository: ghcr.io/o/busyguard\n"), "the published image is the default");
+    assert!(values.contains("# -- Where the image is pulled from."), "values.yaml's comments are kept");
+}
