@@ -386,9 +386,10 @@ fn a_released_chart_pulls_the_published_image_and_says_what_changed() {
         command.output().unwrap()
     };
     let original = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
-    let dev = stamp(&original.replace(&format!("version: {}", env!("CARGO_PKG_VERSION")), "version: 0.2.0-dev"));
-    assert!(!dev.status.success(), "a -dev chart was stamped");
     let released = original.lines().filter(|l| !l.contains("ersion: ")).collect::<Vec<_>>().join("\n");
+    let dev = stamp(&format!("{released}\nversion: 0.4.0-dev\nappVersion: 0.4.0-dev\n"));
+    assert!(!dev.status.success(), "a -dev chart was stamped");
+    assert!(String::from_utf8_lossy(&dev.stderr).contains("0.4.0-dev is not a release"));
     let stamped = stamp(&format!("{released}\nversion: 0.2.0\nappVersion: 0.2.0\n"));
     assert!(stamped.status.success(), "{}", String::from_utf8_lossy(&stamped.stderr));
     let meta: Value = serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap()).unwrap();
