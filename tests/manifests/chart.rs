@@ -403,3 +403,26 @@ fn a_released_chart_pulls_the_published_image_and_says_what_changed() {
     assert!(values.contains("\n  repository: ghcr.io/o/busyguard\n"), "the published image is the default");
     assert!(values.contains("# -- Where the image is pulled from."), "values.yaml's comments are kept");
 }
+
+/// The NetworkPolicy takes the API server's addresses as one CIDR or a list (EKS: its control
+/// plane's subnets), each checked; one replica keeps a PDB that lets its node be drained.
+#[test]
+fn the_network_policy_takes_a_list_of_checked_cidrs_and_one_replica_can_be_drained() {
+    let objects =
+        render_chart(json!({"networkPolicy": {"enabled": true, "apiServerCIDR": ["10.0.0.0/24", "10.0.1.0/24"]},
+        "replicas": 1}));
+    let policy = one(&objects, "NetworkPolicy", "busyguard");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"],
+        json!([{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "10.0.1.0/24"}}])
+    );
+    let pdb = one(&objects, "PodDisruptionBudget", "busyguard");
+    assert_eq!((&pdb["spec"]["maxUnavailable"], &pdb["spec"]["minAvailable"]), (&json!(1), &Value::Null));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    for bad in [json!("10.0.0.0"), json!("10.0.0.0/24,10.0.1.0/24"), json!(["10.0.0.0"])] {
+        std::fs::write(file.path(), json!({"networkPolicy": {"enabled": true, "apiServerCIDR": bad}}).to_string())
+            .unwrap();
+        let output = chart(&["render", file.path().to_str().unwrap()]);
+        assert!(!output.status.success(), "{bad} rendered");
+    }
+}
