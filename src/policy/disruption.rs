@@ -263,10 +263,6 @@ fn refuse_busy(
 ) -> Outcome {
     use std::fmt::Write;
     let (ask, pod) = (d.ask, d.pod);
-    if let Taking::Restart { container } = d.taking {
-        let message = restart_while_busy(ask.namespace, ask.name, container, since, until);
-        return Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit);
-    }
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::Audit;
     // The owner's key is built only where a busy rule could name it: this is every refusal's path.
@@ -275,6 +271,10 @@ fn refuse_busy(
     let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
     let followed = under_rule.map(owners::kind_and_name).or(leader.as_deref());
     let busy = Busy { since, until, by_readiness, followed };
+    if let Taking::Restart { container } = d.taking {
+        let message = restart_while_busy(ask.namespace, ask.name, container, &busy);
+        return Outcome::refused(Denial::PodBusy, Reason::RestartWhileBusy, message, config.mode, audit);
+    }
     let mut message = busy_denial(ask.namespace, ask.name, &busy, enforced);
     if !enforced {
         return Outcome::refused(Denial::PodBusy, Reason::Busy, message, config.mode, audit);
@@ -385,17 +385,15 @@ pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool)
     message
 }
 
-/// An update refused because it would restart the container of a busy pod's task.
-pub fn restart_while_busy(
-    namespace: &str,
-    name: &str,
-    container: &str,
-    since: Option<Timestamp>,
-    until: Option<Timestamp>,
-) -> String {
-    let since = since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
-    let until = until.map_or_else(String::new, |t| format!(" ({})", lapses_at(t)));
-    let force = how_to_force(namespace, name);
+/// An update refused because it would restart the container of a busy pod's task. A pod whose
+/// busy label busyguard writes (it follows an owner or a leader) is forced by ending that task.
+pub fn restart_while_busy(namespace: &str, name: &str, container: &str, busy: &Busy<'_>) -> String {
+    let since = busy.since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
+    let until = busy.until.map_or_else(String::new, |t| format!(" ({})", lapses_at(t)));
+    let force = match busy.followed {
+        Some(owner) => format!("to force: end {owner}'s task, or update the pod as a user busyguard exempts"),
+        None => how_to_force(namespace, name).to_string(),
+    };
     format!(
         "pod {namespace}/{name} is busy since {since}{until}: this update would restart its container {container:?} \
          and end the task; retry once the pod is idle ({force})"
@@ -646,10 +644,10 @@ mod tests {
         runner.metadata.owner_references = serde_json::from_value(json!([{"apiVersion": "actions.github.com/v1alpha1",
             "kind": "EphemeralRunner", "name": "ci-4tb9k", "uid": "o", "controller": true}]))
         .unwrap();
-        let refusal = |pod: &Pod, config: &PolicyConfig| {
+        let refusal_of = |taking: Taking<'_>, pod: &Pod, config: &PolicyConfig| {
             let disruption = Disruption {
                 ask: &ask("alice", false),
-                taking: Taking::Evict { grace_period: None },
+                taking,
                 pod,
                 seen: Some(pod),
                 siblings: None,
@@ -658,6 +656,10 @@ mod tests {
             let Answer::Deny { message, .. } = judge_disruption(&disruption, config, now()).answer else { panic!() };
             message
         };
+        let refusal = |pod: &Pod, config: &PolicyConfig| refusal_of(Taking::Evict { grace_period: None }, pod, config);
+        let restart = refusal_of(Taking::Restart { container: "runner" }, &runner, &with_rule);
+        assert!(restart.contains("to force: end EphemeralRunner/ci-4tb9k's task"), "{restart}");
+        assert!(!restart.contains("kubectl label"), "a restart's refusal offers no relabelling either: {restart}");
         let message = refusal(&runner, &with_rule);
         assert!(message.contains("follows EphemeralRunner/ci-4tb9k, and busyguard writes it"), "{message}");
         assert!(!message.contains("kubectl label"), "relabelling is undone at the next flip: {message}");
