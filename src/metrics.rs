@@ -232,7 +232,11 @@ impl Default for Metrics {
             audit_failing.clone(),
         );
         let watch_errors = Counter::default();
-        registry.register("watch_errors", "Failed attempts to list or watch opted-in pods", watch_errors.clone());
+        registry.register(
+            "watch_errors",
+            "Failed attempts to list or watch opted-in pods, or the namespaces their list waits for",
+            watch_errors.clone(),
+        );
         let busy_pdb_conflicts = Gauge::default();
         registry.register(
             "busy_pdb_conflicts",

@@ -103,6 +103,21 @@ pub(crate) async fn drive_until_listed<K, I: Index<K>>(
     }
 }
 
+/// A watch's failure as `/status` says it: what failed, and the API server's code and message
+/// (a kube error's own text carries the whole Status, debug-printed).
+pub(crate) fn failure(error: &watcher::Error) -> String {
+    let (what, source) = match error {
+        watcher::Error::InitialListFailed(e) => ("its list", e),
+        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => ("its watch", e),
+        watcher::Error::WatchError(status) => return format!("its watch: {} {}", status.code, status.message),
+        other => return other.to_string(),
+    };
+    match source {
+        kube::Error::Api(status) => format!("{what}: {} {}", status.code, status.message),
+        other => format!("{what}: {other}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,7 +130,7 @@ impl Index<DynamicObject> for Workloads<'_> {
 
     /// RBAC missing (403) shows here: the hold is off until the watch works, and `/status` says so.
     fn failed(&mut self, error: &watcher::Error) {
-        self.view.set_kueue_unfollowed(Some(format!("the watch of Kueue's Workloads failed: {error}")));
+        self.view.set_kueue_unfollowed(Some(format!("Kueue's Workloads: {}", driver::failure(error))));
     }
 
     async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {

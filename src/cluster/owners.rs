@@ -286,7 +286,7 @@ impl Index<DynamicObject> for Owners<'_> {
     }
 
     fn failed(&mut self, error: &watcher::Error) {
-        let why = format!("its watch failed: {error}");
+        let why = super::driver::failure(error);
         self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = Some(why));
     }
 }
@@ -349,7 +349,7 @@ impl Index<PartialObjectMeta<DynamicObject>> for Links<'_> {
     }
 
     fn failed(&mut self, error: &watcher::Error) {
-        let why = format!("its watch failed: {error}");
+        let why = super::driver::failure(error);
         self.watch.view.update_owner_kind(&self.kinds, |state| state.unfollowed = Some(why));
     }
 }

@@ -293,8 +293,9 @@ impl Index<ApiPod> for Pods<'_> {
         self.watch.view.alive(Instant::now());
     }
 
-    fn failed(&mut self, _: &watcher::Error) {
+    fn failed(&mut self, error: &watcher::Error) {
         self.watch.metrics.watch_errors.inc();
+        self.watch.view.watch_failed(format!("pods: {}", driver::failure(error)));
     }
 }
 
@@ -321,6 +322,12 @@ impl Index<Namespace> for Namespaces<'_> {
     /// Deleted, or its label changed: the watch selects by the label.
     async fn delete(&mut self, namespace: Namespace) {
         self.watch.except(&namespace.name_any(), false, self.pods_seen).await;
+    }
+
+    /// The pods' list waits for the namespaces': a failure here is why it does not come.
+    fn failed(&mut self, error: &watcher::Error) {
+        self.watch.metrics.watch_errors.inc();
+        self.watch.view.watch_failed(format!("namespaces: {}", driver::failure(error)));
     }
 
     async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {

@@ -143,6 +143,10 @@ impl App {
             Unavailable::NoCluster => {
                 format!("{why}: evictions and node deletes are answered 503, scale-downs go unprepared")
             }
+            Unavailable::NotListed => match self.cluster.view.last_failure() {
+                Some(failure) => format!("{}: {failure}", Unavailable::NotListed),
+                None => Unavailable::NotListed.to_string(),
+            },
             why => why.to_string(),
         });
         problems.extend(view.err());

@@ -294,3 +294,27 @@ async fn a_kueue_hold_with_nothing_to_follow_says_why_and_tells_not_installed_fr
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_replica_that_cannot_list_namespaces_says_why_its_pods_are_not_listed() {
+    let api = ApiServer::start().await;
+    api.put_pod(worker_pod("w", false));
+    api.fault("GET", "/api/v1/namespaces", std::iter::repeat_with(|| Fault::Status(403)).take(3));
+    let server = TestServer::with_cluster_unready(&api).await;
+    let status = eventually("/status names the namespaces' watch", async || {
+        let status = server.admin_get("/status").await.text();
+        status.contains("namespaces: its list: 403").then_some(status)
+    })
+    .await;
+    assert!(
+        status.starts_with(
+            "busyguard has not finished listing the opted-in pods yet: namespaces: its list: 403 injected by the test\n"
+        ),
+        "{status}"
+    );
+    assert!(status.contains("403"), "the API server's answer is named: {status}");
+    assert!(!status.contains("ErrorResponse {") && !status.contains("Status {"), "no debug dump: {status}");
+    assert!(server.metric("busyguard_watch_errors_total").await.is_some_and(|n| n >= 1.0), "counted");
+    // Once the namespaces can be listed, the pods are, and the failure is no longer said.
+    server.wait_ready().await;
+}

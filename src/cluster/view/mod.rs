@@ -90,6 +90,9 @@ struct Health {
     /// `None`: no cluster configured; the view is never trusted but never blocks readiness.
     unlisted: Option<HashSet<Scope>>,
     last_sign_of_life: Instant,
+    /// The last failure of a watch the pods' list waits on (namespaces, pods), until the next
+    /// sign of life: why the view is not listed, for `/status`.
+    last_failure: Option<String>,
 }
 
 /// Why the view cannot answer right now.
@@ -118,7 +121,7 @@ impl View {
     /// A view fed by watches over `scopes`, guarding the namespaces `enrolment` says.
     pub fn watching(scopes: &[Scope], stale_after: Duration, enrolment: Enrolment) -> View {
         let unlisted = Some(scopes.iter().cloned().collect());
-        let health = Health { unlisted, last_sign_of_life: Instant::now() };
+        let health = Health { unlisted, last_sign_of_life: Instant::now(), last_failure: None };
         View { pods: RwLock::default(), health: Mutex::new(health), stale_after, enrolment, ..View::without_cluster() }
     }
 
@@ -126,7 +129,7 @@ impl View {
     pub fn without_cluster() -> View {
         View {
             pods: RwLock::default(),
-            health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now() }),
+            health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now(), last_failure: None }),
             stale_after: Duration::ZERO,
             own_user: OnceLock::new(),
             enrolment: Enrolment::default(),
@@ -331,10 +334,22 @@ impl View {
     pub fn alive(&self, now: Instant) {
         let mut health = self.health.lock();
         health.last_sign_of_life = health.last_sign_of_life.max(now);
+        health.last_failure = None;
+    }
+
+    /// A watch the view depends on failed (`why`); it retries with backoff.
+    pub fn watch_failed(&self, why: String) {
+        self.health.lock().last_failure = Some(why);
+    }
+
+    /// The last failure of a watch since the last sign of life.
+    pub fn last_failure(&self) -> Option<String> {
+        self.health.lock().last_failure.clone()
     }
 
     pub fn listed(&self, scope: &Scope) {
         let mut health = self.health.lock();
+        health.last_failure = None;
         if let Some(unlisted) = &mut health.unlisted {
             unlisted.remove(scope);
         }

@@ -33,7 +33,7 @@ pub fn kueues_preemption_waits_for_a_busy_pod_where_the_namespace_asks(rig: &Rig
     // The hold on before its RBAC: said on /status and in the metric, not only in a log line.
     rig.kubectl(&["delete", "clusterrolebinding,clusterrole", "busyguard-kueue", "--ignore-not-found"])?;
     rig.install_with_args(&[], &["--hold-kueue-preemption=true".to_string()])?;
-    let unfollowed = "--hold-kueue-preemption: Kueue's preemptions are not held (the watch of Kueue's Workloads failed";
+    let unfollowed = "--hold-kueue-preemption: Kueue's preemptions are not held (Kueue's Workloads: its list: 403";
     eventually("/status says the hold has no RBAC", Duration::from_secs(30), || {
         Ok(rig.statuses().iter().all(|s| s.contains(unfollowed) && s.contains("forbidden")))
     })
