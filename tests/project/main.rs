@@ -13,3 +13,4 @@ mod harness;
 mod kustomize;
 mod layout;
 mod monitoring;
+mod workflows;
