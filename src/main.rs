@@ -9,7 +9,7 @@ use busyguard::cli::{Cli, Command, LogFormat};
 use busyguard::commands::certs::{self, CertsOutcome, CertsRequest};
 use busyguard::commands::dev_webhooks::DevWebhooksArgs;
 use busyguard::commands::status::StatusArgs;
-use busyguard::commands::{check, cleanup, dev_webhooks, status, trial};
+use busyguard::commands::{check, cleanup, cluster_settings, dev_webhooks, status, trial};
 use busyguard::config::ServeArgs;
 use busyguard::server;
 use clap::{CommandFactory, FromArgMatches};
@@ -23,7 +23,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     small_pages_only();
-    let cli = command_line();
+    let (cli, matches) = command_line();
     init_logging(cli.log_format, &cli.log_level);
     let json_logs = matches!(cli.log_format, LogFormat::Json);
     let result = match cli.command {
@@ -47,7 +47,8 @@ fn main() -> ExitCode {
                 args.cluster.source(),
                 status::Settings { max_busy: (&args.max_busy).into(), holds: (&args.holds).into() },
             );
-            block_on(status::run(&source, &args.cluster.namespaces, settings)).map(|report| print!("{report}"))
+            let given = given_to_status(&matches);
+            block_on(status::run(&source, &args.cluster.namespaces, settings, &given)).map(|report| print!("{report}"))
         }
         Command::Check(args) => {
             let source = busyguard::config::users_source(args.kubeconfig, args.context);
@@ -90,7 +91,7 @@ fn one_line(error: &anyhow::Error) -> String {
 
 /// The command line; run as kubectl's plugin (`kubectl busyguard`, through a `kubectl-busyguard`
 /// link), its usage says so and lists only the commands a person runs against a cluster.
-fn command_line() -> Cli {
+fn command_line() -> (Cli, clap::ArgMatches) {
     let name = std::env::args_os().next().map(std::path::PathBuf::from);
     let as_plugin =
         name.as_deref().and_then(std::path::Path::file_name).is_some_and(|name| name == "kubectl-busyguard");
@@ -101,7 +102,17 @@ fn command_line() -> Cli {
             command = command.mut_subcommand(in_the_cluster, |sub| sub.hide(true));
         }
     }
-    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+    let matches = command.get_matches();
+    (Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()), matches)
+}
+
+/// The shared settings the user gave `status` (on its command line or in the environment): the
+/// cluster's own are read for the others.
+fn given_to_status(matches: &clap::ArgMatches) -> Vec<&'static str> {
+    use clap::parser::ValueSource;
+    let Some(status) = matches.subcommand_matches("status") else { return Vec::new() };
+    let given = |id: &str| matches!(status.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+    cluster_settings::SHARED_SETTINGS.iter().filter(|(id, _, _)| given(id)).map(|(_, flag, _)| *flag).collect()
 }
 
 /// Runs a command's work on a runtime of its own.

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod certs;
 pub mod check;
 pub mod cleanup;
+pub mod cluster_settings;
 pub mod dev_webhooks;
 pub mod status;
 pub mod trial;

@@ -14,14 +14,18 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
+use k8s_openapi::api::apps::v1::Deployment;
+
+use super::cluster_settings::{container_settings, with_cluster_settings};
 use crate::cluster::nodes::going;
 use crate::cluster::view::{ApiPod, PodRecord};
 use crate::cluster::{ClusterSource, client_config};
 use crate::config::{HoldArgs, MaxBusyArgs, UsersCluster};
 use crate::duration::whole_second;
-use crate::policy::busy::{BusyState, MaxBusy, busy_state};
+use crate::policy::BUSYGUARD_NAMESPACE;
+use crate::policy::busy::{BusyState, busy_state};
 use crate::policy::hazards::{Opted, Pdb, hazards};
-use crate::policy::hold::{Holds, NodeGoing, held, held_refusal};
+use crate::policy::hold::{NodeGoing, held, held_refusal};
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::pod::PodFacts;
 use crate::policy::selector::Selector;
@@ -31,10 +35,11 @@ use crate::policy::workloads::{count, of_pod};
 pub struct StatusArgs {
     #[command(flatten)]
     pub cluster: UsersCluster,
-    /// The cluster's own, to tell protected pods from lapsed ones.
+    /// To tell protected pods from lapsed ones: busyguard's own, read from its Deployment, where
+    /// none is given.
     #[command(flatten)]
     pub max_busy: MaxBusyArgs,
-    /// The cluster's own, to tell the pods that take no new task.
+    /// To tell the pods that take no new task: busyguard's own where none is given.
     #[command(flatten)]
     pub holds: HoldArgs,
     /// Instead: what a trial in audit mode saw, from busyguard's audit lines in this file (`-`:
@@ -51,12 +56,7 @@ pub struct Listed {
     pub tolerates_every_taint: bool,
 }
 
-/// The cluster's own settings, as `serve` runs with them.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    pub max_busy: MaxBusy,
-    pub holds: Holds,
-}
+pub use super::cluster_settings::Settings;
 
 /// What a user may not read (they are told, not refused), and so what `status` cannot check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,11 +71,19 @@ pub struct Cluster {
     pub nodes_going: Result<HashMap<String, NodeGoing>, Unread>,
 }
 
-/// Lists the opted-in pods (all namespaces, or those given) and renders the report.
-pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settings) -> anyhow::Result<String> {
+/// Lists the opted-in pods (all namespaces, or those given) and renders the report, judged with
+/// busyguard's own settings as its Deployment has them, but for those the user gave (`given`:
+/// their flags).
+pub async fn run(
+    source: &ClusterSource,
+    namespaces: &[String],
+    settings: Settings,
+    given: &[&str],
+) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let (settings, said) = cluster_settings(&client, settings, given).await?;
     let apis: Vec<Api<ApiPod>> = if namespaces.is_empty() {
         vec![Api::all(client.clone())]
     } else {
@@ -104,7 +112,28 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], settings: Settin
         })
         .map_err(|e| Unread(format!("cannot list nodes, so cannot tell which are going: {e}")));
     let cluster = Cluster { pods: listed, pdbs, nodes_going };
-    Ok(render(&cluster, settings, whole_second(Timestamp::now())))
+    Ok(format!("{said}\n\n{}", render(&cluster, settings, whole_second(Timestamp::now()))))
+}
+
+/// `settings` with busyguard's own where the user gave none, and a line that says whose they are.
+async fn cluster_settings(
+    client: &kube::Client,
+    settings: Settings,
+    given: &[&str],
+) -> anyhow::Result<(Settings, String)> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), BUSYGUARD_NAMESPACE);
+    let found = match deployments.get_opt("busyguard").await {
+        Ok(Some(deployment)) => deployment.spec.template.spec.map(|s| s.containers),
+        Ok(None) => return Ok((settings, "Settings: this command's (no busyguard Deployment found)".into())),
+        Err(e) => return Ok((settings, format!("Settings: this command's (cannot read busyguard's Deployment: {e})"))),
+    };
+    let found = found.unwrap_or_default().first().map(container_settings).unwrap_or_default();
+    let (settings, taken) = with_cluster_settings(settings, given, &found)?;
+    let said = match taken.is_empty() {
+        true => "Settings: this command's (busyguard's Deployment sets none of them otherwise)".to_string(),
+        false => format!("Settings: busyguard's Deployment's, {}; this command's otherwise", taken.join(", ")),
+    };
+    Ok((settings, said))
 }
 
 /// The PodDisruptionBudgets of the namespaces with opted-in pods.
@@ -239,6 +268,8 @@ fn ago(now: Timestamp, then: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::busy::MaxBusy;
+    use crate::policy::hold::Holds;
     use serde_json::json;
 
     fn listed(name: &str, node: &str, label: &str, annotations: serde_json::Value) -> Listed {

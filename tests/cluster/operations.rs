@@ -111,13 +111,22 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
     api.put_pod(idle);
     api.put_pdb(json!({"metadata": {"name": "workers", "namespace": "capture"},
         "spec": {"selector": {"matchLabels": {"app": "worker"}}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}}));
+    // busyguard runs with a max-busy of its own: the report judges as it does, unless told otherwise.
+    api.put_app(
+        "deployments",
+        json!({"metadata": {"name": "busyguard", "namespace": "busyguard"},
+        "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "busyguard", "args": ["serve"],
+            "env": [{"name": "BUSYGUARD_MAX_BUSY", "value": "2h"}]}]}}}}),
+    );
     let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
     let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
     let settings = busyguard::commands::status::Settings { max_busy, holds: Default::default() };
-    let report = busyguard::commands::status::run(&source, &[], settings).await.unwrap();
-    assert!(report.starts_with("2 opted-in pods in 1 workload, 1 busy"), "{report}");
+    let report = busyguard::commands::status::run(&source, &[], settings, &[]).await.unwrap();
+    let (said, report) = report.split_once('\n').unwrap();
+    assert_eq!(said, "Settings: busyguard's Deployment's, --max-busy 2h; this command's otherwise");
+    assert!(report.starts_with("\n2 opted-in pods in 1 workload, 1 busy"), "{report}");
     assert!(report.contains("capture/Deployment/worker                            1     1       0"), "{report}");
-    let until = since.checked_add(SignedDuration::from_hours(24)).unwrap();
+    let until = since.checked_add(SignedDuration::from_hours(2)).unwrap();
     assert!(
         report.contains(&format!("capture/worker-a on node-1: busy since {since} (30m ago), protected until {until}")),
         "{report}"
@@ -139,9 +148,15 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
     let others: Vec<(String, String)> = api.writes().into_iter().map(|c| (c.method.to_string(), c.path)).collect();
     assert_eq!(
         others,
-        [("GET".to_string(), "/apis/policy/v1/namespaces/capture/poddisruptionbudgets".to_string())],
-        "and the budgets of its namespaces; nothing written"
-    );
+        [
+            ("GET".to_string(), "/apis/apps/v1/namespaces/busyguard/deployments/busyguard".to_string()),
+            ("GET".to_string(), "/apis/policy/v1/namespaces/capture/poddisruptionbudgets".to_string())
+        ],
+        "busyguard's Deployment, and the budgets of its namespaces; nothing written"
+    ); // Given on the command line, the user's own is used: a "what if".
+    let asked = busyguard::commands::status::Settings { max_busy, holds: Default::default() };
+    let what_if = busyguard::commands::status::run(&source, &[], asked, &["--max-busy"]).await.unwrap();
+    assert!(what_if.starts_with("Settings: this command's (busyguard's Deployment sets none"), "{what_if}");
 }
 
 #[tokio::test]
