@@ -27,7 +27,7 @@ impl Outcome {
                 Outcome { audit, ..Outcome::answer(allowed, Decision::WouldDeny) }
             }
             Answer::Patch { patch, warnings } => {
-                let (kept, withheld) = split_busy_label(patch);
+                let (kept, withheld) = split_own_keys(patch);
                 let answer = match kept.0.is_empty() {
                     true => Answer::Allow { warnings },
                     false => Answer::Patch { patch: kept, warnings },
@@ -51,38 +51,43 @@ impl Outcome {
 /// busy-since, which the trial's summary reads; no controller but busyguard reads either.
 const KEPT: [(&str, &str); 2] = [("labels", BUSY_LABEL), ("annotations", BUSY_SINCE)];
 
-/// The operations that write only busyguard's own keys ([`KEPT`]), and the rest. A map added
-/// whole (a pod without labels or annotations) is split by key.
-fn split_busy_label(patch: Patch) -> (Patch, Patch) {
+/// The operations on busyguard's own keys alone ([`KEPT`]: set, replaced or removed), and the
+/// rest. A map added whole (a pod without labels or annotations) is split by key.
+fn split_own_keys(patch: Patch) -> (Patch, Patch) {
     let (mut kept, mut withheld) = (Vec::new(), Vec::new());
     for operation in patch.0 {
-        let PatchOperation::Add(add) = &operation else {
-            withheld.push(operation);
-            continue;
-        };
-        let path = add.path.as_str();
-        if KEPT.iter().any(|(map, key)| path == format!("/metadata/{map}/{}", key.replace('/', "~1"))) {
+        if on_own_key(&operation) {
             kept.push(operation);
             continue;
         }
-        let whole = KEPT.iter().find(|(map, _)| path == format!("/metadata/{map}"));
-        match (whole, add.value.as_object()) {
-            (Some((_, key)), Some(map)) => {
-                let (ours, rest): (serde_json::Map<_, _>, _) = map.clone().into_iter().partition(|(k, _)| k == key);
-                let part = |map: serde_json::Map<String, serde_json::Value>| {
-                    PatchOperation::Add(json_patch::AddOperation { path: add.path.clone(), value: map.into() })
-                };
-                if !ours.is_empty() {
-                    kept.push(part(ours));
-                }
-                if !rest.is_empty() {
-                    withheld.push(part(rest));
-                }
-            }
-            _ => withheld.push(operation),
-        }
+        let PatchOperation::Add(add) = operation else {
+            withheld.push(operation);
+            continue;
+        };
+        let own_key = KEPT.iter().find(|(map, _)| add.path.as_str() == format!("/metadata/{map}"));
+        let (Some((_, key)), serde_json::Value::Object(map)) = (own_key, &add.value) else {
+            withheld.push(PatchOperation::Add(add));
+            continue;
+        };
+        let (ours, rest): (serde_json::Map<_, _>, _) = map.clone().into_iter().partition(|(k, _)| k == key);
+        let part = |map: serde_json::Map<String, serde_json::Value>| {
+            PatchOperation::Add(json_patch::AddOperation { path: add.path.clone(), value: map.into() })
+        };
+        kept.extend((!ours.is_empty()).then(|| part(ours)));
+        withheld.extend((!rest.is_empty()).then(|| part(rest)));
     }
     (Patch(kept), Patch(withheld))
+}
+
+/// Whether the operation writes one of busyguard's own keys ([`KEPT`]) and nothing else.
+fn on_own_key(operation: &PatchOperation) -> bool {
+    let path = match operation {
+        PatchOperation::Add(op) => &op.path,
+        PatchOperation::Replace(op) => &op.path,
+        PatchOperation::Remove(op) => &op.path,
+        _ => return false,
+    };
+    KEPT.iter().any(|(map, key)| path.as_str() == format!("/metadata/{map}/{}", key.replace('/', "~1")))
 }
 
 /// A patch in one line: `add /metadata/annotations/karpenter.sh~1do-not-disrupt="true", ...`.
@@ -179,6 +184,24 @@ mod tests {
             detail,
             "enforce mode would write: add /metadata/annotations={\"karpenter.sh/do-not-disrupt\":\"true\"}"
         );
+    }
+
+    #[test]
+    fn a_flip_to_idle_takes_busy_since_off_and_leaves_the_cost_as_it_is() {
+        use json_patch::{RemoveOperation, ReplaceOperation};
+        let alice = ask("alice");
+        let since = PatchOperation::Remove(RemoveOperation {
+            path: "/metadata/annotations/busyguard.io~1busy-since".parse().unwrap(),
+        });
+        let cost = PatchOperation::Replace(ReplaceOperation {
+            path: "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost".parse().unwrap(),
+            value: "0".into(),
+        });
+        let patch = Patch(vec![since.clone(), cost]);
+        let trial =
+            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
+        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![since]), warnings: vec![] });
+        assert_eq!(trial.decision, Decision::WouldPatch);
     }
 
     #[test]
