@@ -4,6 +4,7 @@
 pub mod arbiter;
 mod client;
 mod driver;
+mod fast_map;
 mod kueue;
 pub mod nodes;
 pub mod outbox;
@@ -29,10 +30,6 @@ pub use client::{ClusterSource, NO_CLUSTER, client_config};
 use outbox::{Outbox, OutboxSettings};
 use view::View;
 use watch::Watch;
-
-/// A map looked up on every review (the view's, the outbox's per-pod limits): foldhash rather
-/// than SipHash, a fifth of the cost per key, seeded at random as SipHash is.
-type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {

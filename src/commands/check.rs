@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+use super::cluster_settings::container_flag;
 use crate::cluster::{ClusterSource, NO_CLUSTER, client_config, owners};
 use crate::config::std_duration;
 use crate::policy::BUSYGUARD_NAMESPACE;
@@ -203,18 +204,8 @@ async fn busy_rules(client: &kube::Client) -> anyhow::Result<Option<(Vec<OwnerRu
 
 /// Whether busyguard's container runs with `--hold-kueue-preemption` on (flag or variable).
 fn holds_kueue_preemption(container: &k8s_openapi::api::core::v1::Container) -> bool {
-    let args = container.args.as_deref().unwrap_or_default();
-    let by_flag = args.iter().enumerate().any(|(i, arg)| match arg.strip_prefix("--hold-kueue-preemption") {
-        Some("") => args.get(i + 1).is_none_or(|value| value == "true"),
-        Some("=true") => true,
-        _ => false,
-    });
-    let by_env = container
-        .env
-        .iter()
-        .flatten()
-        .any(|e| e.name == "BUSYGUARD_HOLD_KUEUE_PREEMPTION" && e.value.as_deref() == Some("true"));
-    by_flag || by_env
+    let value = container_flag(container, "--hold-kueue-preemption", "BUSYGUARD_HOLD_KUEUE_PREEMPTION");
+    value.as_deref() == Some("true")
 }
 
 /// What keeps `--hold-kueue-preemption` from holding anything, as far as the user may tell:

@@ -28,20 +28,21 @@ pub const SHARED_SETTINGS: [(&str, &str, &str); 5] = [
 /// The shared settings a container of busyguard's sets, as `(flag, value)`, from its args
 /// (`--flag=value` or `--flag value`) and its env, the args winning as they do for clap.
 pub fn container_settings(container: &Container) -> Vec<(&'static str, String)> {
+    let set =
+        |(_, flag, variable): (&str, &'static str, &str)| Some((flag, container_flag(container, flag, variable)?));
+    SHARED_SETTINGS.into_iter().filter_map(set).collect()
+}
+
+/// The value a container of busyguard's gives `flag`: by its args (`--flag=value` or `--flag
+/// value`), else by its env's `variable`, as clap reads them.
+pub fn container_flag(container: &Container, flag: &str, variable: &str) -> Option<String> {
     let args = container.args.as_deref().unwrap_or_default();
-    let env = container.env.as_deref().unwrap_or_default();
-    let mut found = Vec::new();
-    for (_, flag, variable) in SHARED_SETTINGS {
-        let by_arg = args.iter().enumerate().find_map(|(i, arg)| match arg.strip_prefix(flag)? {
-            "" => args.get(i + 1).cloned(),
-            value => value.strip_prefix('=').map(str::to_string),
-        });
-        let by_env = || env.iter().find(|e| e.name == variable).and_then(|e| e.value.clone());
-        if let Some(value) = by_arg.or_else(by_env) {
-            found.push((flag, value));
-        }
-    }
-    found
+    let by_arg = args.iter().enumerate().find_map(|(i, arg)| match arg.strip_prefix(flag)? {
+        "" => args.get(i + 1).cloned(),
+        value => value.strip_prefix('=').map(str::to_string),
+    });
+    let by_env = || container.env.iter().flatten().find(|e| e.name == variable).and_then(|e| e.value.clone());
+    by_arg.or_else(by_env)
 }
 
 /// The shared settings alone, to read a Deployment's values as `serve` reads them.

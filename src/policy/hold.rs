@@ -11,7 +11,6 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::keys::{DELETE_REQUESTED, DISRUPTION_REQUESTED, DeleteRequest};
-use super::outcome::{Denial, Reason};
 use super::pod::PodFacts;
 
 /// How long holds last, as configured.
@@ -100,18 +99,6 @@ pub enum Hold {
     EvictionRefused { request: DeleteRequest, until: Timestamp },
     /// Its node is going.
     NodeGoing { node: String, why: NodeGoing },
-}
-
-impl Hold {
-    /// How a flip to busy refused for this hold is answered (409) and audited.
-    pub fn refusal(&self) -> (Denial, Reason) {
-        match self {
-            Hold::NodeGoing { .. } => (Denial::NodeGoing, Reason::NodeGoing),
-            Hold::DeleteRequested(_) | Hold::EvictionRefused { .. } => {
-                (Denial::DisruptionWanted, Reason::DisruptionWanted)
-            }
-        }
-    }
 }
 
 /// How long a deferred eviction asked in background (the descheduler's evacuation) holds its

@@ -84,7 +84,7 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
             busy_while_terminating(ask.namespace, ask.name, deleting),
         )),
         (true, None, Some(hold), _) => {
-            let (denial, reason) = hold.refusal();
+            let (denial, reason) = Denial::of_hold(&hold);
             Some((denial, reason, held_refusal(ask.namespace, ask.name, &hold)))
         }
         (_, _, _, Some(own)) if pod.label(BUSY_LABEL) == Some("true") && (turning_busy || max_busy_written) => Some((

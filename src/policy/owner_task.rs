@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use super::ask::Ask;
 use super::config::PolicyConfig;
 use super::hold::{Hold, held_refusal};
-use super::outcome::{Decision, Outcome};
+use super::outcome::{Decision, Denial, Outcome};
 use super::owners::OwnerRule;
 
 /// An owner's update that gives it a new task (its registration sends only those: Agones'
@@ -22,7 +22,7 @@ pub fn judge_new_task(
     now: Timestamp,
 ) -> Outcome {
     let Some((pod, hold)) = held else { return Outcome::allow(Decision::Allowed) };
-    let (denial, reason) = hold.refusal();
+    let (denial, reason) = Denial::of_hold(hold);
     let message = format!(
         "{} {}/{} takes no new task now, its pod being held ({}); give the task to another",
         rule.kind,

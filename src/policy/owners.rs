@@ -11,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::keys::BUSY_LABEL;
 use super::pod::PodRef;
+pub use super::pod::{group_of, owner_key, version_of};
 
 /// One rule: pods owned by a `group/version` `kind` are busy while `expression` holds of the
 /// owner (bound as `object`) and, if it reads it, of the pod (bound as `pod`). With `via`, the
@@ -306,22 +307,6 @@ impl PerPod {
         let pod = HashMap::from([("metadata".to_string(), cel::Value::from(metadata))]);
         self.rule.judge(self.object.clone(), Some(pod.into()))
     }
-}
-
-/// An owner as the view keys it: `group/Kind/name` (`/Kind/name` for the core group), so two
-/// groups' kinds of the same name are never taken for each other.
-pub fn owner_key(group: &str, kind: &str, name: &str) -> String {
-    format!("{group}/{kind}/{name}")
-}
-
-/// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
-pub fn group_of(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or("", |(group, _)| group)
-}
-
-/// The version of an `apiVersion` (`v1` of `apps/v1`, and of the core group's `v1`).
-pub fn version_of(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or(api_version, |(_, version)| version)
 }
 
 /// The rule for owners of `group`'s `kind` that own their pods themselves, if any: the rule an

@@ -18,7 +18,7 @@ use strum::VariantNames;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use super::FastMap;
+use super::fast_map::FastMap;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::keys::FIELD_MANAGER;

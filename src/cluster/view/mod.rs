@@ -15,7 +15,7 @@ pub use api_pod::ApiPod;
 pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
-use super::FastMap;
+use super::fast_map::FastMap;
 use crate::policy::budget::{Siblings, unavailable_siblings};
 use crate::policy::hold::NodeGoing;
 use crate::policy::owners::OwnerState;

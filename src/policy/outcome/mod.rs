@@ -10,6 +10,7 @@ pub use audit::{AuditRecord, Decision, Reason, ScalePlan, Subject};
 pub use effect::{Action, Call, Effect, LossCause, PodWrite};
 
 use super::config::Mode;
+use super::hold::Hold;
 
 #[derive(Debug)]
 pub struct Outcome {
@@ -155,6 +156,16 @@ pub const MAX_BUSY_BELOW_FLOOR_CAUSE: &str = "BusyguardMaxBusyBelowFloor";
 pub const NOT_DEFERRED_CAUSE: &str = "BusyguardNotDeferred";
 
 impl Denial {
+    /// How a flip to busy refused for `hold` is answered (409) and audited.
+    pub fn of_hold(hold: &Hold) -> (Denial, Reason) {
+        match hold {
+            Hold::NodeGoing { .. } => (Denial::NodeGoing, Reason::NodeGoing),
+            Hold::DeleteRequested(_) | Hold::EvictionRefused { .. } => {
+                (Denial::DisruptionWanted, Reason::DisruptionWanted)
+            }
+        }
+    }
+
     pub fn code(self) -> u16 {
         match self {
             Denial::PodBusy => 429,

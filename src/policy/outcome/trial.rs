@@ -132,15 +132,23 @@ mod tests {
         assert_eq!(trial.audit.unwrap().decision, Decision::WouldDeny);
     }
 
+    /// A mutating answer with these operations, as audit mode answers it.
+    fn patched(operations: Vec<PatchOperation>) -> Outcome {
+        let patch = Answer::Patch { patch: Patch(operations), warnings: vec![] };
+        Outcome::answer(patch, Decision::Patched).in_audit_mode(&ask("alice"), now())
+    }
+
+    /// The answer that writes these operations alone.
+    fn writes(operations: Vec<PatchOperation>) -> Answer {
+        Answer::Patch { patch: Patch(operations), warnings: vec![] }
+    }
+
     #[test]
     fn a_flips_marks_are_not_written_but_audited_would_patch() {
-        let alice = ask("alice");
-        let patch = Patch(vec![
+        let trial = patched(vec![
             add("/metadata/annotations/karpenter.sh~1do-not-disrupt", "true".into()),
             add("/metadata/labels/busyguard.io~1protected", "true".into()),
         ]);
-        let trial =
-            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
         assert_eq!(trial.answer, Answer::Allow { warnings: vec![] }, "nothing written");
         assert_eq!(trial.decision, Decision::WouldPatch);
         let audit = trial.audit.unwrap();
@@ -154,34 +162,26 @@ mod tests {
 
     #[test]
     fn busyguards_own_busy_label_is_still_written_and_nothing_else() {
-        let alice = ask("alice");
-        let opted_in = Patch(vec![add("/metadata/labels", serde_json::json!({BUSY_LABEL: "false"}))]);
-        let trial = Outcome::answer(Answer::Patch { patch: opted_in.clone(), warnings: vec![] }, Decision::Patched)
-            .in_audit_mode(&alice, now());
-        assert_eq!(trial.answer, Answer::Patch { patch: opted_in, warnings: vec![] });
+        let opted_in = add("/metadata/labels", serde_json::json!({BUSY_LABEL: "false"}));
+        let trial = patched(vec![opted_in.clone()]);
+        assert_eq!(trial.answer, writes(vec![opted_in]));
         assert!(trial.audit.is_none(), "nothing withheld, nothing to audit");
 
         let busy_label = add("/metadata/labels/busyguard.io~1busy", "true".into());
         let cost = add("/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "1000".into());
-        let patch = Patch(vec![busy_label.clone(), cost]);
-        let trial =
-            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
-        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![busy_label]), warnings: vec![] });
+        let trial = patched(vec![busy_label.clone(), cost]);
+        assert_eq!(trial.answer, writes(vec![busy_label]));
         assert_eq!(trial.decision, Decision::WouldPatch);
     }
 
     #[test]
     fn busy_since_is_kept_out_of_a_whole_annotations_map_and_the_rest_withheld() {
-        let alice = ask("alice");
         let map = serde_json::json!({BUSY_SINCE: "2026-12-01T10:00:00Z", "karpenter.sh/do-not-disrupt": "true"});
-        let patch = Patch(vec![add("/metadata/annotations", map)]);
-        let trial =
-            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
+        let trial = patched(vec![add("/metadata/annotations", map)]);
         let kept = add("/metadata/annotations", serde_json::json!({BUSY_SINCE: "2026-12-01T10:00:00Z"}));
-        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![kept]), warnings: vec![] });
-        let detail = trial.audit.unwrap().detail;
+        assert_eq!(trial.answer, writes(vec![kept]));
         assert_eq!(
-            detail,
+            trial.audit.unwrap().detail,
             "enforce mode would write: add /metadata/annotations={\"karpenter.sh/do-not-disrupt\":\"true\"}"
         );
     }
@@ -189,7 +189,6 @@ mod tests {
     #[test]
     fn a_flip_to_idle_takes_busy_since_off_and_leaves_the_cost_as_it_is() {
         use json_patch::{RemoveOperation, ReplaceOperation};
-        let alice = ask("alice");
         let since = PatchOperation::Remove(RemoveOperation {
             path: "/metadata/annotations/busyguard.io~1busy-since".parse().unwrap(),
         });
@@ -197,11 +196,13 @@ mod tests {
             path: "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost".parse().unwrap(),
             value: "0".into(),
         });
-        let patch = Patch(vec![since.clone(), cost]);
-        let trial =
-            Outcome::answer(Answer::Patch { patch, warnings: vec![] }, Decision::Patched).in_audit_mode(&alice, now());
-        assert_eq!(trial.answer, Answer::Patch { patch: Patch(vec![since]), warnings: vec![] });
+        let trial = patched(vec![since.clone(), cost]);
+        assert_eq!(trial.answer, writes(vec![since]));
         assert_eq!(trial.decision, Decision::WouldPatch);
+        assert_eq!(
+            trial.audit.unwrap().detail,
+            "enforce mode would write: replace /metadata/annotations/controller.kubernetes.io~1pod-deletion-cost=\"0\""
+        );
     }
 
     #[test]

@@ -241,7 +241,7 @@ impl PodFacts for Pod {
 
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
         let owner = self.controller()?;
-        Some(super::owners::owner_key(super::owners::group_of(&owner.api_version), &owner.kind, &owner.name).into())
+        Some(owner_key(group_of(&owner.api_version), &owner.kind, &owner.name).into())
     }
 
     fn resource_version(&self) -> &str {
@@ -365,6 +365,22 @@ impl PodStatus {
             gated: ready.status != "True" && ready.reason.as_deref() == Some("ReadinessGatesNotReady"),
         })
     }
+}
+
+/// An owner as the view keys it: `group/Kind/name` (`/Kind/name` for the core group), so two
+/// groups' kinds of the same name are never taken for each other.
+pub fn owner_key(group: &str, kind: &str, name: &str) -> String {
+    format!("{group}/{kind}/{name}")
+}
+
+/// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
+pub fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// The version of an `apiVersion` (`v1` of `apps/v1`, and of the core group's `v1`).
+pub fn version_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or(api_version, |(_, version)| version)
 }
 
 #[cfg(test)]
