@@ -21,9 +21,9 @@ use super::driver::{self, Index, Key};
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
-use crate::policy::keys::BUSY_LABEL;
+use crate::policy::keys::{BUSY_LABEL, MAX_BUSY};
 use crate::policy::outcome::Effect;
-use crate::policy::owners::{self, OwnerRule, OwnerState, Via};
+use crate::policy::owners::{self, OwnerRule, OwnerState, Terms, Via};
 use crate::policy::pod::{PodFacts, PodRef};
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
@@ -155,7 +155,7 @@ impl OwnerWatch {
         // The rule reads the whole owner, its deletionTimestamp too: whether an owner being
         // deleted still works is the rule's to say (Actions Runner Controller keeps a runner
         // until its job ends; Agones ends a game server's match with it).
-        let key = (owner.namespace().unwrap_or_default(), rule.owner_key(&owner.name_any()));
+        let key = (owner.namespace().unwrap_or_default(), rule.state_key(&owner.name_any()));
         let judged = if rule.reads_pod {
             rule.per_pod(owner).map(|per_pod| {
                 let state = OwnerState::judged_per_pod(per_pod);
@@ -163,7 +163,7 @@ impl OwnerWatch {
                 Some(state)
             })
         } else {
-            rule.busy(owner).map(|busy| self.view.set_owner_busy(&key.0, &key.1, Some(busy), last_written(owner)))
+            rule.busy(owner).map(|busy| self.view.set_owner_busy(rule, &key.0, &key.1, Some(busy), last_written(owner)))
         };
         let state = match judged {
             Ok(state) => state,
@@ -192,9 +192,9 @@ impl OwnerWatch {
         self.follow_owner(rule, &owner.0, &owner.1, None);
     }
 
-    /// Flips the pods of the owner `key` (`group/Kind/name`) to match it as recorded (`None`:
-    /// gone, so idle): the pods it controls, and those of the objects linked to it. Whether
-    /// any of them is busy.
+    /// Flips the pods of the owner `key` (the rule's [`OwnerRule::state_key`]) to match it as
+    /// recorded (`None`: gone, so idle): the pods it controls under a direct rule, those of the
+    /// objects linked to it under a rule through a kind between. Whether any of them is busy.
     fn follow_owner(&self, rule: &OwnerRule, namespace: &str, key: &str, owner: Option<OwnerState>) -> bool {
         let mut controllers = self.view.linked_to(namespace, key);
         controllers.push(key.to_string());
@@ -210,7 +210,7 @@ impl OwnerWatch {
             match busy {
                 Ok(busy) => {
                     any_busy |= busy;
-                    if let Some(effect) = flip_with(pod, &record, busy) {
+                    if let Some(effect) = flip_with(pod, &record, busy, &rule.terms) {
                         drop(self.outbox.send(effect));
                     }
                 }
@@ -232,7 +232,7 @@ impl OwnerWatch {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
             let flip = match owner {
                 Some(_) => follow(&self.view, &pod, &record),
-                None => flip_with(pod, &record, false),
+                None => flip_with(pod, &record, false, &Terms::default()),
             };
             if let Some(effect) = flip {
                 drop(self.outbox.send(effect));
@@ -258,7 +258,7 @@ impl Index<DynamicObject> for Owners<'_> {
     }
 
     fn key(&self, owner: &DynamicObject) -> Key {
-        (owner.namespace().unwrap_or_default(), self.rule.owner_key(&owner.name_any()))
+        (owner.namespace().unwrap_or_default(), self.rule.state_key(&owner.name_any()))
     }
 
     async fn apply(&mut self, owner: DynamicObject) {
@@ -274,7 +274,7 @@ impl Index<DynamicObject> for Owners<'_> {
     /// a delete.
     async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
         let known = self.watch.view.owners_known();
-        for owner in unlisted(known, &self.rule.owner_key(""), scope, &listed) {
+        for owner in unlisted(known, &self.rule.state_key(""), scope, &listed) {
             self.watch.ended(self.rule, owner, &mut self.held);
         }
         info!(kind = %self.kind, "owners listed");
@@ -302,14 +302,15 @@ struct Links<'a> {
 }
 
 impl Links<'_> {
-    /// The owner key of the object's controlling owner, if a rule through this kind reads it.
+    /// The key of the rule's verdict on the object's controlling owner, if a rule through this
+    /// kind reads it.
     fn owner(&self, object: &PartialObjectMeta<DynamicObject>) -> Option<String> {
         let controller = object.owner_references().iter().find(|o| o.controller == Some(true))?;
         let rule = self
             .rules
             .iter()
             .find(|rule| rule.kind == controller.kind && owners::group_of(&controller.api_version) == rule.group())?;
-        Some(rule.owner_key(&controller.name))
+        Some(rule.state_key(&controller.name))
     }
 }
 
@@ -389,7 +390,7 @@ fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
 pub fn no_delete_before_a_busy_flip(mut effects: Vec<Effect>) -> Vec<Effect> {
     let turning_busy: Vec<String> = (effects.iter())
         .filter_map(|e| match e {
-            Effect::FollowOwner { pod, value: "true" } => Some(pod.uid.clone()),
+            Effect::FollowOwner { pod, value: "true", .. } => Some(pod.uid.clone()),
             _ => None,
         })
         .collect();
@@ -401,7 +402,7 @@ pub fn no_delete_before_a_busy_flip(mut effects: Vec<Effect>) -> Vec<Effect> {
 /// its namespace) is due: busy while its leader is, idle once its leader is not (or is gone).
 pub fn follow_leader(view: &View, label: &str, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
     let leader = view.record(&pod.namespace, record.label(label)?);
-    flip_with(pod.clone(), record, leader.is_some_and(|leader| leads(&leader)))
+    flip_with(pod.clone(), record, leader.is_some_and(|leader| leads(&leader)), &Terms::default())
 }
 
 /// The flips due to the pods busy with the pod `name` (`--busy-with-pod`), as it changed from
@@ -421,7 +422,7 @@ pub fn lead(
     let with_it = view.select(namespace, |pod| pod.label(label) == Some(name));
     let flips = with_it.into_iter().filter_map(|(companion, record)| {
         let pod = PodRef { namespace: namespace.to_string(), name: companion, uid: record.uid.to_string() };
-        flip_with(pod, &record, busy)
+        flip_with(pod, &record, busy, &Terms::default())
     });
     flips.collect()
 }
@@ -431,10 +432,13 @@ fn leads(leader: &PodRecord) -> bool {
     leader.label(BUSY_LABEL) == Some("true") && !leader.terminating && !leader.is_terminal()
 }
 
-fn flip_with(pod: PodRef, record: &PodRecord, busy: bool) -> Option<Effect> {
+/// The flip a pod is due to be `busy` under a rule with `terms`: turning busy, with the rule's
+/// max-busy where the pod has none of its own.
+fn flip_with(pod: PodRef, record: &PodRecord, busy: bool, terms: &Terms) -> Option<Effect> {
     let ending = record.terminating || record.is_terminal();
     let value = owners::follow(record.label(BUSY_LABEL), busy, ending)?;
-    Some(Effect::FollowOwner { pod, value })
+    let max_busy = terms.max_busy.clone().filter(|_| busy && record.annotation(MAX_BUSY).is_none());
+    Some(Effect::FollowOwner { pod, value, max_busy })
 }
 
 /// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
@@ -442,11 +446,11 @@ pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
     let owner = view.pods_owner(&pod.namespace, record.owner.as_deref()?)?;
     // An owner its rule cannot judge the pod by leaves it as it is (the owner's watch said why).
     let busy = owner.pod_busy(pod, &record.labels, record.created()).ok()?;
-    flip_with(pod.clone(), record, busy)
+    flip_with(pod.clone(), record, busy, &owner.terms)
 }
 
-/// Whether the pod was made after its owner's busy task began, so is not the one doing it (and
-/// stays idle): said once, as the pod is first seen.
+/// Whether the pod was made after its owner's busy task began under a rule whose new pods stay
+/// idle, so is not the one doing it: said once, as the pod is first seen.
 pub fn made_after_its_owners_task(view: &View, pod: &PodRef, record: &PodRecord) -> bool {
     let owner = record.owner.as_deref().and_then(|owner| view.pods_owner(&pod.namespace, owner));
     owner.is_some_and(|owner| owner.busy() && !owner.busy_for(record.created()))
@@ -527,10 +531,10 @@ mod tests {
                 Timestamp::UNIX_EPOCH,
             )),
         };
-        let allocated = Effect::FollowOwner { pod: pod("gs-1"), value: "true" };
+        let allocated = Effect::FollowOwner { pod: pod("gs-1"), value: "true", max_busy: None };
         let kept = no_delete_before_a_busy_flip(vec![delete("gs-1"), allocated.clone(), delete("gs-2")]);
         assert_eq!(kept, [allocated, delete("gs-2")], "only the pod turning busy keeps its delete for later");
-        let ended = Effect::FollowOwner { pod: pod("gs-1"), value: "false" };
+        let ended = Effect::FollowOwner { pod: pod("gs-1"), value: "false", max_busy: None };
         assert_eq!(no_delete_before_a_busy_flip(vec![delete("gs-1"), ended.clone()]), [delete("gs-1"), ended]);
     }
 
@@ -540,7 +544,8 @@ mod tests {
         let pod = PodRef { namespace: "games".into(), name: "gs".into(), uid: "u1".into() };
         let record = game_server_pod();
         assert_eq!(record.owner.as_deref(), Some("agones.dev/GameServer/gs"));
-        view.set_owner_busy("games", "agones.dev/GameServer/gs", Some(true), Timestamp::now());
+        let rule: OwnerRule = "agones.dev/v1/GameServer=true".parse().unwrap();
+        view.set_owner_busy(&rule, "games", "agones.dev/GameServer/gs", Some(true), Timestamp::now());
         let flipped = follow(&view, &pod, &record);
         assert!(
             matches!(flipped, Some(Effect::FollowOwner { value: "true", .. })),
@@ -549,7 +554,7 @@ mod tests {
         // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
         assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
         // Another group's kind of the same name is another owner.
-        view.set_owner_busy("games", "example.com/GameServer/gs", Some(false), Timestamp::now());
+        view.set_owner_busy(&rule, "games", "example.com/GameServer/gs", Some(false), Timestamp::now());
         assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy()));
     }
 
@@ -573,21 +578,76 @@ mod tests {
         let app = serde_json::json!({"metadata": {"name": "etl"},
             "status": {"executorState": {"etl-exec-1": "RUNNING", "etl-exec-2": "COMPLETED"}}});
         let state = OwnerState::judged_per_pod(rule.per_pod(&app).unwrap());
-        view.set_owner("spark", "sparkoperator.k8s.io/SparkApplication/etl", Some(state));
+        let key = rule.state_key("etl");
+        assert_eq!(key, "/Pod>sparkoperator.k8s.io/SparkApplication/etl");
+        view.set_owner("spark", &key, Some(state));
         let (running, record) = executor("etl-exec-1");
         assert_eq!(follow(&view, &running, &record), None, "the driver pod not yet linked to its application");
-        assert!(view.set_link("spark", "/Pod/etl-driver", Some("sparkoperator.k8s.io/SparkApplication/etl")));
-        assert!(
-            !view.set_link("spark", "/Pod/etl-driver", Some("sparkoperator.k8s.io/SparkApplication/etl")),
-            "no change"
-        );
+        assert!(view.set_link("spark", "/Pod/etl-driver", Some(&key)));
+        assert!(!view.set_link("spark", "/Pod/etl-driver", Some(&key)), "no change");
         assert!(!view.set_link("spark", "/Pod/other-pod", None), "a pod of no such owner: nothing recorded");
         assert!(matches!(follow(&view, &running, &record), Some(Effect::FollowOwner { value: "true", .. })));
         let (done, record) = executor("etl-exec-2");
         assert_eq!(follow(&view, &done, &record), None, "idle already, as its entry says");
-        assert_eq!(view.linked_to("spark", "sparkoperator.k8s.io/SparkApplication/etl"), ["/Pod/etl-driver"]);
+        assert_eq!(view.linked_to("spark", &key), ["/Pod/etl-driver"]);
         assert!(view.set_link("spark", "/Pod/etl-driver", None));
         assert!(view.links_known().is_empty());
+    }
+
+    #[test]
+    fn a_driver_rule_and_an_executor_rule_on_one_application_each_judge_their_own_pods() {
+        let view = View::without_cluster();
+        let driver_rule: OwnerRule =
+            "sparkoperator.k8s.io/v1beta2/SparkApplication=object.status.applicationState.state == 'RUNNING'"
+                .parse()
+                .unwrap();
+        let executor_rule: Arc<OwnerRule> = Arc::new(
+            "v1/Pod>sparkoperator.k8s.io/v1beta2/SparkApplication=pod.metadata.name in object.status.executorState"
+                .parse()
+                .unwrap(),
+        );
+        let spark_pod = |name: &str, owner: serde_json::Value| {
+            let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
+                "name": name, "namespace": "spark", "uid": format!("u-{name}"), "labels": {BUSY_LABEL: "false"},
+                "ownerReferences": [owner]}}))
+            .unwrap();
+            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record())
+        };
+        let (driver, driver_record) = spark_pod(
+            "etl-driver",
+            serde_json::json!({"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+                "name": "etl", "uid": "a", "controller": true}),
+        );
+        let (executor, executor_record) = spark_pod(
+            "etl-exec-1",
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d", "controller": true}),
+        );
+        view.insert("spark", "etl-driver", driver_record.clone());
+        view.insert("spark", "etl-exec-1", executor_record.clone());
+        assert!(view.set_link("spark", "/Pod/etl-driver", Some(&executor_rule.state_key("etl"))));
+        // The operator's status write, as each rule's watch sees it, in either order.
+        let app = serde_json::json!({"metadata": {"name": "etl"}, "status": {
+            "applicationState": {"state": "RUNNING"}, "executorState": {"etl-exec-1": "RUNNING"}}});
+        for _ in 0..3 {
+            let written = Timestamp::now();
+            view.set_owner_busy(&driver_rule, "spark", &driver_rule.state_key("etl"), Some(true), written);
+            let per_pod = OwnerState::judged_per_pod(executor_rule.per_pod(&app).unwrap());
+            view.set_owner("spark", &executor_rule.state_key("etl"), Some(per_pod));
+            let flip = |pod: &PodRef, record: &PodRecord| match follow(&view, pod, record) {
+                Some(Effect::FollowOwner { value, .. }) => value,
+                _ => "none",
+            };
+            assert_eq!(flip(&driver, &driver_record), "true", "the driver, by the driver rule");
+            assert_eq!(flip(&executor, &executor_record), "true", "the executor, by its own entry");
+        }
+        let app_ended = serde_json::json!({"metadata": {"name": "etl"}, "status": {"executorState": {}}});
+        let per_pod = OwnerState::judged_per_pod(executor_rule.per_pod(&app_ended).unwrap());
+        view.set_owner("spark", &executor_rule.state_key("etl"), Some(per_pod));
+        assert!(follow(&view, &executor, &executor_record).is_none(), "the executor idle, as its entry is gone");
+        assert!(
+            matches!(follow(&view, &driver, &driver_record), Some(Effect::FollowOwner { value: "true", .. })),
+            "the executors' rule does not touch the driver"
+        );
     }
 
     #[test]

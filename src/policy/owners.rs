@@ -9,7 +9,7 @@ use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::keys::BUSY_LABEL;
+use super::keys::{BUSY_LABEL, MAX_BUSY};
 use super::pod::PodRef;
 pub use super::pod::{group_of, owner_key, version_of};
 
@@ -28,7 +28,62 @@ pub struct OwnerRule {
     pub expression: String,
     /// Whether the expression reads `pod`: the rule is then judged pod by pod.
     pub reads_pod: bool,
+    /// What the rule says beyond its expression (`;new-pods-idle`, `;max-busy=…`).
+    pub terms: Terms,
     program: std::sync::Arc<cel::Program>,
+}
+
+/// A rule's terms, written after its kinds: `KIND;new-pods-idle;max-busy=6h15m=EXPRESSION`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Terms {
+    /// A pod created after its owner turned busy stays idle (`new-pods-idle`): the owner's task
+    /// is the pod's that took it. An Actions Runner Controller runner's job is run by the pod
+    /// there when the job was assigned; the pod re-created for it (its JIT config spent) runs
+    /// nothing. Without it, every pod of a busy owner is busy: a Ray worker added while the job
+    /// runs works for the job.
+    pub new_pods_idle: bool,
+    /// How long a pod this rule flips busy is protected, unless the pod says otherwise
+    /// (`max-busy=DURATION`): written as the pod's `busyguard.io/max-busy` as it turns busy. An
+    /// owner that never ends its task (a runner whose process hung) is not held for the default.
+    pub max_busy: Option<String>,
+}
+
+impl fmt::Display for Terms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.new_pods_idle {
+            write!(f, ";new-pods-idle")?;
+        }
+        if let Some(max_busy) = &self.max_busy {
+            write!(f, ";max-busy={max_busy}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Terms {
+    /// The terms after a rule's kinds (`;new-pods-idle;max-busy=6h`, each `;`-led), and the
+    /// text after them (`=EXPRESSION`).
+    fn parse(mut rest: &str) -> Result<(Terms, &str), String> {
+        let mut terms = Terms::default();
+        while let Some(after) = rest.strip_prefix(';') {
+            let end = after.find(['=', ';']).unwrap_or(after.len());
+            let name = after[..end].trim();
+            rest = &after[end..];
+            match name {
+                "new-pods-idle" => terms.new_pods_idle = true,
+                "max-busy" => {
+                    let value = rest.strip_prefix('=').ok_or("max-busy takes a duration: ;max-busy=6h15m")?;
+                    let end = value.find(['=', ';']).unwrap_or(value.len());
+                    let duration = value[..end].trim();
+                    crate::duration::parse_positive_duration(duration).map_err(|e| format!("max-busy: {e}"))?;
+                    terms.max_busy = Some(duration.to_string());
+                    rest = &value[end..];
+                }
+                other => return Err(format!("{other:?} is not a rule's term (new-pods-idle, max-busy=DURATION)")),
+            }
+        }
+        Ok((terms, rest))
+    }
 }
 
 /// The kind a rule's pods are owned by, when it is not the kind whose status the rule reads.
@@ -64,7 +119,7 @@ impl fmt::Debug for OwnerRule {
 
 impl fmt::Display for OwnerRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.kind_path(), self.expression)
+        write!(f, "{}{}={}", self.kind_path(), self.terms, self.expression)
     }
 }
 
@@ -72,15 +127,18 @@ impl std::str::FromStr for OwnerRule {
     type Err = String;
 
     /// `GROUP/VERSION/KIND=EXPRESSION` (`VERSION/KIND=…` for the core group), or
-    /// `VIA_KIND>KIND=EXPRESSION` for pods one owner further down; the expression compiled here:
-    /// a rule that does not compile is refused at start.
+    /// `VIA_KIND>KIND=EXPRESSION` for pods one owner further down, the kinds followed by the
+    /// rule's [`Terms`] if any; the expression compiled here: a rule that does not compile is
+    /// refused at start.
     fn from_str(rule: &str) -> Result<OwnerRule, String> {
         let usage = "expected GROUP/VERSION/KIND=EXPRESSION, e.g. \
                      agones.dev/v1/GameServer=has(object.status.state) && object.status.state == 'Allocated', or \
                      GROUP/VERSION/KIND>GROUP/VERSION/KIND=EXPRESSION for pods owned by the first kind's objects that \
                      the second kind's own";
-        let (kind_path, expression) = rule.split_once('=').ok_or_else(|| format!("{rule:?}: {usage}"))?;
-        let kind_path = kind_path.trim();
+        let kinds_end = rule.find(['=', ';']).ok_or_else(|| format!("{rule:?}: {usage}"))?;
+        let (terms, rest) = Terms::parse(&rule[kinds_end..]).map_err(|why| format!("{rule:?}: {why}"))?;
+        let expression = rest.strip_prefix('=').ok_or_else(|| format!("{rule:?}: {usage}"))?;
+        let kind_path = rule[..kinds_end].trim();
         let (via, owner) = match kind_path.split_once('>') {
             Some((via, owner)) => (Some(via.trim()), owner.trim()),
             None => (None, kind_path),
@@ -122,6 +180,7 @@ impl std::str::FromStr for OwnerRule {
             via,
             expression: expression.to_string(),
             reads_pod: program.references().has_variable("pod"),
+            terms,
             program: std::sync::Arc::new(program),
         })
     }
@@ -223,9 +282,20 @@ impl OwnerRule {
         format!("{via}{}/{}", self.api_version, self.kind)
     }
 
-    /// How the view keys an owner of this rule's kind named `name` (see [`owner_key`]).
+    /// How a pod's controlling owner of this rule's kind named `name` is keyed (see [`owner_key`]).
     pub fn owner_key(&self, name: &str) -> String {
         owner_key(self.group(), &self.kind, name)
+    }
+
+    /// How the view keeps this rule's verdict on its owner named `name`: the owner key, behind
+    /// the kind between for a rule through one (`/Pod>sparkoperator.k8s.io/SparkApplication/etl`),
+    /// so that two rules on one owner kind (a Spark application's driver and its executors)
+    /// each keep their own.
+    pub fn state_key(&self, name: &str) -> String {
+        match &self.via {
+            Some(via) => format!("{}/{}>{}", via.group(), via.kind, self.owner_key(name)),
+            None => self.owner_key(name),
+        }
     }
 
     /// The group and kind of the pods' controlling owners: `via`'s, else the rule's own.
@@ -364,26 +434,28 @@ pub struct Undecided(pub String);
 
 /// An owner under a busy rule as its watch last saw it: since when its rule holds, at the
 /// latest (`None`: it does not), or, under a rule that reads the pod, the owner to judge each of
-/// its pods by.
+/// its pods by; and the rule's terms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnerState {
     pub busy_since: Option<Timestamp>,
     pub per_pod: Option<PerPod>,
+    pub terms: Terms,
 }
 
 impl OwnerState {
-    /// The owner seen `busy` after it was seen as `before` (`None`: never), last written at
-    /// `written` (its managedFields' latest time, as the API server keeps it): a task the owner
-    /// took while watched began with the write that showed it; one it already had when first
-    /// seen began at that write at the latest.
-    pub fn seen(before: Option<&OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
+    /// The owner seen `busy` by `rule` after it was seen as `before` (`None`: never), last
+    /// written at `written` (its managedFields' latest time, as the API server keeps it): a task
+    /// the owner took while watched began with the write that showed it; one it already had
+    /// when first seen began at that write at the latest.
+    pub fn seen(rule: &OwnerRule, before: Option<&OwnerState>, busy: bool, written: Timestamp) -> OwnerState {
         let kept = before.and_then(|before| before.busy_since);
-        OwnerState { busy_since: busy.then(|| kept.unwrap_or(written)), per_pod: None }
+        OwnerState { busy_since: busy.then(|| kept.unwrap_or(written)), per_pod: None, terms: rule.terms.clone() }
     }
 
     /// The owner seen under a rule that reads the pod: each pod is busy as the rule says of it.
     pub fn judged_per_pod(per_pod: PerPod) -> OwnerState {
-        OwnerState { busy_since: None, per_pod: Some(per_pod) }
+        let terms = per_pod.rule.terms.clone();
+        OwnerState { busy_since: None, per_pod: Some(per_pod), terms }
     }
 
     /// Whether the owner is busy as a whole (never, under a rule that reads the pod).
@@ -391,11 +463,12 @@ impl OwnerState {
         self.busy_since.is_some()
     }
 
-    /// Whether the owner's pod created at `created` does the owner's task: the owner is busy, and
-    /// the pod was there when its task began. Actions Runner Controller re-creates the pod of a
-    /// runner whose job was already taken (its JIT config spent): that pod takes no job.
+    /// Whether the owner's pod created at `created` does the owner's task: the owner is busy,
+    /// and, under a rule whose new pods stay idle ([`Terms::new_pods_idle`]), the pod was there
+    /// when its task began.
     pub fn busy_for(&self, created: Option<Timestamp>) -> bool {
         match (self.busy_since, created) {
+            (Some(_), _) if !self.terms.new_pods_idle => true,
             // Times to the second (and now, for an owner with no managedFields): a margin.
             (Some(since), Some(created)) => created <= since + SignedDuration::from_secs(5),
             (since, None) => since.is_some(),
@@ -427,9 +500,14 @@ pub fn follow(label: Option<&str>, busy: bool, ending: bool) -> Option<&'static 
     (!ending && label? != wanted).then_some(wanted)
 }
 
-/// The merge patch that flips an owner's pod.
-pub fn flip_patch(value: &str) -> serde_json::Value {
-    serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}})
+/// The merge patch that flips an owner's pod; turning busy, with the rule's max-busy where the
+/// pod has none of its own.
+pub fn flip_patch(value: &str, max_busy: Option<&str>) -> serde_json::Value {
+    let mut patch = serde_json::json!({"metadata": {"labels": {BUSY_LABEL: value}}});
+    if let Some(max_busy) = max_busy {
+        patch["metadata"]["annotations"] = serde_json::json!({MAX_BUSY: max_busy});
+    }
+    patch
 }
 
 #[cfg(test)]
@@ -585,6 +663,11 @@ mod tests {
             rule("sparkoperator.k8s.io/v1beta2/SparkApplication=object.status.applicationState.state == 'RUNNING'");
         let executors = recipe("spark.md", "# ");
         assert_eq!(same_kind_twice(&[driver.clone(), executors.clone()]), None, "the driver's and the executors'");
+        assert_ne!(
+            driver.state_key("etl"),
+            executors.state_key("etl"),
+            "each keeps its own verdict on the application"
+        );
         let said = same_kind_twice(&[executors.clone(), recipe("spark.md", "# ")]).unwrap();
         assert!(said.contains("two rules for /Pod>sparkoperator.k8s.io/SparkApplication"), "{said}");
         assert!(
@@ -694,21 +777,67 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_created_after_its_owners_task_began_is_not_the_one_doing_it() {
+    fn under_a_rule_whose_new_pods_stay_idle_a_pod_created_after_its_owners_task_began_is_not_the_one_doing_it() {
+        let runner = shipped("actions-runner-controller");
+        assert!(runner.terms.new_pods_idle, "the shipped runner rule says so");
         let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        let idle = OwnerState::seen(None, false, at("2026-11-27T10:00:00Z"));
-        let busy = OwnerState::seen(Some(&idle), true, at("2026-11-27T10:05:00Z"));
+        let idle = OwnerState::seen(&runner, None, false, at("2026-11-27T10:00:00Z"));
+        let busy = OwnerState::seen(&runner, Some(&idle), true, at("2026-11-27T10:05:00Z"));
         assert_eq!(busy.busy_since, Some(at("2026-11-27T10:05:00Z")), "turned busy while watched");
         assert!(busy.busy() && !idle.busy());
-        assert_eq!(OwnerState::seen(Some(&busy), true, at("2026-11-27T10:09:00Z")), busy, "still the same task");
+        let later = OwnerState::seen(&runner, Some(&busy), true, at("2026-11-27T10:09:00Z"));
+        assert_eq!(later, busy, "still the same task");
         assert!(busy.busy_for(Some(at("2026-11-27T09:59:00Z"))), "the runner's pod that took the job");
         assert!(busy.busy_for(Some(at("2026-11-27T10:05:03Z"))), "within the clocks' margin");
         assert!(!busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "re-created after its job was taken");
         // First seen busy (after busyguard's restart): its last write is the latest its task began.
-        let first_seen_busy = OwnerState::seen(None, true, at("2026-11-27T10:05:00Z"));
+        let first_seen_busy = OwnerState::seen(&runner, None, true, at("2026-11-27T10:05:00Z"));
         assert!(first_seen_busy.busy_for(Some(at("2026-11-27T10:04:00Z"))), "there when it was last written");
         assert!(!first_seen_busy.busy_for(Some(at("2026-11-27T10:07:00Z"))), "created after it");
-        assert!(!OwnerState::seen(Some(&busy), false, at("2026-11-27T10:10:00Z")).busy_for(None));
+        assert!(!OwnerState::seen(&runner, Some(&busy), false, at("2026-11-27T10:10:00Z")).busy_for(None));
+    }
+
+    #[test]
+    fn a_pod_created_while_its_owners_task_runs_joins_it_and_a_restart_gives_the_same_answer() {
+        let workers = recipe("kuberay.md", "# ");
+        assert!(!workers.terms.new_pods_idle, "every worker of the job's cluster works for the job");
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let running = OwnerState::seen(&workers, None, true, at("2026-11-27T10:05:00Z"));
+        let added = Some(at("2026-11-27T10:40:00Z"));
+        assert!(running.busy_for(added), "a worker the autoscaler added, or a replaced one");
+        let after_restart = OwnerState::seen(&workers, None, true, at("2026-11-27T10:50:00Z"));
+        assert_eq!(after_restart.busy_for(added), running.busy_for(added), "whatever the job's last write");
+        let ended = OwnerState::seen(&workers, Some(&running), false, at("2026-11-27T11:00:00Z"));
+        assert!(!ended.busy_for(added), "the job's end frees it");
+    }
+
+    #[test]
+    fn a_rules_terms_follow_its_kinds_and_a_bad_one_is_refused() {
+        let both: OwnerRule =
+            "example.com/v1/Task;new-pods-idle;max-busy=6h15m=object.status.phase == 'Running'".parse().unwrap();
+        assert_eq!((both.group(), &*both.kind), ("example.com", "Task"));
+        assert_eq!(both.terms, Terms { new_pods_idle: true, max_busy: Some("6h15m".into()) });
+        assert_eq!(both.expression, "object.status.phase == 'Running'");
+        assert_eq!(both.to_string().parse::<OwnerRule>().unwrap().terms, both.terms, "written as it was read");
+        let plain: OwnerRule = "example.com/v1/Task=object.spec.x == 'a=b;c'".parse().unwrap();
+        assert_eq!((plain.terms.clone(), &*plain.expression), (Terms::default(), "object.spec.x == 'a=b;c'"));
+        for (bad, said) in [
+            ("example.com/v1/Task;max-busy=forever=true", "max-busy: \"forever\" is not a duration"),
+            ("example.com/v1/Task;max-busy;new-pods-idle=true", "max-busy takes a duration"),
+            ("example.com/v1/Task;sticky=true", "\"sticky\" is not a rule's term"),
+            ("example.com/v1/Task;new-pods-idle", "expected GROUP/VERSION/KIND=EXPRESSION"),
+        ] {
+            let error = bad.parse::<OwnerRule>().unwrap_err();
+            assert!(error.contains(said), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_pod_turning_busy_under_a_rule_with_a_max_busy_is_bounded_by_it() {
+        assert_eq!(shipped("actions-runner-controller").terms.max_busy.as_deref(), Some("6h15m"));
+        let patch = flip_patch("true", Some("6h15m"));
+        assert_eq!(patch, json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {MAX_BUSY: "6h15m"}}}));
+        assert_eq!(flip_patch("false", None), json!({"metadata": {"labels": {BUSY_LABEL: "false"}}}));
     }
 
     #[test]

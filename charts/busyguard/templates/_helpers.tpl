@@ -161,17 +161,17 @@ clientConfig:
 - serve
 {{- if .Values.actionsRunnerController.enabled }}
 - "--busy-with-pod=runner-pod"
-- "--busy-when-owner=actions.github.com/v1alpha1/EphemeralRunner=has(object.status) && ((has(object.status.jobId) && object.status.jobId != '') || (has(object.status.jobRequestId) && object.status.jobRequestId > 0))"
+- {{ printf "--busy-when-owner=actions.github.com/v1alpha1/EphemeralRunner;new-pods-idle;max-busy=%s=has(object.status) && ((has(object.status.jobId) && object.status.jobId != '') || (has(object.status.jobRequestId) && object.status.jobRequestId > 0))" .Values.actionsRunnerController.maxBusy | quote }}
 {{- end }}
 {{- if .Values.agones.enabled }}
 - {{ printf "--busy-when-owner=agones.dev/v1/GameServer=%s" .Values.agones.rule | quote }}
 {{- end }}
 {{- range .Values.busyWhenOwner }}
-{{- if and $.Values.agones.enabled (hasPrefix "agones.dev/v1/GameServer=" .) }}
+{{- if and $.Values.agones.enabled (regexMatch "^agones\\.dev/v1/GameServer[=;]" .) }}
 {{- fail "busyWhenOwner: agones.enabled names the GameServer rule already: set agones.rule instead (docs/agones.md)" }}
 {{- end }}
-{{- if and $.Values.actionsRunnerController.enabled (hasPrefix "actions.github.com/v1alpha1/EphemeralRunner=" .) }}
-{{- fail "busyWhenOwner: actionsRunnerController.enabled names the EphemeralRunner rule already" }}
+{{- if and $.Values.actionsRunnerController.enabled (regexMatch "^actions\\.github\\.com/v1alpha1/EphemeralRunner[=;]" .) }}
+{{- fail "busyWhenOwner: actionsRunnerController.enabled names the EphemeralRunner rule already (its max-busy is actionsRunnerController.maxBusy)" }}
 {{- end }}
 - {{ printf "--busy-when-owner=%s" . | quote }}
 {{- end }}

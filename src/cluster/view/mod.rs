@@ -18,7 +18,7 @@ use record::{Shared, boxed};
 use super::fast_map::FastMap;
 use crate::policy::budget::{Siblings, unavailable_siblings};
 use crate::policy::hold::NodeGoing;
-use crate::policy::owners::OwnerState;
+use crate::policy::owners::{OwnerRule, OwnerState};
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
 /// Pods by namespace, then name.
@@ -228,6 +228,7 @@ impl View {
     /// recorded now.
     pub fn set_owner_busy(
         &self,
+        rule: &OwnerRule,
         namespace: &str,
         owner: &str,
         busy: Option<bool>,
@@ -235,7 +236,7 @@ impl View {
     ) -> Option<OwnerState> {
         let seen = busy.map(|busy| {
             let before = self.owner_busy(namespace, owner);
-            OwnerState::seen(before.as_ref(), busy, written)
+            OwnerState::seen(rule, before.as_ref(), busy, written)
         });
         self.set_owner(namespace, owner, seen.clone());
         seen

@@ -53,9 +53,10 @@ pub enum Effect {
     /// first reports it, the others find it there), then `audit` and the metric for `cause`.
     ReportLoss { pod: PodRef, cause: LossCause, audit: Box<AuditRecord> },
     /// Set the busy label of a pod whose busy state follows its owner's status (`policy::owners`)
-    /// to `value`; busyguard's mutating webhook then writes the rest of the flip.
+    /// to `value`, and turning busy, its `busyguard.io/max-busy` to the rule's (`max_busy`);
+    /// busyguard's mutating webhook then writes the rest of the flip.
     #[strum(serialize = "follow-owner")]
-    FollowOwner { pod: PodRef, value: &'static str },
+    FollowOwner { pod: PodRef, value: &'static str, max_busy: Option<String> },
     /// Create busyguard's busy-pod PodDisruptionBudget in the namespace (`policy::pdb`).
     CreateBusyPdb { namespace: String },
     /// Delete busyguard's PodDisruptionBudget `name` in the namespace.
@@ -124,7 +125,7 @@ impl Effect {
                 (pod, marks::release(label, hash, request).merge_patch(), None)
             }
             Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request).merge_patch(), None),
-            Effect::FollowOwner { pod, value } => (pod, owners::flip_patch(value), None),
+            Effect::FollowOwner { pod, value, max_busy } => (pod, owners::flip_patch(value, max_busy.as_deref()), None),
             Effect::DeleteIdle { pod, resource_version, request, .. } => {
                 return Call::DeletePod { pod, resource_version, evict: request.evict };
             }

@@ -1,6 +1,7 @@
 //! Busy rules that read the pod and reach the owner's owner, on the projects' own CRDs
 //! (../shared/peers): Spark executors under the Spark operator's SparkApplication (through the
-//! driver pod, each by its own entry), and Ray workers under a RayJob (through its RayCluster).
+//! driver pod, each by its own entry) beside the driver's own rule on the same kind, and Ray
+//! workers under a RayJob (through its RayCluster), those added while the job runs too.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,8 +23,11 @@ const RAY_CRDS: [&str; 2] = [
 /// The rules docs/spark.md and docs/kuberay.md give, installed with the read access they name:
 /// a Spark executor (owned by its driver pod, owned by its SparkApplication) is busy while the
 /// application's `status.executorState[<its name>]` is `RUNNING`, refused an eviction then, and
-/// idle once it is not; its driver's own token removes it. A Ray worker (owned by a RayCluster,
-/// owned by a RayJob) is busy while the job runs. Needs ../shared (skipped, and said, without it).
+/// idle once it is not; its driver's own token removes it. The driver's rule on the same kind
+/// keeps the driver busy while the application runs, and the two rules never flip each other's
+/// pods, however often the operator rewrites the status. A Ray worker (owned by a RayCluster,
+/// owned by a RayJob) is busy while the job runs, one created after the job began too. Needs
+/// ../shared (skipped, and said, without it).
 pub fn a_rule_reads_the_pod_and_the_owner_one_further_up(rig: &Rig) -> Result<()> {
     let peers = Path::new(ROOT).join("../shared/peers");
     let crds: Vec<PathBuf> = std::iter::once(SPARK_CRD).chain(RAY_CRDS).map(|crd| peers.join(crd)).collect();
@@ -44,7 +48,8 @@ pub fn a_rule_reads_the_pod_and_the_owner_one_further_up(rig: &Rig) -> Result<()
         "busyguard",
         "busyguard",
     )?;
-    let rules = [recipe("spark.md")?, recipe("kuberay.md")?].map(|rule| format!("--busy-when-owner={rule}"));
+    let rules = [recipe("spark.md", "# ")?, recipe("spark.md", "## The driver too")?, recipe("kuberay.md", "# ")?]
+        .map(|rule| format!("--busy-when-owner={rule}"));
     rig.install_with_args(&[], &rules)?;
     let outcome = spark_and_ray_guarded(rig);
     rig.install_release(Path::new(ROOT), None)?;
@@ -71,12 +76,12 @@ fn spark_executors(rig: &Rig) -> Result<()> {
         "metadata": {"name": "etl", "namespace": &*ns},
         "spec": {"type": "Scala", "mode": "cluster", "sparkVersion": "4.0.0",
             "mainApplicationFile": "local:///opt/spark/examples/jars/spark-examples.jar",
-            "driver": {"serviceAccount": "spark"},
+            "driver": {"serviceAccount": "spark", "labels": {"busyguard.io/busy": "false"}},
             "executor": {"instances": 2, "labels": {"busyguard.io/busy": "false"}}}}))?;
     // The operator's submission creates the driver, owned by the application; Spark's driver
     // creates its executors, owned by the driver pod.
     let app = rig.get(&["-n", &ns, "sparkapplication", "etl"])?;
-    owned_pod(rig, "etl-driver", &app, json!({"spark-role": "driver"}), "spark")?;
+    owned_pod(rig, "etl-driver", &app, json!({"spark-role": "driver", "busyguard.io/busy": "false"}), "spark")?;
     let driver = rig.pod(&ns, "etl-driver")?.context("the driver")?;
     for executor in ["etl-exec-1", "etl-exec-2"] {
         let labels = json!({"spark-role": "executor", "busyguard.io/busy": "false"});
@@ -85,7 +90,9 @@ fn spark_executors(rig: &Rig) -> Result<()> {
     // The operator's status update: each executor's state by its pod's name, from its phase.
     executor_state(rig, &ns, json!({"etl-exec-1": "RUNNING", "etl-exec-2": "PENDING"}))?;
     busy(rig, &ns, "etl-exec-1", true)?;
+    busy(rig, &ns, "etl-driver", true)?;
     ensure!(busy_label(rig, &ns, "etl-exec-2")? == "false", "an executor whose entry is not RUNNING turned busy");
+    two_rules_keep_their_own_pods(rig, &ns)?;
     let (evicted, said) = rig.evict(&ns, "etl-exec-1")?;
     ensure!(!evicted && said.contains("TooManyRequests"), "the running executor's eviction was not refused: {said}");
     // Its driver removes it (dynamic allocation, the application's end): that pod's own end.
@@ -117,7 +124,7 @@ fn ray_workers(rig: &Rig) -> Result<()> {
         "spec": {"headGroupSpec": {"template": template}}}))?;
     let cluster = rig.get(&["-n", &ns, "raycluster", "train-raycluster-k8x2p"])?;
     let labels = json!({"ray.io/node-type": "worker", "busyguard.io/busy": "false"});
-    owned_pod(rig, "train-raycluster-k8x2p-worker-0", &cluster, labels, "default")?;
+    owned_pod(rig, "train-raycluster-k8x2p-worker-0", &cluster, labels.clone(), "default")?;
     let worker = "train-raycluster-k8x2p-worker-0";
     job_status(rig, &ns, "RUNNING")?;
     busy(rig, &ns, worker, true)?;
@@ -126,19 +133,65 @@ fn ray_workers(rig: &Rig) -> Result<()> {
         !evicted && said.contains("TooManyRequests"),
         "the running job's worker's eviction was not refused: {said}"
     );
+    // Ray's autoscaler adds a worker while the job runs (or KubeRay replaces a failed one): it
+    // works for the job as the others do.
+    std::thread::sleep(Duration::from_secs(6));
+    let added = "train-raycluster-k8x2p-worker-1";
+    owned_pod(rig, added, &cluster, labels, "default")?;
+    busy(rig, &ns, added, true)?;
+    let (evicted, said) = rig.evict(&ns, added)?;
+    ensure!(!evicted && said.contains("TooManyRequests"), "the worker added mid-job was evicted: {said}");
     job_status(rig, &ns, "SUCCEEDED")?;
     busy(rig, &ns, worker, false)?;
+    busy(rig, &ns, added, false)?;
     let (evicted, said) = rig.evict(&ns, worker)?;
     ensure!(evicted, "the finished job's worker's eviction was refused: {said}");
     Ok(())
 }
 
-/// The rule a page of docs/ gives: the last `--busy-when-owner=` argument of its first section.
-fn recipe(page: &str) -> Result<String> {
+/// The operator rewrites the application's status as its executors change (every few seconds on
+/// a busy application): for a minute, each write judged by both rules, with pod events between
+/// (and the sweeps that fall in it), changes no label: the driver stays busy by its rule, each
+/// executor as its own entry says.
+fn two_rules_keep_their_own_pods(rig: &Rig, ns: &str) -> Result<()> {
+    let flips_before = follow_owner_writes(rig);
+    let wanted = [("etl-driver", "true"), ("etl-exec-1", "true"), ("etl-exec-2", "false")];
+    for round in 0..20 {
+        executor_state(rig, ns, json!({"etl-exec-1": "RUNNING", "etl-exec-2": "PENDING"}))?;
+        let touch = format!("e2e/round={round}");
+        rig.kubectl(&["-n", ns, "annotate", "--overwrite", "pod", "etl-exec-2", &touch])?;
+        std::thread::sleep(Duration::from_secs(3));
+        for (pod, value) in wanted {
+            let seen = busy_label(rig, ns, pod)?;
+            ensure!(seen == value, "round {round}: {pod} busy={seen}, not {value}: the two rules fought");
+        }
+    }
+    let flips = follow_owner_writes(rig) - flips_before;
+    ensure!(flips == 0.0, "busyguard wrote {flips} owner flips while nothing changed");
+    Ok(())
+}
+
+/// busyguard's writes of an owner's pod's busy label so far, on every replica.
+fn follow_owner_writes(rig: &Rig) -> f64 {
+    let series = rig.metrics().into_iter().flat_map(|page| {
+        let lines: Vec<String> = page
+            .lines()
+            .filter(|l| l.starts_with("busyguard_side_effects_total{") && l.contains("kind=\"follow-owner\""))
+            .map(String::from)
+            .collect();
+        lines
+    });
+    series.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// The rule a section of a page of docs/ gives (the one headed `section`; "# " for the first):
+/// the last `--busy-when-owner=` argument in it.
+fn recipe(page: &str, section: &str) -> Result<String> {
     let text = std::fs::read_to_string(Path::new(ROOT).join("docs").join(page))?;
-    let section = text.lines().skip(1).take_while(|line| !line.starts_with("## "));
-    let args = section.filter_map(|line| line.trim().strip_prefix("value: \"--busy-when-owner="));
-    let rule = args.last().with_context(|| format!("docs/{page} gives no rule"))?;
+    let mut lines = text.lines().skip_while(|line| !line.starts_with(section)).skip(1);
+    let in_section = lines.by_ref().take_while(|line| !line.starts_with("## "));
+    let args = in_section.filter_map(|line| line.trim().strip_prefix("value: \"--busy-when-owner="));
+    let rule = args.last().with_context(|| format!("docs/{page} gives no rule in {section:?}"))?;
     Ok(rule.trim_end_matches('"').to_string())
 }
 

@@ -250,6 +250,11 @@ fn runner_guarded_on(rig: &Rig, release: &str, dir: &Path) -> Result<()> {
         written["status"]
     );
     busy(rig, &runner, true)?;
+    // Bounded by a GitHub job's ceiling, not the day of --max-busy: ARC never clears the job of
+    // a runner whose process hangs.
+    let pod = rig.pod(&ns, &runner.name)?.context("the runner's pod")?;
+    let bound = &pod["metadata"]["annotations"]["busyguard.io/max-busy"];
+    ensure!(bound == "6h15m", "the runner's pod turned busy with max-busy {bound}, not the component's 6h15m");
     workflow_pod_guarded_with_its_runner(rig, &runner, &node)?;
 
     // Deleted mid-job (a person's `kubectl delete ephemeralrunner`): ARC's finalizer waits for
