@@ -149,23 +149,24 @@ pub fn pod_eviction(
         other => return Err(other.mismatch("object", "an Eviction").into()),
     };
     let ask = Ask { dry_run: ask.dry_run || eviction.is_dry_run(), ..*ask };
+    // busyguard's own token evicts only what it deferred (and then as anyone would): judged on
+    // the view's record whatever its freshness, so a stale view (a 503, which the webhook's
+    // Ignore lets through) never hands a stolen token an eviction.
+    if inputs.view.own_user() == Some(ask.requester.username) {
+        let record = inputs.view.record(&request.namespace, &request.name);
+        if let Some(refused) = disruption::refuse_own_eviction(&ask, record.as_ref(), inputs.policy, now) {
+            return Ok(refused);
+        }
+    }
     let view = inputs.trusted_view("the eviction")?;
-    // busyguard's own token evicts only what it deferred (and then as anyone would).
-    let own = view.own_user() == Some(ask.requester.username);
-    let refused_as_own = |pod: Option<&dyn PodFacts>| {
-        own.then(|| disruption::refuse_own_eviction(&ask, pod, inputs.policy, now)).flatten()
-    };
     let grace_period = eviction.grace_period();
     let decided = view.with_pod_under_budget(&request.namespace, &request.name, |pod, siblings| {
-        if let Some(refused) = refused_as_own(Some(pod)) {
-            return refused;
-        }
         let taking = Taking::Evict { grace_period };
         let evict = Disruption { ask: &ask, taking, pod, seen: Some(pod), siblings, preempted: false };
         disruption::judge_disruption(&evict, inputs.policy, now)
     });
     // None: not opted in (or no such pod: the API server answers 404 itself).
-    Ok(decided.or_else(|| refused_as_own(None)).unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
+    Ok(decided.unwrap_or_else(|| Outcome::allow(Decision::Allowed)))
 }
 
 /// An owner under a busy rule updated (sent only as it turns busy: the registration's

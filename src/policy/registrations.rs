@@ -295,6 +295,17 @@ pub fn busyguards_own_evictions() -> String {
     )
 }
 
+/// Where busyguard's own token may evict pods under `--opt-in` besides (the second rule of
+/// `busyguard-fence-evictions`, from `manifests/opt-in` and the chart's `optIn`): only in the
+/// namespaces labelled in. No webhook of busyguard's sees another namespace, so there nothing
+/// else would refuse a stolen token's eviction.
+pub fn busyguards_own_evictions_opted_in() -> String {
+    format!(
+        "has(namespaceObject.metadata.labels) && namespaceObject.metadata.labels.exists(k, k == \
+         '{NAMESPACE_ENABLED_LABEL}' && namespaceObject.metadata.labels[k] == 'true')"
+    )
+}
+
 /// What busyguard's own token may do to a pod besides its metadata (the `busyguard-fence`
 /// policy's second rule): nothing. It writes labels and annotations, and deletes; a changed spec
 /// (an image, a resource) would be a stolen token's.
@@ -723,20 +734,28 @@ mod tests {
 
     #[test]
     fn the_fence_keeps_busyguards_evictions_out_of_the_namespaces_it_never_guards_or_is_kept_out_of() {
-        let lets = |namespace: &str, labels: Value| {
-            let program = cel::Program::compile(&busyguards_own_evictions()).unwrap();
+        let lets_under = |rules: &[String], namespace: &str, labels: Value| {
             let mut context = cel::Context::default();
             let request = json!({"operation": "CREATE", "namespace": namespace, "subResource": "eviction"});
             let namespace = json!({"metadata": {"name": namespace, "labels": labels}});
             context.add_variable_from_value("request", cel::to_value(&request).unwrap());
             context.add_variable_from_value("namespaceObject", cel::to_value(&namespace).unwrap());
-            program.execute(&context).unwrap() == cel::Value::Bool(true)
+            let holds = |rule: &String| cel::Program::compile(rule).unwrap().execute(&context).unwrap();
+            rules.iter().all(|rule| holds(rule) == cel::Value::Bool(true))
         };
+        let every_namespace = [busyguards_own_evictions()];
+        let lets = |namespace: &str, labels: Value| lets_under(&every_namespace, namespace, labels);
         assert!(lets("jobs", json!({})));
         assert!(lets("jobs", json!({NAMESPACE_ENABLED_LABEL: "true"})));
         assert!(!lets("jobs", json!({NAMESPACE_ENABLED_LABEL: "false"})), "a namespace labelled out");
         assert!(!lets("kube-system", json!({})));
         assert!(!lets("busyguard", json!({})));
+        // Under --opt-in, where no webhook of busyguard's sees a namespace not labelled in.
+        let opted_in = [busyguards_own_evictions(), busyguards_own_evictions_opted_in()];
+        assert!(lets_under(&opted_in, "jobs", json!({NAMESPACE_ENABLED_LABEL: "true"})));
+        assert!(!lets_under(&opted_in, "cert-manager", json!({})), "a namespace not opted in");
+        assert!(!lets_under(&opted_in, "jobs", json!({NAMESPACE_ENABLED_LABEL: "false"})));
+        assert!(!lets_under(&opted_in, "kube-system", json!({NAMESPACE_ENABLED_LABEL: "true"})));
     }
 
     #[test]

@@ -122,6 +122,11 @@ async fn a_watch_failing_longer_than_allowed_makes_the_view_stale_until_it_recov
     assert!(stale.starts_with("busyguard's watch of the opted-in pods has shown no sign of life for"), "{stale}");
     let answer = server.post("/validate", serde_json::to_vec(&eviction_of("worker-a")).unwrap()).await;
     assert_eq!(answer.status, 503);
+    // busyguard's own token is refused all the same (a 503 would pass the webhook's Ignore).
+    let mut own = eviction_of("worker-a");
+    own["request"]["userInfo"] = json!({"username": "system:serviceaccount:busyguard:busyguard"});
+    let refused = server.review("/validate", &own).await;
+    assert_eq!((refused["allowed"].as_bool(), refused["status"]["code"].as_u64()), (Some(false), Some(403)));
     recovers_and_refuses_the_busy_eviction_again(&api, &server).await;
 }
 
