@@ -175,7 +175,10 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
         Verdict::Deny { since, until } => {
-            match deleted_as_its_end(d.taking.action(), d.pod, d.ask.requester, d.preempted, config) {
+            // A leader's token counts for its own namespace's pods only: a pod of that name
+            // elsewhere is another pod.
+            let requester = Requester { pod: d.ask.requester.pod_in(d.ask.namespace), ..d.ask.requester };
+            match deleted_as_its_end(d.taking.action(), d.pod, requester, d.preempted, config) {
                 Some(over) => let_busy_go(d, over, audit),
                 None => refuse_busy(d, since, until, config, now, audit),
             }
@@ -713,10 +716,15 @@ mod tests {
             };
             judge_disruption(&disruption, &config, now())
         };
-        let hooks = "system:serviceaccount:ci:ci-gha-rs-kube-mode";
+        let hooks = "system:serviceaccount:capture:ci-gha-rs-kube-mode";
         let cleaned = delete(hooks, Some("ci-runner-4tb9k"), Action::Delete);
         assert_eq!(reason_of(&cleaned), Some(Reason::Leader), "the runner's hooks clean up its job's pod");
         assert!(cleaned.is_allowed());
+        let elsewhere = "system:serviceaccount:other:ci-gha-rs-kube-mode";
+        assert!(
+            !delete(elsewhere, Some("ci-runner-4tb9k"), Action::Delete).is_allowed(),
+            "a pod of the runner's name in another namespace"
+        );
         assert!(!delete(hooks, Some("ci-runner-other"), Action::Delete).is_allowed(), "another runner's token");
         assert!(!delete("alice", None, Action::Delete).is_allowed(), "a person");
         assert!(!delete(hooks, Some("ci-runner-4tb9k"), Action::Evict).is_allowed(), "an eviction, even its runner's");
