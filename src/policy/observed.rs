@@ -112,11 +112,13 @@ pub fn gone_unwatched<P: PodFacts>(pod: &PodRef, before: &P, config: &PolicyConf
 /// longer protected, else busyguard's annotations brought up to date. Also asked on a timer, so
 /// that a protection running out is acted on without waiting for a change.
 pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: Timestamp) -> Vec<Effect> {
-    // Opted out (the label removed) counts as idle: nothing protects the pod any more.
+    // Opted out (the label removed) counts as idle: nothing protects the pod any more. Nor
+    // does anything protect a pod that finished (a bare or Job pod with `restartPolicy: Never`):
+    // the delete asked for is carried out, not left with a Completed pod.
     if let Some(request) = now_seen.delete_request()
         && matches!(
             busy_state(now_seen, config.max_busy, now),
-            BusyState::Idle | BusyState::Lapsed { .. } | BusyState::NotOptedIn
+            BusyState::Idle | BusyState::Lapsed { .. } | BusyState::NotOptedIn | BusyState::Terminal
         )
     {
         let detail = deleted_when_idle(pod, &request);
@@ -285,6 +287,16 @@ mod tests {
         let mut idle = pod("false", requested(), running());
         idle.metadata.deletion_timestamp = Some(now());
         assert_eq!(on_change(&target(), None, Some(&idle), &config(), now()), Observed::default());
+    }
+
+    #[test]
+    fn marked_pod_that_finishes_busy_is_deleted_as_asked() {
+        let busy = pod("true", requested(), running());
+        let finished = pod("true", requested(), json!({"phase": "Succeeded"}));
+        let observed = on_change(&target(), Some(&busy), Some(&finished), &config(), now());
+        assert!(matches!(observed.effects.as_slice(), [Effect::DeleteIdle { .. }]), "{observed:?}");
+        let failed = pod("true", requested(), json!({"phase": "Failed"}));
+        assert!(matches!(due(&target(), &failed, &config(), now()).as_slice(), [Effect::DeleteIdle { .. }]));
     }
 
     #[test]
