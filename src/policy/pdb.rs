@@ -78,22 +78,24 @@ pub fn steps(pods: &BTreeMap<String, Vec<BTreeMap<String, String>>>, existing: &
     let ours: BTreeSet<(&str, &str)> =
         existing.iter().filter(|p| p.ours).map(|p| (p.namespace.as_str(), p.name.as_str())).collect();
     for (namespace, labels) in pods {
+        // A pod as it is while busy; a selector busyguard cannot read may select it: assume it does.
+        let selects_busy = |pdb: &ExistingPdb, pod: &BTreeMap<String, String>| {
+            let busy = |key: &str| match key {
+                BUSY_LABEL | PROTECTED_LABEL => Some("true"),
+                _ => pod.get(key).map(String::as_str),
+            };
+            pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
+        };
         let selecting: Vec<&ExistingPdb> = (existing.iter())
             .filter(|pdb| !pdb.ours && &pdb.namespace == namespace)
-            .filter(|pdb| {
-                pdb.name == BUSY_PDB_NAME
-                    || labels.iter().any(|pod| {
-                        // The pod as it is while busy; a selector busyguard cannot read may select
-                        // it: assume it does.
-                        let busy = |key: &str| match key {
-                            BUSY_LABEL | PROTECTED_LABEL => Some("true"),
-                            _ => pod.get(key).map(String::as_str),
-                        };
-                        pdb.selector.as_ref().is_none_or(|s| s.matches(busy))
-                    })
-            })
+            .filter(|pdb| pdb.name == BUSY_PDB_NAME || labels.iter().any(|pod| selects_busy(pdb, pod)))
             .collect();
-        let covered = !selecting.is_empty() && selecting.iter().all(|pdb| pdb.allows_none && pdb.name != BUSY_PDB_NAME);
+        // Covered only where every opted-in pod is under one that allows nothing: a second
+        // fleet beside an Agones `eviction.safe: Never` one still needs the busy PDB, and its
+        // conflict is told.
+        let covered = !selecting.is_empty()
+            && selecting.iter().all(|pdb| pdb.allows_none && pdb.name != BUSY_PDB_NAME)
+            && labels.iter().all(|pod| selecting.iter().any(|pdb| selects_busy(pdb, pod)));
         let conflicting: Vec<String> = selecting.iter().map(|pdb| pdb.name.clone()).collect();
         let have = ours.contains(&(namespace.as_str(), BUSY_PDB_NAME));
         let drifted = (existing.iter())
@@ -226,17 +228,29 @@ mod tests {
         };
         assert!(allows_no_disruption(Some(&spec("0%"))));
         assert!(!allows_no_disruption(Some(&spec("10%"))));
-        let agones = ExistingPdb {
+        let agones = || ExistingPdb {
             allows_none: true,
             ..pdb("games", "agones-gameserver-safe-to-evict-false", false, "agones.dev/safe-to-evict=false")
         };
         assert_eq!(
-            steps(&games, std::slice::from_ref(&agones)),
+            steps(&games, &[agones()]),
             [Step::Covered { namespace: "games".into(), by: vec!["agones-gameserver-safe-to-evict-false".into()] }]
         );
         // Beside a PDB of the user's that allows disruptions, it is a conflict as before.
         let users = pdb("games", "arena", false, "agones.dev/gameserver");
-        assert!(matches!(&steps(&games, &[agones, users])[..], [Step::Skip { .. }]));
+        assert!(matches!(&steps(&games, &[agones(), users])[..], [Step::Skip { .. }]));
+        // Beside a second fleet (eviction.safe: Always) it covers only its own: the other's
+        // busy servers would go while busyguard is down, so the conflict is told.
+        let mut two_fleets = games.clone();
+        let always = [("agones.dev/gameserver", "gs-9"), ("agones.dev/safe-to-evict", "true")];
+        two_fleets.get_mut("games").unwrap().push(always.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        assert_eq!(
+            steps(&two_fleets, &[agones()]),
+            [Step::Skip {
+                namespace: "games".into(),
+                conflicting: vec!["agones-gameserver-safe-to-evict-false".into()]
+            }]
+        );
     }
 
     #[test]
