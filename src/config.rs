@@ -146,9 +146,16 @@ pub struct LimitArgs {
     /// Time allowed for a TLS handshake.
     #[arg(long, env = "BUSYGUARD_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = std_duration)]
     pub handshake_timeout: Duration,
-    /// Time allowed for a request's headers; also how long an idle keep-alive connection stays.
+    /// Time allowed for a request's headers; also how long a connection may wait for its first
+    /// request.
     #[arg(long, env = "BUSYGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = std_duration)]
     pub header_read_timeout: Duration,
+    /// How long a connection that has been answered may stay idle: longer than the API server
+    /// keeps an idle connection to a webhook (90 s), so that it is the client that closes it.
+    /// A close from busyguard's end races a review sent on it at that moment, which the API
+    /// server does not send again.
+    #[arg(long, env = "BUSYGUARD_KEEP_ALIVE_TIMEOUT", default_value = "120s", value_parser = std_duration)]
+    pub keep_alive_timeout: Duration,
     /// Time allowed for a request's body once the headers are in.
     #[arg(long, env = "BUSYGUARD_BODY_READ_TIMEOUT", default_value = "10s", value_parser = std_duration)]
     pub body_read_timeout: Duration,
@@ -345,6 +352,7 @@ impl From<&LimitArgs> for Limits {
         Limits {
             handshake_timeout: args.handshake_timeout,
             header_read_timeout: args.header_read_timeout,
+            keep_alive_timeout: args.keep_alive_timeout,
             body_read_timeout: args.body_read_timeout,
             max_connections: args.max_connections as usize,
             max_connections_per_peer: args.max_connections_per_peer as usize,
@@ -420,6 +428,7 @@ mod tests {
         assert!(config.policy.mutation.karpenter && config.policy.mutation.cluster_autoscaler);
         assert_eq!(config.listen, "0.0.0.0:8443".parse().unwrap());
         assert_eq!(config.limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(config.limits.keep_alive_timeout, Duration::from_secs(120), "past the API server's 90 s");
         assert!(matches!(config.cluster.source, ClusterSource::Infer));
         assert!(config.cluster.namespaces.is_empty(), "all namespaces");
         assert_eq!(config.cluster.stale_after, Duration::from_secs(60));

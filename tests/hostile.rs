@@ -13,11 +13,14 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 const TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an answered connection may stay idle, here (the API server's clients keep theirs 90 s).
+const KEPT_ALIVE: Duration = Duration::from_secs(3);
 
 async fn server() -> TestServer {
     TestServer::start_with(|config| {
         config.limits.handshake_timeout = TIMEOUT;
         config.limits.header_read_timeout = TIMEOUT;
+        config.limits.keep_alive_timeout = KEPT_ALIVE;
         config.limits.body_read_timeout = TIMEOUT;
         config.limits.max_connections = 256;
     })
@@ -219,21 +222,34 @@ async fn connections_that_send_nothing_or_half_a_preface_after_the_handshake_are
 }
 
 #[tokio::test]
-async fn an_http2_connection_left_idle_after_its_request_is_closed() {
+async fn an_answered_connection_stays_open_idle_past_the_first_request_timeout_until_the_keep_alive_one() {
     let server = server().await;
-    let h2 = common::connect(server.webhook, &[server.ca()], &[b"h2"]).await.unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(h2))
-            .await
-            .unwrap();
-    let ended = tokio::spawn(connection);
     let body = Bytes::from(serde_json::to_vec(&fixture("pod-delete-by-user.json")).unwrap());
-    let answer = sender.send_request(common::post_request("/validate", body)).await.unwrap();
-    assert_eq!(answer.status(), 200);
-    let started = Instant::now();
-    // The client keeps the connection; the server ends it once it has been idle for the timeout.
-    tokio::time::timeout(TIMEOUT + Duration::from_secs(2), ended).await.expect("closed by the server").unwrap().ok();
-    assert!(started.elapsed() > TIMEOUT / 2, "not before the idle timeout: {:?}", started.elapsed());
+    let executor = hyper_util::rt::TokioExecutor::new();
+    // HTTP/1.1, as the API server calls a Service's webhook, and HTTP/2.
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let stream = common::connect(server.webhook, &[server.ca()], &[alpn]).await.unwrap();
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let request = common::post_request("/validate", body.clone());
+        // The senders are kept (`_kept`): a client that drops its sender closes the connection.
+        let (status, ended, _kept): (_, _, Box<dyn std::any::Any>) = if alpn == b"h2" {
+            let (mut sender, connection) = hyper::client::conn::http2::handshake(executor.clone(), io).await.unwrap();
+            let ended = tokio::spawn(async move { connection.await.is_ok() });
+            (sender.send_request(request).await.unwrap().status(), ended, Box::new(sender))
+        } else {
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            let ended = tokio::spawn(async move { connection.await.is_ok() });
+            (sender.send_request(request).await.unwrap().status(), ended, Box::new(sender))
+        };
+        assert_eq!(status, 200);
+        let started = Instant::now();
+        // The client keeps the connection; the server ends it once it has been idle for the
+        // keep-alive timeout, not the first request's.
+        tokio::time::timeout(KEPT_ALIVE + Duration::from_secs(2), ended).await.expect("closed by the server").unwrap();
+        let idle = started.elapsed();
+        let alpn = String::from_utf8_lossy(alpn);
+        assert!(idle > KEPT_ALIVE - Duration::from_millis(500), "{alpn}: closed after {idle:?}, before its keep-alive");
+    }
 }
 
 #[tokio::test]

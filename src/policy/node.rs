@@ -2,8 +2,9 @@
 //! `kubectl drain --ignore-daemonsets`, or by a person), with the same exemptions as pod
 //! deletes; nor is a NodeClaim Karpenter consolidates or replaces for drift. Two requesters go through: the cloud node lifecycle controller deletes a node whose
 //! machine is already gone (nothing is left to protect), and Karpenter's DELETE of a node only
-//! starts its termination (a finalizer holds the node while Karpenter drains it through
-//! evictions, which busyguard and the busy-pod PDB refuse one by one).
+//! starts its termination (a finalizer holds the node while Karpenter drains it: it does not
+//! evict a pod with `karpenter.sh/do-not-disrupt`, busyguard's mark on a busy pod, but waits for
+//! it until its NodePool's `terminationGracePeriod`, then deletes it).
 
 use jiff::Timestamp;
 

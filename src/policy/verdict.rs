@@ -153,7 +153,8 @@ pub fn must_not_wait(action: Action, requester: Requester<'_>, config: &PolicyCo
 
 /// Who deletes a node with busy pods on it whatever they do: the cloud node lifecycle controller
 /// (the machine is already gone, nothing is left to protect), Karpenter (its DELETE only starts a
-/// termination that drains through evictions, refused one by one), exempt users and groups.
+/// termination, which waits for a busy pod's `do-not-disrupt` until its NodePool's deadline),
+/// exempt users and groups.
 pub fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Reason> {
     if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
         return Some(Reason::NodeGone);

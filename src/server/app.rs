@@ -21,9 +21,10 @@ const MAX_WORKLOADS: usize = 500;
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub handshake_timeout: Duration,
-    /// Also bounds how long a connection may wait for its first request, and stay open idle
-    /// (HTTP/1.1 and HTTP/2 alike).
+    /// Also bounds how long a connection may wait for its first request (HTTP/1.1 and HTTP/2).
     pub header_read_timeout: Duration,
+    /// How long a connection that has been answered may stay idle.
+    pub keep_alive_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
     /// Of `max_connections`, how many one client address may hold.

@@ -105,14 +105,17 @@ pub(super) async fn serve<S: HttpService>(
             let result = match handshake {
                 Handshake::Plain => {
                     let connection = http.serve_connection(TokioIo::new(tcp), service);
-                    activity.bound(watcher.watch(connection), limits.header_read_timeout).await
+                    activity
+                        .bound(watcher.watch(connection), limits.header_read_timeout, limits.keep_alive_timeout)
+                        .await
                 }
                 Handshake::Tls(acceptor) => {
                     match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             activity.touch();
                             let connection = http.serve_connection(TokioIo::new(stream), service);
-                            activity.bound(watcher.watch(connection), limits.header_read_timeout).await
+                            let first = limits.header_read_timeout;
+                            activity.bound(watcher.watch(connection), first, limits.keep_alive_timeout).await
                         }
                         Ok(Err(e)) => {
                             debug!(%peer, error = %e, "TLS handshake failed");
@@ -145,11 +148,13 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 struct Activity {
     in_flight: std::sync::atomic::AtomicUsize,
     since: parking_lot::Mutex<Instant>,
+    /// Whether it has answered a request yet.
+    answered: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
     fn new() -> Self {
-        Activity { in_flight: 0.into(), since: parking_lot::Mutex::new(Instant::now()) }
+        Activity { in_flight: 0.into(), since: parking_lot::Mutex::new(Instant::now()), answered: false.into() }
     }
 
     fn touch(&self) {
@@ -164,6 +169,7 @@ impl Activity {
                 activity.in_flight.fetch_add(1, Ordering::Relaxed);
                 let response = service.call(request).await;
                 activity.touch();
+                activity.answered.store(true, Ordering::Relaxed);
                 activity.in_flight.fetch_sub(1, Ordering::Relaxed);
                 response
             }
@@ -171,15 +177,18 @@ impl Activity {
     }
 
     /// Runs the connection until it ends (`Some`), or until it has had nothing in flight for
-    /// `idle` (`None`: dropped, which closes it). Covers the wait for a first request too.
-    async fn bound<F: Future>(&self, connection: F, idle: Duration) -> Option<F::Output> {
+    /// `first` before its first answer (a client that sends nothing), `idle` after it (`None`:
+    /// dropped, which closes it).
+    async fn bound<F: Future>(&self, connection: F, first: Duration, kept_alive: Duration) -> Option<F::Output> {
         tokio::pin!(connection);
+        // Asked again at each wake: the first answer may have come since the sleep began.
+        let idle = || if self.answered.load(Ordering::Relaxed) { kept_alive } else { first };
         loop {
             let last = *self.since.lock();
             tokio::select! {
                 result = &mut connection => return Some(result),
-                () = tokio::time::sleep_until((last + idle).into()) => {
-                    let quiet = self.since.lock().elapsed() >= idle;
+                () = tokio::time::sleep_until((last + idle()).into()) => {
+                    let quiet = self.since.lock().elapsed() >= idle();
                     if quiet && self.in_flight.load(Ordering::Relaxed) == 0 {
                         return None;
                     }

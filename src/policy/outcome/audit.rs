@@ -84,7 +84,7 @@ pub enum Reason {
     Leader,
     /// A node deleted by the cloud node lifecycle controller: its machine is gone.
     NodeGone,
-    /// Karpenter's DELETE of a node: it starts a termination that drains through evictions.
+    /// Karpenter's DELETE of a node: it starts a termination, which waits for busy pods.
     KarpenterTermination,
     /// A NodeClaim deleted for another reason than Karpenter's consolidation or drift (expiry,
     /// repair, interruption, garbage collection, a person's delete).

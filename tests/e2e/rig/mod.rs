@@ -370,10 +370,12 @@ impl Rig {
     }
 
     /// Registers the webhook configurations of `overlay` (under manifests/) instead, by URL,
-    /// trusting the live CA, and sets busyguard's Deployment's `env` as given (None: removed),
-    /// waiting for its rollout: an install switched to another overlay's choices.
+    /// trusting the live CA, applies its fence, and sets busyguard's Deployment's `env` as given
+    /// (None: removed), waiting for its rollout: an install switched to another overlay's choices.
     pub fn switch_to(&self, overlay: &str, env: &[(&str, Option<&str>)]) -> Result<()> {
         let objects = rendered(&Path::new(ROOT).join("manifests").join(overlay))?;
+        let is_fence = |o: &Value| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"));
+        self.fence(objects.iter().filter(|o| is_fence(o)).cloned().collect())?;
         *self.webhooks.lock().unwrap() = objects.into_iter().filter(is_webhook_configuration).collect();
         self.register_live()?;
         let mut args =

@@ -82,7 +82,8 @@ pub fn an_opted_out_namespace_is_left_alone(rig: &Rig) -> Result<()> {
 
 /// A staged install (`manifests/opt-in`): with its webhooks and `--opt-in`, busyguard guards
 /// only the namespaces labelled `busyguard.io/enabled=true`. A busy pod elsewhere is deleted as
-/// if busyguard were not installed, and not protected; once its namespace opts in, it is.
+/// if busyguard were not installed, and not protected; once its namespace opts in, it is. There,
+/// where no webhook of busyguard's is called, its fence refuses busyguard's own token any eviction.
 pub fn a_staged_install_guards_only_the_namespaces_opted_in(rig: &Rig) -> Result<()> {
     let (opted_in, not_yet) = (rig.namespace("opted-in")?, rig.namespace("not-yet")?);
     rig.kubectl(&["label", "namespace", &opted_in, "busyguard.io/enabled=true"])?;
@@ -95,6 +96,12 @@ pub fn a_staged_install_guards_only_the_namespaces_opted_in(rig: &Rig) -> Result
         let delete = |ns: &str| rig.try_kubectl(&["-n", ns, "delete", "pod", "busy", "--dry-run=server"]);
         ensure!(!rig.evict(&opted_in, "busy")?.0 && !delete(&opted_in)?.0, "an opted-in namespace's busy pod went");
         ensure!(delete(&not_yet)?.0, "a busy pod of a namespace not opted in could not be deleted");
+        let busyguard = Some("system:serviceaccount:busyguard:busyguard");
+        let (evicted, said) = rig.evict_as(busyguard, &not_yet, "busy")?;
+        ensure!(
+            !evicted && said.contains("busyguard-fence-evictions"),
+            "busyguard's token evicted a pod of a namespace not opted in: {said}"
+        );
         ensure!(
             rig.pod(&not_yet, "busy")?.is_some_and(|p| label(&p, "busyguard.io/protected").is_none()),
             "a busy pod of a namespace not opted in was protected"
