@@ -102,11 +102,33 @@ pub struct ScaleStatus {
     pub selector: Option<String>,
 }
 
-/// Karpenter's NodeClaim: its node, and why Karpenter is disrupting it, if it is.
+/// Karpenter's NodeClaim: its node, why Karpenter is disrupting it, if it is, and what tells
+/// its other ends apart (its age and `expireAfter`, its capacity type).
 #[derive(Debug, Default, Deserialize)]
 pub struct NodeClaim {
     #[serde(default)]
+    pub metadata: NodeClaimMeta,
+    #[serde(default)]
+    pub spec: NodeClaimSpec,
+    #[serde(default)]
     pub status: NodeClaimStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimMeta {
+    #[serde(default)]
+    pub creation_timestamp: Option<String>,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimSpec {
+    /// `720h`, or `Never`.
+    #[serde(default)]
+    pub expire_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -15,7 +15,7 @@ use super::review::{AdmissionRequest, InvalidReview};
 use crate::cluster::view::View;
 use crate::policy::budget::Siblings;
 use crate::policy::disruption::{Disruption, Taking};
-use crate::policy::keys::{AGENT_FIELD_MANAGER, JOB_NAME};
+use crate::policy::keys::{AGENT_FIELD_MANAGER, JOB_NAME, KARPENTER_CAPACITY_TYPE};
 use crate::policy::outcome::{Decision, Outcome};
 use crate::policy::pod::{Pod, PodFacts};
 use crate::policy::scale::ScaleRequest;
@@ -235,7 +235,14 @@ pub fn node_claim_delete(
         return Ok(Outcome::allow(Decision::Allowed));
     };
     let view = inputs.trusted_view("the NodeClaim delete")?;
-    let claim = node::NodeClaim { node: node_name, disruption: claim.disruption_reason() };
+    let created = claim.metadata.creation_timestamp.as_deref().and_then(|t| crate::duration::parse_time(t).ok());
+    let end = node::NodeClaimEnd {
+        disruption: claim.disruption_reason(),
+        expired: node::expired(created, claim.spec.expire_after.as_deref(), now),
+        node_ending: view.node_ending(node_name).is_some(),
+        spot: claim.metadata.labels.get(KARPENTER_CAPACITY_TYPE).is_some_and(|t| t == "spot"),
+    };
+    let claim = node::NodeClaim { node: node_name, end };
     Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(ask, &claim, pods, inputs.policy, now)))
 }
 

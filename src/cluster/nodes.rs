@@ -13,7 +13,7 @@ use tracing::info;
 
 use super::driver::{self, Index, Key};
 use super::view::{Scope, View};
-use crate::policy::hold::{Holds, NodeGoing, node_going};
+use crate::policy::hold::{Holds, NodeEnding, NodeGoing, NodeState, node_going};
 
 /// Runs until the process stops; the watch reconnects with backoff on its own.
 pub async fn watch_nodes(client: Client, view: Arc<View>, holds: Holds, timeout_secs: u32) {
@@ -41,18 +41,25 @@ impl Index<Node> for NodesGoing {
         let (name, now) = (node.name_any(), going(&node, self.holds));
         if self.view.node_going(&name) != now {
             info!(node = %name, going = ?now, "node's going changed: its pods take new tasks only while it stays");
-            self.view.set_node_going(&name, now);
         }
+        self.view.set_node_state(&name, NodeState { going: now, ending: ending(&node) });
     }
 
     async fn delete(&mut self, node: Node) {
-        self.view.set_node_going(&node.name_any(), None);
+        self.view.set_node_state(&node.name_any(), NodeState::default());
     }
 
     async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
         let going = self.view.keep_nodes_going(|node| listed.contains(&(String::new(), node.to_string())));
         info!(going, "nodes listed");
     }
+}
+
+/// Whether `node` ends whatever its pods do, and why.
+fn ending(node: &Node) -> Option<NodeEnding> {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let ready = conditions.into_iter().flatten().find(|c| c.type_ == "Ready").map(|c| c.status.as_str());
+    NodeEnding::of(node.metadata.deletion_timestamp.is_some(), ready)
 }
 
 /// Whether `node` is going, and why.

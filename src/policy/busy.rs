@@ -2,7 +2,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::keys::{BUSY_LABEL, BUSY_SINCE, MAX_BUSY, WHEN_UNREADY};
+use super::keys::{BUSY_LABEL, BUSY_SINCE, INTERRUPTED, MAX_BUSY, WHEN_UNREADY};
 use super::pod::{Phase, PodFacts, Readiness};
 use crate::duration::{parse_positive_duration, parse_time};
 
@@ -34,6 +34,9 @@ pub enum Lapse {
     MaxBusy { limit: SignedDuration },
     /// A container restarted after the pod turned busy: the task that set the flag is gone.
     Restarted { at: Timestamp },
+    /// Its node's spot instance is being reclaimed ([`INTERRUPTED`]): the task ends with it, and
+    /// is better given its SIGTERM now than none when the instance goes.
+    Interrupted,
 }
 
 impl BusyState {
@@ -113,6 +116,10 @@ pub fn busy_from(
     // protected within max-busy. A flag busyguard writes for the pod's owner or leader is theirs,
     // not the pod's (an Agones SDK sidecar's restart ends no match). Any other flag from before a
     // restart is stale, a Job's work-queue worker's own flag too: its task died with it.
+    if pod.annotation(INTERRUPTED).is_some() {
+        let since = since.or_else(|| pod.created()).unwrap_or(now);
+        return BusyState::Lapsed { since, lapse: Lapse::Interrupted };
+    }
     if let Some(since) = since
         && !busy_from_creation(pod, since)
         && !pod.busy_label_by_busyguard()

@@ -44,6 +44,41 @@ pub const AUTOSCALER_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler
 pub const GOING_CONDITIONS: [&str; 5] =
     ["DrainInProgress", "Drained", "MaintenancePlanned", "MaintenanceInProgress", "GracefulNodeShutdownInProgress"];
 
+/// What busyguard keeps of a node: whether it is going (its pods take no new task), and
+/// whether it is ending whatever its pods do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub going: Option<NodeGoing>,
+    pub ending: Option<NodeEnding>,
+}
+
+/// Why a node ends whatever its pods do: a Karpenter NodeClaim's delete then is not one that
+/// can wait for them (its node termination, its repair).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeEnding {
+    /// The Node has a deletionTimestamp: someone deleted it, and its finalizer drains it.
+    Deleted,
+    /// Its `Ready` condition is not True.
+    NotReady,
+}
+
+impl NodeEnding {
+    /// What a Node says: its deletionTimestamp, its `Ready` condition's status (`None`: none).
+    pub fn of(deleted: bool, ready: Option<&str>) -> Option<NodeEnding> {
+        if deleted {
+            return Some(NodeEnding::Deleted);
+        }
+        (ready.is_some_and(|ready| ready != "True")).then_some(NodeEnding::NotReady)
+    }
+
+    pub fn says(self) -> &'static str {
+        match self {
+            NodeEnding::Deleted => "its node is being deleted",
+            NodeEnding::NotReady => "its node is not Ready",
+        }
+    }
+}
+
 /// Why a node is going.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeGoing {

@@ -18,6 +18,13 @@ pub const WHEN_UNREADY: &str = "when-unready";
 /// Written by busyguard when the pod turns busy (RFC 3339, seconds).
 pub const BUSY_SINCE: &str = "busyguard.io/busy-since";
 
+/// Written by busyguard on a busy pod whose node's NodeClaim Karpenter deleted for its cloud's
+/// interruption of a spot instance: the NodeClaim's name. The pod is no longer protected
+/// (`Lapse::Interrupted`): its `karpenter.sh/do-not-disrupt` comes off and Karpenter's drain
+/// evicts it, so its task gets its SIGTERM within the notice instead of none when the instance
+/// goes. Taken off when the pod turns idle.
+pub const INTERRUPTED: &str = "busyguard.io/interrupted";
+
 /// Per-pod bound on protection, e.g. `"2h"`; the `--max-busy` default applies without it.
 pub const MAX_BUSY: &str = "busyguard.io/max-busy";
 
@@ -43,6 +50,10 @@ pub const AGONES_CONTAINER: &str = "agones.dev/container";
 /// kubectl's annotation for a pod's main container (`kubectl logs` and `exec` pick it): the task
 /// container when `busyguard.io/task-container` is not set.
 pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+
+/// Karpenter's label on a NodeClaim (and its node) naming its capacity type: `spot`,
+/// `on-demand`, `reserved`.
+pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 
 /// The ReplicaSet controller deletes pods of lower cost first.
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -163,8 +174,9 @@ pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
 /// retired keys are read to warn about them: the workload budget as an annotation
 /// ([`MAX_UNAVAILABLE`], now a label) and [`RETIRED_WHEN_UNREADY`].
-pub const DECIDING_ANNOTATIONS: [&str; 16] = [
+pub const DECIDING_ANNOTATIONS: [&str; 17] = [
     BUSY_SINCE,
+    INTERRUPTED,
     MAX_BUSY,
     TASK_CONTAINER,
     DEFAULT_CONTAINER,

@@ -14,8 +14,8 @@ use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
 use super::keys::{
     AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, DELETION_COST, DISRUPTION_REQUESTED,
-    DeleteRequest, EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT,
-    PROTECTED_LABEL, RELEASED_FROM,
+    DeleteRequest, EVICTION_IN_PROGRESS, IDLE_COST, IDLE_DO_NOT_DISRUPT, IDLE_SAFE_TO_EVICT, INTERRUPTED,
+    KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL, RELEASED_FROM,
 };
 use super::pod::{Pod, PodFacts};
 use crate::duration::whole_second;
@@ -167,12 +167,16 @@ pub fn plan(
 /// label removed, also while busy) counts the same as a flip to idle.
 fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) -> Changes {
     let mut changes = Changes::new();
-    let ours_left =
-        pod.annotation(BUSY_SINCE).is_some() || GUARDED.iter().any(|(_, saved_as)| pod.annotation(saved_as).is_some());
+    let ours_left = pod.annotation(BUSY_SINCE).is_some()
+        || pod.annotation(INTERRUPTED).is_some()
+        || GUARDED.iter().any(|(_, saved_as)| pod.annotation(saved_as).is_some());
     if !ours_left {
         return changes;
     }
     changes.insert(BUSY_SINCE, None);
+    if pod.annotation(INTERRUPTED).is_some() {
+        changes.insert(INTERRUPTED, None);
+    }
     for g in guarded(settings, now, None, None) {
         match pod.annotation(g.saved_as) {
             Some(saved) => {
@@ -439,6 +443,24 @@ mod tests {
             Some(json!({"metadata": {"uid": "u-w", "labels": {POD_TEMPLATE_HASH: null, DELETE_REQUESTED: "true"},
                 "annotations": {RELEASED_FROM: "5d8f", DELETE_REQUESTED: asked}}}))
         );
+    }
+
+    #[test]
+    fn a_busy_pod_on_an_interrupted_spot_node_loses_its_protection_and_the_mark_goes_when_it_idles() {
+        use crate::policy::busy::MaxBusy;
+        let now = ts("2026-11-21T20:30:00Z");
+        let busy = crate::policy::testing::pod(json!({"metadata": {
+            "labels": {BUSY_LABEL: "true", PROTECTED_LABEL: "true"},
+            "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z", KARPENTER_DO_NOT_DISRUPT: "true",
+                INTERRUPTED: "spot-x7k2p"}}, "status": {"phase": "Running"}}));
+        let max_busy = MaxBusy::new(jiff::SignedDuration::from_hours(24));
+        let planned = plan(&busy, None, MutationSettings::ALL, max_busy, now);
+        assert_eq!(planned.protected, Some(false), "out of the busy-pod PDB");
+        assert_eq!(planned.annotations.get(KARPENTER_DO_NOT_DISRUPT), Some(&None), "Karpenter's drain evicts it");
+        let idle = crate::policy::testing::pod(json!({"metadata": {"labels": {BUSY_LABEL: "false"},
+            "annotations": {BUSY_SINCE: "2026-11-21T20:00:00Z", INTERRUPTED: "spot-x7k2p"}}}));
+        let planned = plan(&idle, None, MutationSettings::ALL, max_busy, now);
+        assert_eq!(planned.annotations.get(INTERRUPTED), Some(&None), "a next task is protected again");
     }
 
     #[test]

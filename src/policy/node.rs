@@ -16,7 +16,9 @@ use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, Reason};
 use super::pod::{PodFacts, PodRef};
+pub use super::verdict::NodeClaimEnd;
 use super::verdict::{node_claim_delete_let_through, node_delete_let_through};
+use crate::duration::parse_positive_duration;
 use crate::duration::whole_second;
 
 /// A busy pod on the node, by name, and when its protection ends at the latest.
@@ -41,10 +43,20 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     judged_on_node(ask, busy, exempt, anyway, |busy| node_busy(ask.name, busy), config, now)
 }
 
-/// A NodeClaim being deleted: its node, and the reason of its `DisruptionReason` condition.
+/// A NodeClaim being deleted: its node, and what its end is judged by.
 pub struct NodeClaim<'a> {
     pub node: &'a str,
-    pub disruption: Option<&'a str>,
+    pub end: NodeClaimEnd<'a>,
+}
+
+/// Whether a NodeClaim created at `created` is past its `spec.expireAfter` (`Never`, or none:
+/// it never expires).
+pub fn expired(created: Option<Timestamp>, expire_after: Option<&str>, now: Timestamp) -> bool {
+    let after = expire_after.filter(|a| *a != "Never").and_then(|a| parse_positive_duration(a).ok());
+    match (created, after) {
+        (Some(created), Some(after)) => created.checked_add(after).is_ok_and(|at| at <= now),
+        _ => false,
+    }
 }
 
 /// The answer to `ask`, Karpenter's delete of a NodeClaim whose node runs `pods`. Its voluntary
@@ -59,11 +71,28 @@ pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
     now: Timestamp,
 ) -> Outcome {
     let busy = busy_on_node(pods, config, now);
-    let exempt = node_claim_delete_let_through(claim.disruption, ask.requester, &config.exemptions);
-    let disruption = claim.disruption.unwrap_or("no DisruptionReason");
+    let exempt = node_claim_delete_let_through(claim.end, ask.requester, &config.exemptions);
+    let disruption = claim.end.disruption.unwrap_or("no DisruptionReason");
+    // Interrupted: each busy pod is marked, so its protection ends and Karpenter's drain evicts it.
+    let interrupted: Vec<Effect> = busy
+        .iter()
+        .filter(|_| exempt == Some(Reason::Interrupted) && !ask.dry_run)
+        .filter_map(|b| {
+            let (namespace, name) = b.pod.split_once('/')?;
+            let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: b.uid.clone() };
+            Some(Effect::MarkInterrupted { pod, node_claim: ask.name.to_string() })
+        })
+        .collect();
     let anyway = |busy: &[BusyOnNode]| {
         let deleted = node_deleted_anyway(claim.node, busy, ask.requester.username);
-        format!("NodeClaim {} ({disruption}) of {deleted}", ask.name)
+        let why = match exempt {
+            Some(Reason::Interrupted) => {
+                ": its spot instance is being reclaimed, so they are let go and Karpenter's drain gives each task its \
+                 SIGTERM"
+            }
+            _ => "",
+        };
+        format!("NodeClaim {} ({disruption}) of {deleted}{why}", ask.name)
     };
     let refusal = |busy: &[BusyOnNode]| {
         format!(
@@ -76,7 +105,8 @@ pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
             busy_list(busy)
         )
     };
-    judged_on_node(ask, busy, exempt, anyway, refusal, config, now)
+    let judged = judged_on_node(ask, busy, exempt, anyway, refusal, config, now);
+    Outcome { effects: [judged.effects, interrupted].concat(), ..judged }
 }
 
 /// The busy pods among `pods`.
@@ -185,6 +215,7 @@ mod tests {
     fn config() -> PolicyConfig {
         let mut config = crate::policy::testing::config();
         config.exemptions.users = vec!["ops".into()];
+        config.exemptions.karpenter = vec!["system:serviceaccount:kube-system:karpenter".into()];
         config
     }
 
@@ -220,7 +251,8 @@ mod tests {
         let by_karpenter = claim_delete(karpenter);
         let on_node = |pod| [("jobs/worker-a".to_string(), pod)];
         for reason in ["Underutilized", "Empty", "Drifted"] {
-            let claim = NodeClaim { node: "node-1", disruption: Some(reason) };
+            let claim =
+                NodeClaim { node: "node-1", end: NodeClaimEnd { disruption: Some(reason), ..Default::default() } };
             let outcome = judge_node_claim_delete(&by_karpenter, &claim, on_node(&busy), &config(), now());
             let Answer::Deny { denial, message } = &outcome.answer else { panic!("{reason}: {:?}", outcome.answer) };
             assert_eq!(denial.code(), 429, "{reason}");
@@ -234,9 +266,19 @@ mod tests {
             let idle_node = judge_node_claim_delete(&by_karpenter, &claim, on_node(&idle), &config(), now());
             assert_eq!(idle_node.decision, Decision::Allowed, "{reason}: nothing busy, Karpenter goes on");
         }
-        // Its forceful or involuntary ends, a NodeClaim without the condition, an exempt user.
-        for (disruption, user) in [(Some("SpotInterruption"), karpenter), (None, karpenter), (Some("Drifted"), "ops")] {
-            let claim = NodeClaim { node: "node-1", disruption };
+        // Its forceful or involuntary ends: a NodeClaim without the condition, an exempt user,
+        // and, while a consolidation is in flight (the condition stays), its expiry, its node's
+        // termination or repair, and a person's delete.
+        let drifted = NodeClaimEnd { disruption: Some("Drifted"), ..Default::default() };
+        for (end, user) in [
+            (NodeClaimEnd { disruption: Some("SpotInterruption"), ..Default::default() }, karpenter),
+            (NodeClaimEnd::default(), karpenter),
+            (drifted, "ops"),
+            (drifted, "alice"),
+            (NodeClaimEnd { expired: true, ..drifted }, karpenter),
+            (NodeClaimEnd { node_ending: true, ..drifted }, karpenter),
+        ] {
+            let claim = NodeClaim { node: "node-1", end };
             let outcome = judge_node_claim_delete(
                 &Ask { resource: "nodeclaims", ..ask(user) },
                 &claim,
@@ -244,10 +286,48 @@ mod tests {
                 &config(),
                 now(),
             );
-            assert_eq!(outcome.decision, Decision::Exempted, "{disruption:?} by {user}");
+            assert_eq!(outcome.decision, Decision::Exempted, "{end:?} by {user}");
             let audit = outcome.audit.unwrap();
             assert!(audit.detail.contains("with 1 busy pod(s) on it: jobs/worker-a"), "{}", audit.detail);
+            assert!(outcome.effects.is_empty(), "{end:?}: nothing marked");
         }
+    }
+
+    #[test]
+    fn karpenters_delete_of_a_spot_node_claim_it_did_not_choose_lets_its_busy_pods_go_with_a_sigterm() {
+        let busy = pod("true");
+        let karpenter = "system:serviceaccount:kube-system:karpenter";
+        let claim_delete = Ask { resource: "nodeclaims", name: "spot-x7k2p", ..ask(karpenter) };
+        let claim = NodeClaim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
+        let outcome =
+            judge_node_claim_delete(&claim_delete, &claim, [("jobs/worker-a".to_string(), &busy)], &config(), now());
+        assert_eq!(outcome.decision, Decision::Exempted);
+        let audit = outcome.audit.unwrap();
+        assert_eq!(audit.reason, Reason::Interrupted);
+        assert!(audit.detail.contains("its spot instance is being reclaimed"), "{}", audit.detail);
+        let [Effect::MarkInterrupted { pod, node_claim }] = outcome.effects.as_slice() else {
+            panic!("{:?}", outcome.effects)
+        };
+        assert_eq!((pod.to_string(), node_claim.as_str()), ("jobs/worker-a".to_string(), "spot-x7k2p"));
+        // Karpenter's own consolidation of a spot node still waits; a dry run marks nothing.
+        let consolidated = NodeClaim { end: NodeClaimEnd { disruption: Some("Underutilized"), ..claim.end }, ..claim };
+        let pods = [("jobs/worker-a".to_string(), &busy)];
+        assert!(!judge_node_claim_delete(&claim_delete, &consolidated, pods, &config(), now()).is_allowed());
+        let dry_run = Ask { dry_run: true, ..claim_delete };
+        let claim = NodeClaim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
+        let pods = [("jobs/worker-a".to_string(), &busy)];
+        assert!(judge_node_claim_delete(&dry_run, &claim, pods, &config(), now()).effects.is_empty());
+    }
+
+    #[test]
+    fn a_node_claim_expires_at_its_creation_plus_expire_after_unless_never() {
+        let created: Timestamp = "2026-11-01T00:00:00Z".parse().unwrap();
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        assert!(expired(Some(created), Some("720h"), at("2026-12-01T00:00:00Z")));
+        assert!(!expired(Some(created), Some("720h"), at("2026-11-30T23:59:59Z")));
+        assert!(!expired(Some(created), Some("Never"), at("2027-11-01T00:00:00Z")));
+        assert!(!expired(Some(created), None, at("2027-11-01T00:00:00Z")));
+        assert!(!expired(None, Some("1h"), at("2027-11-01T00:00:00Z")));
     }
 
     #[test]

@@ -73,6 +73,7 @@ impl Override {
         match self {
             Override::Lapsed { lapse: Lapse::MaxBusy { .. }, .. } => Reason::MaxBusyExceeded,
             Override::Lapsed { lapse: Lapse::Restarted { .. }, .. } => Reason::StaleAfterRestart,
+            Override::Lapsed { lapse: Lapse::Interrupted, .. } => Reason::Interrupted,
             Override::Exempt(exempt) => exempt.reason(),
             Override::NodeTaintEviction => Reason::NodeTaintEviction,
             Override::NamespaceDeleted => Reason::NamespaceDeleted,
@@ -169,16 +170,38 @@ pub fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions
 /// the `DisruptionReason` condition before it deletes the NodeClaim.
 pub const VOLUNTARY_NODE_CLAIM_DISRUPTIONS: [&str; 3] = ["Underutilized", "Empty", "Drifted"];
 
-/// Who deletes a NodeClaim with busy pods on its node whatever they do: any delete but
-/// Karpenter's voluntary disruptions (expiry, repair, interruption, garbage collection, a
-/// person's: the node goes, or was asked to go, whatever the pods do), and exempt users and groups.
+/// What a NodeClaim delete is judged by: why Karpenter disrupts it, if it does, and what ends
+/// it whatever its pods do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeClaimEnd<'a> {
+    /// The reason of its `DisruptionReason` condition.
+    pub disruption: Option<&'a str>,
+    /// Past its `spec.expireAfter`: Karpenter's expiry, forceful by design.
+    pub expired: bool,
+    /// Its node is being deleted, or is not Ready: Karpenter's node termination, or its repair.
+    pub node_ending: bool,
+    /// Of spot capacity (`karpenter.sh/capacity-type: spot`).
+    pub spot: bool,
+}
+
+/// Who deletes a NodeClaim with busy pods on its node whatever they do, and why: all but
+/// Karpenter's voluntary disruptions (consolidation, drift) go. While such a command is in flight
+/// the NodeClaim keeps its `DisruptionReason`, so its other ends are told apart by what else
+/// holds: someone else asks (a person's delete), it has expired, or its node is being deleted or
+/// is not Ready. Karpenter's delete of a spot NodeClaim for no reason of its own, before its
+/// expiry and with its node Ready, is its cloud's interruption (the instance is reclaimed within
+/// minutes): `Interrupted`, and its busy pods are let go so that their tasks get a SIGTERM.
 pub fn node_claim_delete_let_through(
-    disruption: Option<&str>,
+    claim: NodeClaimEnd<'_>,
     requester: Requester<'_>,
     exemptions: &Exemptions,
 ) -> Option<Reason> {
-    if !disruption.is_some_and(|reason| VOLUNTARY_NODE_CLAIM_DISRUPTIONS.contains(&reason)) {
+    let voluntary = claim.disruption.is_some_and(|reason| VOLUNTARY_NODE_CLAIM_DISRUPTIONS.contains(&reason));
+    if !exemptions.is_karpenter(requester.username) || claim.expired || claim.node_ending {
         return Some(Reason::NodeClaimEnding);
+    }
+    if !voluntary {
+        return Some(if claim.spot { Reason::Interrupted } else { Reason::NodeClaimEnding });
     }
     exemptions.of(requester).map(|exempt| exempt.reason())
 }
@@ -190,6 +213,10 @@ pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
         Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
             format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
         }
+        Override::Lapsed { since, lapse: Lapse::Interrupted } => format!(
+            "{pod} busy since {since}, but its node's spot instance is being reclaimed: its task gets its SIGTERM now \
+             rather than none when the instance goes"
+        ),
         Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
             format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
         }

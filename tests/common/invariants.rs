@@ -177,6 +177,10 @@ pub fn busy_pods_go_only_with_an_audited_exemption(
             let at: Timestamp = at.unwrap().parse().unwrap();
             assert!(at > since.unwrap(), "{}", audit.detail);
         }
+        ("lapsed", "interrupted") => {
+            let marked = &pod["metadata"]["annotations"]["busyguard.io/interrupted"];
+            assert!(marked.is_string(), "let go as interrupted without busyguard's mark: {}", audit.detail);
+        }
         // Recovery and Karpenter's node deadline: only their own users, and Karpenter's deletes only.
         ("exempted", "node-taint-eviction" | "namespace-deleted") => {
             let user = request["userInfo"]["username"].as_str().unwrap_or_default();

@@ -17,7 +17,7 @@ use record::{Shared, boxed};
 
 use super::fast_map::FastMap;
 use crate::policy::budget::{Siblings, unavailable_siblings};
-use crate::policy::hold::NodeGoing;
+use crate::policy::hold::{NodeEnding, NodeGoing, NodeState};
 use crate::policy::owners::{OwnerRule, OwnerState};
 use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
@@ -53,7 +53,7 @@ pub struct View {
     shared: Mutex<Shared>,
     /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
     /// lifecycle conditions), and why: their pods take no new task.
-    nodes_going: RwLock<FastMap<String, NodeGoing>>,
+    nodes_going: RwLock<FastMap<String, NodeState>>,
     /// The owners under a busy rule (`--busy-when-owner`), by namespace and `group/Kind/name`,
     /// and whether their status says their pods are busy, as watched.
     owners: RwLock<Owners>,
@@ -170,19 +170,29 @@ impl View {
 
     /// Whether `node` is going, and why, as its watch last said.
     pub fn node_going(&self, node: &str) -> Option<NodeGoing> {
-        if node.is_empty() {
-            return None;
-        }
-        self.nodes_going.read().get(node).copied()
+        self.node_state(node).going
     }
 
-    /// Records what `node` says of itself now (`None`: it stays, or is gone).
-    pub fn set_node_going(&self, node: &str, going: Option<NodeGoing>) {
+    /// Whether `node` is ending whatever its pods do (being deleted, or not Ready), and which.
+    pub fn node_ending(&self, node: &str) -> Option<NodeEnding> {
+        self.node_state(node).ending
+    }
+
+    fn node_state(&self, node: &str) -> NodeState {
+        if node.is_empty() {
+            return NodeState::default();
+        }
+        self.nodes_going.read().get(node).copied().unwrap_or_default()
+    }
+
+    /// Records what `node` says of itself now (the default: it stays, or is gone).
+    pub fn set_node_state(&self, node: &str, state: NodeState) {
         let mut nodes = self.nodes_going.write();
-        match going {
-            Some(going) => nodes.insert(node.to_string(), going),
-            None => nodes.remove(node),
-        };
+        if state == NodeState::default() {
+            nodes.remove(node);
+        } else {
+            nodes.insert(node.to_string(), state);
+        }
     }
 
     /// After a new list of nodes: those it did not have (`listed` false) are gone, so going no

@@ -91,6 +91,9 @@ pub enum Reason {
     NodeClaimEnding,
     MaxBusyExceeded,
     StaleAfterRestart,
+    /// A busy pod let go, or a NodeClaim deleted, because Karpenter's cloud reclaims the node's
+    /// spot instance.
+    Interrupted,
     /// What a flip writes for other controllers (deletion cost, the autoscalers' annotations,
     /// the protected label), withheld in audit mode.
     BusyMarks,

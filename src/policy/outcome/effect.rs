@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::audit::{AuditRecord, Decision, Reason};
-use crate::policy::keys::{DeleteRequest, EvictAs};
+use crate::policy::keys::{DeleteRequest, EvictAs, INTERRUPTED};
 use crate::policy::marks::{self, Plan};
 use crate::policy::owners;
 use crate::policy::pdb::BUSY_PDB_NAME;
@@ -57,6 +57,10 @@ pub enum Effect {
     /// busyguard's mutating webhook then writes the rest of the flip.
     #[strum(serialize = "follow-owner")]
     FollowOwner { pod: PodRef, value: &'static str, max_busy: Option<String> },
+    /// Mark a busy pod whose node's spot instance is being reclaimed (`keys::INTERRUPTED`, the
+    /// NodeClaim's name): its protection ends, so Karpenter's drain gives its task a SIGTERM.
+    #[strum(serialize = "mark-interrupted")]
+    MarkInterrupted { pod: PodRef, node_claim: String },
     /// Create busyguard's busy-pod PodDisruptionBudget in the namespace (`policy::pdb`).
     CreateBusyPdb { namespace: String },
     /// Delete busyguard's PodDisruptionBudget `name` in the namespace.
@@ -126,6 +130,9 @@ impl Effect {
             }
             Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request).merge_patch(), None),
             Effect::FollowOwner { pod, value, max_busy } => (pod, owners::flip_patch(value, max_busy.as_deref()), None),
+            Effect::MarkInterrupted { pod, node_claim } => {
+                (pod, serde_json::json!({"metadata": {"annotations": {INTERRUPTED: node_claim}}}), None)
+            }
             Effect::DeleteIdle { pod, resource_version, request, .. } => {
                 return Call::DeletePod { pod, resource_version, evict: request.evict };
             }
@@ -171,6 +178,7 @@ impl Effect {
             | Effect::MarkDisruptionWanted { pod, .. }
             | Effect::Release { pod, .. }
             | Effect::FollowOwner { pod, .. }
+            | Effect::MarkInterrupted { pod, .. }
             | Effect::DeleteIdle { pod, .. }
             | Effect::Event { pod, .. }
             | Effect::ReportLoss { pod, .. } => Object::Pod(pod),

@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
-use serde_json::json;
+use anyhow::{Context, Result, ensure};
+use serde_json::{Value, json};
 
 use crate::rig::{ROOT, Rig, eventually};
-use crate::workers::{self, flip};
+use crate::workers::{self, flip, label};
 
 /// A person's `kubectl delete node` is refused (429) while a busy pod runs there; the cloud node
 /// lifecycle controller (as upstream cloud-provider names it: `node-controller`) deletes it.
@@ -50,7 +50,11 @@ const KARPENTER: &str = "system:serviceaccount:kube-system:karpenter";
 /// of a NodeClaim it consolidates (its `DisruptionReason` condition set, `Underutilized`, as the
 /// queue sets it before the delete), decided while the node was idle, is refused once a pod there
 /// has turned busy, and goes once the pod is idle again; the delete of an expired NodeClaim (no
-/// such condition) goes at once, audited.
+/// such condition) goes at once, audited. While a consolidation is in flight (the condition
+/// kept), its expiry and a person's delete still go. Karpenter's delete of a spot NodeClaim for
+/// no reason of its own (its interruption handler's, on the cloud's reclaim notice) lets the busy
+/// pod go: its `do-not-disrupt` and protected label come off, and Karpenter's drain evicts it,
+/// audited `interrupted`.
 pub fn karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod(rig: &Rig) -> Result<()> {
     let crd = Path::new(ROOT).join("../shared/peers/karpenter-v1.14.1/pkg/apis/crds/karpenter.sh_nodeclaims.yaml");
     if !crd.exists() {
@@ -70,7 +74,9 @@ pub fn karpenters_consolidation_of_a_node_claim_waits_for_its_busy_pod(rig: &Rig
 fn consolidation_waits(rig: &Rig) -> Result<()> {
     rig.grant_cluster(
         "e2e-karpenter-node-claims",
-        json!([{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "delete"]}]),
+        json!([{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]),
         "kube-system",
         "karpenter",
     )?;
@@ -105,15 +111,71 @@ fn consolidation_waits(rig: &Rig) -> Result<()> {
     ensure!(ok, "an expired NodeClaim's delete was refused: {err}");
     eventually("the NodeClaim ended with a busy pod on its node in the audit log", Duration::from_secs(5), || {
         Ok(rig.audit().into_iter().any(|l| l["name"] == "default-expired" && l["reason"] == "node-claim-ending"))
+    })?;
+    other_ends_while_a_consolidation_is_in_flight(rig, &ns, node)?;
+    a_spot_interruption_gives_the_busy_task_its_sigterm(rig, &ns)
+}
+
+/// A consolidation decided, its condition kept on the NodeClaim: the NodeClaim's expiry
+/// (`expireAfter` passed) and a person's delete are not Karpenter's choice, and go.
+fn other_ends_while_a_consolidation_is_in_flight(rig: &Rig, ns: &str, node: &str) -> Result<()> {
+    ensure!(rig.pod(ns, "next")?.is_some_and(|p| label(&p, "busyguard.io/busy").as_deref() == Some("true")));
+    node_claim_with(rig, "default-aged", node, Some("Underutilized"), json!({"spec": {"expireAfter": "2s"}}))?;
+    std::thread::sleep(Duration::from_secs(3));
+    let (ok, _, err) = rig.try_kubectl_as(KARPENTER, &["delete", NODE_CLAIMS, "default-aged", "--wait=false"])?;
+    ensure!(ok, "Karpenter's expiry of a NodeClaim mid-consolidation was refused: {err}");
+    node_claim(rig, "default-by-hand", node, Some("Underutilized"))?;
+    let (ok, _, err) = rig.try_kubectl(&["delete", NODE_CLAIMS, "default-by-hand", "--wait=false"])?;
+    ensure!(ok, "a person's delete of a NodeClaim mid-consolidation was refused: {err}");
+    Ok(())
+}
+
+fn a_spot_interruption_gives_the_busy_task_its_sigterm(rig: &Rig, ns: &str) -> Result<()> {
+    let node = "e2e-node-spot";
+    rig.node(node, "4")?;
+    workers::start(rig, &workers::pod(ns, "on-spot", Some(node)), "on-spot", 1)?;
+    flip(rig, ns, "on-spot", true)?;
+    let spot = json!({"metadata": {"labels": {"karpenter.sh/capacity-type": "spot"}}});
+    node_claim_with(rig, "spot-reclaimed", node, None, spot)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let (ok, _, err) = rig.try_kubectl_as(KARPENTER, &["delete", NODE_CLAIMS, "spot-reclaimed", "--wait=false"])?;
+    ensure!(ok, "Karpenter's delete of an interrupted spot NodeClaim was refused: {err}");
+    let mut seen = None;
+    eventually("the busy pod on the reclaimed node is let go", Duration::from_secs(15), || {
+        seen = rig.pod(ns, "on-spot")?.map(|p| p["metadata"].clone());
+        Ok(seen.as_ref().is_some_and(|m| {
+            m["annotations"]["busyguard.io/interrupted"] == "spot-reclaimed"
+                && m["annotations"].get("karpenter.sh/do-not-disrupt").is_none()
+                && m["labels"].get("busyguard.io/protected").is_none()
+        }))
+    })
+    .with_context(|| format!("the pod: {seen:?}"))?;
+    let (evicted, said) = rig.evict_as(Some(KARPENTER), ns, "on-spot")?;
+    ensure!(evicted, "Karpenter's drain of the reclaimed node could not evict the busy pod: {said}");
+    eventually("the NodeClaim and the eviction audited interrupted", Duration::from_secs(5), || {
+        let audit = rig.audit();
+        let said = |name: &str| audit.iter().any(|l| l["name"] == name && l["reason"] == "interrupted");
+        Ok(said("spot-reclaimed") && said("on-spot"))
     })
 }
 
 /// A NodeClaim as Karpenter keeps it once its node registered, disrupted for `reason` if given
 /// (the condition its disruption queue sets before the delete).
 fn node_claim(rig: &Rig, name: &str, node: &str, reason: Option<&str>) -> Result<()> {
-    rig.apply(&json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": name},
+    node_claim_with(rig, name, node, reason, json!({}))
+}
+
+/// As [`node_claim`], with `more` of its spec (`expireAfter`) and metadata (its capacity type's
+/// label): `{"spec": {…}, "metadata": {…}}`.
+fn node_claim_with(rig: &Rig, name: &str, node: &str, reason: Option<&str>, more: Value) -> Result<()> {
+    let mut claim = json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": name},
         "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
-            "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}}))?;
+            "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}});
+    for part in ["spec", "metadata"] {
+        let fields = more[part].as_object().cloned().unwrap_or_default();
+        claim[part].as_object_mut().context("the NodeClaim")?.extend(fields);
+    }
+    rig.apply(&claim)?;
     let now = jiff::Timestamp::now().to_string();
     let conditions: Vec<_> = reason
         .into_iter()
