@@ -102,6 +102,7 @@ pub struct Metrics {
     pub side_effects: Family<SideEffectLabels, Counter>,
     pub busy_pods_lost: Family<CauseLabels, Counter>,
     pub busy_pods_unaccounted: Counter,
+    pub busy_marks_overwritten: Counter,
     pub view_pods: Gauge,
     pub view_unavailable: Gauge,
     pub audit_failing: Gauge,
@@ -208,6 +209,13 @@ impl Default for Metrics {
             "busy_pods_lost",
             "Busy pods that failed or vanished without a request busyguard could refuse, by cause",
             busy_pods_lost.clone(),
+        );
+        let busy_marks_overwritten = Counter::default();
+        registry.register(
+            "busy_marks_overwritten",
+            "Writes by another writer that took busyguard's marks off a busy pod (the deletion cost, do-not-disrupt, \
+             safe-to-evict), each put back in the same write; /status names the last writer",
+            busy_marks_overwritten.clone(),
         );
         let busy_pods_unaccounted = Counter::default();
         registry.register(
@@ -320,6 +328,7 @@ impl Default for Metrics {
             side_effects,
             busy_pods_lost,
             busy_pods_unaccounted,
+            busy_marks_overwritten,
             view_pods,
             view_unavailable,
             audit_failing,

@@ -1,6 +1,7 @@
 //! Writes to opted-in pods, through busyguard's own routes in-process: a flip to busy on a pod
 //! being deleted, who may flip a pod's busy flag, a controller's label on a busy pod, and a
-//! resize that would restart a busy pod's task container.
+//! resize that would restart a busy pod's task container, another writer's overwrite of a busy
+//! pod's marks.
 
 mod common;
 
@@ -98,4 +99,29 @@ async fn a_resize_that_restarts_a_busy_pods_container_is_refused_429_and_one_in_
     let (_, answer) = post(&app, "/mutate", &review("NotRequired")).await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     assert!(answer["response"]["patch"].is_null(), "a resize is never patched: {answer}");
+}
+
+#[tokio::test]
+async fn another_writer_clearing_a_busy_pods_cost_is_answered_counted_and_named_on_status() {
+    let app = app();
+    let since = (jiff::Timestamp::now() - jiff::SignedDuration::from_mins(5)).round(jiff::Unit::Second).unwrap();
+    let cost = "controller.kubernetes.io/pod-deletion-cost";
+    let karpenter = "system:serviceaccount:kube-system:karpenter";
+    // A busy pod as busyguard left it; Karpenter's pod deletion cost management clears its cost.
+    let mut review = fixture("pod-update-label-busy-by-user.json");
+    for field in ["oldObject", "object"] {
+        let metadata = &mut review["request"][field]["metadata"];
+        metadata["labels"]["busyguard.io/busy"] = serde_json::json!("true");
+        metadata["annotations"]["busyguard.io/busy-since"] = serde_json::json!(since.to_string());
+        metadata["annotations"][cost] = serde_json::json!(busyguard::policy::cost::busy_cost(since).to_string());
+    }
+    review["request"]["object"]["metadata"]["annotations"].as_object_mut().unwrap().remove(cost);
+    review["request"]["userInfo"] = serde_json::json!({"username": karpenter});
+    let (status, answer) = post(&app, "/mutate", &review).await;
+    assert_eq!(status, 200);
+    assert!(answer["response"]["patch"].is_string(), "the busy cost put back: {answer}");
+    let problems = app.health().unwrap_err().join("\n");
+    assert!(problems.contains(&format!("{karpenter} took {cost} off busy pod capture/")), "{problems}");
+    let metrics = app.metrics.encode();
+    assert!(metrics.contains("busyguard_busy_marks_overwritten_total 1"), "{metrics}");
 }

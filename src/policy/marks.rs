@@ -193,6 +193,27 @@ fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) ->
     changes
 }
 
+/// The marks of [`GUARDED`] a write took off busyguard's busy value while the pod stays busy
+/// and protected: another writer fighting busyguard (Karpenter's `PodDeletionCostManagement`
+/// clears the deletion cost of pods on nodes with a `do-not-disrupt` pod). [`plan`] puts the busy
+/// values back and keeps the writer's as the ones to restore; this says which it were.
+pub fn busy_marks_overwritten(
+    pod: &impl PodFacts,
+    before: &dyn PodFacts,
+    settings: MutationSettings,
+    max_busy: MaxBusy,
+    now: Timestamp,
+) -> Vec<&'static str> {
+    let busy = |pod: &dyn PodFacts| pod.label(BUSY_LABEL) == Some("true");
+    if !busy(pod) || !busy(before) || !busy_state(pod, max_busy, now).is_protected() {
+        return Vec::new();
+    }
+    let ours = |g: &Guarded, value: Option<&str>| value.is_some_and(|value| g.is_ours(value));
+    let marks = guarded(settings, now, None, None).into_iter().filter(|g| g.enabled);
+    let taken_off = marks.filter(|g| ours(g, before.annotation(g.key)) && !ours(g, pod.annotation(g.key)));
+    taken_off.map(|g| g.key).collect()
+}
+
 /// Marked busy: the changes, and whether the pod is protected.
 fn plan_busy(
     pod: &impl PodFacts,

@@ -12,7 +12,7 @@ use super::contract::contract_warnings;
 use super::disruption::{Disruption, Taking, judge_disruption};
 use super::hold::{NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
-use super::marks::{json_patch, metadata_pointer, plan};
+use super::marks::{busy_marks_overwritten, json_patch, metadata_pointer, plan};
 use super::outcome::{Answer, Decision, Denial, Outcome, Reason};
 use super::owners::OwnerRule;
 use super::pod::{Pod, PodFacts};
@@ -106,11 +106,33 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     } else {
         Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
     };
-    // A restart let through (an exempt requester, a protection that lapsed) is audited as such.
+    // A restart let through (an exempt requester, a protection that lapsed) is audited as such;
+    // another writer's overwrite of the busy marks, put back by this very patch, too.
+    let overwritten = match before {
+        Some(old) if !m.by_busyguard => busy_marks_overwritten(pod, old, config.mutation, config.max_busy, now),
+        _ => Vec::new(),
+    };
     match restart_audit {
         Some(audit) => outcome.audited(audit),
+        None if !overwritten.is_empty() => {
+            let detail = marks_overwritten(ask, &overwritten);
+            outcome.audited(ask.audit(Decision::Restored, Reason::Overwritten, detail, config.mode, now))
+        }
         None => outcome,
     }
+}
+
+/// Another writer took busyguard's marks off a busy pod.
+fn marks_overwritten(ask: &Ask<'_>, keys: &[&str]) -> String {
+    format!(
+        "{} took {} off busy pod {}/{}: busyguard's values put back, theirs kept as the ones to restore when it is \
+         idle; a controller that writes these (Karpenter's PodDeletionCostManagement) fights busyguard: \
+         docs/karpenter.md",
+        ask.requester.username,
+        keys.join(", "),
+        ask.namespace,
+        ask.name
+    )
 }
 
 /// A pod created without the busy label reaches busyguard only through a run-to-completion
@@ -254,6 +276,37 @@ mod tests {
     fn idle_pod_without_busy_annotations_gets_no_patch() {
         let mut doc = worker(json!({DELETION_COST: "1"}));
         assert!(admit(&mut doc, ALL, "2026-11-21T20:48:44Z").is_empty());
+    }
+
+    #[test]
+    fn another_writer_that_clears_a_busy_pods_cost_is_answered_in_the_same_write_and_audited() {
+        let idle = worker(json!({DELETION_COST: "3"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:48:44Z");
+        let busy_value = busy["metadata"]["annotations"][DELETION_COST].clone();
+        // Karpenter's pod deletion cost management: the pod's node has a do-not-disrupt pod.
+        let mut cleared = busy.clone();
+        cleared["metadata"]["annotations"].as_object_mut().unwrap().remove(DELETION_COST);
+        let (outcome, stored) = mutated(&busy, &cleared, "2026-11-21T20:50:00Z");
+        assert_eq!(stored["metadata"]["annotations"][DELETION_COST], busy_value, "the busy cost put back");
+        assert!(stored["metadata"]["annotations"].get(IDLE_COST).is_none(), "theirs (none) kept to restore");
+        let audit = outcome.audit.expect("audited");
+        assert_eq!((audit.decision, audit.reason), (Decision::Restored, Reason::Overwritten));
+        assert!(audit.detail.contains(&format!("took {DELETION_COST} off busy pod")), "{}", audit.detail);
+        // Ranked by the writer: its value is the one the idle pod gets back.
+        let mut ranked = busy.clone();
+        ranked["metadata"]["annotations"][DELETION_COST] = json!("-100");
+        let (outcome, stored) = mutated(&busy, &ranked, "2026-11-21T20:50:00Z");
+        assert_eq!(stored["metadata"]["annotations"][IDLE_COST], "-100");
+        assert!(outcome.audit.is_some_and(|a| a.decision == Decision::Restored));
+        // A write that leaves the marks as they are is no overwrite; busyguard's own neither.
+        let mut labelled = busy.clone();
+        labelled["metadata"]["labels"]["team"] = json!("a");
+        assert!(mutated(&busy, &labelled, "2026-11-21T20:50:00Z").0.audit.is_none());
+        let (ask, new_pod, old_pod) = (worker_write(), pod(ranked.clone()), pod(busy.clone()));
+        let own = Mutation { by_busyguard: true, ..Mutation::of(&ask, &new_pod, Some(&old_pod)) };
+        assert!(mutate_pod(&own, &config(), ts("2026-11-21T20:50:00Z")).audit.is_none());
     }
 
     #[test]

@@ -57,7 +57,13 @@ pub struct App {
     /// One permit per byte of request bodies in memory (`Limits::max_body_memory`).
     pub body_memory: Semaphore,
     serving: AtomicBool,
+    /// The last write by another writer that took busyguard's marks off a busy pod: when, and
+    /// the audit line's detail.
+    last_overwrite: parking_lot::Mutex<Option<(Instant, String)>>,
 }
+
+/// How long `/status` names the last writer that took busyguard's marks off a busy pod.
+const OVERWRITE_TOLD_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl App {
     /// Not serving until `start_serving` is called.
@@ -70,7 +76,13 @@ impl App {
     ) -> App {
         let in_flight = Semaphore::new(limits.max_in_flight);
         let body_memory = Semaphore::new(limits.max_body_memory);
-        App { policy, audit, metrics, limits, cluster, in_flight, body_memory, serving: AtomicBool::new(false) }
+        let (serving, last_overwrite) = (AtomicBool::new(false), parking_lot::Mutex::new(None));
+        App { policy, audit, metrics, limits, cluster, in_flight, body_memory, serving, last_overwrite }
+    }
+
+    /// Another writer took busyguard's marks off a busy pod (`detail`, the audit line's: who, which).
+    pub fn note_overwrite(&self, detail: &str) {
+        *self.last_overwrite.lock() = Some((Instant::now(), detail.to_string()));
     }
 
     /// Takes reviews from now on (and reports ready, when the rest is).
@@ -156,6 +168,14 @@ impl App {
             problems.push(format!(
                 "--hold-kueue-preemption: Kueue's preemptions are not held ({why}); everything else is served, and \
                  busyguard tries again"
+            ));
+        }
+        if let Some((at, detail)) = &*self.last_overwrite.lock()
+            && at.elapsed() < OVERWRITE_TOLD_FOR
+        {
+            problems.push(format!(
+                "another writer takes busyguard's marks off busy pods ({}s ago: {detail})",
+                at.elapsed().as_secs()
             ));
         }
         if !self.is_serving() {

@@ -97,9 +97,16 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         await_effects(waiting, time_left(), &request.uid).instrument(span).await;
     }
     let resource = Resource::of(&request).label();
-    if let (Decision::WouldDeny, Some(record)) = (outcome.decision, &outcome.audit) {
-        let labels = WouldDenyLabels { route: resource, reason: record.reason.as_str() };
-        app.metrics.would_deny.get_or_create(&labels).inc();
+    match (outcome.decision, &outcome.audit) {
+        (Decision::WouldDeny, Some(record)) => {
+            let labels = WouldDenyLabels { route: resource, reason: record.reason.as_str() };
+            app.metrics.would_deny.get_or_create(&labels).inc();
+        }
+        (_, Some(record)) if record.decision == Decision::Restored => {
+            app.metrics.busy_marks_overwritten.inc();
+            app.note_overwrite(&record.detail);
+        }
+        _ => {}
     }
     let response = respond(app, webhook, resource, &request, outcome.decision, encoded, review.http1);
     let labels = WebhookLabels { webhook: webhook.as_str(), resource };

@@ -33,6 +33,9 @@ pub enum Decision {
     Lost,
     /// A busy pod went while busyguard was not watching: by a delete it allowed, or lost.
     Unaccounted,
+    /// Another writer took busyguard's marks off a busy pod: put back in the same write, the
+    /// writer's values kept as the ones to restore.
+    Restored,
 }
 
 impl Decision {
@@ -91,6 +94,8 @@ pub enum Reason {
     NodeClaimEnding,
     MaxBusyExceeded,
     StaleAfterRestart,
+    /// A busy pod's marks written over by another writer.
+    Overwritten,
     /// A busy pod let go, or a NodeClaim deleted, because Karpenter's cloud reclaims the node's
     /// spot instance.
     Interrupted,

@@ -75,7 +75,7 @@ fn consolidation_waits(rig: &Rig) -> Result<()> {
     rig.grant_cluster(
         "e2e-karpenter-node-claims",
         json!([{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["get", "delete"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]),
         "kube-system",
         "karpenter",
@@ -113,7 +113,33 @@ fn consolidation_waits(rig: &Rig) -> Result<()> {
         Ok(rig.audit().into_iter().any(|l| l["name"] == "default-expired" && l["reason"] == "node-claim-ending"))
     })?;
     other_ends_while_a_consolidation_is_in_flight(rig, &ns, node)?;
+    karpenters_pod_deletion_cost_is_answered(rig, &ns)?;
     a_spot_interruption_gives_the_busy_task_its_sigterm(rig, &ns)
+}
+
+/// Karpenter's `PodDeletionCostManagement` clears the deletion cost of the pods on a node with a
+/// `do-not-disrupt` pod: busyguard puts the busy cost back in the same write, audits it, counts
+/// it, and `/status` names Karpenter.
+fn karpenters_pod_deletion_cost_is_answered(rig: &Rig, ns: &str) -> Result<()> {
+    const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+    let cost = |rig: &Rig| -> Result<Value> {
+        Ok(rig.pod(ns, "next")?.context("the busy pod")?["metadata"]["annotations"][COST].clone())
+    };
+    let busy_cost = cost(rig)?;
+    ensure!(busy_cost.is_string(), "the busy pod has no deletion cost: {busy_cost}");
+    let clear = json!({"metadata": {"annotations": {COST: null}}}).to_string();
+    rig.try_kubectl_as(KARPENTER, &["-n", ns, "patch", "pod", "next", "--type=merge", "-p", &clear])?;
+    ensure!(cost(rig)? == busy_cost, "Karpenter's clear of the busy pod's cost stuck: {}", cost(rig)?);
+    eventually("the overwrite audited, counted and named on /status", Duration::from_secs(10), || {
+        let audited = rig.audit().into_iter().any(|l| {
+            l["name"] == "next" && l["decision"] == "restored" && l["reason"] == "overwritten" && l["user"] == KARPENTER
+        });
+        let counted = rig.metrics().iter().flat_map(|m| m.lines().map(String::from).collect::<Vec<_>>()).any(|l| {
+            l.strip_prefix("busyguard_busy_marks_overwritten_total ").and_then(|n| n.parse::<f64>().ok()) >= Some(1.0)
+        });
+        let named = rig.statuses().iter().any(|s| s.contains(&format!("{KARPENTER} took {COST} off busy pod")));
+        Ok(audited && counted && named)
+    })
 }
 
 /// A consolidation decided, its condition kept on the NodeClaim: the NodeClaim's expiry
