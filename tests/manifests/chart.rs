@@ -154,6 +154,12 @@ fn a_misspelt_or_unknown_value_is_refused_with_a_clear_error_and_nothing_rendere
     assert!(not_pem.contains("certificates.selfManaged.caCrt is not a PEM certificate"), "{not_pem}");
     let ignored = refused(json!({"certificates": {"selfManaged": {"tlsCrt": "x"}}}), "busyguard");
     assert!(ignored.contains("but certificates.source is cert-manager, which ignores it"), "{ignored}");
+    // Values that would loosen what the chart holds: a stop the grace period cuts short, a watch
+    // of the namespaces busyguard never guards.
+    let too_long = refused(json!({"shutdownTimeout": "1m"}), "busyguard");
+    assert!(too_long.contains("/shutdownTimeout"), "{too_long}");
+    let kube_system = refused(json!({"watchNamespaces": ["jobs", "kube-system"]}), "busyguard");
+    assert!(kube_system.contains("/watchNamespaces/1"), "{kube_system}");
     let elsewhere = refused(json!({}), "platform");
     assert!(elsewhere.contains("busyguard installs in the namespace busyguard, not \"platform\""), "{elsewhere}");
 }

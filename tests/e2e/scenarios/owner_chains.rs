@@ -10,7 +10,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
 use super::owners::NODE;
-use crate::rig::{ROOT, Rig, eventually};
+use crate::rig::{ROOT, Rig, eventually, throughout};
 use crate::workers::{self, label};
 
 const SPARK_CRD: &str =
@@ -141,6 +141,15 @@ fn ray_workers(rig: &Rig) -> Result<()> {
     busy(rig, &ns, added, true)?;
     let (evicted, said) = rig.evict(&ns, added)?;
     ensure!(!evicted && said.contains("TooManyRequests"), "the worker added mid-job was evicted: {said}");
+    // busyguard restarted (a rollout) after a later write of the job: the same answer.
+    job_status(rig, &ns, "RUNNING")?;
+    rig.kubectl(&["-n", "busyguard", "rollout", "restart", "deployment/busyguard"])?;
+    rig.rolled_out()?;
+    throughout("the added worker stays busy across busyguard's restart", Duration::from_secs(5), || {
+        Ok(busy_label(rig, &ns, added)? == "true")
+    })?;
+    let (evicted, said) = rig.evict(&ns, added)?;
+    ensure!(!evicted && said.contains("TooManyRequests"), "after the restart, the added worker was evicted: {said}");
     job_status(rig, &ns, "SUCCEEDED")?;
     busy(rig, &ns, worker, false)?;
     busy(rig, &ns, added, false)?;
