@@ -185,3 +185,16 @@ fn the_development_map_names_every_file_of_src_once_and_every_scenario_as_the_su
         section.lines().filter_map(|l| l.strip_prefix("- `").and_then(|l| l.strip_suffix('`'))).collect();
     assert_eq!(documented, scenarios, "docs/development.md's scenarios against the suite's");
 }
+
+/// BENCHMARKS.md is one page a reader can use: today's figures, the method and the targets; every
+/// earlier round lives in BENCHMARKS-HISTORY.md, which it links.
+#[test]
+fn the_benchmarks_page_is_one_page_and_its_history_a_file_of_its_own() {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("BENCHMARKS.md")).unwrap();
+    assert!(page.lines().count() <= 300, "BENCHMARKS.md has {} lines", page.lines().count());
+    for section in ["## Today's figures", "## Method", "## Targets"] {
+        assert!(page.contains(section), "BENCHMARKS.md has no {section:?}");
+    }
+    assert!(page.contains("](BENCHMARKS-HISTORY.md)"), "it links its history");
+    assert!(Path::new(ROOT).join("BENCHMARKS-HISTORY.md").is_file());
+}
