@@ -432,3 +432,31 @@ fn the_network_policy_takes_a_list_of_checked_cidrs_and_one_replica_can_be_drain
         assert!(!output.status.success(), "{bad} rendered");
     }
 }
+
+/// Each webhook is written once: the chart reads the kustomize base's webhook file and each
+/// component's own operations through links (which `helm package` copies in), and sets the
+/// chart's choices on them; Agones' namespace reaches the condition that names its controller.
+#[test]
+fn the_charts_webhooks_are_the_bases_and_the_components_own_files() {
+    for (link, source) in [
+        ("webhooks.yaml", "manifests/base/webhooks.yaml"),
+        (
+            "actions-runner-controller/mutating-webhooks.yaml",
+            "manifests/actions-runner-controller/mutating-webhooks.yaml",
+        ),
+        ("agones/mutating-webhooks.yaml", "manifests/agones/mutating-webhooks.yaml"),
+        ("agones/validating-webhooks.yaml", "manifests/agones/validating-webhooks.yaml"),
+        ("prometheusrule.yaml", "manifests/monitoring/prometheusrule.yaml"),
+        ("dashboard.json", "manifests/monitoring/dashboard.json"),
+    ] {
+        let path = Path::new(ROOT).join("charts/busyguard/files").join(link);
+        let linked = std::fs::canonicalize(&path).unwrap();
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_symlink(), "{link} is a copy, not a link");
+        assert_eq!(linked, std::fs::canonicalize(Path::new(ROOT).join(source)).unwrap(), "{link}");
+    }
+    let objects = render_chart(json!({"agones": {"enabled": true, "namespace": "games-system"}}));
+    let deletes = webhooks(&objects).into_iter().find(|w| w["name"] == "pod-deletes.busyguard.io").unwrap();
+    let conditions = deletes["matchConditions"].to_string();
+    assert!(conditions.contains("system:serviceaccount:games-system:agones-controller"), "{conditions}");
+    assert!(!conditions.contains("agones-system"), "{conditions}");
+}
