@@ -11,7 +11,7 @@ use busyguard::admission::{DecisionInputs, Webhook, admit};
 use busyguard::cli::{Cli, Command};
 use busyguard::cluster::view::{ApiPod, View};
 use busyguard::policy::Enrolment;
-use busyguard::policy::hold::NodeGoing;
+use busyguard::policy::hold::{NodeGoing, NodeState};
 use clap::Parser;
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -89,7 +89,7 @@ fn main() {
     let flip = fixture("pod-update-label-busy-by-user.json");
     let node: Value = serde_json::from_slice(&flip).unwrap();
     let node = node["request"]["object"]["spec"]["nodeName"].as_str().unwrap_or_default().to_string();
-    view.set_node_going(&node, Some(NodeGoing::Karpenter));
+    view.set_node_state(&node, NodeState { going: Some(NodeGoing::Karpenter), ending: None });
     let inputs = DecisionInputs { policy: &policy, view: &view, arrived: Instant::now() };
     let refused = median_us(|| {
         let request = decode(black_box(&flip)).unwrap();
