@@ -19,6 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::driver::{self, Index, Key};
+use super::kinds;
 use super::view::{Scope, View};
 use crate::policy::keys::HOLD_PREEMPTION_NAMESPACE_LABEL;
 
@@ -26,9 +27,6 @@ use crate::policy::keys::HOLD_PREEMPTION_NAMESPACE_LABEL;
 /// it (`WorkloadEvictedByPreemption`).
 const KUEUE_GROUP: &str = "kueue.x-k8s.io";
 const PREEMPTED: &str = "Preempted";
-
-/// The longest pause between two tries at Kueue's API when it is not served.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(60);
 
 /// Why the hold has nothing to follow: Kueue is not installed (its API group is not served).
 fn not_served() -> String {
@@ -51,31 +49,23 @@ pub fn start(client: Client, view: Arc<View>, scopes: &[Scope], watch_timeout_se
 }
 
 async fn workloads(client: Client, view: Arc<View>, scopes: Vec<Scope>, watch_timeout_secs: u32) {
-    let mut pause = Duration::from_secs(1);
-    let resource = loop {
-        let why =
-            match kube::discovery::group(&client, KUEUE_GROUP).await.map(|group| group.recommended_kind("Workload")) {
-                Ok(Some((resource, _))) => break resource,
-                // The group not among the API server's (MissingApiGroup), or without Workloads.
-                Ok(None) | Err(kube::Error::Discovery(_)) => not_served(),
-                Err(kube::Error::Api(status)) if status.code == 404 => not_served(),
-                Err(e) => format!("cannot ask the API server whether it serves Kueue's Workloads: {e}"),
-            };
+    let find = || async {
+        match kube::discovery::group(&client, KUEUE_GROUP).await.map(|group| group.recommended_kind("Workload")) {
+            Ok(Some((resource, _))) => Ok(resource),
+            // The group not among the API server's (MissingApiGroup), or without Workloads.
+            Ok(None) | Err(kube::Error::Discovery(_)) => Err(not_served()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(not_served()),
+            Err(e) => Err(format!("cannot ask the API server whether it serves Kueue's Workloads: {e}")),
+        }
+    };
+    let failed = |why: String, pause: Duration| {
         warn!(retry_in = ?pause, "--hold-kueue-preemption: {why}: Kueue's preemptions are not held; everything else is served");
         view.set_kueue_unfollowed(Some(why));
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_RETRY_PAUSE);
     };
-    let streams = scopes.into_iter().map(|scope| {
-        let api: Api<DynamicObject> = match &scope {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
-            None => Api::all_with(client.clone(), &resource),
-        };
-        let config = watcher::Config::default().timeout(watch_timeout_secs);
-        watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
-    });
+    let resource = kinds::served(find, failed).await;
+    let events = kinds::watch_scopes::<DynamicObject>(&client, &resource, scopes, watch_timeout_secs);
     let mut index = Workloads { view: &view };
-    driver::drive(&mut index, futures::stream::select_all(streams)).await;
+    driver::drive(&mut index, events).await;
 }
 
 /// The Job a Workload stands for: its controlling owner of kind `Job`.

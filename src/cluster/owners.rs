@@ -5,19 +5,18 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use kube::core::PartialObjectMeta;
 use kube::discovery::{self, Scope as ResourceScope};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::driver::{self, Index, Key};
+use super::kinds;
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
@@ -63,9 +62,6 @@ async fn resolve_kind(client: &Client, gvk: &GroupVersionKind, rule: &str) -> an
     Ok(resource)
 }
 
-/// The longest pause between two tries at a kind that is not served.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(60);
-
 pub struct OwnerWatch {
     pub client: Client,
     pub view: Arc<View>,
@@ -99,16 +95,9 @@ impl OwnerWatch {
     async fn follow(self: Arc<Self>, rule: Arc<OwnerRule>, scopes: Vec<Scope>) {
         let kind = rule.kind_path();
         let resource = self.served(&gvk(&rule.api_version, &rule.kind), &kind).await;
-        let streams = scopes.into_iter().map(|scope| {
-            let api: Api<DynamicObject> = match &scope {
-                Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
-                None => Api::all_with(self.client.clone(), &resource),
-            };
-            let config = watcher::Config::default().timeout(self.watch_timeout_secs);
-            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
-        });
+        let events = kinds::watch_scopes::<DynamicObject>(&self.client, &resource, scopes, self.watch_timeout_secs);
         let mut owners = Owners { watch: &self, rule: &rule, kind, held: HashSet::new() };
-        driver::drive(&mut owners, futures::stream::select_all(streams)).await;
+        driver::drive(&mut owners, events).await;
     }
 
     /// Follows the objects of the kind `via` whose controlling owner is of a kind `rules` read
@@ -119,35 +108,26 @@ impl OwnerWatch {
         let kinds = format!("{} between pods and {named}", via.kind_path());
         self.view.update_owner_kind(&kinds, |kind| kind.unfollowed = Some("not asked of the API server yet".into()));
         let resource = self.served(&gvk(&via.api_version, &via.kind), &kinds).await;
-        let streams = scopes.into_iter().map(|scope| {
-            // Of their metadata only: an object's controlling owner is all a link needs.
-            let api: Api<PartialObjectMeta<DynamicObject>> = match &scope {
-                Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &resource),
-                None => Api::all_with(self.client.clone(), &resource),
-            };
-            let config = watcher::Config::default().timeout(self.watch_timeout_secs);
-            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
-        });
+        // Of their metadata only: an object's controlling owner is all a link needs.
+        let events = kinds::watch_scopes::<PartialObjectMeta<DynamicObject>>(
+            &self.client,
+            &resource,
+            scopes,
+            self.watch_timeout_secs,
+        );
         let mut links = Links { watch: &self, via: &via, rules: &rules, kinds };
-        driver::drive(&mut links, futures::stream::select_all(streams)).await;
+        driver::drive(&mut links, events).await;
     }
 
-    /// A kind a rule names once the API server serves it, asked again with a growing pause;
-    /// `kind` is the rule as `/status` names it.
+    /// A kind a rule names once the API server serves it (`kinds::served`); `kind` is the rule
+    /// as `/status` names it.
     async fn served(&self, gvk: &GroupVersionKind, kind: &str) -> ApiResource {
-        let mut pause = Duration::from_secs(1);
-        loop {
-            match resolve_kind(&self.client, gvk, kind).await {
-                Ok(resource) => return resource,
-                Err(why) => {
-                    let why = format!("{why:#}");
-                    warn!(%kind, error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
-                    self.view.update_owner_kind(kind, |state| state.unfollowed = Some(why));
-                }
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_RETRY_PAUSE);
-        }
+        let find = || async { resolve_kind(&self.client, gvk, kind).await.map_err(|why| format!("{why:#}")) };
+        let failed = |why: String, pause| {
+            warn!(%kind, error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
+            self.view.update_owner_kind(kind, |state| state.unfollowed = Some(why));
+        };
+        kinds::served(find, failed).await
     }
 
     /// The owner's status read by its rule, and its pods flipped to match.
@@ -384,57 +364,9 @@ fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
     format!("{} {}/{}", rule.kind_path(), owner.namespace().unwrap_or_default(), owner.name_any())
 }
 
-/// A pod's effects, but a deferred delete of a pod being flipped busy for its owner or leader:
-/// its owner's next task has begun (a game server allocated again, a runner given a job), and
-/// the delete would end it at its start. It waits for the pod's next idle moment.
-pub fn no_delete_before_a_busy_flip(mut effects: Vec<Effect>) -> Vec<Effect> {
-    let turning_busy: Vec<String> = (effects.iter())
-        .filter_map(|e| match e {
-            Effect::FollowOwner { pod, value: "true", .. } => Some(pod.uid.clone()),
-            _ => None,
-        })
-        .collect();
-    effects.retain(|e| !matches!(e, Effect::DeleteIdle { pod, .. } if turning_busy.contains(&pod.uid)));
-    effects
-}
-
-/// The flip a pod busy with its leader (`--busy-with-pod`: it carries `label`, naming a pod of
-/// its namespace) is due: busy while its leader is, idle once its leader is not (or is gone).
-pub fn follow_leader(view: &View, label: &str, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
-    let leader = view.record(&pod.namespace, record.label(label)?);
-    flip_with(pod.clone(), record, leader.is_some_and(|leader| leads(&leader)), &Terms::default())
-}
-
-/// The flips due to the pods busy with the pod `name` (`--busy-with-pod`), as it changed from
-/// `before` to `now` (`None`: not there): none unless whether it leads them changed (the sweep
-/// mends the rest), so a pod's change scans its namespace only when it flips.
-pub fn lead(
-    view: &View,
-    label: &str,
-    (namespace, name): (&str, &str),
-    before: Option<&PodRecord>,
-    now: Option<&PodRecord>,
-) -> Vec<Effect> {
-    let busy = now.is_some_and(leads);
-    if before.is_some_and(leads) == busy {
-        return Vec::new();
-    }
-    let with_it = view.select(namespace, |pod| pod.label(label) == Some(name));
-    let flips = with_it.into_iter().filter_map(|(companion, record)| {
-        let pod = PodRef { namespace: namespace.to_string(), name: companion, uid: record.uid.to_string() };
-        flip_with(pod, &record, busy, &Terms::default())
-    });
-    flips.collect()
-}
-
-/// Whether a leader's pods are busy with it: it is busy, and not going away.
-fn leads(leader: &PodRecord) -> bool {
-    leader.label(BUSY_LABEL) == Some("true") && !leader.terminating && !leader.is_terminal()
-}
-
 /// The flip a pod is due to be `busy` under a rule with `terms`: turning busy, with the rule's
 /// max-busy where the pod has none of its own.
-fn flip_with(pod: PodRef, record: &PodRecord, busy: bool, terms: &Terms) -> Option<Effect> {
+pub(super) fn flip_with(pod: PodRef, record: &PodRecord, busy: bool, terms: &Terms) -> Option<Effect> {
     let ending = record.terminating || record.is_terminal();
     let value = owners::follow(record.label(BUSY_LABEL), busy, ending)?;
     let max_busy = terms.max_busy.clone().filter(|_| busy && record.annotation(MAX_BUSY).is_none());
@@ -474,68 +406,6 @@ mod tests {
                 "controller": true}]}}))
         .unwrap();
         pod.record()
-    }
-
-    /// A pod of namespace `ci` as the view records it.
-    fn ci_pod(name: &str, labels: serde_json::Value) -> PodRecord {
-        let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
-            "name": name, "namespace": "ci", "uid": format!("u-{name}"), "labels": labels}}))
-        .unwrap();
-        pod.record()
-    }
-
-    #[test]
-    fn a_workflow_pod_is_busy_while_its_runner_is_and_idle_once_it_is_not_or_gone() {
-        let view = View::without_cluster();
-        let runner = ci_pod("r", serde_json::json!({BUSY_LABEL: "true"}));
-        let workflow = ci_pod("r-workflow", serde_json::json!({BUSY_LABEL: "false", "runner-pod": "r"}));
-        view.insert("ci", "r", runner.clone());
-        view.insert("ci", "r-workflow", workflow.clone());
-        let pod = PodRef { namespace: "ci".into(), name: "r-workflow".into(), uid: "u-r-workflow".into() };
-        let value = |effect: Option<Effect>| match effect {
-            Some(Effect::FollowOwner { value, .. }) => Some(value),
-            _ => None,
-        };
-        assert_eq!(value(follow_leader(&view, "runner-pod", &pod, &workflow)), Some("true"), "created while it works");
-        let idle_runner = ci_pod("r", serde_json::json!({BUSY_LABEL: "false"}));
-        let at = ("ci", "r");
-        assert_eq!(value(lead(&view, "runner-pod", at, Some(&idle_runner), Some(&runner)).pop()), Some("true"));
-        assert!(lead(&view, "runner-pod", at, Some(&runner), Some(&runner)).is_empty(), "no flip, no scan");
-        view.insert(
-            "ci",
-            "r-workflow",
-            ci_pod("r-workflow", serde_json::json!({BUSY_LABEL: "true", "runner-pod": "r"})),
-        );
-        assert_eq!(
-            value(lead(&view, "runner-pod", at, Some(&runner), Some(&idle_runner)).pop()),
-            Some("false"),
-            "job done"
-        );
-        assert_eq!(value(lead(&view, "runner-pod", at, Some(&runner), None).pop()), Some("false"), "runner gone");
-        let other = ("ci", "other");
-        assert!(lead(&view, "runner-pod", other, Some(&idle_runner), Some(&runner)).is_empty(), "another runner's");
-    }
-
-    #[test]
-    fn a_deferred_delete_waits_when_its_pods_owner_has_just_given_it_its_next_task() {
-        let pod = |name: &str| PodRef { namespace: "games".into(), name: name.into(), uid: format!("u-{name}") };
-        let delete = |name: &str| Effect::DeleteIdle {
-            pod: pod(name),
-            resource_version: "7".into(),
-            request: crate::policy::keys::DeleteRequest::new("alice", Timestamp::UNIX_EPOCH),
-            audit: Box::new(crate::policy::testing::ask("DELETE", "alice").audit(
-                crate::policy::outcome::Decision::DeletedWhenIdle,
-                crate::policy::outcome::Reason::DeleteRequested,
-                String::new(),
-                crate::policy::Mode::Enforce,
-                Timestamp::UNIX_EPOCH,
-            )),
-        };
-        let allocated = Effect::FollowOwner { pod: pod("gs-1"), value: "true", max_busy: None };
-        let kept = no_delete_before_a_busy_flip(vec![delete("gs-1"), allocated.clone(), delete("gs-2")]);
-        assert_eq!(kept, [allocated, delete("gs-2")], "only the pod turning busy keeps its delete for later");
-        let ended = Effect::FollowOwner { pod: pod("gs-1"), value: "false", max_busy: None };
-        assert_eq!(no_delete_before_a_busy_flip(vec![delete("gs-1"), ended.clone()]), [delete("gs-1"), ended]);
     }
 
     #[test]

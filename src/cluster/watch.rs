@@ -18,9 +18,9 @@ use tracing::{info, warn};
 
 use super::driver::{self, Driver, Index, Key, Scoped};
 use super::outbox::{EffectResult, Outbox};
-use super::owners;
 use super::pdb::BusyPdbs;
 use super::view::{ApiPod, PodRecord, Scope, View};
+use super::{leaders, owners};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
 use crate::policy::keys::{BUSY_LABEL, NAMESPACE_ENABLED_LABEL};
@@ -163,12 +163,12 @@ impl Watch {
         }
         // A pod busy with another follows it; a pod others are busy with leads them.
         if let Some(label) = &self.policy.busy_with_pod {
-            let follow = after.as_ref().and_then(|record| owners::follow_leader(&self.view, label, &pod, record));
+            let follow = after.as_ref().and_then(|record| leaders::follow_leader(&self.view, label, &pod, record));
             observed.effects.extend(follow);
-            let leads = owners::lead(&self.view, label, (namespace, name), before.as_ref(), after.as_ref());
+            let leads = leaders::lead(&self.view, label, (namespace, name), before.as_ref(), after.as_ref());
             observed.effects.extend(leads);
         }
-        observed.effects = owners::no_delete_before_a_busy_flip(observed.effects);
+        observed.effects = leaders::no_delete_before_a_busy_flip(observed.effects);
         // A namespace's first opted-in pod: its busy-pod PDB now, not at the next sweep.
         if before.is_none()
             && let (Some(pdbs), Some(record)) = (&self.pdbs, &after)
@@ -242,10 +242,10 @@ impl Watch {
                 record.label(label).is_some().then(|| (pod, record.clone()))
             });
             let flips =
-                with_leaders.iter().filter_map(|(pod, record)| owners::follow_leader(&self.view, label, pod, record));
+                with_leaders.iter().filter_map(|(pod, record)| leaders::follow_leader(&self.view, label, pod, record));
             effects.extend(flips.collect::<Vec<_>>());
         }
-        for effect in owners::no_delete_before_a_busy_flip(effects) {
+        for effect in leaders::no_delete_before_a_busy_flip(effects) {
             drop(self.outbox.send(effect));
         }
     }

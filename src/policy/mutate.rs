@@ -12,9 +12,10 @@ use super::contract::contract_warnings;
 use super::disruption::{Disruption, Taking, judge_disruption};
 use super::hold::{NodeGoing, held, held_refusal};
 use super::keys::{BUSY_LABEL, MAX_BUSY};
-use super::marks::{busy_marks_overwritten, json_patch, metadata_pointer, plan};
+use super::marks::{busy_marks_overwritten, plan};
 use super::outcome::{Answer, Decision, Denial, Outcome, Reason};
 use super::owners::OwnerRule;
+use super::patches::{json_patch, metadata_pointer};
 use super::pod::{Pod, PodFacts};
 use json_patch::{AddOperation, PatchOperation};
 

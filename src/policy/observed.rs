@@ -214,7 +214,8 @@ mod tests {
     use crate::policy::keys::{AUTOSCALER_SAFE_TO_EVICT, IDLE_COST, KARPENTER_DO_NOT_DISRUPT};
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::keys::{DELETE_REQUESTED, DeleteRequest};
-    use crate::policy::marks::{Changes, Plan, json_patch};
+    use crate::policy::marks::{Changes, Plan};
+    use crate::policy::patches::json_patch;
     use crate::policy::pod::Pod;
     use crate::policy::testing::*;
     use serde_json::json;

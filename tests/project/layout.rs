@@ -153,3 +153,31 @@ fn an_import_loop_is_found() {
     let graph = imports(&modules(folder.path(), false), &["super::".into(), "crate::house::".into()], &BTreeSet::new());
     assert_eq!(in_a_loop_with("d", &graph), BTreeSet::from(["mod".to_string()]));
 }
+
+/// No file of `src/` holds more than 400 lines before its unit tests: a file that grows past
+/// that is two things, and is split where it says so.
+#[test]
+fn no_file_of_src_is_over_400_lines_of_code() {
+    fn files(folder: &Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    files(&Path::new(ROOT).join("src"), &mut all);
+    let long: Vec<String> = all
+        .iter()
+        .filter_map(|file| {
+            let text = std::fs::read_to_string(file).unwrap();
+            let code = text.lines().take_while(|line| !line.starts_with("#[cfg(test)]")).count();
+            (code > 400).then(|| format!("{} ({code})", file.strip_prefix(ROOT).unwrap().display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "over 400 lines before their tests: {long:?}");
+    assert!(all.len() > 50, "the files of src/ are found: {}", all.len());
+}

@@ -2,7 +2,9 @@
 //! busy-pod PDBs, queued after a decision and carried out with retries. A failed or dropped side effect is
 //! logged and counted; none blocks an answer past its deadline.
 
+mod answers;
 mod calls;
+mod last_sent;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -18,13 +20,15 @@ use strum::VariantNames;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use super::fast_map::FastMap;
 use crate::audit::AuditLog;
 use crate::metrics::{CauseLabels, Metrics, SideEffectLabels};
 use crate::policy::keys::FIELD_MANAGER;
-use crate::policy::outcome::{AuditRecord, BUSY_CAUSE, Effect, LossCause};
+use crate::policy::outcome::{AuditRecord, Effect, LossCause};
 use crate::policy::{Mode, PolicyConfig};
+pub use answers::EffectResult;
+use answers::{Attempt, classify, moot};
 use calls::Calls;
+use last_sent::LastSent;
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutboxSettings {
@@ -45,27 +49,6 @@ impl Default for OutboxSettings {
             call_timeout: Duration::from_secs(5),
             event_interval: Duration::from_secs(60),
         }
-    }
-}
-
-/// What happened to a side effect, as the metric's `result` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
-#[strum(serialize_all = "kebab-case")]
-pub enum EffectResult {
-    Ok,
-    /// Nothing left to do: the pod is gone, changed (its next watch event decides again) or
-    /// already up to date.
-    Moot,
-    Failed,
-    Dropped,
-    RateLimited,
-    /// Audit mode (`--mode audit`): not carried out.
-    Withheld,
-}
-
-impl EffectResult {
-    fn as_str(self) -> &'static str {
-        self.into()
     }
 }
 
@@ -311,42 +294,9 @@ struct EventLimits {
     in_window: u32,
 }
 
-/// When each pod (by uid) was last sent a write that is limited per pod: looked up on every
-/// refusal.
-#[derive(Default)]
-struct LastSent(FastMap<String, Instant>);
-
-impl LastSent {
-    /// Whether the pod's last write was within `interval` of `now`. Those older are forgotten
-    /// once many pods are remembered.
-    fn within(&mut self, uid: &str, interval: Duration, now: Instant) -> bool {
-        if self.0.len() > 10_000 {
-            self.0.retain(|_, at| now.duration_since(*at) < interval);
-        }
-        self.0.get(uid).is_some_and(|at| now.duration_since(*at) < interval)
-    }
-
-    fn sent(&mut self, uid: &str, now: Instant) {
-        self.0.insert(uid.to_string(), now);
-    }
-
-    /// Not sent after all, or the pod is gone: its next write goes out.
-    fn forget(&mut self, uid: &str) {
-        self.0.remove(uid);
-    }
-}
-
 struct Worker {
     calls: Calls,
     shared: Arc<Shared>,
-}
-
-/// One attempt's verdict.
-enum Attempt {
-    Done(EffectResult),
-    /// Worth another try after a pause (conflict, throttling, server error, timeout).
-    Retry(String),
-    Fail(String),
 }
 
 impl Worker {
@@ -444,38 +394,5 @@ impl Worker {
             Effect::ReportLoss { cause, audit, .. } => self.shared.report_loss(cause, audit),
             _ => {}
         }
-    }
-}
-
-/// Whether the API server's refusal means there is nothing left to do.
-fn moot(effect: &Effect, status: &kube::core::Status) -> bool {
-    match (effect, status.code) {
-        // The pod changed since the view saw it (a refresh: its watch event decides again; a
-        // deferred delete: busy again, or deleted by another replica), or another replica got
-        // there first (this interval's Event, the loss report, the PDB).
-        (Effect::Refresh { .. } | Effect::DeleteIdle { .. } | Effect::FollowOwner { .. }, 409)
-        | (Effect::Event { .. } | Effect::ReportLoss { .. } | Effect::CreateBusyPdb { .. }, 409) => true,
-        // Refused by busyguard itself: the pod turned busy again.
-        (Effect::DeleteIdle { .. }, 429) => names_cause(status, BUSY_CAUSE),
-        // Taken away first by the other replica.
-        (Effect::DeleteBusyPdb { .. }, 404) => true,
-        _ => false,
-    }
-}
-
-/// Whether the API server's refusal names this cause (busyguard names its own).
-fn names_cause(status: &kube::core::Status, cause: &str) -> bool {
-    status.details.as_ref().is_some_and(|details| details.causes.iter().any(|c| c.reason == cause))
-}
-
-/// 404: the pod is gone, nothing to do. 409, 429, 5xx and transport errors: try again.
-fn classify(error: kube::Error) -> Attempt {
-    match error {
-        kube::Error::Api(status) => match status.code {
-            404 => Attempt::Done(EffectResult::Moot),
-            409 | 429 | 500..=599 => Attempt::Retry(format!("{} {}", status.code, status.message)),
-            code => Attempt::Fail(format!("{code} {}", status.message)),
-        },
-        other => Attempt::Retry(other.to_string()),
     }
 }

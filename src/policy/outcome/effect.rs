@@ -4,8 +4,9 @@ use std::fmt;
 
 use super::audit::{AuditRecord, Decision, Reason};
 use crate::policy::keys::{DeleteRequest, EvictAs, INTERRUPTED};
-use crate::policy::marks::{self, Plan};
+use crate::policy::marks::Plan;
 use crate::policy::owners;
+use crate::policy::patches;
 use crate::policy::pdb::BUSY_PDB_NAME;
 use crate::policy::pod::PodRef;
 
@@ -123,12 +124,14 @@ impl Effect {
                 (pod, plan.changes().merge_patch(), Some(resource_version))
             }
             Effect::MarkDeleteRequested { pod, request, in_background } => {
-                (pod, marks::mark(request, *in_background).merge_patch(), None)
+                (pod, patches::mark(request, *in_background).merge_patch(), None)
             }
             Effect::Release { pod, label, hash, request } => {
-                (pod, marks::release(label, hash, request).merge_patch(), None)
+                (pod, patches::release(label, hash, request).merge_patch(), None)
             }
-            Effect::MarkDisruptionWanted { pod, request } => (pod, marks::disruption_mark(request).merge_patch(), None),
+            Effect::MarkDisruptionWanted { pod, request } => {
+                (pod, patches::disruption_mark(request).merge_patch(), None)
+            }
             Effect::FollowOwner { pod, value, max_busy } => (pod, owners::flip_patch(value, max_busy.as_deref()), None),
             Effect::MarkInterrupted { pod, node_claim } => {
                 (pod, serde_json::json!({"metadata": {"annotations": {INTERRUPTED: node_claim}}}), None)
