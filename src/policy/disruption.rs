@@ -181,7 +181,7 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
             let requester = Requester { pod: d.ask.requester.pod_in(d.ask.namespace), ..d.ask.requester };
             match deleted_as_its_end(d.taking.action(), d.pod, requester, d.preempted, config) {
                 Some(over) => let_busy_go(d, over, audit),
-                None => refuse_busy(d, since, until, config, now, audit),
+                None => refuse_busy(d, (since, until), config, now, audit),
             }
         }
     }
@@ -256,11 +256,11 @@ fn let_busy_go(
     ))
 }
 
-/// A busy pod kept: the refusal, and what it sets in motion.
+/// A busy pod kept, busy `since` and protected `until` (as far as known): the refusal, and what
+/// it sets in motion.
 fn refuse_busy(
     d: &Disruption<'_, impl PodFacts + ?Sized>,
-    since: Option<Timestamp>,
-    until: Option<Timestamp>,
+    (since, until): (Option<Timestamp>, Option<Timestamp>),
     config: &PolicyConfig,
     now: Timestamp,
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,

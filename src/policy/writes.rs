@@ -83,7 +83,7 @@ pub fn judge_write(write: &Write<'_>, config: &PolicyConfig, now: Timestamp) -> 
     } else if let Some(key) = forged_key {
         Some((Denial::NotBusyguardsKeys, Reason::ForgedKeys, not_busyguards_keys(ask.namespace, ask.name, key)))
     } else if let (Writer::Worker { namespace, own_pod }, false) = (writer, through_status) {
-        own_flag_only(ask, (namespace, own_pod), pod, before, config, now)
+        own_flag_only(ask, (namespace, own_pod), (pod, before), config, now)
             .map(|message| (Denial::NotOwnFlag, Reason::NotOwnFlag, message))
     } else {
         None
@@ -165,13 +165,12 @@ fn as_busyguard_leaves_it(key: &str, pod: &Pod, before: &Pod, config: &PolicyCon
     (key != *saved_as && !turning_idle) || users_own.contains(&pod.annotation(key))
 }
 
-/// The own-flag rule's refusal, if any, of a write by the token bound to pod `own`
-/// (namespace, name).
+/// The own-flag rule's refusal, if any, of a write of `pod` (replacing `before`) by the token
+/// bound to pod `own` (namespace, name).
 fn own_flag_only(
     ask: &Ask<'_>,
     (own_namespace, own_pod): (&str, &str),
-    pod: &Pod,
-    before: Option<&Pod>,
+    (pod, before): (&Pod, Option<&Pod>),
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Option<String> {

@@ -23,6 +23,15 @@ use crate::policy::pdb::busy_pdb;
 use crate::policy::pod::PodRef;
 
 /// What the outbox's calls are made with.
+/// An effect read again just before its call ([`Calls::confirm`]).
+pub enum Confirmed<'e> {
+    /// Still due, as it is to be carried out (the pod as the API server has it now, where that
+    /// matters).
+    Due(Cow<'e, Effect>),
+    /// No longer due, and why.
+    NoLongerDue(String),
+}
+
 pub struct Calls {
     pub client: Client,
     /// Names this replica in the Events it creates.
@@ -95,18 +104,18 @@ impl Calls {
 
     /// The effect as it is to be carried out, read again just before its call where what it
     /// rests on may have changed since it was decided; or why it is no longer due.
-    pub async fn confirm<'e>(&self, effect: &'e Effect) -> kube::Result<Result<Cow<'e, Effect>, String>> {
-        match effect {
-            Effect::DeleteIdle { pod, request, .. } if request.evict.is_some() => {
-                let due = self.still_due(pod).await?;
-                Ok(due.map(Cow::Owned).ok_or_else(|| "the pod changed since: its deferred eviction waits".into()))
-            }
-            Effect::Release { pod, .. } => {
-                let confirmed = self.confirm_release(pod).await?;
-                Ok(confirmed.map(|()| Cow::Borrowed(effect)).map_err(|NotReleased(why)| why))
-            }
-            _ => Ok(Ok(Cow::Borrowed(effect))),
-        }
+    pub async fn confirm<'e>(&self, effect: &'e Effect) -> kube::Result<Confirmed<'e>> {
+        Ok(match effect {
+            Effect::DeleteIdle { pod, request, .. } if request.evict.is_some() => match self.still_due(pod).await? {
+                Some(due) => Confirmed::Due(Cow::Owned(due)),
+                None => Confirmed::NoLongerDue("the pod changed since: its deferred eviction waits".into()),
+            },
+            Effect::Release { pod, .. } => match self.confirm_release(pod).await? {
+                Ok(()) => Confirmed::Due(Cow::Borrowed(effect)),
+                Err(NotReleased(why)) => Confirmed::NoLongerDue(why),
+            },
+            _ => Confirmed::Due(Cow::Borrowed(effect)),
+        })
     }
 
     /// The deferred delete of the pod as the API server has it now, if one is still due: its

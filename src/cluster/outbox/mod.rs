@@ -27,7 +27,7 @@ use crate::policy::outcome::{AuditRecord, Effect, LossCause};
 use crate::policy::{Mode, PolicyConfig};
 pub use answers::EffectResult;
 use answers::{Attempt, classify, moot};
-use calls::Calls;
+use calls::{Calls, Confirmed};
 use last_sent::LastSent;
 
 #[derive(Debug, Clone, Copy)]
@@ -366,8 +366,8 @@ impl Worker {
 
     async fn attempt(&self, effect: &Effect) -> Attempt {
         let effect = match self.calls.confirm(effect).await {
-            Ok(Ok(effect)) => effect,
-            Ok(Err(why)) => {
+            Ok(Confirmed::Due(effect)) => effect,
+            Ok(Confirmed::NoLongerDue(why)) => {
                 info!(subject = %effect, %why, "side effect no longer due");
                 return Attempt::Done(EffectResult::Moot);
             }
