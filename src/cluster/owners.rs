@@ -176,8 +176,11 @@ impl OwnerWatch {
     /// recorded (`None`: gone, so idle): the pods it controls under a direct rule, those of the
     /// objects linked to it under a rule through a kind between. Whether any of them is busy.
     fn follow_owner(&self, rule: &OwnerRule, namespace: &str, key: &str, owner: Option<OwnerState>) -> bool {
-        let mut controllers = self.view.linked_to(namespace, key);
-        controllers.push(key.to_string());
+        // A direct rule's key is its pods' controller; a rule through a kind links objects to it.
+        let controllers = match rule.via {
+            Some(_) => self.view.linked_to(namespace, key),
+            None => vec![key.to_string()],
+        };
         let pods =
             self.view.select(namespace, |pod| pod.owner.as_deref().is_some_and(|o| controllers.iter().any(|c| c == o)));
         let mut any_busy = false;

@@ -70,13 +70,6 @@ impl NodeEnding {
         }
         (ready.is_some_and(|ready| ready != "True")).then_some(NodeEnding::NotReady)
     }
-
-    pub fn says(self) -> &'static str {
-        match self {
-            NodeEnding::Deleted => "its node is being deleted",
-            NodeEnding::NotReady => "its node is not Ready",
-        }
-    }
 }
 
 /// Why a node is going.

@@ -74,9 +74,9 @@ pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
     let exempt = node_claim_delete_let_through(claim.end, ask.requester, &config.exemptions);
     let disruption = claim.end.disruption.unwrap_or("no DisruptionReason");
     // Interrupted: each busy pod is marked, so its protection ends and Karpenter's drain evicts it.
-    let interrupted: Vec<Effect> = busy
+    let marked = if exempt == Some(Reason::Interrupted) && !ask.dry_run { &busy[..] } else { &[] };
+    let interrupted: Vec<Effect> = marked
         .iter()
-        .filter(|_| exempt == Some(Reason::Interrupted) && !ask.dry_run)
         .filter_map(|b| {
             let (namespace, name) = b.pod.split_once('/')?;
             let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: b.uid.clone() };

@@ -186,8 +186,12 @@ impl View {
         self.nodes_going.read().get(node).copied().unwrap_or_default()
     }
 
-    /// Records what `node` says of itself now (the default: it stays, or is gone).
+    /// Records what `node` says of itself now (the default: it stays, or is gone). Most of a
+    /// node's updates change neither: they take no write lock.
     pub fn set_node_state(&self, node: &str, state: NodeState) {
+        if self.node_state(node) == state {
+            return;
+        }
         let mut nodes = self.nodes_going.write();
         if state == NodeState::default() {
             nodes.remove(node);
