@@ -89,7 +89,7 @@ fn main() {
     let flip = fixture("pod-update-label-busy-by-user.json");
     let node: Value = serde_json::from_slice(&flip).unwrap();
     let node = node["request"]["object"]["spec"]["nodeName"].as_str().unwrap_or_default().to_string();
-    view.set_node_state(&node, NodeState { going: Some(NodeGoing::Karpenter), ending: None });
+    view.nodes.set(&node, NodeState { going: Some(NodeGoing::Karpenter), ending: None });
     let inputs = DecisionInputs { policy: &policy, view: &view, arrived: Instant::now() };
     let refused = median_us(|| {
         let request = decode(black_box(&flip)).unwrap();

@@ -70,7 +70,7 @@ pub fn pod_mutate(
 ) -> Result<Outcome, Unanswerable> {
     let (pod, before) = pods(request)?;
     let view = inputs.view;
-    let node_going = view.node_going(&pod.spec.node_name);
+    let node_going = view.nodes.going(&pod.spec.node_name);
     let by_busyguard = view.own_user() == Some(ask.requester.username);
     let reports_begun_task =
         request.field_manager.as_deref() == Some(AGENT_FIELD_MANAGER) && ask.requester.pod == Some(ask.name);
@@ -123,7 +123,7 @@ pub fn pod_delete(
     }
     // Kueue's preemption of the pod's Job, where its namespace holds it (read only for a Job's pod).
     let job = pod.label(JOB_NAME);
-    let preempted = job.is_some_and(|job| inputs.view.preemption_held(&request.namespace, job));
+    let preempted = job.is_some_and(|job| inputs.view.preemptions.held(&request.namespace, job));
     let delete = |seen: Option<&dyn PodFacts>, siblings: Option<Siblings>| {
         let delete = Disruption { ask: &ask, taking: Taking::Delete, pod, seen, siblings, preempted };
         disruption::judge_disruption(&delete, inputs.policy, now)
@@ -185,7 +185,7 @@ pub fn owner_update(
     let pods = view.select(&request.namespace, |pod| pod.owner.as_deref() == Some(key.as_str()));
     let held = pods.iter().find_map(|(name, pod)| {
         let node = pod.node.as_deref().unwrap_or_default();
-        Some((name.as_str(), hold::held(pod, node, view.node_going(node), inputs.policy.holds, now)?))
+        Some((name.as_str(), hold::held(pod, node, view.nodes.going(node), inputs.policy.holds, now)?))
     });
     Ok(owner_task::judge_new_task(ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
 }
@@ -239,7 +239,7 @@ pub fn node_claim_delete(
     let end = node::NodeClaimEnd {
         disruption: claim.disruption_reason(),
         expired: node::expired(created, claim.spec.expire_after.as_deref(), now),
-        node_ending: view.node_ending(node_name).is_some(),
+        node_ending: view.nodes.ending(node_name).is_some(),
         spot: claim.metadata.labels.get(KARPENTER_CAPACITY_TYPE).is_some_and(|t| t == "spot"),
     };
     let claim = node::NodeClaim { node: node_name, end };

@@ -1,12 +1,18 @@
 //! One driver for every watch, in the shape of kubert's indexes: it turns a watch's events into
-//! `apply`, `delete` and `reset` on an index of one kind (pods, namespaces, nodes, owners), marks
-//! the watch alive when the API server speaks, and logs and reports its failures. The indexes
-//! change the view and send what that sets off; the driver only keeps which keys a list had.
+//! `apply`, `delete` and `reset` on an index of one kind (pods, namespaces, nodes, owners), keeps
+//! every key each watch has for the life of the watch (so a relist hands `reset` exactly what is
+//! gone, and no index works it out), marks the watch alive when the API server speaks, and logs
+//! and reports its failures. Indexes are sync: what a change sets off (effects, reads) is handed
+//! back to the caller to carry out, so no index waits on the API server.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use super::view::Scope;
@@ -14,93 +20,157 @@ use super::view::Scope;
 /// A watch's event, with the scope of the watch (a namespace, or all).
 pub type Scoped<K> = (Scope, Result<watcher::Event<K>, watcher::Error>);
 
-/// An object's key in its index: its namespace (empty for a cluster-wide kind) and its name, or
-/// whatever the index keys it by in that namespace.
-pub type Key = (String, String);
+/// An object's key in its index: its namespace (empty for a cluster-wide kind) and the name the
+/// index keys it by there (its own, or what the index keeps of it: an owner's `group/Kind/name`,
+/// the Job a Workload stands for).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub namespace: String,
+    pub name: String,
+}
 
-/// One kind's index: what the view does with the objects a watch sees.
+impl Key {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Key {
+        Key { namespace: namespace.into(), name: name.into() }
+    }
+
+    /// The key of an object of a cluster-wide kind (a node, a namespace).
+    pub fn cluster(name: impl Into<String>) -> Key {
+        Key::new(String::new(), name)
+    }
+}
+
+/// One kind's index: what the view does with the objects a watch sees, and what that sets off
+/// (`Change`), for the caller to carry out.
 pub(crate) trait Index<K> {
+    type Change;
     /// What is watched, for the logs.
     fn what(&self) -> String;
     fn key(&self, object: &K) -> Key;
     /// An object seen, new or changed (a list's objects too, as they come).
-    async fn apply(&mut self, object: K);
+    fn apply(&mut self, object: K) -> Vec<Self::Change>;
     /// An object deleted, or no longer selected by the watch.
-    async fn delete(&mut self, object: K);
-    /// A fresh list of `scope` has ended: `listed` has the key of every object it had, each
-    /// applied already. Whatever else the index holds in that scope is gone.
-    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>);
+    fn delete(&mut self, key: Key) -> Vec<Self::Change>;
+    /// A fresh list of `scope` has ended without the objects of `removed`, which the watch had
+    /// before: gone while it was down (no delete event came).
+    fn reset(&mut self, scope: &Scope, removed: Vec<Key>) -> Vec<Self::Change>;
     /// The API server said something: the watch is alive.
     fn alive(&mut self) {}
     /// The watch failed; it retries with backoff, and the index keeps what it has.
     fn failed(&mut self, _error: &watcher::Error) {}
 }
 
-/// The keys each scope's list has had so far, while it is under way.
+/// What one event did: what the index set off, and whether it ended a list.
+pub struct Step<C> {
+    pub changes: Vec<C>,
+    pub listed: bool,
+}
+
+/// Every key each scope's watch has, for the life of the watch (kubert's `namespaced`).
 #[derive(Default)]
 pub struct Driver {
-    listing: HashMap<Scope, HashSet<Key>>,
+    known: HashMap<Scope, HashSet<Key>>,
+    /// While a scope's list is under way: the keys it had before that the list has not had yet.
+    unlisted: HashMap<Scope, HashSet<Key>>,
 }
 
 impl Driver {
-    /// One event of the watch of `scope`, carried out on `index`; whether it ended a list.
-    pub(crate) async fn step<K, I: Index<K>>(
+    /// One event of the watch of `scope`, carried out on `index`.
+    pub(crate) fn step<K, I: Index<K>>(
         &mut self,
         index: &mut I,
         scope: Scope,
         event: Result<watcher::Event<K>, watcher::Error>,
-    ) -> bool {
+    ) -> Step<I::Change> {
         // Init is the watcher's own, before it asks anything.
         if matches!(event, Ok(ref e) if !matches!(e, watcher::Event::Init)) {
             index.alive();
         }
-        match event {
+        let changes = match event {
             Ok(watcher::Event::Init) => {
-                self.listing.insert(scope, HashSet::new());
+                // A list started again before the last ended keeps what that one had not had.
+                let had = self.known.remove(&scope).unwrap_or_default();
+                self.unlisted.entry(scope).or_default().extend(had);
+                Vec::new()
             }
             Ok(watcher::Event::InitApply(object)) => {
-                if let Some(listed) = self.listing.get_mut(&scope) {
-                    listed.insert(index.key(&object));
+                let key = index.key(&object);
+                if let Some(unlisted) = self.unlisted.get_mut(&scope) {
+                    unlisted.remove(&key);
                 }
-                index.apply(object).await;
+                self.known.entry(scope).or_default().insert(key);
+                index.apply(object)
             }
             Ok(watcher::Event::InitDone) => {
-                let listed = self.listing.remove(&scope).unwrap_or_default();
-                index.reset(&scope, listed).await;
-                return true;
+                let mut removed: Vec<Key> = self.unlisted.remove(&scope).unwrap_or_default().into_iter().collect();
+                removed.sort();
+                let changes = index.reset(&scope, removed);
+                return Step { changes, listed: true };
             }
-            Ok(watcher::Event::Apply(object)) => index.apply(object).await,
-            Ok(watcher::Event::Delete(object)) => index.delete(object).await,
+            Ok(watcher::Event::Apply(object)) => {
+                self.known.entry(scope).or_default().insert(index.key(&object));
+                index.apply(object)
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                let key = index.key(&object);
+                if let Some(known) = self.known.get_mut(&scope) {
+                    known.remove(&key);
+                }
+                index.delete(key)
+            }
             Err(e) => {
                 warn!(watch = %index.what(), error = %e, "watch failed; retrying with backoff");
                 index.failed(&e);
+                Vec::new()
             }
-        }
-        false
+        };
+        Step { changes, listed: false }
     }
 }
 
-/// Drives `index` with `events` (each with the scope of its watch) until they end.
-pub(crate) async fn drive<K, I: Index<K>>(index: &mut I, events: impl Stream<Item = Scoped<K>>) {
+/// Drives `index` with `events` (each with the scope of its watch) until they end, handing
+/// what each change sets off to `carry`.
+pub(crate) async fn drive<K, I: Index<K>>(
+    index: &mut I,
+    events: impl Stream<Item = Scoped<K>>,
+    mut carry: impl FnMut(I::Change),
+) {
     let mut driver = Driver::default();
     let mut events = std::pin::pin!(events);
     while let Some((scope, event)) = events.next().await {
-        driver.step(index, scope, event).await;
+        driver.step(index, scope, event).changes.into_iter().for_each(&mut carry);
     }
 }
 
 /// Drives `index` until its first list has ended (the namespaces busyguard leaves alone, which
-/// must be known before any pod is looked at); the stream goes on where it stopped.
+/// must be known before any pod is looked at); the stream goes on where it stopped. Returns what
+/// the events until then set off.
 pub(crate) async fn drive_until_listed<K, I: Index<K>>(
     driver: &mut Driver,
     index: &mut I,
     events: &mut (impl Stream<Item = Scoped<K>> + Unpin),
-) {
+) -> Vec<I::Change> {
+    let mut changes = Vec::new();
     while let Some((scope, event)) = events.next().await {
-        if driver.step(index, scope, event).await {
-            return;
+        let step = driver.step(index, scope, event);
+        changes.extend(step.changes);
+        if step.listed {
+            break;
         }
     }
+    changes
+}
+
+/// One watch in each scope (`apis`: the scope and the API of the kind there), with `config`
+/// and a growing pause between failures, merged: each event with its watch's scope.
+pub fn watch<K>(apis: Vec<(Scope, Api<K>)>, config: watcher::Config) -> BoxStream<'static, Scoped<K>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let streams = apis.into_iter().map(|(scope, api)| {
+        watcher(api, config.clone()).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+    });
+    futures::stream::select_all(streams).boxed()
 }
 
 /// A watch's failure as `/status` says it: what failed, and the API server's code and message
@@ -118,39 +188,49 @@ pub(crate) fn failure(error: &watcher::Error) -> String {
     }
 }
 
+/// A stream of events as a watch of one scope (or of each named one) would bring them, for the
+/// indexes' tests: `Init`, an `InitApply` for each object, `InitDone`.
+#[cfg(test)]
+pub(crate) fn listed<K>(scope: Scope, objects: Vec<K>) -> Vec<Scoped<K>> {
+    let applies = objects.into_iter().map(|object| Ok(watcher::Event::InitApply(object)));
+    let events = std::iter::once(Ok(watcher::Event::Init)).chain(applies).chain([Ok(watcher::Event::InitDone)]);
+    events.map(|event| (scope.clone(), event)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use futures::stream;
 
-    /// An index of names that records what the driver asked of it.
+    /// An index of names that records what the driver asked of it; it sets off the names gone.
     #[derive(Default)]
     struct Names {
         held: HashSet<Key>,
-        gone: Vec<Key>,
         alive: usize,
         failed: usize,
     }
 
     impl Index<&'static str> for Names {
+        type Change = Key;
         fn what(&self) -> String {
             "names".into()
         }
         fn key(&self, name: &&'static str) -> Key {
-            (String::new(), name.to_string())
+            key(name)
         }
-        async fn apply(&mut self, name: &'static str) {
+        fn apply(&mut self, name: &'static str) -> Vec<Key> {
             self.held.insert(self.key(&name));
+            Vec::new()
         }
-        async fn delete(&mut self, name: &'static str) {
-            let key = self.key(&name);
+        fn delete(&mut self, key: Key) -> Vec<Key> {
             self.held.remove(&key);
-            self.gone.push(key);
+            vec![key]
         }
-        async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
-            let gone: Vec<Key> = self.held.difference(&listed).cloned().collect();
-            self.held.retain(|key| listed.contains(key));
-            self.gone.extend(gone);
+        fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Key> {
+            for key in &removed {
+                self.held.remove(key);
+            }
+            removed
         }
         fn alive(&mut self) {
             self.alive += 1;
@@ -160,76 +240,83 @@ mod tests {
         }
     }
 
-    fn list(names: &[&'static str]) -> Vec<Result<watcher::Event<&'static str>, watcher::Error>> {
-        let applies = names.iter().map(|name| Ok(watcher::Event::InitApply(*name)));
-        std::iter::once(Ok(watcher::Event::Init)).chain(applies).chain([Ok(watcher::Event::InitDone)]).collect()
-    }
-
     fn key(name: &str) -> Key {
-        (String::new(), name.to_string())
+        Key::cluster(name)
     }
 
     fn failure() -> watcher::Error {
         watcher::Error::NoResourceVersion
     }
 
+    async fn gone_after(names: &mut Names, events: Vec<Scoped<&'static str>>) -> Vec<Key> {
+        let mut gone = Vec::new();
+        drive(names, stream::iter(events), |key| gone.push(key)).await;
+        gone
+    }
+
     #[tokio::test]
-    async fn a_relist_that_no_longer_has_an_object_resets_it_as_gone() {
+    async fn a_relist_that_no_longer_has_an_object_hands_the_index_its_key_as_gone() {
         let mut names = Names::default();
-        let mut events = list(&["a", "b", "c"]);
-        events.push(Ok(watcher::Event::Apply("d")));
+        let mut events = listed(None, vec!["a", "b", "c"]);
+        events.push((None, Ok(watcher::Event::Apply("d"))));
+        events.push((None, Ok(watcher::Event::Delete("c"))));
         // The watch restarts (its resourceVersion too old): a relist without b and d.
-        events.extend(list(&["a", "c"]));
-        drive(&mut names, stream::iter(events.into_iter().map(|e| (None, e)))).await;
-        assert_eq!(names.held, HashSet::from([key("a"), key("c")]));
-        assert_eq!(names.gone.len(), 2);
-        assert!(names.gone.contains(&key("b")) && names.gone.contains(&key("d")));
+        events.extend(listed(None, vec!["a"]));
+        let gone = gone_after(&mut names, events).await;
+        assert_eq!(names.held, HashSet::from([key("a")]));
+        assert_eq!(gone, vec![key("c"), key("b"), key("d")], "c deleted; b and d gone in the relist, each once");
+    }
+
+    #[tokio::test]
+    async fn a_list_cut_short_and_started_again_still_hands_over_what_neither_had() {
+        let mut names = Names::default();
+        let mut events = listed(None, vec!["a", "b"]);
+        // A relist fails halfway, after a; the next one has a alone.
+        events.extend([(None, Ok(watcher::Event::Init)), (None, Ok(watcher::Event::InitApply("a")))]);
+        events.extend(listed(None, vec!["a"]));
+        let gone = gone_after(&mut names, events).await;
+        assert_eq!(gone, vec![key("b")]);
+        assert_eq!(names.held, HashSet::from([key("a")]));
     }
 
     #[tokio::test]
     async fn a_failed_watch_keeps_what_the_index_holds_and_is_not_a_sign_of_life() {
         let mut names = Names::default();
-        let mut events = list(&["a", "b"]);
-        events.push(Err(failure()));
-        events.push(Err(failure()));
-        drive(&mut names, stream::iter(events.into_iter().map(|e| (None, e)))).await;
+        let mut events = listed(None, vec!["a", "b"]);
+        events.extend([(None, Err(failure())), (None, Err(failure()))]);
+        let gone = gone_after(&mut names, events).await;
         assert_eq!(names.held, HashSet::from([key("a"), key("b")]), "nothing dropped on an error");
-        assert!(names.gone.is_empty());
+        assert!(gone.is_empty());
         assert_eq!(names.failed, 2);
         assert_eq!(names.alive, 3, "the two applies and the list's end; not the watcher's own Init");
     }
 
     #[tokio::test]
-    async fn each_scopes_relist_resets_that_scope_alone() {
-        // Two namespaces' lists interleaved: each ends with the keys of its own.
+    async fn each_scopes_relist_hands_over_that_scopes_keys_alone() {
+        // Two namespaces listed, then relisted interleaved, neither with its object now.
         let mut names = Names::default();
-        let scoped = |scope: &str, event| (Some(scope.to_string()), event);
-        let events = vec![
-            scoped("x", Ok(watcher::Event::Init)),
-            scoped("y", Ok(watcher::Event::Init)),
-            scoped("x", Ok(watcher::Event::InitApply("a"))),
-            scoped("y", Ok(watcher::Event::InitApply("b"))),
-            scoped("x", Ok(watcher::Event::InitDone)),
-        ];
-        let mut driver = Driver::default();
-        for (scope, event) in events {
-            driver.step(&mut names, scope, event).await;
-        }
-        assert_eq!(names.held, HashSet::from([key("a")]), "x's reset saw only a; y's list is still under way");
-        assert_eq!(driver.listing.get(&Some("y".to_string())), Some(&HashSet::from([key("b")])));
+        let (x, y) = (Some("x".to_string()), Some("y".to_string()));
+        let mut events = listed(x.clone(), vec!["a"]);
+        events.extend(listed(y.clone(), vec!["b"]));
+        events.extend([(x.clone(), Ok(watcher::Event::Init)), (y.clone(), Ok(watcher::Event::Init))]);
+        events.push((x, Ok(watcher::Event::InitDone)));
+        let gone = gone_after(&mut names, events).await;
+        assert_eq!(gone, vec![key("a")], "x's relist ended; y's is still under way");
+        assert_eq!(names.held, HashSet::from([key("b")]));
     }
 
     #[tokio::test]
     async fn the_first_list_is_driven_to_its_end_and_the_stream_goes_on_after() {
         let mut names = Names::default();
-        let mut events = list(&["a"]);
-        events.push(Ok(watcher::Event::Apply("b")));
-        let mut events = stream::iter(events.into_iter().map(|e| (None, e)));
+        let mut events = listed(None, vec!["a"]);
+        events.push((None, Ok(watcher::Event::Apply("b"))));
+        let mut events = stream::iter(events);
         let mut driver = Driver::default();
-        drive_until_listed(&mut driver, &mut names, &mut events).await;
+        let set_off = drive_until_listed(&mut driver, &mut names, &mut events).await;
+        assert!(set_off.is_empty());
         assert_eq!(names.held, HashSet::from([key("a")]));
         let (scope, next) = events.next().await.unwrap();
-        driver.step(&mut names, scope, next).await;
+        driver.step(&mut names, scope, next);
         assert_eq!(names.held, HashSet::from([key("a"), key("b")]));
     }
 }

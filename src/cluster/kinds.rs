@@ -7,14 +7,14 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use kube::api::ApiResource;
 use kube::core::DynamicResourceScope;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
-use super::driver::Scoped;
+use super::driver::{self, Scoped};
 use super::view::Scope;
 
 /// The longest pause between two tries at a kind that is not served.
@@ -49,13 +49,12 @@ where
     K: Resource<DynamicType = ApiResource, Scope = DynamicResourceScope> + Clone + DeserializeOwned + Debug + Send,
     K: 'static,
 {
-    let streams = scopes.into_iter().map(|scope| {
+    let apis = scopes.into_iter().map(|scope| {
         let api: Api<K> = match &scope {
             Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
             None => Api::all_with(client.clone(), resource),
         };
-        let config = watcher::Config::default().timeout(timeout_secs);
-        watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+        (scope, api)
     });
-    futures::stream::select_all(streams).boxed()
+    driver::watch(apis.collect(), watcher::Config::default().timeout(timeout_secs))
 }

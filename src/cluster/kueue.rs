@@ -7,14 +7,13 @@
 //! everything else as it is, and says which on `/status` and in `busyguard_kueue_hold_followed`,
 //! asking again.
 
-use std::collections::HashSet;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::DynamicObject;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -38,13 +37,13 @@ fn not_served() -> String {
 pub fn start(client: Client, view: Arc<View>, scopes: &[Scope], watch_timeout_secs: u32) {
     let label = format!("{HOLD_PREEMPTION_NAMESPACE_LABEL}=true");
     let config = watcher::Config::default().labels(&label).timeout(watch_timeout_secs);
-    let namespaces = watcher(Api::<Namespace>::all(client.clone()), config).default_backoff();
+    let namespaces = driver::watch(vec![(None, Api::<Namespace>::all(client.clone()))], config);
     let index_view = view.clone();
     tokio::spawn(async move {
         let mut index = Holding { view: &index_view };
-        driver::drive(&mut index, namespaces.map(|event| (None, event))).await;
+        driver::drive(&mut index, namespaces, |never| match never {}).await;
     });
-    view.set_kueue_unfollowed(Some("not asked of the API server yet".into()));
+    view.preemptions.set_unfollowed(Some("not asked of the API server yet".into()));
     tokio::spawn(workloads(client, view, scopes.to_vec(), watch_timeout_secs));
 }
 
@@ -60,12 +59,12 @@ async fn workloads(client: Client, view: Arc<View>, scopes: Vec<Scope>, watch_ti
     };
     let failed = |why: String, pause: Duration| {
         warn!(retry_in = ?pause, "--hold-kueue-preemption: {why}: Kueue's preemptions are not held; everything else is served");
-        view.set_kueue_unfollowed(Some(why));
+        view.preemptions.set_unfollowed(Some(why));
     };
     let resource = kinds::served(find, failed).await;
     let events = kinds::watch_scopes::<DynamicObject>(&client, &resource, scopes, watch_timeout_secs);
     let mut index = Workloads { view: &view };
-    driver::drive(&mut index, events).await;
+    driver::drive(&mut index, events, |never| match never {}).await;
 }
 
 /// The Job a Workload stands for: its controlling owner of kind `Job`.
@@ -90,6 +89,9 @@ struct Workloads<'a> {
 }
 
 impl Index<DynamicObject> for Workloads<'_> {
+    /// Only the view changes: the Job controller's deletes are judged against it.
+    type Change = Infallible;
+
     fn what(&self) -> String {
         "Kueue's Workloads".into()
     }
@@ -97,39 +99,36 @@ impl Index<DynamicObject> for Workloads<'_> {
     /// A Workload by the Job it stands for (a Workload of no Job: by its own name).
     fn key(&self, workload: &DynamicObject) -> Key {
         let job = job_of(workload).map_or_else(|| format!("Workload/{}", workload.name_any()), str::to_string);
-        (workload.namespace().unwrap_or_default(), job)
+        Key::new(workload.namespace().unwrap_or_default(), job)
     }
 
-    async fn apply(&mut self, workload: DynamicObject) {
-        let Some(job) = job_of(&workload) else { return };
+    fn apply(&mut self, workload: DynamicObject) -> Vec<Infallible> {
+        let Some(job) = job_of(&workload) else { return Vec::new() };
         let (namespace, preempted) = (workload.namespace().unwrap_or_default(), preempted(&workload));
-        if self.view.set_preempted(&namespace, job, preempted) && preempted {
+        if self.view.preemptions.set_preempted(&namespace, job, preempted) && preempted {
             info!(job = %format!("{namespace}/{job}"), "Kueue preempted the Job's Workload");
         }
+        Vec::new()
     }
 
-    async fn delete(&mut self, workload: DynamicObject) {
-        let (namespace, job) = self.key(&workload);
-        self.view.set_preempted(&namespace, &job, false);
+    fn delete(&mut self, job: Key) -> Vec<Infallible> {
+        self.view.preemptions.set_preempted(&job.namespace, &job.name, false);
+        Vec::new()
+    }
+
+    /// Workloads deleted while the watch was down.
+    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
+        removed.into_iter().flat_map(|job| self.delete(job)).collect()
     }
 
     /// The API server answered: the Workloads are followed (again).
     fn alive(&mut self) {
-        self.view.set_kueue_unfollowed(None);
+        self.view.preemptions.set_unfollowed(None);
     }
 
     /// RBAC missing (403) shows here: the hold is off until the watch works, and `/status` says so.
     fn failed(&mut self, error: &watcher::Error) {
-        self.view.set_kueue_unfollowed(Some(format!("Kueue's Workloads: {}", driver::failure(error))));
-    }
-
-    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
-        let in_scope = |namespace: &str| scope.as_deref().is_none_or(|scope| scope == namespace);
-        for (namespace, job) in self.view.preempted_jobs() {
-            if in_scope(&namespace) && !listed.contains(&(namespace.clone(), job.clone())) {
-                self.view.set_preempted(&namespace, &job, false);
-            }
-        }
+        self.view.preemptions.set_unfollowed(Some(format!("Kueue's Workloads: {}", driver::failure(error))));
     }
 }
 
@@ -139,29 +138,30 @@ struct Holding<'a> {
 }
 
 impl Index<Namespace> for Holding<'_> {
+    type Change = Infallible;
+
     fn what(&self) -> String {
         format!("the namespaces' {HOLD_PREEMPTION_NAMESPACE_LABEL} label")
     }
 
     fn key(&self, namespace: &Namespace) -> Key {
-        (String::new(), namespace.name_any())
+        Key::cluster(namespace.name_any())
     }
 
-    async fn apply(&mut self, namespace: Namespace) {
-        self.view.set_holds_preemption(&namespace.name_any(), true);
+    fn apply(&mut self, namespace: Namespace) -> Vec<Infallible> {
+        self.view.preemptions.set_holding(&namespace.name_any(), true);
+        Vec::new()
     }
 
     /// Deleted, or its label changed: the watch selects by the label.
-    async fn delete(&mut self, namespace: Namespace) {
-        self.view.set_holds_preemption(&namespace.name_any(), false);
+    fn delete(&mut self, namespace: Key) -> Vec<Infallible> {
+        self.view.preemptions.set_holding(&namespace.name, false);
+        Vec::new()
     }
 
-    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
-        for namespace in self.view.holding_preemption() {
-            if !listed.contains(&(String::new(), namespace.clone())) {
-                self.view.set_holds_preemption(&namespace, false);
-            }
-        }
+    /// Relabelled or deleted while the watch was down.
+    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
+        removed.into_iter().flat_map(|namespace| self.delete(namespace)).collect()
     }
 }
 
@@ -200,5 +200,35 @@ mod tests {
         let mut not_controlling = workload(json!([]));
         not_controlling.metadata.owner_references.as_mut().unwrap()[0].controller = None;
         assert_eq!(job_of(&not_controlling), None, "a Job it does not belong to");
+    }
+
+    /// As kubert tests an index across a watch's restart: a Workload or a namespace the relist
+    /// no longer has no longer holds the Job's delete.
+    #[test]
+    fn a_preemption_a_relist_no_longer_has_is_held_no_longer() {
+        let view = View::without_cluster();
+        let preempted = workload(json!([{"type": "Evicted", "status": "True", "reason": "Preempted"}]));
+        let ml: Namespace = serde_json::from_value(json!({"metadata": {"name": "ml"}})).unwrap();
+        let (mut workloads, mut holding) = (Workloads { view: &view }, Holding { view: &view });
+        let (mut workload_driver, mut namespace_driver) = (driver::Driver::default(), driver::Driver::default());
+        for (scope, event) in driver::listed(None, vec![preempted.clone()]) {
+            workload_driver.step(&mut workloads, scope, event);
+        }
+        for (scope, event) in driver::listed(None, vec![ml.clone()]) {
+            namespace_driver.step(&mut holding, scope, event);
+        }
+        assert!(view.preemptions.held("ml", "train"));
+        for (scope, event) in driver::listed(None, Vec::new()) {
+            workload_driver.step(&mut workloads, scope, event);
+        }
+        assert!(!view.preemptions.held("ml", "train"), "the Workload gone while the watch was down");
+        for (scope, event) in driver::listed(None, vec![preempted]) {
+            workload_driver.step(&mut workloads, scope, event);
+        }
+        assert!(view.preemptions.held("ml", "train"));
+        for (scope, event) in driver::listed(None, Vec::<Namespace>::new()) {
+            namespace_driver.step(&mut holding, scope, event);
+        }
+        assert!(!view.preemptions.held("ml", "train"), "the namespace's label gone while the watch was down");
     }
 }

@@ -1,5 +1,6 @@
-//! busyguard's view of the cluster: a watch of opted-in pods kept in memory for the decisions
-//! whose requests do not carry the pod, and the outbox through which side effects leave.
+//! busyguard's side of the cluster: the view the decisions read where a request does not carry
+//! what they need, the watches that feed it (one index per kind, one driver for them all), and
+//! the outbox through which side effects leave.
 
 pub mod arbiter;
 mod client;
@@ -8,12 +9,13 @@ mod fast_map;
 mod kinds;
 mod kueue;
 pub mod leaders;
+mod namespaces;
 pub mod nodes;
 pub mod outbox;
 pub mod owners;
 pub mod pdb;
+pub mod pods;
 pub mod view;
-pub mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +32,8 @@ use arbiter::Budgets;
 use client::client;
 pub use client::{ClusterSource, NO_CLUSTER, client_config};
 use outbox::{Outbox, OutboxSettings};
+use pods::Watch;
 use view::View;
-use watch::Watch;
 
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {

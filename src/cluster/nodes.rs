@@ -2,12 +2,11 @@
 //! refused its next flip to busy. Only the verdict is kept, by node name; the Node objects are
 //! read and dropped.
 
-use std::collections::HashSet;
+use std::convert::Infallible;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::info;
 
@@ -18,8 +17,8 @@ use crate::policy::hold::{Holds, NodeEnding, NodeGoing, NodeState, node_going};
 /// Runs until the process stops; the watch reconnects with backoff on its own.
 pub async fn watch_nodes(client: Client, view: Arc<View>, holds: Holds, timeout_secs: u32) {
     let config = watcher::Config::default().timeout(timeout_secs);
-    let events = watcher(Api::<Node>::all(client), config).default_backoff().map(|event| (None, event));
-    driver::drive(&mut NodesGoing { view, holds }, events).await;
+    let events = driver::watch(vec![(None, Api::<Node>::all(client))], config);
+    driver::drive(&mut NodesGoing { view, holds }, events, |never| match never {}).await;
 }
 
 /// The index of nodes: only those going are kept, with why.
@@ -29,29 +28,38 @@ struct NodesGoing {
 }
 
 impl Index<Node> for NodesGoing {
+    /// Only the view changes: its pods are judged against it when they next ask.
+    type Change = Infallible;
+
     fn what(&self) -> String {
         "nodes".into()
     }
 
     fn key(&self, node: &Node) -> Key {
-        (String::new(), node.name_any())
+        Key::cluster(node.name_any())
     }
 
-    async fn apply(&mut self, node: Node) {
+    fn apply(&mut self, node: Node) -> Vec<Infallible> {
         let (name, now) = (node.name_any(), going(&node, self.holds));
-        if self.view.node_going(&name) != now {
+        if self.view.nodes.going(&name) != now {
             info!(node = %name, going = ?now, "node's going changed: its pods take new tasks only while it stays");
         }
-        self.view.set_node_state(&name, NodeState { going: now, ending: ending(&node) });
+        self.view.nodes.set(&name, NodeState { going: now, ending: ending(&node) });
+        Vec::new()
     }
 
-    async fn delete(&mut self, node: Node) {
-        self.view.set_node_state(&node.name_any(), NodeState::default());
+    fn delete(&mut self, node: Key) -> Vec<Infallible> {
+        self.view.nodes.set(&node.name, NodeState::default());
+        Vec::new()
     }
 
-    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
-        let going = self.view.keep_nodes_going(|node| listed.contains(&(String::new(), node.to_string())));
-        info!(going, "nodes listed");
+    /// Nodes deleted while the watch was down: going no longer.
+    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
+        for node in removed {
+            self.view.nodes.set(&node.name, NodeState::default());
+        }
+        info!(going = self.view.nodes.len(), "nodes listed");
+        Vec::new()
     }
 }
 
@@ -78,7 +86,6 @@ pub fn going(node: &Node, holds: Holds) -> Option<NodeGoing> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::runtime::watcher::Event;
 
     fn node(name: &str, taint: Option<&str>) -> Node {
         let taints = taint.map(|key| serde_json::json!([{"key": key, "effect": "NoSchedule"}]));
@@ -89,30 +96,29 @@ mod tests {
 
     /// As kubert tests an index across a watch's restart: what a relist no longer has is gone,
     /// what it has again is as it says now, and an error changes nothing.
-    #[tokio::test]
-    async fn a_node_a_relist_no_longer_has_or_that_stays_now_is_no_longer_going() {
+    #[test]
+    fn a_node_a_relist_no_longer_has_or_that_stays_now_is_no_longer_going() {
         let view = Arc::new(View::without_cluster());
         let mut nodes = NodesGoing { view: view.clone(), holds: Holds::default() };
-        let list = |nodes: Vec<Node>| {
-            let applies = nodes.into_iter().map(|n| (None, Ok(Event::InitApply(n))));
-            let events = std::iter::once((None, Ok(Event::Init))).chain(applies);
-            futures::stream::iter(events.chain([(None, Ok(Event::InitDone))]).collect::<Vec<_>>())
+        let mut driver = driver::Driver::default();
+        let mut drive = |events: Vec<driver::Scoped<Node>>| {
+            for (scope, event) in events {
+                assert!(driver.step(&mut nodes, scope, event).changes.is_empty());
+            }
         };
-        driver::drive(&mut nodes, list(vec![node("a", Some(KARPENTER)), node("b", Some(KARPENTER)), node("c", None)]))
-            .await;
-        assert_eq!(view.node_going("a"), Some(NodeGoing::Karpenter));
-        assert_eq!(view.node_going("b"), Some(NodeGoing::Karpenter));
-        assert_eq!(view.node_going("c"), None);
+        drive(driver::listed(None, vec![node("a", Some(KARPENTER)), node("b", Some(KARPENTER)), node("c", None)]));
+        assert_eq!(view.nodes.going("a"), Some(NodeGoing::Karpenter));
+        assert_eq!(view.nodes.going("b"), Some(NodeGoing::Karpenter));
+        assert_eq!(view.nodes.going("c"), None);
 
         // The watch fails: what was going stays going.
-        let failed = futures::stream::iter([(None, Err(watcher::Error::NoResourceVersion))]);
-        driver::drive(&mut nodes, failed).await;
-        assert_eq!(view.node_going("a"), Some(NodeGoing::Karpenter));
+        drive(vec![(None, Err(watcher::Error::NoResourceVersion))]);
+        assert_eq!(view.nodes.going("a"), Some(NodeGoing::Karpenter));
 
         // Restarted: a is gone (deleted while the watch was down), b stays now, c is going.
-        driver::drive(&mut nodes, list(vec![node("b", None), node("c", Some(KARPENTER))])).await;
-        assert_eq!(view.node_going("a"), None, "gone while the watch was down");
-        assert_eq!(view.node_going("b"), None, "its taint removed while the watch was down");
-        assert_eq!(view.node_going("c"), Some(NodeGoing::Karpenter));
+        drive(driver::listed(None, vec![node("b", None), node("c", Some(KARPENTER))]));
+        assert_eq!(view.nodes.going("a"), None, "gone while the watch was down");
+        assert_eq!(view.nodes.going("b"), None, "its taint removed while the watch was down");
+        assert_eq!(view.nodes.going("c"), Some(NodeGoing::Karpenter));
     }
 }

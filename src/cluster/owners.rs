@@ -79,7 +79,7 @@ impl OwnerWatch {
     pub fn start(self, rules: &[OwnerRule], scopes: &[Scope]) {
         let watch = Arc::new(self);
         for rule in rules {
-            watch.view.update_owner_kind(&rule.kind_path(), |kind| {
+            watch.view.owners.update_kind(&rule.kind_path(), |kind| {
                 kind.unfollowed = Some("not asked of the API server yet".into());
             });
             tokio::spawn(watch.clone().follow(Arc::new(rule.clone()), scopes.to_vec()));
@@ -96,8 +96,9 @@ impl OwnerWatch {
         let kind = rule.kind_path();
         let resource = self.served(&gvk(&rule.api_version, &rule.kind), &kind).await;
         let events = kinds::watch_scopes::<DynamicObject>(&self.client, &resource, scopes, self.watch_timeout_secs);
-        let mut owners = Owners { watch: &self, rule: &rule, kind, held: HashSet::new() };
-        driver::drive(&mut owners, events).await;
+        let follow = Follow { view: &self.view, metrics: &self.metrics };
+        let mut owners = Owners { follow, rule: &rule, kind, held: HashSet::new() };
+        driver::drive(&mut owners, events, |effect| drop(self.outbox.send(effect))).await;
     }
 
     /// Follows the objects of the kind `via` whose controlling owner is of a kind `rules` read
@@ -106,7 +107,7 @@ impl OwnerWatch {
         let named = rules.iter().map(OwnerRule::kind_path).collect::<Vec<_>>().join(", ");
         // How /status and the metrics name this watch.
         let kinds = format!("{} between pods and {named}", via.kind_path());
-        self.view.update_owner_kind(&kinds, |kind| kind.unfollowed = Some("not asked of the API server yet".into()));
+        self.view.owners.update_kind(&kinds, |kind| kind.unfollowed = Some("not asked of the API server yet".into()));
         let resource = self.served(&gvk(&via.api_version, &via.kind), &kinds).await;
         // Of their metadata only: an object's controlling owner is all a link needs.
         let events = kinds::watch_scopes::<PartialObjectMeta<DynamicObject>>(
@@ -115,8 +116,9 @@ impl OwnerWatch {
             scopes,
             self.watch_timeout_secs,
         );
-        let mut links = Links { watch: &self, via: &via, rules: &rules, kinds };
-        driver::drive(&mut links, events).await;
+        let follow = Follow { view: &self.view, metrics: &self.metrics };
+        let mut links = Links { follow, via: &via, rules: &rules, kinds };
+        driver::drive(&mut links, events, |effect| drop(self.outbox.send(effect))).await;
     }
 
     /// A kind a rule names once the API server serves it (`kinds::served`); `kind` is the rule
@@ -125,35 +127,51 @@ impl OwnerWatch {
         let find = || async { resolve_kind(&self.client, gvk, kind).await.map_err(|why| format!("{why:#}")) };
         let failed = |why: String, pause| {
             warn!(%kind, error = %why, retry_in = ?pause, "not following a busy rule's kind yet; everything else is served");
-            self.view.update_owner_kind(kind, |state| state.unfollowed = Some(why));
+            self.view.owners.update_kind(kind, |state| state.unfollowed = Some(why));
         };
         kinds::served(find, failed).await
     }
+}
 
-    /// The owner's status read by its rule, and its pods flipped to match.
-    fn changed(&self, rule: &Arc<OwnerRule>, owner: &DynamicObject, held: &mut HashSet<(String, String)>) {
+/// What the owner and link indexes share: the view they write, and the metrics of the rules
+/// that cannot tell.
+#[derive(Clone, Copy)]
+struct Follow<'a> {
+    view: &'a View,
+    metrics: &'a Metrics,
+}
+
+impl Follow<'_> {
+    /// The owner's status read by its rule, and the flips of its pods to match.
+    fn changed(&self, rule: &Arc<OwnerRule>, owner: &DynamicObject, held: &mut HashSet<Key>) -> Vec<Effect> {
         // The rule reads the whole owner, its deletionTimestamp too: whether an owner being
         // deleted still works is the rule's to say (Actions Runner Controller keeps a runner
         // until its job ends; Agones ends a game server's match with it).
-        let key = (owner.namespace().unwrap_or_default(), rule.state_key(&owner.name_any()));
+        let key = Key::new(owner.namespace().unwrap_or_default(), rule.state_key(&owner.name_any()));
+        let owners = &self.view.owners;
         let judged = if rule.reads_pod {
             rule.per_pod(owner).map(|per_pod| {
                 let state = OwnerState::judged_per_pod(per_pod);
-                self.view.set_owner(&key.0, &key.1, Some(state.clone()));
+                owners.set(&key.namespace, &key.name, Some(state.clone()));
                 Some(state)
             })
         } else {
-            rule.busy(owner).map(|busy| self.view.set_owner_busy(rule, &key.0, &key.1, Some(busy), last_written(owner)))
+            let written = last_written(owner);
+            rule.busy(owner).map(|busy| owners.set_busy(rule, &key.namespace, &key.name, Some(busy), written))
         };
         let state = match judged {
             Ok(state) => state,
-            Err(why) => return self.undecided(rule, &owner_name(rule, owner), &why),
+            Err(why) => {
+                self.undecided(rule, &owner_name(rule, owner), &why);
+                return Vec::new();
+            }
         };
-        let busy_pods = self.follow_owner(rule, &key.0, &key.1, state.clone());
+        let (flips, busy_pods) = self.follow_owner(rule, &key, state.clone());
         if state.is_some_and(|state| state.busy()) || busy_pods {
-            self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle = 0);
+            owners.update_kind(&rule.kind_path(), |kind| kind.ended_idle = 0);
             held.insert(key);
         }
+        flips
     }
 
     fn undecided(&self, rule: &OwnerRule, what: &str, why: &owners::Undecided) {
@@ -164,26 +182,27 @@ impl OwnerWatch {
 
     /// Gone: its pods are idle (the garbage collector deletes them, and must not wait on them).
     /// An owner the rule never held for is counted: a rule that holds for none is told.
-    fn ended(&self, rule: &OwnerRule, owner: (String, String), held: &mut HashSet<(String, String)>) {
+    fn ended(&self, rule: &OwnerRule, owner: Key, held: &mut HashSet<Key>) -> Vec<Effect> {
         if !held.remove(&owner) {
-            self.view.update_owner_kind(&rule.kind_path(), |kind| kind.ended_idle += 1);
+            self.view.owners.update_kind(&rule.kind_path(), |kind| kind.ended_idle += 1);
         }
-        self.view.set_owner(&owner.0, &owner.1, None);
-        self.follow_owner(rule, &owner.0, &owner.1, None);
+        self.view.owners.set(&owner.namespace, &owner.name, None);
+        self.follow_owner(rule, &owner, None).0
     }
 
-    /// Flips the pods of the owner `key` (the rule's [`OwnerRule::state_key`]) to match it as
-    /// recorded (`None`: gone, so idle): the pods it controls under a direct rule, those of the
-    /// objects linked to it under a rule through a kind between. Whether any of them is busy.
-    fn follow_owner(&self, rule: &OwnerRule, namespace: &str, key: &str, owner: Option<OwnerState>) -> bool {
+    /// The flips of the pods of the owner `key` (the rule's [`OwnerRule::state_key`]) to match it
+    /// as recorded (`None`: gone, so idle): the pods it controls under a direct rule, those of the
+    /// objects linked to it under a rule through a kind between; and whether any of them is busy.
+    fn follow_owner(&self, rule: &OwnerRule, key: &Key, owner: Option<OwnerState>) -> (Vec<Effect>, bool) {
+        let namespace = key.namespace.as_str();
         // A direct rule's key is its pods' controller; a rule through a kind links objects to it.
         let controllers = match rule.via {
-            Some(_) => self.view.linked_to(namespace, key),
-            None => vec![key.to_string()],
+            Some(_) => self.view.owners.linked_to(namespace, &key.name),
+            None => vec![key.name.clone()],
         };
         let pods =
             self.view.select(namespace, |pod| pod.owner.as_deref().is_some_and(|o| controllers.iter().any(|c| c == o)));
-        let mut any_busy = false;
+        let (mut flips, mut any_busy) = (Vec::new(), false);
         for (name, record) in pods {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
             let busy = match &owner {
@@ -193,91 +212,88 @@ impl OwnerWatch {
             match busy {
                 Ok(busy) => {
                     any_busy |= busy;
-                    if let Some(effect) = flip_with(pod, &record, busy, &rule.terms) {
-                        drop(self.outbox.send(effect));
-                    }
+                    flips.extend(flip_with(pod, &record, busy, &rule.terms));
                 }
                 Err(why) => self.undecided(rule, &pod.to_string(), &why),
             }
         }
-        any_busy
+        (flips, any_busy)
     }
 
     /// The object `linked` (`group/Kind/name`) owned by `owner` under a busy rule (`None`: not,
     /// or gone): its pods follow that owner. Nothing to do unless that changed (a watch of pods
     /// sees every pod of the cluster, most of them owned by no such owner).
-    fn relinked(&self, namespace: &str, linked: &str, owner: Option<&str>) {
-        if !self.view.set_link(namespace, linked, owner) {
-            return;
+    fn relinked(&self, linked: &Key, owner: Option<&str>) -> Vec<Effect> {
+        let (namespace, linked) = (linked.namespace.as_str(), linked.name.as_str());
+        if !self.view.owners.set_link(namespace, linked, owner) {
+            return Vec::new();
         }
         let pods = self.view.select(namespace, |pod| pod.owner.as_deref() == Some(linked));
-        for (name, record) in pods {
+        let flips = pods.into_iter().filter_map(|(name, record)| {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
-            let flip = match owner {
+            match owner {
                 Some(_) => follow(&self.view, &pod, &record),
                 None => flip_with(pod, &record, false, &Terms::default()),
-            };
-            if let Some(effect) = flip {
-                drop(self.outbox.send(effect));
             }
-        }
+        });
+        flips.collect()
     }
 }
 
 /// The index of one rule's owners: the view's record of each, busy or not, and its pods
 /// flipped to match.
 struct Owners<'a> {
-    watch: &'a OwnerWatch,
+    follow: Follow<'a>,
     rule: &'a Arc<OwnerRule>,
     /// The rule's kind, as the flag names it.
     kind: String,
     /// The owners the rule held for at least once (a runner that had a job).
-    held: HashSet<(String, String)>,
+    held: HashSet<Key>,
 }
 
 impl Index<DynamicObject> for Owners<'_> {
+    type Change = Effect;
+
     fn what(&self) -> String {
         format!("{} owners", self.kind)
     }
 
     fn key(&self, owner: &DynamicObject) -> Key {
-        (owner.namespace().unwrap_or_default(), self.rule.state_key(&owner.name_any()))
+        Key::new(owner.namespace().unwrap_or_default(), self.rule.state_key(&owner.name_any()))
     }
 
-    async fn apply(&mut self, owner: DynamicObject) {
-        self.watch.changed(self.rule, &owner, &mut self.held);
+    fn apply(&mut self, owner: DynamicObject) -> Vec<Effect> {
+        self.follow.changed(self.rule, &owner, &mut self.held)
     }
 
-    async fn delete(&mut self, owner: DynamicObject) {
-        let key = self.key(&owner);
-        self.watch.ended(self.rule, key, &mut self.held);
+    fn delete(&mut self, owner: Key) -> Vec<Effect> {
+        self.follow.ended(self.rule, owner, &mut self.held)
     }
 
     /// Owners gone while the watch was down (no delete event came): their pods are idle, as on
     /// a delete.
-    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
-        let known = self.watch.view.owners_known();
-        for owner in unlisted(known, &self.rule.state_key(""), scope, &listed) {
-            self.watch.ended(self.rule, owner, &mut self.held);
-        }
+    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Effect> {
+        let flips = removed.into_iter().flat_map(|owner| self.follow.ended(self.rule, owner, &mut self.held));
+        let flips = flips.collect();
         info!(kind = %self.kind, "owners listed");
+        flips
     }
 
     /// The API server answered: the kind is followed (again).
     fn alive(&mut self) {
-        self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = None);
+        self.follow.view.owners.update_kind(&self.kind, |state| state.unfollowed = None);
     }
 
     fn failed(&mut self, error: &watcher::Error) {
         let why = super::driver::failure(error);
-        self.watch.view.update_owner_kind(&self.kind, |state| state.unfollowed = Some(why));
+        self.follow.view.owners.update_kind(&self.kind, |state| state.unfollowed = Some(why));
     }
 }
 
 /// The index of one kind between pods and the owners busy rules read: each object's link to
 /// its controlling owner, where that owner's kind is one the rules read.
 struct Links<'a> {
-    watch: &'a OwnerWatch,
+    follow: Follow<'a>,
     via: &'a Via,
     rules: &'a [OwnerRule],
     /// This watch as `/status` names it: the kind, and the rules through it.
@@ -298,43 +314,38 @@ impl Links<'_> {
 }
 
 impl Index<PartialObjectMeta<DynamicObject>> for Links<'_> {
+    type Change = Effect;
+
     fn what(&self) -> String {
         self.kinds.clone()
     }
 
     fn key(&self, object: &PartialObjectMeta<DynamicObject>) -> Key {
-        (
-            object.namespace().unwrap_or_default(),
-            owners::owner_key(self.via.group(), &self.via.kind, &object.name_any()),
-        )
+        let linked = owners::owner_key(self.via.group(), &self.via.kind, &object.name_any());
+        Key::new(object.namespace().unwrap_or_default(), linked)
     }
 
-    async fn apply(&mut self, object: PartialObjectMeta<DynamicObject>) {
-        let (namespace, linked) = self.key(&object);
+    fn apply(&mut self, object: PartialObjectMeta<DynamicObject>) -> Vec<Effect> {
         let owner = self.owner(&object);
-        self.watch.relinked(&namespace, &linked, owner.as_deref());
+        self.follow.relinked(&self.key(&object), owner.as_deref())
     }
 
-    async fn delete(&mut self, object: PartialObjectMeta<DynamicObject>) {
-        let (namespace, linked) = self.key(&object);
-        self.watch.relinked(&namespace, &linked, None);
+    fn delete(&mut self, linked: Key) -> Vec<Effect> {
+        self.follow.relinked(&linked, None)
     }
 
     /// Objects gone while the watch was down: their pods are idle, as on a delete.
-    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
-        let prefix = owners::owner_key(self.via.group(), &self.via.kind, "");
-        for (namespace, linked) in unlisted(self.watch.view.links_known(), &prefix, scope, &listed) {
-            self.watch.relinked(&namespace, &linked, None);
-        }
+    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Effect> {
+        removed.iter().flat_map(|linked| self.follow.relinked(linked, None)).collect()
     }
 
     fn alive(&mut self) {
-        self.watch.view.update_owner_kind(&self.kinds, |state| state.unfollowed = None);
+        self.follow.view.owners.update_kind(&self.kinds, |state| state.unfollowed = None);
     }
 
     fn failed(&mut self, error: &watcher::Error) {
         let why = super::driver::failure(error);
-        self.watch.view.update_owner_kind(&self.kinds, |state| state.unfollowed = Some(why));
+        self.follow.view.owners.update_kind(&self.kinds, |state| state.unfollowed = Some(why));
     }
 }
 
@@ -344,23 +355,6 @@ fn last_written(owner: &DynamicObject) -> Timestamp {
     let times = owner.metadata.managed_fields.iter().flatten().filter_map(|entry| entry.time.as_ref());
     let latest = times.filter_map(|time| Timestamp::from_second(time.0.as_second()).ok()).max();
     latest.unwrap_or_else(Timestamp::now)
-}
-
-/// Of the owners the view knows, those keyed with `prefix` (`group/Kind/`: of one rule's kind)
-/// in `scope` that a fresh list of them no longer has (`seen`): gone while the watch was down.
-fn unlisted(
-    known: Vec<(String, String)>,
-    prefix: &str,
-    scope: &Scope,
-    seen: &HashSet<(String, String)>,
-) -> Vec<(String, String)> {
-    let in_scope = |namespace: &str| scope.as_deref().is_none_or(|scope| scope == namespace);
-    known
-        .into_iter()
-        .filter(|(namespace, key)| {
-            key.starts_with(prefix) && in_scope(namespace) && !seen.contains(&(namespace.clone(), key.clone()))
-        })
-        .collect()
 }
 
 fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
@@ -378,7 +372,7 @@ pub(super) fn flip_with(pod: PodRef, record: &PodRecord, busy: bool, terms: &Ter
 
 /// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
 pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
-    let owner = view.pods_owner(&pod.namespace, record.owner.as_deref()?)?;
+    let owner = view.owners.of_pods(&pod.namespace, record.owner.as_deref()?)?;
     // An owner its rule cannot judge the pod by leaves it as it is (the owner's watch said why).
     let busy = owner.pod_busy(pod, &record.labels, record.created()).ok()?;
     flip_with(pod.clone(), record, busy, &owner.terms)
@@ -387,19 +381,13 @@ pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
 /// Whether the pod was made after its owner's busy task began under a rule whose new pods stay
 /// idle, so is not the one doing it: said once, as the pod is first seen.
 pub fn made_after_its_owners_task(view: &View, pod: &PodRef, record: &PodRecord) -> bool {
-    let owner = record.owner.as_deref().and_then(|owner| view.pods_owner(&pod.namespace, owner));
+    let owner = record.owner.as_deref().and_then(|owner| view.owners.of_pods(&pod.namespace, owner));
     owner.is_some_and(|owner| owner.busy() && !owner.busy_for(record.created()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pair(namespace: &str, key: &str) -> (String, String) {
-        (namespace.to_string(), key.to_string())
-    }
-
-    const RUNNERS: &str = "actions.github.com/EphemeralRunner/";
 
     /// A game server's pod, opted in idle, as the view records it.
     fn game_server_pod() -> PodRecord {
@@ -418,7 +406,7 @@ mod tests {
         let record = game_server_pod();
         assert_eq!(record.owner.as_deref(), Some("agones.dev/GameServer/gs"));
         let rule: OwnerRule = "agones.dev/v1/GameServer=true".parse().unwrap();
-        view.set_owner_busy(&rule, "games", "agones.dev/GameServer/gs", Some(true), Timestamp::now());
+        view.owners.set_busy(&rule, "games", "agones.dev/GameServer/gs", Some(true), Timestamp::now());
         let flipped = follow(&view, &pod, &record);
         assert!(
             matches!(flipped, Some(Effect::FollowOwner { value: "true", .. })),
@@ -427,8 +415,8 @@ mod tests {
         // On a change, a relist or a sweep, the pod watch and the owner watch ask the same.
         assert_eq!(follow(&view, &pod, &record.clone().left_alone()), None, "left alone: never written");
         // Another group's kind of the same name is another owner.
-        view.set_owner_busy(&rule, "games", "example.com/GameServer/gs", Some(false), Timestamp::now());
-        assert!(view.owner_busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy()));
+        view.owners.set_busy(&rule, "games", "example.com/GameServer/gs", Some(false), Timestamp::now());
+        assert!(view.owners.busy("games", "agones.dev/GameServer/gs").is_some_and(|owner| owner.busy()));
     }
 
     #[test]
@@ -453,18 +441,18 @@ mod tests {
         let state = OwnerState::judged_per_pod(rule.per_pod(&app).unwrap());
         let key = rule.state_key("etl");
         assert_eq!(key, "/Pod>sparkoperator.k8s.io/SparkApplication/etl");
-        view.set_owner("spark", &key, Some(state));
+        view.owners.set("spark", &key, Some(state));
         let (running, record) = executor("etl-exec-1");
         assert_eq!(follow(&view, &running, &record), None, "the driver pod not yet linked to its application");
-        assert!(view.set_link("spark", "/Pod/etl-driver", Some(&key)));
-        assert!(!view.set_link("spark", "/Pod/etl-driver", Some(&key)), "no change");
-        assert!(!view.set_link("spark", "/Pod/other-pod", None), "a pod of no such owner: nothing recorded");
+        assert!(view.owners.set_link("spark", "/Pod/etl-driver", Some(&key)));
+        assert!(!view.owners.set_link("spark", "/Pod/etl-driver", Some(&key)), "no change");
+        assert!(!view.owners.set_link("spark", "/Pod/other-pod", None), "a pod of no such owner: nothing recorded");
         assert!(matches!(follow(&view, &running, &record), Some(Effect::FollowOwner { value: "true", .. })));
         let (done, record) = executor("etl-exec-2");
         assert_eq!(follow(&view, &done, &record), None, "idle already, as its entry says");
-        assert_eq!(view.linked_to("spark", &key), ["/Pod/etl-driver"]);
-        assert!(view.set_link("spark", "/Pod/etl-driver", None));
-        assert!(view.links_known().is_empty());
+        assert_eq!(view.owners.linked_to("spark", &key), ["/Pod/etl-driver"]);
+        assert!(view.owners.set_link("spark", "/Pod/etl-driver", None));
+        assert!(view.owners.linked_to("spark", &key).is_empty());
     }
 
     #[test]
@@ -497,15 +485,15 @@ mod tests {
         );
         view.insert("spark", "etl-driver", driver_record.clone());
         view.insert("spark", "etl-exec-1", executor_record.clone());
-        assert!(view.set_link("spark", "/Pod/etl-driver", Some(&executor_rule.state_key("etl"))));
+        assert!(view.owners.set_link("spark", "/Pod/etl-driver", Some(&executor_rule.state_key("etl"))));
         // The operator's status write, as each rule's watch sees it, in either order.
         let app = serde_json::json!({"metadata": {"name": "etl"}, "status": {
             "applicationState": {"state": "RUNNING"}, "executorState": {"etl-exec-1": "RUNNING"}}});
         for _ in 0..3 {
             let written = Timestamp::now();
-            view.set_owner_busy(&driver_rule, "spark", &driver_rule.state_key("etl"), Some(true), written);
+            view.owners.set_busy(&driver_rule, "spark", &driver_rule.state_key("etl"), Some(true), written);
             let per_pod = OwnerState::judged_per_pod(executor_rule.per_pod(&app).unwrap());
-            view.set_owner("spark", &executor_rule.state_key("etl"), Some(per_pod));
+            view.owners.set("spark", &executor_rule.state_key("etl"), Some(per_pod));
             let flip = |pod: &PodRef, record: &PodRecord| match follow(&view, pod, record) {
                 Some(Effect::FollowOwner { value, .. }) => value,
                 _ => "none",
@@ -515,7 +503,7 @@ mod tests {
         }
         let app_ended = serde_json::json!({"metadata": {"name": "etl"}, "status": {"executorState": {}}});
         let per_pod = OwnerState::judged_per_pod(executor_rule.per_pod(&app_ended).unwrap());
-        view.set_owner("spark", &executor_rule.state_key("etl"), Some(per_pod));
+        view.owners.set("spark", &executor_rule.state_key("etl"), Some(per_pod));
         assert!(follow(&view, &executor, &executor_record).is_none(), "the executor idle, as its entry is gone");
         assert!(
             matches!(follow(&view, &driver, &driver_record), Some(Effect::FollowOwner { value: "true", .. })),
@@ -523,27 +511,50 @@ mod tests {
         );
     }
 
+    /// A runner as Actions Runner Controller writes it, with a job or without.
+    fn runner(name: &str, busy: bool) -> DynamicObject {
+        let status = if busy { serde_json::json!({"jobRequestId": 7}) } else { serde_json::json!({}) };
+        serde_json::from_value(
+            serde_json::json!({"apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
+            "metadata": {"name": name, "namespace": "ci"}, "status": status}),
+        )
+        .unwrap()
+    }
+
+    /// As kubert tests an index across a watch's restart: an owner the relist no longer has
+    /// (deleted while the watch was down) lets its busy pod go idle, and one it has stays.
     #[test]
-    fn an_owner_a_relist_no_longer_has_is_gone_but_only_of_that_kind_group_and_scope() {
-        let known = vec![
-            pair("ci", "actions.github.com/EphemeralRunner/a"),
-            pair("ci", "actions.github.com/EphemeralRunner/b"),
-            pair("games", "agones.dev/GameServer/g"),
-            pair("other", "actions.github.com/EphemeralRunner/c"),
-            pair("ci", "actions.github.com/EphemeralRunnerSet/s"),
-            pair("ci", "example.com/EphemeralRunner/b"),
-        ];
-        let seen = HashSet::from([pair("ci", "actions.github.com/EphemeralRunner/a")]);
-        let everywhere = unlisted(known.clone(), RUNNERS, &None, &seen);
-        assert_eq!(
-            everywhere,
-            [pair("ci", "actions.github.com/EphemeralRunner/b"), pair("other", "actions.github.com/EphemeralRunner/c")]
-        );
-        let in_ci = unlisted(known, RUNNERS, &Some("ci".into()), &seen);
-        assert_eq!(
-            in_ci,
-            [pair("ci", "actions.github.com/EphemeralRunner/b")],
-            "another namespace's watch lists its own"
-        );
+    fn an_owner_a_relist_no_longer_has_lets_its_pods_go_idle() {
+        let view = View::without_cluster();
+        let metrics = Metrics::default();
+        let rule =
+            Arc::new("actions.github.com/v1alpha1/EphemeralRunner=has(object.status.jobRequestId)".parse().unwrap());
+        let mut owners = Owners {
+            follow: Follow { view: &view, metrics: &metrics },
+            rule: &rule,
+            kind: "runners".into(),
+            held: HashSet::new(),
+        };
+        for name in ["a", "b"] {
+            let pod: super::super::view::ApiPod = serde_json::from_value(serde_json::json!({"metadata": {
+                "name": name, "namespace": "ci", "uid": format!("u-{name}"), "labels": {BUSY_LABEL: "true"},
+                "ownerReferences": [{"apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
+                    "name": name, "uid": "r", "controller": true}]}}))
+            .unwrap();
+            view.insert("ci", name, pod.record());
+        }
+        let mut driver = driver::Driver::default();
+        let mut drive = |events: Vec<driver::Scoped<DynamicObject>>| {
+            let steps = events.into_iter().map(|(scope, event)| driver.step(&mut owners, scope, event).changes);
+            let flips = steps.flatten().map(|effect| match effect {
+                Effect::FollowOwner { pod, value, .. } => format!("{} {value}", pod.name),
+                other => format!("{other}"),
+            });
+            flips.collect::<Vec<_>>()
+        };
+        assert!(drive(driver::listed(None, vec![runner("a", true), runner("b", true)])).is_empty(), "busy already");
+        assert_eq!(drive(driver::listed(None, vec![runner("b", true)])), ["a false"], "a's runner gone");
+        assert!(view.owners.busy("ci", &rule.state_key("a")).is_none());
+        assert!(view.owners.busy("ci", &rule.state_key("b")).is_some_and(|owner| owner.busy()));
     }
 }

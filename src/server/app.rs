@@ -163,8 +163,8 @@ impl App {
             why => why.to_string(),
         });
         problems.extend(view.err());
-        problems.extend(owner_rule_problems(&self.cluster.view.owner_kinds()));
-        if let Some(Some(why)) = self.cluster.view.kueue_unfollowed() {
+        problems.extend(owner_rule_problems(&self.cluster.view.owners.kinds()));
+        if let Some(Some(why)) = self.cluster.view.preemptions.unfollowed() {
             problems.push(format!(
                 "--hold-kueue-preemption: Kueue's preemptions are not held ({why}); everything else is served, and \
                  busyguard tries again"
@@ -190,9 +190,9 @@ impl App {
         self.metrics.audit_failing.set(i64::from(self.audit.health().is_err()));
         self.metrics.view_unavailable.set(i64::from(self.cluster.view.check(Instant::now()).is_err()));
         self.count_workloads();
-        let kueue_followed = !matches!(self.cluster.view.kueue_unfollowed(), Some(Some(_)));
+        let kueue_followed = !matches!(self.cluster.view.preemptions.unfollowed(), Some(Some(_)));
         self.metrics.kueue_hold_followed.set(i64::from(kueue_followed));
-        for (kind, state) in self.cluster.view.owner_kinds() {
+        for (kind, state) in self.cluster.view.owners.kinds() {
             let labels = OwnerRuleLabels { rule: kind };
             self.metrics.owner_rule_followed.get_or_create(&labels).set(i64::from(state.unfollowed.is_none()));
             self.metrics.owner_rule_ended_idle.get_or_create(&labels).set(state.ended_idle as i64);

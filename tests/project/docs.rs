@@ -140,19 +140,29 @@ fn the_version_tells_a_release_from_a_build_between_releases_and_the_changelog_d
     assert!(top.contains("### Manifests and RBAC"), "the newest entry says what to re-apply");
 }
 
-/// The rows of docs/development.md's map under the heading `` `FOLDER/` ``: each file's name.
-fn mapped(development: &str) -> Vec<String> {
+/// The rows of docs/development.md's map under the heading `` `FOLDER/` ``: each file's path and
+/// what the row says of it.
+fn mapped(development: &str) -> Vec<(String, String)> {
     let map = development.split("## The map").nth(1).and_then(|rest| rest.split("\n## ").next()).unwrap_or_default();
     let mut folder = String::new();
     let mut files = Vec::new();
     for line in map.lines() {
         if let Some(heading) = line.strip_prefix('`').and_then(|l| l.strip_suffix("/`")) {
             folder = heading.to_string();
-        } else if let Some(file) = line.strip_prefix("| `").and_then(|l| l.split('`').next()) {
-            files.push(format!("{folder}/{file}"));
+        } else if let Some((file, says)) = line.strip_prefix("| `").and_then(|l| l.split_once("` | ")) {
+            files.push((format!("{folder}/{file}"), says.trim_end_matches(" |").to_string()));
         }
     }
     files
+}
+
+/// The first sentence of a file's own doc comment (its leading `//!` paragraph), without its
+/// full stop.
+fn first_sentence(source: &str) -> String {
+    let lines = source.lines().map_while(|line| line.strip_prefix("//!")).map(str::trim);
+    let paragraph = lines.take_while(|line| !line.is_empty()).collect::<Vec<_>>().join(" ");
+    let sentence = paragraph.split_once(". ").map_or(paragraph.as_str(), |(first, _)| first);
+    sentence.trim_end_matches('.').to_string()
 }
 
 #[test]
@@ -171,9 +181,14 @@ fn the_development_map_names_every_file_of_src_once_and_every_scenario_as_the_su
         }
     }
     in_tree.sort();
-    let mut in_map = mapped(&development);
+    let rows = mapped(&development);
+    let mut in_map: Vec<String> = rows.iter().map(|(file, _)| file.clone()).collect();
     in_map.sort();
     assert_eq!(in_map, in_tree, "docs/development.md's map against src/ (each file once, none gone)");
+    for (file, says) in &rows {
+        let source = std::fs::read_to_string(Path::new(ROOT).join(file)).unwrap();
+        assert_eq!(says, &first_sentence(&source), "docs/development.md's row of {file} against its own doc comment");
+    }
 
     // The scenarios as tests/e2e/scenarios/mod.rs lists them, in its order.
     let suite = std::fs::read_to_string(Path::new(ROOT).join("tests/e2e/scenarios/mod.rs")).unwrap();

@@ -1,38 +1,35 @@
-//! The cluster view: every opted-in pod, kept as a [`PodRecord`], and whether the view can be
-//! trusted right now.
+//! The cluster view, what decisions read of the cluster: every opted-in pod, kept as a
+//! [`PodRecord`], whether the view can be trusted right now, and busyguard's own user; beside
+//! them a store of each other kind watched (nodes, namespaces, owners, Kueue's preemptions),
+//! each with one lock and one index writing it.
 
 mod api_pod;
-mod kueue;
+mod namespaces;
+mod nodes;
 mod owners;
+mod preemptions;
 mod record;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use api_pod::ApiPod;
+pub use namespaces::Namespaces;
+pub use nodes::Nodes;
+pub use owners::{OwnerKind, Owners};
+pub use preemptions::Preemptions;
 pub use record::{PodRecord, Second};
 use record::{Shared, boxed};
 
 use super::fast_map::FastMap;
+use crate::policy::Enrolment;
 use crate::policy::budget::{Siblings, unavailable_siblings};
-use crate::policy::hold::{NodeEnding, NodeGoing, NodeState};
-use crate::policy::owners::OwnerState;
-use crate::policy::{Enrolment, NEVER_GUARDED_NAMESPACES};
 
 /// Pods by namespace, then name.
 type Pods = FastMap<Box<str>, FastMap<Box<str>, PodRecord>>;
-
-/// Owners under a busy rule by namespace, then `group/Kind/name`: whether they say their pods are
-/// busy, and since when.
-type Owners = FastMap<Box<str>, FastMap<Box<str>, OwnerState>>;
-
-/// The objects between a pod and the owner a busy rule reads (`--busy-when-owner VIA>KIND=…`),
-/// by namespace, then their own `group/Kind/name`: the `group/Kind/name` of their controlling
-/// owner of the rule's kind.
-type Links = FastMap<Box<str>, FastMap<Box<str>, Box<str>>>;
 
 /// Which pods a watch covers: one namespace, or all of them.
 pub type Scope = Option<String>;
@@ -46,45 +43,16 @@ pub struct View {
     stale_after: Duration,
     /// The user busyguard's own requests are made as, once the API server said.
     own_user: OnceLock<String>,
-    /// Which namespaces are guarded: every one but those labelled out, or only those labelled in.
-    enrolment: Enrolment,
-    /// The namespaces labelled the other way than the rest (`Enrolment::exception`), as watched.
-    excepted: RwLock<HashSet<String>>,
     /// The label sets, owners and nodes the view's pods share.
     shared: Mutex<Shared>,
-    /// The nodes that are going (drained by Karpenter or cluster-autoscaler, or by their
-    /// lifecycle conditions), and why: their pods take no new task.
-    nodes_going: RwLock<FastMap<String, NodeState>>,
-    /// The owners under a busy rule (`--busy-when-owner`), by namespace and `group/Kind/name`,
-    /// and whether their status says their pods are busy, as watched.
-    owners: RwLock<Owners>,
-    /// The owners' objects that own pods for them, under a rule that names a kind between.
-    links: RwLock<Links>,
-    /// Each busy rule's kind (`agones.dev/v1/GameServer`) and how following it goes.
-    owner_kinds: RwLock<BTreeMap<String, OwnerKind>>,
+    /// Which namespaces are guarded.
+    pub namespaces: Namespaces,
+    /// The nodes going or ending, and why: their pods take no new task.
+    pub nodes: Nodes,
+    /// The owners under a busy rule (`--busy-when-owner`), as watched.
+    pub owners: Owners,
     /// Kueue's preemptions (`--hold-kueue-preemption`).
-    preemptions: RwLock<Preemptions>,
-}
-
-/// The namespaces that hold Kueue's preemptions, and the Jobs (by namespace and name) whose
-/// Workloads Kueue preempted.
-#[derive(Default)]
-struct Preemptions {
-    holding: HashSet<String>,
-    preempted: HashSet<(String, String)>,
-    /// With the hold on: why Kueue's Workloads are not followed now (`None`: followed).
-    /// `None` outside: the hold is off.
-    unfollowed: Option<Option<String>>,
-}
-
-/// How following one busy rule's kind goes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OwnerKind {
-    /// Why its owners are not followed now (not served, the watch failing); `None`: followed.
-    pub unfollowed: Option<String>,
-    /// Owners of the kind that ended, one after the other, without the rule ever holding for
-    /// them: a rule reading a field the release does not write holds for none.
-    pub ended_idle: u64,
+    pub preemptions: Preemptions,
 }
 
 struct Health {
@@ -123,7 +91,8 @@ impl View {
     pub fn watching(scopes: &[Scope], stale_after: Duration, enrolment: Enrolment) -> View {
         let unlisted = Some(scopes.iter().cloned().collect());
         let health = Health { unlisted, last_sign_of_life: Instant::now(), last_failure: None };
-        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, enrolment, ..View::without_cluster() }
+        let namespaces = Namespaces::new(enrolment);
+        View { pods: RwLock::default(), health: Mutex::new(health), stale_after, namespaces, ..View::without_cluster() }
     }
 
     /// A view with no cluster behind it: evictions cannot be judged, everything else works.
@@ -133,14 +102,11 @@ impl View {
             health: Mutex::new(Health { unlisted: None, last_sign_of_life: Instant::now(), last_failure: None }),
             stale_after: Duration::ZERO,
             own_user: OnceLock::new(),
-            enrolment: Enrolment::default(),
-            excepted: RwLock::default(),
             shared: Mutex::default(),
-            nodes_going: RwLock::default(),
-            owners: RwLock::default(),
-            links: RwLock::default(),
-            owner_kinds: RwLock::default(),
-            preemptions: RwLock::default(),
+            namespaces: Namespaces::default(),
+            nodes: Nodes::default(),
+            owners: Owners::default(),
+            preemptions: Preemptions::default(),
         }
     }
 
@@ -151,66 +117,6 @@ impl View {
 
     pub fn set_own_user(&self, user: String) {
         let _ = self.own_user.set(user);
-    }
-
-    pub fn enrolment(&self) -> Enrolment {
-        self.enrolment
-    }
-
-    /// Whether busyguard leaves the pods of `namespace` alone, as its webhooks do.
-    pub fn is_opted_out(&self, namespace: &str) -> bool {
-        NEVER_GUARDED_NAMESPACES.contains(&namespace)
-            || self.enrolment.leaves_alone(self.excepted.read().contains(namespace))
-    }
-
-    /// Records whether `namespace` carries the exception's label value; true when that changed.
-    pub fn set_excepted(&self, namespace: &str, excepted: bool) -> bool {
-        let mut all = self.excepted.write();
-        if excepted { all.insert(namespace.to_string()) } else { all.remove(namespace) }
-    }
-
-    /// Whether `node` is going, and why, as its watch last said.
-    pub fn node_going(&self, node: &str) -> Option<NodeGoing> {
-        self.node_state(node).going
-    }
-
-    /// Whether `node` is ending whatever its pods do (being deleted, or not Ready), and which.
-    pub fn node_ending(&self, node: &str) -> Option<NodeEnding> {
-        self.node_state(node).ending
-    }
-
-    fn node_state(&self, node: &str) -> NodeState {
-        if node.is_empty() {
-            return NodeState::default();
-        }
-        self.nodes_going.read().get(node).copied().unwrap_or_default()
-    }
-
-    /// Records what `node` says of itself now (the default: it stays, or is gone). Most of a
-    /// node's updates change neither: they take no write lock.
-    pub fn set_node_state(&self, node: &str, state: NodeState) {
-        if self.node_state(node) == state {
-            return;
-        }
-        let mut nodes = self.nodes_going.write();
-        if state == NodeState::default() {
-            nodes.remove(node);
-        } else {
-            nodes.insert(node.to_string(), state);
-        }
-    }
-
-    /// After a new list of nodes: those it did not have (`listed` false) are gone, so going no
-    /// longer; how many are going now.
-    pub fn keep_nodes_going(&self, listed: impl Fn(&str) -> bool) -> usize {
-        let mut nodes = self.nodes_going.write();
-        nodes.retain(|node, _| listed(node));
-        nodes.len()
-    }
-
-    /// The namespaces labelled the other way than the rest, as recorded.
-    pub fn excepted(&self) -> HashSet<String> {
-        self.excepted.read().clone()
     }
 
     /// Whether decisions may rely on the view now.
@@ -327,26 +233,6 @@ impl View {
         removed
     }
 
-    /// After a full list of `scope`: drops the pods the list no longer had, and returns them.
-    pub fn keep_only(&self, scope: &Scope, listed: &HashSet<(String, String)>) -> Vec<(String, String, PodRecord)> {
-        let mut pods = self.write();
-        let mut gone = Vec::new();
-        for (namespace, in_namespace) in pods.iter_mut() {
-            if scope.as_deref().is_some_and(|s| s != &**namespace) {
-                continue;
-            }
-            in_namespace.retain(|name, pod| {
-                let keep = listed.contains(&(namespace.to_string(), name.to_string()));
-                if !keep {
-                    gone.push((namespace.to_string(), name.to_string(), pod.clone()));
-                }
-                keep
-            });
-        }
-        pods.retain(|_, in_namespace| !in_namespace.is_empty());
-        gone
-    }
-
     pub fn len(&self) -> usize {
         self.read().values().map(FastMap::len).sum()
     }
@@ -361,32 +247,6 @@ impl View {
 
     fn write(&self) -> RwLockWriteGuard<'_, Pods> {
         self.pods.write()
-    }
-}
-
-/// Every key of a map by namespace, with its namespace.
-fn known<V>(by_namespace: &FastMap<Box<str>, FastMap<Box<str>, V>>) -> Vec<(String, String)> {
-    let keys = by_namespace.iter().flat_map(|(namespace, in_namespace)| {
-        in_namespace.keys().map(move |key| (namespace.to_string(), key.to_string()))
-    });
-    keys.collect()
-}
-
-/// Sets (`Some`) or removes (`None`) the value of `key` in `namespace`, and the namespace with
-/// its last key.
-fn set<V>(by_namespace: &mut FastMap<Box<str>, FastMap<Box<str>, V>>, namespace: &str, key: &str, value: Option<V>) {
-    match value {
-        Some(value) => {
-            by_namespace.entry(namespace.into()).or_default().insert(key.into(), value);
-        }
-        None => {
-            if let Some(in_namespace) = by_namespace.get_mut(namespace) {
-                in_namespace.remove(key);
-                if in_namespace.is_empty() {
-                    by_namespace.remove(namespace);
-                }
-            }
-        }
     }
 }
 
@@ -461,18 +321,5 @@ mod tests {
     fn view_without_cluster_cannot_answer() {
         let view = View::without_cluster();
         assert_eq!(view.check(Instant::now()), Err(Unavailable::NoCluster));
-    }
-
-    #[test]
-    fn a_new_list_drops_pods_deleted_while_the_watch_was_down() {
-        let view = View::watching(&[None], Duration::from_secs(30), Enrolment::OptOut);
-        let record = api_pod(json!({"metadata": {"name": "x", "namespace": "a"}})).record();
-        view.insert("a", "kept", record.clone());
-        view.insert("b", "gone", record.clone());
-        let listed = HashSet::from([("a".to_string(), "kept".to_string())]);
-        let gone = view.keep_only(&None, &listed);
-        assert_eq!(gone.len(), 1);
-        assert_eq!((gone[0].0.as_str(), gone[0].1.as_str()), ("b", "gone"));
-        assert_eq!(view.len(), 1);
     }
 }

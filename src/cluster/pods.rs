@@ -10,21 +10,23 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::driver::{self, Driver, Index, Key, Scoped};
+use super::namespaces::{self, Guarding};
 use super::outbox::{EffectResult, Outbox};
 use super::pdb::BusyPdbs;
 use super::view::{ApiPod, PodRecord, Scope, View};
 use super::{leaders, owners};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
-use crate::policy::keys::{BUSY_LABEL, NAMESPACE_ENABLED_LABEL};
+use crate::policy::keys::BUSY_LABEL;
 use crate::policy::observed::{self, Observed};
+use crate::policy::outcome::Effect;
 use crate::policy::pod::{PodFacts, PodRef};
 
 pub struct Watch {
@@ -42,32 +44,43 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Runs until the process stops; the watches reconnect with backoff on their own.
+    /// Runs until the process stops; the watches reconnect with backoff on their own. Nothing
+    /// here waits on the API server but the watches: a namespace's pods are listed aside.
     pub async fn run(self, scopes: Vec<Scope>) {
         let mut pod_events = self.pod_events(scopes);
-        let mut namespace_events = self.namespace_events();
+        let mut namespace_events = namespaces::events(&self.client, &self.view, self.watch_timeout_secs);
         let (mut namespace_driver, mut pod_driver) = (Driver::default(), Driver::default());
+        let mut namespaces = namespaces::Guarded { view: &self.view, metrics: &self.metrics };
         // The namespaces left alone are listed before any pod is looked at: until then, a pod of
-        // one would be taken for a guarded one (refreshed, or given a busy-pod PDB). No pod is
-        // in the view yet: the pods' first list finds each namespace as recorded.
-        let mut namespaces = Namespaces { watch: &self, pods_seen: false };
+        // one would be taken for a guarded one (refreshed, or given a busy-pod PDB). What that
+        // list sets off is moot: no pod is in the view yet, and the pods' first list finds each
+        // namespace as recorded.
         driver::drive_until_listed(&mut namespace_driver, &mut namespaces, &mut namespace_events).await;
-        namespaces.pods_seen = true;
         let mut pods = Pods { watch: &self, malformed_seen: HashSet::new() };
+        let (relisted, mut relists) = mpsc::unbounded_channel();
         let mut sweep = tokio::time::interval(self.sweep_interval);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            let effects = tokio::select! {
                 next = pod_events.next() => match next {
-                    Some((scope, event)) => {
-                        pod_driver.step(&mut pods, scope, event).await;
-                    }
+                    Some((scope, event)) => pod_driver.step(&mut pods, scope, event).changes,
                     None => return,
                 },
                 _ = sweep.tick() => self.sweep(),
                 Some((scope, event)) = namespace_events.next() => {
-                    namespace_driver.step(&mut namespaces, scope, event).await;
+                    let turned = namespace_driver.step(&mut namespaces, scope, event).changes;
+                    turned.into_iter().flat_map(|turn| match turn {
+                        Guarding::LeftAlone(namespace) => pods.leave_alone(&namespace),
+                        Guarding::Guarded(namespace) => {
+                            self.list_pods(namespace, relisted.clone());
+                            Vec::new()
+                        }
+                    }).collect()
                 }
+                Some(listed) = relists.recv() => pods.relisted(listed),
+            };
+            for effect in effects {
+                drop(self.outbox.send(effect));
             }
         }
     }
@@ -76,27 +89,31 @@ impl Watch {
     /// timeout (see `watch_timeout`): a quiet one would be cut, and reopened from a
     /// resourceVersion too old to resume, relisting with a growing backoff.
     fn pod_events(&self, scopes: Vec<Scope>) -> BoxStream<'static, Scoped<ApiPod>> {
-        let streams = scopes.into_iter().map(|scope| {
+        let apis = scopes.into_iter().map(|scope| {
             let api: Api<ApiPod> = match &scope {
                 Some(namespace) => Api::namespaced(self.client.clone(), namespace),
                 None => Api::all(self.client.clone()),
             };
-            let config = watcher::Config::default().labels(BUSY_LABEL).timeout(self.watch_timeout_secs);
-            watcher(api, config).default_backoff().map(move |event| (scope.clone(), event)).boxed()
+            (scope, api)
         });
-        futures::stream::select_all(streams).boxed()
+        let config = watcher::Config::default().labels(BUSY_LABEL).timeout(self.watch_timeout_secs);
+        driver::watch(apis.collect(), config)
     }
 
-    /// The watch of the namespaces labelled out (or, opted in by label, in): which pods are
-    /// left alone, as the webhooks do.
-    fn namespace_events(&self) -> BoxStream<'static, Scoped<Namespace>> {
-        let label = format!("{NAMESPACE_ENABLED_LABEL}={}", self.view.enrolment().exception());
-        let excepted = watcher::Config::default().labels(&label).timeout(self.watch_timeout_secs);
-        let namespaces = watcher(Api::<Namespace>::all(self.client.clone()), excepted).default_backoff();
-        namespaces.map(|event| (None, event)).boxed()
+    /// Lists the opted-in pods of `namespace`, guarded again, aside: what the view kept of them
+    /// while they were left alone lacks their busy label and annotations.
+    fn list_pods(&self, namespace: String, relisted: mpsc::UnboundedSender<Vec<ApiPod>>) {
+        info!(%namespace, "namespace guarded again: listing its pods");
+        let api: Api<ApiPod> = Api::namespaced(self.client.clone(), &namespace);
+        tokio::spawn(async move {
+            match api.list(&ListParams::default().labels(BUSY_LABEL)).await {
+                Ok(pods) => drop(relisted.send(pods.items)),
+                Err(e) => warn!(namespace, error = %e, "cannot list the pods of a namespace that opted in again"),
+            }
+        });
     }
 
-    async fn apply(&self, pod: ApiPod, malformed_seen: &mut HashSet<String>) {
+    fn apply(&self, pod: ApiPod, malformed_seen: &mut HashSet<String>) -> Vec<Effect> {
         let (namespace, name) = (pod.namespace(), pod.name());
         if let Some(error) = &pod.malformed {
             // An older version that did decode no longer says anything about this pod.
@@ -108,47 +125,15 @@ impl Watch {
             if malformed_seen.insert(format!("{namespace}/{name}")) {
                 warn!(pod = %format!("{namespace}/{name}"), %error, "pod does not decode; skipped");
             }
-            return;
+            return Vec::new();
         }
         let after = pod.record();
-        let after = if self.view.is_opted_out(namespace) { after.left_alone() } else { after };
+        let after = if self.view.namespaces.is_opted_out(namespace) { after.left_alone() } else { after };
         let before = self.view.insert(namespace, name, after.clone());
-        self.changed(namespace, name, before, Some(after)).await;
+        self.changed(namespace, name, before, Some(after))
     }
 
-    /// Records whether `namespace` carries the exception's label value, and when that opts it
-    /// out or in, acts on its pods if `pods_seen`.
-    async fn except(&self, namespace: &str, excepted: bool, pods_seen: bool) {
-        if self.view.set_excepted(namespace, excepted) && pods_seen {
-            self.opt_out(namespace, self.view.enrolment().leaves_alone(excepted)).await;
-        }
-    }
-
-    /// Leaves the pods of `namespace` alone from now on (busyguard's annotations, protected
-    /// label and PDB are taken off as for pods no longer opted in), or takes them up again.
-    async fn opt_out(&self, namespace: &str, out: bool) {
-        info!(namespace, opted_out = out, "namespace opt-out changed");
-        if out {
-            for (name, before) in self.view.select(namespace, |_| true) {
-                let after = before.clone().left_alone();
-                self.view.insert(namespace, &name, after.clone());
-                self.changed(namespace, &name, Some(before), Some(after)).await;
-            }
-            return;
-        }
-        let api: Api<ApiPod> = Api::namespaced(self.client.clone(), namespace);
-        match api.list(&ListParams::default().labels(BUSY_LABEL)).await {
-            Ok(pods) => {
-                let mut malformed_seen = HashSet::new();
-                for pod in pods {
-                    self.apply(pod, &mut malformed_seen).await;
-                }
-            }
-            Err(e) => warn!(namespace, error = %e, "cannot list the pods of a namespace that opted in again"),
-        }
-    }
-
-    async fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) {
+    fn changed(&self, namespace: &str, name: &str, before: Option<PodRecord>, after: Option<PodRecord>) -> Vec<Effect> {
         let uid = after.as_ref().or(before.as_ref()).map(|p| p.uid.to_string()).unwrap_or_default();
         let pod = PodRef { namespace: namespace.into(), name: name.into(), uid };
         let mut observed = observed::on_change(&pod, before.as_ref(), after.as_ref(), &self.policy, Timestamp::now());
@@ -176,11 +161,12 @@ impl Watch {
         {
             self.keep_pdbs();
         }
-        self.act(pod, before, after, observed).await;
+        self.act(pod, before, after, observed)
     }
 
-    /// Carries out what a change means: its effects, and its loss report if the pod is gone.
-    async fn act(&self, pod: PodRef, before: Option<PodRecord>, after: Option<PodRecord>, observed: Observed) {
+    /// What a change means: its effects, and its loss report if the pod is gone; a pod that only
+    /// left the watch is read aside first.
+    fn act(&self, pod: PodRef, before: Option<PodRecord>, after: Option<PodRecord>, observed: Observed) -> Vec<Effect> {
         if observed.loss.as_ref().is_some_and(|loss| loss.cause.left_the_watch()) {
             // Gone, or only its busy label removed? Asked aside, so the watch goes on meanwhile.
             let (client, outbox, policy) = (self.client.clone(), self.outbox.clone(), self.policy.clone());
@@ -189,7 +175,9 @@ impl Watch {
                     let Some(still_there) = left_the_watch(client.clone(), &pod).await else {
                         // Gone: lost, if it was gone at the first look.
                         if attempt == 0 {
-                            send(&outbox, &pod, observed);
+                            for effect in with_loss(&pod, observed) {
+                                drop(outbox.send(effect));
+                            }
                         }
                         return;
                     };
@@ -203,12 +191,12 @@ impl Watch {
                     }
                 }
             });
-            return;
+            return Vec::new();
         }
         if after.is_none() && observed.effects.is_empty() {
             self.outbox.forget(&pod.uid);
         }
-        send(&self.outbox, &pod, observed);
+        with_loss(&pod, observed)
     }
 
     /// Whether any pod's busy state follows its owner's status (`--busy-when-owner`).
@@ -227,7 +215,7 @@ impl Watch {
     }
 
     /// What is due for every pod, whether it changed or not.
-    fn sweep(&self) {
+    fn sweep(&self) -> Vec<Effect> {
         self.keep_pdbs();
         let now = Timestamp::now();
         let mut effects = self.view.flat_map(|namespace, name, record| {
@@ -245,9 +233,7 @@ impl Watch {
                 with_leaders.iter().filter_map(|(pod, record)| leaders::follow_leader(&self.view, label, pod, record));
             effects.extend(flips.collect::<Vec<_>>());
         }
-        for effect in leaders::no_delete_before_a_busy_flip(effects) {
-            drop(self.outbox.send(effect));
-        }
+        leaders::no_delete_before_a_busy_flip(effects)
     }
 }
 
@@ -258,35 +244,67 @@ struct Pods<'a> {
     malformed_seen: HashSet<String>,
 }
 
+impl Pods<'_> {
+    /// Leaves the pods of `namespace` alone from now on: busyguard's annotations, protected
+    /// label and PDB are taken off as for pods no longer opted in.
+    fn leave_alone(&mut self, namespace: &str) -> Vec<Effect> {
+        info!(namespace, "namespace no longer guarded: its pods are left alone");
+        let view = &self.watch.view;
+        let left = view.select(namespace, |_| true).into_iter().flat_map(|(name, before)| {
+            let after = before.clone().left_alone();
+            view.insert(namespace, &name, after.clone());
+            self.watch.changed(namespace, &name, Some(before), Some(after))
+        });
+        left.collect()
+    }
+
+    /// A guarded-again namespace's pods as listed: each is taken up where the view still holds
+    /// that very version of it (a later one came, or comes, through the watch, and a pod deleted
+    /// meanwhile stays gone).
+    fn relisted(&mut self, listed: Vec<ApiPod>) -> Vec<Effect> {
+        let view = &self.watch.view;
+        let as_held = |pod: &ApiPod| {
+            let held = view.record(pod.namespace(), pod.name());
+            held.is_some_and(|held| pod.metadata.resource_version.as_deref() == Some(&*held.resource_version))
+        };
+        let current: Vec<ApiPod> = listed.into_iter().filter(as_held).collect();
+        current.into_iter().flat_map(|pod| self.watch.apply(pod, &mut self.malformed_seen)).collect()
+    }
+}
+
 impl Index<ApiPod> for Pods<'_> {
+    type Change = Effect;
+
     fn what(&self) -> String {
         "opted-in pods".into()
     }
 
     fn key(&self, pod: &ApiPod) -> Key {
-        (pod.namespace().to_string(), pod.name().to_string())
+        Key::new(pod.namespace(), pod.name())
     }
 
-    async fn apply(&mut self, pod: ApiPod) {
-        self.watch.apply(pod, &mut self.malformed_seen).await;
+    fn apply(&mut self, pod: ApiPod) -> Vec<Effect> {
+        self.watch.apply(pod, &mut self.malformed_seen)
     }
 
-    async fn delete(&mut self, pod: ApiPod) {
-        let (namespace, name) = (pod.namespace(), pod.name());
-        let gone = self.watch.view.remove(namespace, name);
-        self.watch.changed(namespace, name, gone, None).await;
+    fn delete(&mut self, pod: Key) -> Vec<Effect> {
+        let gone = self.watch.view.remove(&pod.namespace, &pod.name);
+        self.watch.changed(&pod.namespace, &pod.name, gone, None)
     }
 
     /// Pods gone while the watch was down (no delete event came): each is acted on as gone.
-    async fn reset(&mut self, scope: &Scope, listed: HashSet<Key>) {
+    fn reset(&mut self, scope: &Scope, removed: Vec<Key>) -> Vec<Effect> {
         let watch = self.watch;
-        for (namespace, name, gone) in watch.view.keep_only(scope, &listed) {
+        let mut effects = Vec::new();
+        for Key { namespace, name } in removed {
+            let Some(gone) = watch.view.remove(&namespace, &name) else { continue };
             let pod = PodRef { namespace, name, uid: gone.uid.to_string() };
             let observed = observed::gone_unwatched(&pod, &gone, &watch.policy, Timestamp::now());
-            watch.act(pod, Some(gone), None, observed).await;
+            effects.extend(watch.act(pod, Some(gone), None, observed));
         }
         watch.view.listed(scope);
         info!(scope = scope.as_deref().unwrap_or("all namespaces"), pods = watch.view.len(), "pods listed");
+        effects
     }
 
     fn alive(&mut self) {
@@ -299,52 +317,10 @@ impl Index<ApiPod> for Pods<'_> {
     }
 }
 
-/// The index of namespaces labelled out (or in): once the pods are seen (`pods_seen`), a
-/// namespace that changes side has its pods acted on.
-struct Namespaces<'a> {
-    watch: &'a Watch,
-    pods_seen: bool,
-}
-
-impl Index<Namespace> for Namespaces<'_> {
-    fn what(&self) -> String {
-        format!("the namespaces' {NAMESPACE_ENABLED_LABEL} label")
-    }
-
-    fn key(&self, namespace: &Namespace) -> Key {
-        (String::new(), namespace.name_any())
-    }
-
-    async fn apply(&mut self, namespace: Namespace) {
-        self.watch.except(&namespace.name_any(), true, self.pods_seen).await;
-    }
-
-    /// Deleted, or its label changed: the watch selects by the label.
-    async fn delete(&mut self, namespace: Namespace) {
-        self.watch.except(&namespace.name_any(), false, self.pods_seen).await;
-    }
-
-    /// The pods' list waits for the namespaces': a failure here is why it does not come.
-    fn failed(&mut self, error: &watcher::Error) {
-        self.watch.metrics.watch_errors.inc();
-        self.watch.view.watch_failed(format!("namespaces: {}", driver::failure(error)));
-    }
-
-    async fn reset(&mut self, _: &Scope, listed: HashSet<Key>) {
-        for namespace in self.watch.view.excepted() {
-            if !listed.contains(&(String::new(), namespace.clone())) {
-                self.watch.except(&namespace, false, self.pods_seen).await;
-            }
-        }
-    }
-}
-
-/// The effects, and the loss report if any, to the outbox.
-fn send(outbox: &Outbox, pod: &PodRef, observed: observed::Observed) {
+/// The effects, and the loss report if any.
+fn with_loss(pod: &PodRef, observed: Observed) -> Vec<Effect> {
     let loss = observed.loss.map(|loss| loss.report(pod));
-    for effect in observed.effects.into_iter().chain(loss) {
-        drop(outbox.send(effect));
-    }
+    observed.effects.into_iter().chain(loss).collect()
 }
 
 /// How often a pod that left the watch (its busy label removed) is read and brought up to date
