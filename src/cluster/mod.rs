@@ -8,7 +8,6 @@ mod driver;
 mod fast_map;
 mod kinds;
 mod kueue;
-pub mod leaders;
 mod namespaces;
 pub mod nodes;
 pub mod outbox;

@@ -20,7 +20,7 @@ use super::kinds;
 use super::outbox::Outbox;
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::{Metrics, OwnerRuleLabels};
-use crate::policy::keys::{BUSY_LABEL, MAX_BUSY};
+use crate::policy::flips;
 use crate::policy::outcome::Effect;
 use crate::policy::owners::{self, OwnerRule, OwnerState, Terms, Via};
 use crate::policy::pod::{PodFacts, PodRef};
@@ -212,7 +212,7 @@ impl Follow<'_> {
             match busy {
                 Ok(busy) => {
                     any_busy |= busy;
-                    flips.extend(flip_with(pod, &record, busy, &rule.terms));
+                    flips.extend(flips::flip(pod, &record, busy, &rule.terms));
                 }
                 Err(why) => self.undecided(rule, &pod.to_string(), &why),
             }
@@ -233,7 +233,7 @@ impl Follow<'_> {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
             match owner {
                 Some(_) => follow(&self.view, &pod, &record),
-                None => flip_with(pod, &record, false, &Terms::default()),
+                None => flips::flip(pod, &record, false, &Terms::default()),
             }
         });
         flips.collect()
@@ -361,21 +361,12 @@ fn owner_name(rule: &OwnerRule, owner: &DynamicObject) -> String {
     format!("{} {}/{}", rule.kind_path(), owner.namespace().unwrap_or_default(), owner.name_any())
 }
 
-/// The flip a pod is due to be `busy` under a rule with `terms`: turning busy, with the rule's
-/// max-busy where the pod has none of its own.
-pub(super) fn flip_with(pod: PodRef, record: &PodRecord, busy: bool, terms: &Terms) -> Option<Effect> {
-    let ending = record.terminating || record.is_terminal();
-    let value = owners::follow(record.label(BUSY_LABEL), busy, ending)?;
-    let max_busy = terms.max_busy.clone().filter(|_| busy && record.annotation(MAX_BUSY).is_none());
-    Some(Effect::FollowOwner { pod, value, max_busy })
-}
-
 /// The flip a pod of the view is due, if its owner is under a rule and says otherwise.
 pub fn follow(view: &View, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
     let owner = view.owners.of_pods(&pod.namespace, record.owner.as_deref()?)?;
     // An owner its rule cannot judge the pod by leaves it as it is (the owner's watch said why).
     let busy = owner.pod_busy(pod, &record.labels, record.created()).ok()?;
-    flip_with(pod.clone(), record, busy, &owner.terms)
+    flips::flip(pod.clone(), record, busy, &owner.terms)
 }
 
 /// Whether the pod was made after its owner's busy task began under a rule whose new pods stay
@@ -388,6 +379,7 @@ pub fn made_after_its_owners_task(view: &View, pod: &PodRef, record: &PodRecord)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::keys::BUSY_LABEL;
 
     /// A game server's pod, opted in idle, as the view records it.
     fn game_server_pod() -> PodRecord {

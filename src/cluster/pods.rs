@@ -19,14 +19,16 @@ use tracing::{info, warn};
 use super::driver::{self, Driver, Index, Key, Scoped};
 use super::namespaces::{self, Guarding};
 use super::outbox::{EffectResult, Outbox};
+use super::owners;
 use super::pdb::BusyPdbs;
 use super::view::{ApiPod, PodRecord, Scope, View};
-use super::{leaders, owners};
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
+use crate::policy::flips;
 use crate::policy::keys::BUSY_LABEL;
 use crate::policy::observed::{self, Observed};
 use crate::policy::outcome::Effect;
+use crate::policy::owners::Terms;
 use crate::policy::pod::{PodFacts, PodRef};
 
 pub struct Watch {
@@ -148,12 +150,18 @@ impl Watch {
         }
         // A pod busy with another follows it; a pod others are busy with leads them.
         if let Some(label) = &self.policy.busy_with_pod {
-            let follow = after.as_ref().and_then(|record| leaders::follow_leader(&self.view, label, &pod, record));
+            let follow = after.as_ref().and_then(|record| self.follow_leader(label, &pod, record));
             observed.effects.extend(follow);
-            let leads = leaders::lead(&self.view, label, (namespace, name), before.as_ref(), after.as_ref());
-            observed.effects.extend(leads);
+            if let Some(busy) = flips::leads_anew(before.as_ref(), after.as_ref()) {
+                let with_it = self.view.select(namespace, |record| record.label(label) == Some(name));
+                let flip = |(companion, record): (String, PodRecord)| {
+                    let pod = PodRef { namespace: namespace.into(), name: companion, uid: record.uid.to_string() };
+                    flips::flip(pod, &record, busy, &Terms::default())
+                };
+                observed.effects.extend(with_it.into_iter().filter_map(flip));
+            }
         }
-        observed.effects = leaders::no_delete_before_a_busy_flip(observed.effects);
+        observed.effects = flips::no_delete_before_a_busy_flip(observed.effects);
         // A namespace's first opted-in pod: its busy-pod PDB now, not at the next sweep.
         if before.is_none()
             && let (Some(pdbs), Some(record)) = (&self.pdbs, &after)
@@ -229,11 +237,17 @@ impl Watch {
                 let pod = PodRef { namespace: namespace.into(), name: name.into(), uid: record.uid.to_string() };
                 record.label(label).is_some().then(|| (pod, record.clone()))
             });
-            let flips =
-                with_leaders.iter().filter_map(|(pod, record)| leaders::follow_leader(&self.view, label, pod, record));
+            let flips = with_leaders.iter().filter_map(|(pod, record)| self.follow_leader(label, pod, record));
             effects.extend(flips.collect::<Vec<_>>());
         }
-        leaders::no_delete_before_a_busy_flip(effects)
+        flips::no_delete_before_a_busy_flip(effects)
+    }
+
+    /// The flip a pod busy with its leader (`--busy-with-pod`: it carries `label`, naming a pod
+    /// of its namespace) is due, as the view holds its leader.
+    fn follow_leader(&self, label: &str, pod: &PodRef, record: &PodRecord) -> Option<Effect> {
+        let leader = self.view.record(&pod.namespace, record.label(label)?);
+        flips::follow_leader(pod, record, leader.as_ref())
     }
 }
 

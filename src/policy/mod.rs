@@ -29,6 +29,7 @@ pub mod config;
 pub mod contract;
 pub mod cost;
 pub mod disruption;
+pub mod flips;
 pub mod hazards;
 pub mod hold;
 pub mod keys;
