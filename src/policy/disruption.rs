@@ -18,7 +18,7 @@ use super::owners;
 use super::pod::{PodFacts, PodRef};
 use super::refusals::{Busy, busy_denial, restart_while_busy};
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
-use super::verdict::{Override, Verdict, deleted_as_its_end, judge, let_through, must_not_wait, override_detail};
+use super::verdict::{Override, Taken, Verdict, budget_holds, judge, override_detail};
 use super::workloads::workload_of;
 use crate::duration::whole_second;
 
@@ -35,9 +35,7 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
 /// (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes
 /// anyway).
 fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> bool {
-    d.taking.action() != Action::Restart
-        && !must_not_wait(d.taking.action(), d.ask.requester, config)
-        && let_through(d.ask.requester, &config.exemptions).is_none()
+    budget_holds(d.taking.action(), d.ask.requester, config)
 }
 
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
@@ -172,18 +170,14 @@ pub fn judge_disruption(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &Pol
         workload: (config.mode == Mode::Audit).then(|| workload_of(d.pod, d.ask.name)),
         ..d.ask.audit(decision, reason, detail, config.mode, now)
     };
-    match judge(state, d.ask.requester, &config.exemptions) {
+    // A leader's token counts for its own namespace's pods only: a pod of that name elsewhere is
+    // another pod.
+    let requester = Requester { pod: d.ask.requester.pod_in(d.ask.namespace), ..d.ask.requester };
+    let taken = Taken { action: d.taking.action(), preempted: d.preempted };
+    match judge(state, d.pod, taken, requester, config) {
         Verdict::Allow => within_budget(d, config, audit),
         Verdict::AllowBusy(over) => let_busy_go(d, over, audit),
-        Verdict::Deny { since, until } => {
-            // A leader's token counts for its own namespace's pods only: a pod of that name
-            // elsewhere is another pod.
-            let requester = Requester { pod: d.ask.requester.pod_in(d.ask.namespace), ..d.ask.requester };
-            match deleted_as_its_end(d.taking.action(), d.pod, requester, d.preempted, config) {
-                Some(over) => let_busy_go(d, over, audit),
-                None => refuse_busy(d, (since, until), config, now, audit),
-            }
-        }
+        Verdict::Deny { since, until } => refuse_busy(d, (since, until), config, now, audit),
     }
 }
 
@@ -634,6 +628,13 @@ mod tests {
         assert!(!delete(hooks, Some("ci-runner-4tb9k"), Action::Evict).is_allowed(), "an eviction, even its runner's");
         let Answer::Deny { message, .. } = delete("alice", None, Action::Evict).answer else { panic!() };
         assert!(message.contains("follows Pod/ci-runner-4tb9k"), "{message}");
+    }
+
+    /// `judge` for a plain worker's eviction, with `exemptions`.
+    fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions) -> Verdict {
+        let config = PolicyConfig { exemptions: exemptions.clone(), ..crate::policy::testing::config() };
+        let worker = crate::policy::testing::pod(serde_json::json!({"metadata": {"name": "w"}}));
+        super::judge(state, &worker, Taken { action: Action::Evict, preempted: false }, requester, &config)
     }
 
     #[test]

@@ -85,20 +85,47 @@ impl Override {
     }
 }
 
-pub fn judge(state: BusyState, requester: Requester<'_>, exemptions: &Exemptions) -> Verdict {
+/// What a pod is taken away by, beside who asks: the action, and whether Kueue preempted its
+/// Job where its namespace holds that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub action: Action,
+    pub preempted: bool,
+}
+
+/// The busy rule's answer, whole: a `Deny` is final, no other question overrules it.
+pub fn judge(
+    state: BusyState,
+    pod: &(impl PodFacts + ?Sized),
+    taken: Taken,
+    requester: Requester<'_>,
+    config: &PolicyConfig,
+) -> Verdict {
     match state {
         BusyState::NotOptedIn | BusyState::Idle | BusyState::Terminating | BusyState::Terminal => Verdict::Allow,
         BusyState::Lapsed { since, lapse } => Verdict::AllowBusy(Override::Lapsed { since, lapse }),
-        BusyState::Busy { since, until } => match let_through(requester, exemptions) {
-            Some(over) => Verdict::AllowBusy(over),
-            None => Verdict::Deny { since, until },
-        },
+        BusyState::Busy { since, until } => {
+            let over = let_through(requester, &config.exemptions)
+                .or_else(|| deleted_as_its_end(taken, pod, requester, config));
+            match over {
+                Some(over) => Verdict::AllowBusy(over),
+                None => Verdict::Deny { since, until },
+            }
+        }
     }
+}
+
+/// Whether a workload's budget holds this disruption: not a restart (the pod stays), not for
+/// recovery and exempt requesters, nor for deletes that must not wait.
+pub fn budget_holds(action: Action, requester: Requester<'_>, config: &PolicyConfig) -> bool {
+    action != Action::Restart
+        && !must_not_wait(action, requester, config)
+        && let_through(requester, &config.exemptions).is_none()
 }
 
 /// Who takes a pod away whatever protects it: recovery (the taint manager, the namespace
 /// controller), then exempt users and groups.
-pub fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Override> {
+fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Override> {
     if TAINT_MANAGER_USERS.contains(&requester.username) {
         return Some(Override::NodeTaintEviction);
     }
@@ -113,13 +140,13 @@ pub fn let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<
 /// (unless Kueue `preempted` its Job, where its namespace holds that: the cluster takes it then)
 /// or by the garbage collector (which deletes a pod only once its owner is gone or going); of a
 /// pod busy with its leader, or controlled by a pod, with that pod's own token.
-pub fn deleted_as_its_end(
-    action: Action,
+fn deleted_as_its_end(
+    taken: Taken,
     pod: &(impl PodFacts + ?Sized),
     requester: Requester<'_>,
-    preempted: bool,
     config: &PolicyConfig,
 ) -> Option<Override> {
+    let Taken { action, preempted } = taken;
     if action != Action::Delete {
         return None;
     }
@@ -147,7 +174,7 @@ const OWNING_POD: &str = "/Pod/";
 
 /// Deletes that must not wait on a workload's budget either: the garbage collector's (the owner
 /// is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway).
-pub fn must_not_wait(action: Action, requester: Requester<'_>, config: &PolicyConfig) -> bool {
+fn must_not_wait(action: Action, requester: Requester<'_>, config: &PolicyConfig) -> bool {
     let user = requester.username;
     action == Action::Delete && (user == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(user))
 }
@@ -259,8 +286,8 @@ mod tests {
     }
 
     /// Who takes a busy, protected pod away, by action and requester, for a worker and for a
-    /// Job's pod: the whole of it, as every path reads it (`let_through`, then
-    /// `deleted_as_its_end`), with the budget's and the node delete's own reading beside it.
+    /// Job's pod: the whole of it, as every path reads it (`judge`), with the budget's and the
+    /// node delete's own reading beside it.
     #[test]
     fn who_takes_a_busy_pod_away_and_why() {
         let mut config = config();
@@ -288,14 +315,26 @@ mod tests {
             (delete, "alice", &job_pod, None),
         ];
         for (action, user, pod, expected) in table {
-            let taken = let_through(requester(user), &config.exemptions)
-                .or_else(|| deleted_as_its_end(action, pod, requester(user), false, &config));
+            let busy = BusyState::Busy { since: None, until: None };
+            let verdict = judge(busy, pod, Taken { action, preempted: false }, requester(user), &config);
+            let taken = match verdict {
+                Verdict::AllowBusy(over) => Some(over),
+                _ => None,
+            };
             assert_eq!(taken, expected, "{action:?} by {user} of {}", pod.metadata.name);
         }
         // Kueue preempted the Job's Workload where its namespace holds that: the cluster takes it.
-        assert_eq!(deleted_as_its_end(delete, &job_pod, requester(JOB_CONTROLLER), true, &config), None);
         assert_eq!(
-            deleted_as_its_end(delete, &job_pod, requester(GARBAGE_COLLECTOR_USER), true, &config),
+            deleted_as_its_end(Taken { action: delete, preempted: true }, &job_pod, requester(JOB_CONTROLLER), &config),
+            None
+        );
+        assert_eq!(
+            deleted_as_its_end(
+                Taken { action: delete, preempted: true },
+                &job_pod,
+                requester(GARBAGE_COLLECTOR_USER),
+                &config
+            ),
             Some(Override::OwnerDeleted),
             "the Job deleted is still its end"
         );
@@ -307,16 +346,37 @@ mod tests {
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d", "controller": true}]}}));
         let token = |pod| Requester { username: "system:serviceaccount:spark:spark", groups: &[], pod };
         assert_eq!(
-            deleted_as_its_end(delete, &executor, token(Some("etl-driver")), false, &config),
+            deleted_as_its_end(
+                Taken { action: delete, preempted: false },
+                &executor,
+                token(Some("etl-driver")),
+                &config
+            ),
             Some(Override::Leader)
         );
-        assert_eq!(deleted_as_its_end(delete, &executor, token(Some("other-driver")), false, &config), None);
         assert_eq!(
-            deleted_as_its_end(delete, &executor, token(None), false, &config),
+            deleted_as_its_end(
+                Taken { action: delete, preempted: false },
+                &executor,
+                token(Some("other-driver")),
+                &config
+            ),
+            None
+        );
+        assert_eq!(
+            deleted_as_its_end(Taken { action: delete, preempted: false }, &executor, token(None), &config),
             None,
             "its service account alone"
         );
-        assert_eq!(deleted_as_its_end(evict, &executor, token(Some("etl-driver")), false, &config), None);
+        assert_eq!(
+            deleted_as_its_end(
+                Taken { action: evict, preempted: false },
+                &executor,
+                token(Some("etl-driver")),
+                &config
+            ),
+            None
+        );
         let node = |user| node_delete_let_through(requester(user), &config.exemptions);
         assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
         assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));
