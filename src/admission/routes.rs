@@ -187,7 +187,8 @@ pub fn owner_update(
         let node = pod.node.as_deref().unwrap_or_default();
         Some((name.as_str(), hold::held(pod, node, view.nodes.going(node), inputs.policy.holds, now)?))
     });
-    Ok(owner_task::judge_new_task(ask, rule, held.as_ref().map(|(pod, hold)| (*pod, hold)), inputs.policy, now))
+    let task = owner_task::NewTask { ask, rule, held: held.as_ref().map(|(pod, hold)| (*pod, hold)) };
+    Ok(owner_task::judge_new_task(&task, inputs.policy, now))
 }
 
 /// A ReplicaSet's, a Deployment's or their scale's update: a scale-down is prepared with the
@@ -242,8 +243,8 @@ pub fn node_claim_delete(
         node_ending: view.nodes.ending(node_name).is_some(),
         spot: claim.metadata.labels.get(KARPENTER_CAPACITY_TYPE).is_some_and(|t| t == "spot"),
     };
-    let claim = node::NodeClaim { node: node_name, end };
-    Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(ask, &claim, pods, inputs.policy, now)))
+    let claim = node::NodeClaim { ask, node: node_name, end };
+    Ok(view.on_node(node_name, |pods| node::judge_node_claim_delete(&claim, pods, inputs.policy, now)))
 }
 
 /// The pod a write stores, and the one it replaces (an update).

@@ -43,8 +43,9 @@ pub fn judge_node_delete<'a, P: PodFacts + 'a>(
     judged_on_node(ask, busy, exempt, anyway, |busy| node_busy(ask.name, busy), config, now)
 }
 
-/// A NodeClaim being deleted: its node, and what its end is judged by.
+/// A NodeClaim's delete: the request, its node, and what its end is judged by.
 pub struct NodeClaim<'a> {
+    pub ask: &'a Ask<'a>,
     pub node: &'a str,
     pub end: NodeClaimEnd<'a>,
 }
@@ -59,17 +60,17 @@ pub fn expired(created: Option<Timestamp>, expire_after: Option<&str>, now: Time
     }
 }
 
-/// The answer to `ask`, Karpenter's delete of a NodeClaim whose node runs `pods`. Its voluntary
+/// The answer to a NodeClaim's delete by Karpenter, whose node runs `pods`. Its voluntary
 /// disruptions (consolidation, drift) wait for the busy pods: the delete is irrevocable once made
 /// (Karpenter's termination may then remove the instance with them on it, karpenter#3185), and
 /// Karpenter gives the node back when its command times out. Its other ends go through.
 pub fn judge_node_claim_delete<'a, P: PodFacts + 'a>(
-    ask: &Ask<'_>,
     claim: &NodeClaim<'_>,
     pods: impl IntoIterator<Item = (String, &'a P)>,
     config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
+    let ask = claim.ask;
     let busy = busy_on_node(pods, config, now);
     let exempt = node_claim_delete_let_through(claim.end, ask.requester, &config.exemptions);
     let disruption = claim.end.disruption.unwrap_or("no DisruptionReason");
@@ -194,6 +195,23 @@ fn busy_list(busy: &[BusyOnNode]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NodeClaim delete's node and end, as the tests give them.
+    #[derive(Clone, Copy)]
+    struct Claim<'a> {
+        node: &'a str,
+        end: NodeClaimEnd<'a>,
+    }
+
+    /// `judge_node_claim_delete` of `ask`, a delete of `claim` whose node runs `pods`.
+    fn judged<'a, P: PodFacts + 'a>(
+        ask: &Ask<'_>,
+        claim: &Claim<'_>,
+        pods: impl IntoIterator<Item = (String, &'a P)>,
+    ) -> Outcome {
+        let claim = NodeClaim { ask, node: claim.node, end: claim.end };
+        judge_node_claim_delete(&claim, pods, &config(), now())
+    }
     use crate::policy::Requester;
     use crate::policy::keys::{BUSY_LABEL, BUSY_SINCE};
     use crate::policy::outcome::Answer;
@@ -251,9 +269,8 @@ mod tests {
         let by_karpenter = claim_delete(karpenter);
         let on_node = |pod| [("jobs/worker-a".to_string(), pod)];
         for reason in ["Underutilized", "Empty", "Drifted"] {
-            let claim =
-                NodeClaim { node: "node-1", end: NodeClaimEnd { disruption: Some(reason), ..Default::default() } };
-            let outcome = judge_node_claim_delete(&by_karpenter, &claim, on_node(&busy), &config(), now());
+            let claim = Claim { node: "node-1", end: NodeClaimEnd { disruption: Some(reason), ..Default::default() } };
+            let outcome = judged(&by_karpenter, &claim, on_node(&busy));
             let Answer::Deny { denial, message } = &outcome.answer else { panic!("{reason}: {:?}", outcome.answer) };
             assert_eq!(denial.code(), 429, "{reason}");
             assert!(
@@ -263,7 +280,7 @@ mod tests {
             assert!(message.contains("but its node node-1 runs 1 busy pod(s): jobs/worker-a"), "{message}");
             assert!(message.contains("Karpenter's next try once they are idle goes through"), "{message}");
             assert!(matches!(outcome.effects.as_slice(), [Effect::MarkDisruptionWanted { .. }]), "held from new tasks");
-            let idle_node = judge_node_claim_delete(&by_karpenter, &claim, on_node(&idle), &config(), now());
+            let idle_node = judged(&by_karpenter, &claim, on_node(&idle));
             assert_eq!(idle_node.decision, Decision::Allowed, "{reason}: nothing busy, Karpenter goes on");
         }
         // Its forceful or involuntary ends: a NodeClaim without the condition, an exempt user,
@@ -278,14 +295,8 @@ mod tests {
             (NodeClaimEnd { expired: true, ..drifted }, karpenter),
             (NodeClaimEnd { node_ending: true, ..drifted }, karpenter),
         ] {
-            let claim = NodeClaim { node: "node-1", end };
-            let outcome = judge_node_claim_delete(
-                &Ask { resource: "nodeclaims", ..ask(user) },
-                &claim,
-                on_node(&busy),
-                &config(),
-                now(),
-            );
+            let claim = Claim { node: "node-1", end };
+            let outcome = judged(&Ask { resource: "nodeclaims", ..ask(user) }, &claim, on_node(&busy));
             assert_eq!(outcome.decision, Decision::Exempted, "{end:?} by {user}");
             let audit = outcome.audit.unwrap();
             assert!(audit.detail.contains("with 1 busy pod(s) on it: jobs/worker-a"), "{}", audit.detail);
@@ -298,9 +309,8 @@ mod tests {
         let busy = pod("true");
         let karpenter = "system:serviceaccount:kube-system:karpenter";
         let claim_delete = Ask { resource: "nodeclaims", name: "spot-x7k2p", ..ask(karpenter) };
-        let claim = NodeClaim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
-        let outcome =
-            judge_node_claim_delete(&claim_delete, &claim, [("jobs/worker-a".to_string(), &busy)], &config(), now());
+        let claim = Claim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
+        let outcome = judged(&claim_delete, &claim, [("jobs/worker-a".to_string(), &busy)]);
         assert_eq!(outcome.decision, Decision::Exempted);
         let audit = outcome.audit.unwrap();
         assert_eq!(audit.reason, Reason::Interrupted);
@@ -310,13 +320,13 @@ mod tests {
         };
         assert_eq!((pod.to_string(), node_claim.as_str()), ("jobs/worker-a".to_string(), "spot-x7k2p"));
         // Karpenter's own consolidation of a spot node still waits; a dry run marks nothing.
-        let consolidated = NodeClaim { end: NodeClaimEnd { disruption: Some("Underutilized"), ..claim.end }, ..claim };
+        let consolidated = Claim { end: NodeClaimEnd { disruption: Some("Underutilized"), ..claim.end }, ..claim };
         let pods = [("jobs/worker-a".to_string(), &busy)];
-        assert!(!judge_node_claim_delete(&claim_delete, &consolidated, pods, &config(), now()).is_allowed());
+        assert!(!judged(&claim_delete, &consolidated, pods).is_allowed());
         let dry_run = Ask { dry_run: true, ..claim_delete };
-        let claim = NodeClaim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
+        let claim = Claim { node: "node-1", end: NodeClaimEnd { spot: true, ..Default::default() } };
         let pods = [("jobs/worker-a".to_string(), &busy)];
-        assert!(judge_node_claim_delete(&dry_run, &claim, pods, &config(), now()).effects.is_empty());
+        assert!(judged(&dry_run, &claim, pods).effects.is_empty());
     }
 
     #[test]

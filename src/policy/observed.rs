@@ -32,7 +32,7 @@ impl Loss {
         let detail = lost(pod, &cause);
         let audit = AuditRecord {
             busy_since,
-            ..AuditRecord::new(Subject::Pod(pod), cause.decision(), cause.reason(), detail, config.mode, now)
+            ..AuditRecord::new(Subject::Pod(pod), (cause.decision(), cause.reason()), detail, config.mode, now)
         };
         Loss { cause, audit }
     }
@@ -127,8 +127,7 @@ pub fn due(pod: &PodRef, now_seen: &impl PodFacts, config: &PolicyConfig, now: T
             user: request.by.clone(),
             ..AuditRecord::new(
                 Subject::Pod(pod),
-                Decision::DeletedWhenIdle,
-                Reason::DeleteRequested,
+                (Decision::DeletedWhenIdle, Reason::DeleteRequested),
                 detail,
                 config.mode,
                 now,

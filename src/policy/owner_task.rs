@@ -9,18 +9,22 @@ use super::hold::{Hold, held_refusal};
 use super::outcome::{Decision, Denial, Outcome};
 use super::owners::OwnerRule;
 
+/// An owner's update that gives it a new task: the request, the owner's busy rule, and its pod
+/// and why it is held, if it is.
+#[derive(Clone, Copy)]
+pub struct NewTask<'a> {
+    pub ask: &'a Ask<'a>,
+    pub rule: &'a OwnerRule,
+    pub held: Option<(&'a str, &'a Hold)>,
+}
+
 /// An owner's update that gives it a new task (its registration sends only those: Agones'
 /// allocator moving a GameServer to Allocated): refused with a conflict (409) while its pod is
 /// held, its disruption wanted or its node going, so that whoever hands out the work picks
 /// another owner (Agones' allocator does on a conflict, and leaves this one out of its cache
-/// until it changes). `held`: the owner's pod and why it is held, if it is.
-pub fn judge_new_task(
-    ask: &Ask<'_>,
-    rule: &OwnerRule,
-    held: Option<(&str, &Hold)>,
-    config: &PolicyConfig,
-    now: Timestamp,
-) -> Outcome {
+/// until it changes).
+pub fn judge_new_task(task: &NewTask<'_>, config: &PolicyConfig, now: Timestamp) -> Outcome {
+    let NewTask { ask, rule, held } = *task;
     let Some((pod, hold)) = held else { return Outcome::allow(Decision::Allowed) };
     let (denial, reason) = Denial::of_hold(hold);
     let message = format!(
@@ -44,10 +48,11 @@ mod tests {
         let config = crate::policy::testing::config();
         let ask = Ask { namespace: "games", name: "gs-1", ..crate::policy::testing::ask("UPDATE", "allocator") };
         let now = Timestamp::UNIX_EPOCH;
-        let free = judge_new_task(&ask, &game_server, None, &config, now);
+        let free = judge_new_task(&NewTask { ask: &ask, rule: &game_server, held: None }, &config, now);
         assert_eq!(free.decision, Decision::Allowed);
         let going = Hold::NodeGoing { node: "n-1".into(), why: crate::policy::hold::NodeGoing::Karpenter };
-        let refused = judge_new_task(&ask, &game_server, Some(("gs-1", &going)), &config, now);
+        let refused =
+            judge_new_task(&NewTask { ask: &ask, rule: &game_server, held: Some(("gs-1", &going)) }, &config, now);
         let crate::policy::outcome::Answer::Deny { denial, message } = &refused.answer else { panic!() };
         assert_eq!(denial.code(), 409, "a conflict: Agones' allocator picks another server");
         assert!(message.starts_with("GameServer games/gs-1 takes no new task now"), "{message}");

@@ -593,7 +593,7 @@ mod tests {
             let mut ask = ask("UPDATE", "system:serviceaccount:jobs:worker");
             ask.requester.pod = worker.then_some("w");
             let writer = if worker { Writer::Worker { namespace: "jobs", own_pod: "w" } } else { Writer::Other };
-            let outcome = write_judged(&ask, &pod(&new), Some(&pod(&old)), writer, false, &config(), now());
+            let outcome = write_judged(&ask, &pod(&new), Some(&pod(&old)), writer, now());
             // Writes of pods that are not opted in, before or after, are not the rule's business.
             let opted_in = [&old, &new].iter().any(|p| p["metadata"]["labels"].get(BUSY_LABEL).is_some());
             if opted_in && !reached && !marks_anew(&pod(&new), Some(&pod(&old))) {

@@ -100,16 +100,15 @@ pub fn unavailable_siblings(n: u32) -> super::budget::Siblings {
     }
 }
 
-/// `writes::judge_write` of a write given by its parts.
+/// `writes::judge_write` of a write given by its parts (not through `pods/status`), under the
+/// default configuration.
 pub fn write_judged(
     ask: &Ask<'_>,
     pod: &Pod,
     before: Option<&Pod>,
     writer: crate::policy::writes::Writer<'_>,
-    through_status: bool,
-    config: &PolicyConfig,
     now: Timestamp,
 ) -> Outcome {
-    let write = crate::policy::writes::Write { ask, pod, before, writer, through_status };
-    crate::policy::writes::judge_write(&write, config, now)
+    let write = crate::policy::writes::Write { ask, pod, before, writer, through_status: false };
+    crate::policy::writes::judge_write(&write, &config(), now)
 }

@@ -240,7 +240,7 @@ mod tests {
     fn a_worker_cannot_pin_its_own_pod_with_busyguards_annotations_only_flip_it() {
         let now = "2026-11-21T20:00:00Z";
         let judged = |old: &Value, new: &Value| {
-            write_judged(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), WORKER, false, &config(), ts(now))
+            write_judged(&from_pod("w"), &pod(new.clone()), Some(&pod(old.clone())), WORKER, ts(now))
         };
         let idle = worker(json!({DELETION_COST: "-5"}));
         for (key, value) in [(KARPENTER_DO_NOT_DISRUPT, "true"), (DELETION_COST, "2147483647"), (IDLE_COST, "9")] {
@@ -267,8 +267,7 @@ mod tests {
         let (lapsed_at, resent) = ("2026-11-23T20:00:00Z", busy.clone());
         let (_, refreshed) = mutated(&busy, &resent, lapsed_at);
         assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
-        let outcome =
-            write_judged(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, false, &config(), ts(lapsed_at));
+        let outcome = write_judged(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, ts(lapsed_at));
         assert!(outcome.is_allowed(), "{:?}", outcome.answer);
     }
 
@@ -311,15 +310,7 @@ mod tests {
         // A pod busyguard guards there: a worker, of namespace other.
         let writer = writer(&elsewhere.requester, Some(BUSYGUARD), "ns", &pod(flip.clone()), |_, _| true);
         assert_eq!(writer, Writer::Worker { namespace: "other", own_pod: "w" });
-        let outcome = write_judged(
-            &elsewhere,
-            &pod(flip),
-            Some(&pod(idle)),
-            writer,
-            false,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let outcome = write_judged(&elsewhere, &pod(flip), Some(&pod(idle)), writer, ts("2026-11-21T20:00:00Z"));
         let Answer::Deny { message, .. } = &outcome.answer else { panic!("{:?}", outcome.answer) };
         assert!(message.contains("is not the requester's own pod (other/w)"), "{message}");
     }
@@ -340,15 +331,7 @@ mod tests {
         busyguard.requester.username = BUSYGUARD;
         let writer = writer(&busyguard.requester, Some(BUSYGUARD), "ns", &pod(marked.clone()), |_, _| false);
         assert_eq!(writer, Writer::Busyguard);
-        let outcome = write_judged(
-            &busyguard,
-            &pod(marked),
-            Some(&pod(idle)),
-            writer,
-            false,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        );
+        let outcome = write_judged(&busyguard, &pod(marked), Some(&pod(idle)), writer, ts("2026-11-21T20:00:00Z"));
         assert!(outcome.is_allowed());
         assert!(outcome.audit.is_none());
     }
@@ -362,51 +345,34 @@ mod tests {
             ("a pod created with one", None, false),
             ("through the pod's status", Some(pod(idle.clone())), true),
         ] {
-            let outcome = write_judged(
-                &worker_write(),
-                &pod(marked.clone()),
-                before.as_ref(),
-                Writer::Other,
-                through_status,
-                &config(),
-                now,
-            );
+            let outcome = {
+                let marked = pod(marked.clone());
+                let write = Write {
+                    ask: &worker_write(),
+                    pod: &marked,
+                    before: before.as_ref(),
+                    writer: Writer::Other,
+                    through_status,
+                };
+                judge_write(&write, &config(), now)
+            };
             let Answer::Deny { denial, .. } = &outcome.answer else { panic!("{what}: {:?}", outcome.answer) };
             assert_eq!((denial.code(), denial.cause()), (403, "BusyguardNotBusyguardsMark"), "{what}");
             assert_eq!(outcome.audit.unwrap().reason, Reason::ForgedMark, "{what}");
         }
         let mut relabelled = marked.clone();
         relabelled["metadata"]["labels"]["team"] = json!("b");
-        let kept = write_judged(
-            &worker_write(),
-            &pod(relabelled),
-            Some(&pod(marked.clone())),
-            Writer::Other,
-            false,
-            &config(),
-            now,
-        );
+        let kept = write_judged(&worker_write(), &pod(relabelled), Some(&pod(marked.clone())), Writer::Other, now);
         assert!(kept.is_allowed(), "a write that leaves busyguard's mark as it was");
         let mut unlabelled = marked.clone();
         unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(BUSY_LABEL);
-        let opting_in = write_judged(
-            &worker_write(),
-            &pod(marked.clone()),
-            Some(&pod(unlabelled)),
-            Writer::Other,
-            false,
-            &config(),
-            now,
-        );
+        let opting_in = write_judged(&worker_write(), &pod(marked.clone()), Some(&pod(unlabelled)), Writer::Other, now);
         assert!(!opting_in.is_allowed(), "a pod opting in with a mark already on");
         // Half a mark is never carried out (`PodFacts::delete_request`), so it is anyone's to write.
         let mut half = idle.clone();
         half["metadata"]["annotations"][DELETE_REQUESTED] = marked["metadata"]["annotations"][DELETE_REQUESTED].clone();
         assert!(pod(half.clone()).delete_request().is_none());
-        assert!(
-            write_judged(&worker_write(), &pod(half), Some(&pod(idle)), Writer::Other, false, &config(), now)
-                .is_allowed()
-        );
+        assert!(write_judged(&worker_write(), &pod(half), Some(&pod(idle)), Writer::Other, now).is_allowed());
     }
 
     #[test]
@@ -428,8 +394,7 @@ mod tests {
         for (who, ask) in [("a controller's pod", controller), ("a person", worker_write())] {
             let writer = writer(&ask.requester, Some(BUSYGUARD), "ns", &pod(changed.clone()), |_, _| false);
             assert_eq!(writer, Writer::Other, "{who}");
-            let outcome =
-                write_judged(&ask, &pod(changed.clone()), Some(&pod(busy.clone())), writer, false, &config(), ts(now));
+            let outcome = write_judged(&ask, &pod(changed.clone()), Some(&pod(busy.clone())), writer, ts(now));
             assert_eq!(outcome.decision, Decision::Allowed, "{who}: {:?}", outcome.answer);
             assert!(outcome.audit.is_none(), "{who}");
         }
@@ -474,15 +439,10 @@ mod tests {
         set_label(&mut flip, "true");
         let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:00:00Z");
         let judged = |new: &Value, through_status: bool| {
-            write_judged(
-                &worker_write(),
-                &pod(new.clone()),
-                Some(&pod(busy.clone())),
-                Writer::Other,
-                through_status,
-                &config(),
-                ts(now),
-            )
+            let (new, before) = (pod(new.clone()), pod(busy.clone()));
+            let write =
+                Write { ask: &worker_write(), pod: &new, before: Some(&before), writer: Writer::Other, through_status };
+            judge_write(&write, &config(), ts(now))
         };
         let mut renewed = busy.clone();
         renewed["metadata"]["annotations"][BUSY_SINCE] = json!("2026-11-21T20:59:59Z");
@@ -516,15 +476,7 @@ mod tests {
     /// A write of `new` over `old` by the token bound to pod `own_pod`, busyguard's own name known.
     fn written_by_pod(own_pod: &'static str, new: Value, old: Value) -> Outcome {
         let writer = Writer::Worker { namespace: "ns", own_pod };
-        write_judged(
-            &from_pod(own_pod),
-            &pod(new),
-            Some(&pod(old)),
-            writer,
-            false,
-            &config(),
-            ts("2026-11-21T20:00:00Z"),
-        )
+        write_judged(&from_pod(own_pod), &pod(new), Some(&pod(old)), writer, ts("2026-11-21T20:00:00Z"))
     }
 
     fn from_pod(pod: &'static str) -> Ask<'static> {

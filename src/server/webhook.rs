@@ -108,7 +108,13 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         }
         _ => {}
     }
-    let response = respond(app, webhook, resource, &request, outcome.decision, encoded, review.http1);
+    let labels = ReviewLabels {
+        webhook: webhook.as_str(),
+        resource,
+        operation: request.operation.as_str(),
+        result: outcome.decision.as_str(),
+    };
+    let response = respond(app, &labels, encoded, review.http1);
     let labels = WebhookLabels { webhook: webhook.as_str(), resource };
     app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     Ok(response)
@@ -193,23 +199,9 @@ async fn await_effects(waiting: Vec<Queued>, budget: Duration, uid: &str) {
     }
 }
 
-/// The encoded answer as an HTTP response, counted under the request's `resource` label.
-fn respond(
-    app: &App,
-    webhook: Webhook,
-    resource: &'static str,
-    request: &AdmissionRequest,
-    decision: Decision,
-    encoded: Vec<u8>,
-    http1: bool,
-) -> Response {
-    let labels = ReviewLabels {
-        webhook: webhook.as_str(),
-        resource,
-        operation: request.operation.as_str(),
-        result: decision.as_str(),
-    };
-    app.metrics.reviews.get_or_create(&labels).inc();
+/// The encoded answer as an HTTP response, counted under the review's labels.
+fn respond(app: &App, labels: &ReviewLabels, encoded: Vec<u8>, http1: bool) -> Response {
+    app.metrics.reviews.get_or_create(labels).inc();
     let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
     if http1 && !app.is_serving() {
         // Draining: the keep-alive client opens its next connection to a replica still ready

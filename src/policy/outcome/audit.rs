@@ -163,10 +163,10 @@ pub enum Subject<'a> {
 }
 
 impl AuditRecord {
+    /// A line about `subject`: what was decided and why, in words, under `mode`, at `now`.
     pub fn new(
         subject: Subject<'_>,
-        decision: Decision,
-        reason: Reason,
+        (decision, reason): (Decision, Reason),
         detail: String,
         mode: Mode,
         now: Timestamp,
@@ -219,7 +219,7 @@ pub struct ScalePlan {
 impl Ask<'_> {
     /// An audit line naming this request.
     pub fn audit(&self, decision: Decision, reason: Reason, detail: String, mode: Mode, now: Timestamp) -> AuditRecord {
-        AuditRecord::new(Subject::Request(self), decision, reason, detail, mode, now)
+        AuditRecord::new(Subject::Request(self), (decision, reason), detail, mode, now)
     }
 }
 
