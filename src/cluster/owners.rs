@@ -232,7 +232,7 @@ impl Follow<'_> {
         let flips = pods.into_iter().filter_map(|(name, record)| {
             let pod = PodRef { namespace: namespace.to_string(), name, uid: record.uid.to_string() };
             match owner {
-                Some(_) => follow(&self.view, &pod, &record),
+                Some(_) => follow(self.view, &pod, &record),
                 None => flips::flip(pod, &record, false, &Terms::default()),
             }
         });
