@@ -88,28 +88,16 @@ impl Driver {
         }
         let changes = match event {
             Ok(watcher::Event::Init) => {
-                // A list started again before the last ended keeps what that one had not had.
-                let had = self.known.remove(&scope).unwrap_or_default();
-                self.unlisted.entry(scope).or_default().extend(had);
+                self.list_begins(scope);
                 Vec::new()
             }
-            Ok(watcher::Event::InitApply(object)) => {
-                let key = index.key(&object);
-                if let Some(unlisted) = self.unlisted.get_mut(&scope) {
-                    unlisted.remove(&key);
-                }
-                self.known.entry(scope).or_default().insert(key);
+            Ok(watcher::Event::InitApply(object)) | Ok(watcher::Event::Apply(object)) => {
+                self.seen(scope, index.key(&object));
                 index.apply(object)
             }
             Ok(watcher::Event::InitDone) => {
-                let mut removed: Vec<Key> = self.unlisted.remove(&scope).unwrap_or_default().into_iter().collect();
-                removed.sort();
-                let changes = index.reset(&scope, removed);
+                let changes = index.reset(&scope, self.list_ends(&scope));
                 return Step { changes, listed: true };
-            }
-            Ok(watcher::Event::Apply(object)) => {
-                self.known.entry(scope).or_default().insert(index.key(&object));
-                index.apply(object)
             }
             Ok(watcher::Event::Delete(object)) => {
                 let key = index.key(&object);
@@ -125,6 +113,28 @@ impl Driver {
             }
         };
         Step { changes, listed: false }
+    }
+
+    /// A list of `scope` begins: every key it had is unlisted until the list has it again. A
+    /// list started again before the last ended keeps what that one had not had.
+    fn list_begins(&mut self, scope: Scope) {
+        let had = self.known.remove(&scope).unwrap_or_default();
+        self.unlisted.entry(scope).or_default().extend(had);
+    }
+
+    /// An object of `scope` seen, in a list or after it.
+    fn seen(&mut self, scope: Scope, key: Key) {
+        if let Some(unlisted) = self.unlisted.get_mut(&scope) {
+            unlisted.remove(&key);
+        }
+        self.known.entry(scope).or_default().insert(key);
+    }
+
+    /// A list of `scope` ended: the keys it no longer had, in order.
+    fn list_ends(&mut self, scope: &Scope) -> Vec<Key> {
+        let mut removed: Vec<Key> = self.unlisted.remove(scope).unwrap_or_default().into_iter().collect();
+        removed.sort();
+        removed
     }
 }
 

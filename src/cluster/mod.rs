@@ -84,30 +84,9 @@ impl Cluster {
         tokio::spawn(learn_own_user(client.clone(), view.clone()));
         let outbox = Outbox::start(client.clone(), audit, metrics.clone(), settings.outbox, policy.clone());
         let watch_timeout_secs = timeout_secs(watch_timeout);
-        if !policy.owner_rules.is_empty() {
-            let (client, view, outbox, metrics) = (client.clone(), view.clone(), outbox.clone(), metrics.clone());
-            owners::OwnerWatch { client, view, outbox, metrics, watch_timeout_secs }
-                .start(&policy.owner_rules, &scopes);
-        }
-        if settings.hold_kueue_preemption {
-            kueue::start(client.clone(), view.clone(), &scopes, watch_timeout_secs);
-        }
-        // In audit mode the round runs to remove the busy-pod PDBs enforce mode made.
-        let audit_mode = policy.mode == crate::policy::Mode::Audit;
-        let pdbs = (settings.busy_pdb || audit_mode)
-            .then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics, audit_mode));
-        let watch = Watch {
-            client: client.clone(),
-            view: view.clone(),
-            outbox: outbox.clone(),
-            metrics,
-            policy: policy.clone(),
-            sweep_interval: settings.sweep_interval,
-            watch_timeout_secs,
-            pdbs,
-        };
-        tokio::spawn(watch.run(scopes));
-        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, watch_timeout_secs));
+        let watches =
+            Watches { client: client.clone(), view: view.clone(), outbox: outbox.clone(), watch_timeout_secs };
+        watches.start(&settings, policy, metrics, scopes);
         let budgets = Budgets { client, view: view.clone(), namespace: settings.own_namespace };
         tokio::spawn(budgets.clone().forget_spent(settings.sweep_interval));
         Ok(Cluster { view, outbox: Some(outbox), budgets: Some(budgets) })
@@ -120,6 +99,47 @@ impl Cluster {
             warn!("no cluster configured: the busy rules (--busy-when-owner) follow no owner");
         }
         Cluster { view: Arc::new(View::without_cluster()), outbox: None, budgets: None }
+    }
+}
+
+/// What every watch of the cluster is started with.
+struct Watches {
+    client: kube::Client,
+    view: Arc<View>,
+    outbox: Outbox,
+    watch_timeout_secs: u32,
+}
+
+impl Watches {
+    /// The watches that feed the view, each on a task of its own: the opted-in pods (with the
+    /// namespaces and the sweep), the nodes, and where asked the busy rules' owners and Kueue's
+    /// Workloads.
+    fn start(self, settings: &ClusterSettings, policy: &PolicyConfig, metrics: Arc<Metrics>, scopes: Vec<view::Scope>) {
+        let Watches { client, view, outbox, watch_timeout_secs } = self;
+        if !policy.owner_rules.is_empty() {
+            let (client, view, outbox, metrics) = (client.clone(), view.clone(), outbox.clone(), metrics.clone());
+            owners::OwnerWatch { client, view, outbox, metrics, watch_timeout_secs }
+                .start(&policy.owner_rules, &scopes);
+        }
+        if settings.hold_kueue_preemption {
+            kueue::start(client.clone(), view.clone(), &scopes, watch_timeout_secs);
+        }
+        // In audit mode the round runs to remove the busy-pod PDBs enforce mode made.
+        let audit_mode = policy.mode == crate::policy::Mode::Audit;
+        let pdbs = (settings.busy_pdb || audit_mode)
+            .then(|| pdb::BusyPdbs::new(client.clone(), outbox.clone(), &scopes, &metrics, audit_mode));
+        tokio::spawn(nodes::watch_nodes(client.clone(), view.clone(), policy.holds, watch_timeout_secs));
+        let watch = Watch {
+            client,
+            view,
+            outbox,
+            metrics,
+            policy: policy.clone(),
+            sweep_interval: settings.sweep_interval,
+            watch_timeout_secs,
+            pdbs,
+        };
+        tokio::spawn(watch.run(scopes));
     }
 }
 

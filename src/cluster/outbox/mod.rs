@@ -28,7 +28,7 @@ use crate::policy::{Mode, PolicyConfig};
 pub use answers::EffectResult;
 use answers::{Attempt, classify, moot};
 use calls::{Calls, Confirmed};
-use last_sent::LastSent;
+use last_sent::{EventLimits, LastSent};
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutboxSettings {
@@ -97,6 +97,26 @@ struct Skipped {
 }
 
 impl Shared {
+    /// A job the queue had no room for: a loss is reported here all the same, and the
+    /// bookkeeping that would have waited for it is let go.
+    fn dropped(&self, kind: &'static str, job: Job) {
+        error!(kind, subject = %job.effect, "side-effect queue is full: dropped");
+        if let Effect::ReportLoss { cause, audit, .. } = &job.effect {
+            // A loss is never left unreported: here, at worst, by more than one replica.
+            self.report_loss(cause, audit);
+        }
+        match &job.effect {
+            Effect::DeleteIdle { pod, .. } => drop(self.deletes.lock().remove(&pod.uid)),
+            Effect::MarkDisruptionWanted { pod, .. } => self.marks.lock().forget(&pod.uid),
+            _ => {}
+        }
+        self.count(kind, EffectResult::Dropped);
+        if let Some(done) = job.done {
+            let _ = done.send(EffectResult::Dropped);
+        }
+        self.finished_one();
+    }
+
     /// One job fewer pending; the last one wakes whoever waits in `drained`.
     fn finished_one(&self) {
         if self.pending.fetch_sub(1, SeqCst) == 1 {
@@ -157,7 +177,7 @@ impl Outbox {
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
             deletes: Mutex::default(),
-            events: Mutex::new(EventLimits { last: LastSent::default(), window: Instant::now(), in_window: 0 }),
+            events: Mutex::new(EventLimits::new(Instant::now())),
             marks: Mutex::default(),
             mark_stands: policy.holds.renew_after().unsigned_abs(),
             skipped: Default::default(),
@@ -205,24 +225,8 @@ impl Outbox {
         let (done, receiver) = oneshot::channel();
         shared.pending.fetch_add(1, SeqCst);
         if let Err(e) = self.jobs.try_send(Job { effect, done: Some(done) }) {
-            let job = match e {
-                mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => job,
-            };
-            error!(kind, subject = %job.effect, "side-effect queue is full: dropped");
-            if let Effect::ReportLoss { cause, audit, .. } = &job.effect {
-                // A loss is never left unreported: here, at worst, by more than one replica.
-                shared.report_loss(cause, audit);
-            }
-            match &job.effect {
-                Effect::DeleteIdle { pod, .. } => drop(shared.deletes.lock().remove(&pod.uid)),
-                Effect::MarkDisruptionWanted { pod, .. } => shared.marks.lock().forget(&pod.uid),
-                _ => {}
-            }
-            shared.count(kind, EffectResult::Dropped);
-            if let Some(done) = job.done {
-                let _ = done.send(EffectResult::Dropped);
-            }
-            shared.finished_one();
+            let (mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) = e;
+            shared.dropped(kind, job);
         }
         Either::Right(receiver)
     }
@@ -263,35 +267,12 @@ impl Outbox {
         false
     }
 
-    /// One Event per pod per interval, and at most `EVENTS_PER_SECOND` in all: Events go to
-    /// etcd, and no burst of refusals should flood it.
+    /// One Event per pod per interval, and a few a second in all: Events go to etcd, and no
+    /// burst of refusals should flood it.
     fn event_rate_limited(&self, uid: &str) -> bool {
-        let now = Instant::now();
         let interval = self.shared.settings.event_interval;
-        let mut events = self.shared.events.lock();
-        if events.last.within(uid, interval, now) {
-            return true;
-        }
-        if now.duration_since(events.window) >= Duration::from_secs(1) {
-            (events.window, events.in_window) = (now, 0);
-        }
-        if events.in_window >= EVENTS_PER_SECOND {
-            return true;
-        }
-        events.in_window += 1;
-        events.last.sent(uid, now);
-        false
+        !self.shared.events.lock().admit(uid, interval, Instant::now())
     }
-}
-
-/// Events across all pods, at most, in any second.
-const EVENTS_PER_SECOND: u32 = 20;
-
-struct EventLimits {
-    /// When each pod last had an Event.
-    last: LastSent,
-    window: Instant,
-    in_window: u32,
 }
 
 struct Worker {
