@@ -259,11 +259,12 @@ async fn pruned_by_the_schema(client: &kube::Client, rule: &OwnerRule, plural: &
     crate::policy::owners::pruned_fields(&rule.expression, &schema)
 }
 
-/// The label each component's webhook (manifests/actions-runner-controller, manifests/agones)
-/// selects its owner kind's pods by, with a value.
-pub const OPT_IN_LABELS: [(&str, &str, &str, &str); 2] = [
+/// The label each component's webhook (manifests/actions-runner-controller, manifests/agones,
+/// manifests/agent-sandbox) selects its owner kind's pods by, with a value.
+pub const OPT_IN_LABELS: [(&str, &str, &str, &str); 3] = [
     ("actions.github.com", "EphemeralRunner", "actions-ephemeral-runner", "True"),
     ("agones.dev", "GameServer", "agones.dev/gameserver", "busyguard-check"),
+    ("agents.x-k8s.io", "Sandbox", "agents.x-k8s.io/sandbox-name-hash", "busyguard-check"),
 ];
 
 /// For each busy rule of a component's kind, a dry-run create of a pod that kind owns comes back

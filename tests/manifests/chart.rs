@@ -83,6 +83,7 @@ fn the_chart_installs_what_each_example_overlay_installs() {
         ("cert-manager", json!({})),
         ("examples/actions-runner-controller", json!({"actionsRunnerController": {"enabled": true}})),
         ("examples/agones", json!({"agones": {"enabled": true}})),
+        ("examples/agent-sandbox", json!({"agentSandbox": {"enabled": true}})),
         (
             "examples/actions-runner-controller-and-agones",
             json!({"actionsRunnerController": {"enabled": true}, "agones": {"enabled": true}}),
@@ -107,7 +108,8 @@ fn the_chart_with_self_managed_certificates_every_component_and_runbook_links_in
     std::fs::create_dir_all(&overlay).unwrap();
     let kustomization = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
         resources: [../../self-managed]\n\
-        components: [../../opt-in, ../../actions-runner-controller, ../../agones, ../../monitoring, ../../runbook-links]\n\
+        components: [../../opt-in, ../../actions-runner-controller, ../../agones, ../../agent-sandbox, ../../monitoring, \
+        ../../runbook-links]\n\
         configMapGenerator:\n  - name: busyguard-runbooks\n    literals: [base=https://example.com/busyguard/blob/v0.3.0/]\n    \
         options:\n      disableNameSuffixHash: true\n      annotations: {config.kubernetes.io/local-config: \"true\"}\n";
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
@@ -118,6 +120,7 @@ fn the_chart_with_self_managed_certificates_every_component_and_runbook_links_in
         "optIn": true,
         "actionsRunnerController": {"enabled": true},
         "agones": {"enabled": true},
+        "agentSandbox": {"enabled": true},
         "monitoring": {"enabled": true, "runbookBase": "https://example.com/busyguard/blob/v0.3.0/"},
     });
     assert_same_install("self-managed with every component", render(&overlay), values);
@@ -446,6 +449,7 @@ fn the_charts_webhooks_are_the_bases_and_the_components_own_files() {
         ),
         ("agones/mutating-webhooks.yaml", "manifests/agones/mutating-webhooks.yaml"),
         ("agones/validating-webhooks.yaml", "manifests/agones/validating-webhooks.yaml"),
+        ("agent-sandbox/mutating-webhooks.yaml", "manifests/agent-sandbox/mutating-webhooks.yaml"),
         ("prometheusrule.yaml", "manifests/monitoring/prometheusrule.yaml"),
         ("dashboard.json", "manifests/monitoring/dashboard.json"),
     ] {

@@ -60,7 +60,13 @@ watchNamespaces' names where it lists any (busyguard watches those only). */}}
 {{- if .Values.agones.enabled }}
 - {{ printf "--busy-when-owner=agones.dev/v1/GameServer=%s" .Values.agones.rule | quote }}
 {{- end }}
+{{- if .Values.agentSandbox.enabled }}
+- {{ printf "--busy-when-owner=agents.x-k8s.io/v1beta1/Sandbox;max-busy=%s=%s" .Values.agentSandbox.maxBusy .Values.agentSandbox.rule | quote }}
+{{- end }}
 {{- range .Values.busyWhenOwner }}
+{{- if and $.Values.agentSandbox.enabled (regexMatch "^agents\\.x-k8s\\.io/v1beta1/Sandbox[=;]" .) }}
+{{- fail "busyWhenOwner: agentSandbox.enabled names the Sandbox rule already: set agentSandbox.rule and agentSandbox.maxBusy instead (docs/agent-sandbox.md)" }}
+{{- end }}
 {{- if and $.Values.agones.enabled (regexMatch "^agones\\.dev/v1/GameServer[=;]" .) }}
 {{- fail "busyWhenOwner: agones.enabled names the GameServer rule already: set agones.rule instead (docs/agones.md)" }}
 {{- end }}

@@ -71,6 +71,36 @@ mod tests {
         );
     }
 
+    /// A Sandbox as agent-sandbox v0.5.6 writes it, controlled by its `owner` (a SandboxClaim or
+    /// a SandboxWarmPool), with `spec` and `status`.
+    fn sandbox(owner: &str, spec: serde_json::Value, status: serde_json::Value) -> serde_json::Value {
+        json!({"metadata": {"name": "python-warm-a", "ownerReferences": [{"apiVersion":
+            "extensions.agents.x-k8s.io/v1beta1", "kind": owner, "name": "session-7", "uid": "c", "controller": true}]},
+            "spec": spec, "status": status})
+    }
+
+    #[test]
+    fn a_sandbox_is_busy_while_a_claim_holds_it_and_idle_in_its_warm_pool_suspended_or_expired() {
+        let sandboxes = shipped("agent-sandbox");
+        assert_eq!((sandboxes.group(), &*sandboxes.kind), ("agents.x-k8s.io", "Sandbox"));
+        assert_eq!(sandboxes.terms.max_busy.as_deref(), Some("8h"), "a session is bounded");
+        let template = json!({"podTemplate": {"spec": {}}});
+        assert_eq!(sandboxes.busy(&sandbox("SandboxClaim", template.clone(), json!({}))), Ok(true));
+        assert_eq!(sandboxes.busy(&sandbox("SandboxWarmPool", template.clone(), json!({}))), Ok(false), "a spare");
+        assert_eq!(sandboxes.busy(&json!({"metadata": {"name": "mine"}, "spec": template})), Ok(false), "no claim");
+        let suspended = json!({"podTemplate": {"spec": {}}, "operatingMode": "Suspended"});
+        assert_eq!(sandboxes.busy(&sandbox("SandboxClaim", suspended, json!({}))), Ok(false));
+        let running = json!({"podTemplate": {"spec": {}}, "operatingMode": "Running"});
+        let ready = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady"}]});
+        assert_eq!(sandboxes.busy(&sandbox("SandboxClaim", running.clone(), ready)), Ok(true));
+        // Its shutdownTime reached: the controller marks it expired before it deletes the pod.
+        let expired = json!({"conditions": [{"type": "Ready", "status": "False", "reason": "SandboxExpired"}]});
+        assert_eq!(sandboxes.busy(&sandbox("SandboxClaim", running.clone(), expired)), Ok(false));
+        let mut deleting = sandbox("SandboxClaim", running, json!({}));
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-12-02T10:00:00Z");
+        assert_eq!(sandboxes.busy(&deleting), Ok(false), "the claim's end: the garbage collector deletes it");
+    }
+
     /// The rule a page of docs/ gives as a recipe: the last `--busy-when-owner=` argument of the
     /// section headed `section` (after the one a patch tests for).
     fn recipe(page: &str, section: &str) -> OwnerRule {

@@ -172,13 +172,14 @@ impl Rig {
     /// applied as `install_release` applies a base: the rig's certificates are self-managed
     /// (the Secret is the rig's, the webhooks trust its CA).
     fn install_chart(&self, components: &[&str], args: &[String]) -> Result<()> {
-        let known = ["actions-runner-controller", "agones"];
+        let known = ["actions-runner-controller", "agones", "agent-sandbox"];
         ensure!(components.iter().all(|c| known.contains(c)), "no value of the chart for {components:?}");
         let ca = std::fs::read_to_string(self.certs().join("ca.crt"))?;
         let values = json!({
             "certificates": {"source": "self-managed", "selfManaged": {"createSecret": false, "caCrt": ca}},
             "actionsRunnerController": {"enabled": components.contains(&"actions-runner-controller")},
             "agones": {"enabled": components.contains(&"agones")},
+            "agentSandbox": {"enabled": components.contains(&"agent-sandbox")},
             "extraArgs": args,
         });
         let file = self.work.join("chart-values.json");

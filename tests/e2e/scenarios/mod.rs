@@ -16,6 +16,7 @@ mod owner_kinds;
 mod owners;
 mod queues;
 mod readiness;
+mod sandboxes;
 mod scale;
 mod upgrade;
 
@@ -49,6 +50,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     owner_kinds::an_owner_rule_whose_kind_is_not_served_takes_nothing_else_down,
     owner_kinds::agones_own_end_of_a_game_server_passes_while_busyguard_is_down,
     owner_kinds::runners_are_busy_on_every_release_of_actions_runner_controller,
+    sandboxes::agent_sandboxes_are_busy_while_claimed_and_idle_in_the_warm_pool,
     agones::agones_drains_a_reusing_fleet_under_steady_allocations,
     agones::agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe,
     owner_chains::a_rule_reads_the_pod_and_the_owner_one_further_up,
