@@ -80,7 +80,8 @@ pub fn going(node: &Node, holds: Holds) -> Option<NodeGoing> {
             .map(|c| (c.type_.as_str(), c.status.as_str()))
             .collect();
     let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
-    node_going(unschedulable, &taints, &conditions, holds)
+    let labels: Vec<(&str, &str)> = node.labels().iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+    node_going(unschedulable, &taints, &conditions, &labels, holds)
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //!   eviction): for `--hold-after-eviction` after the last one, so an evictor that gave up
 //!   leaves no worker idle for longer;
 //! - the pod's node is going: Karpenter's or cluster-autoscaler's taint, a node lifecycle
-//!   condition, or (with `--hold-on-cordon`) a cordon: for as long as the node says so.
+//!   condition, a managed upgrade's mark (AKS, EKS), or (with `--hold-on-cordon`) a cordon: for
+//!   as long as the node says so.
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -43,6 +44,14 @@ pub const AUTOSCALER_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler
 /// The node lifecycle conditions (KEP-5683, Kubernetes 1.37 alpha) that say a node is going.
 pub const GOING_CONDITIONS: [&str; 5] =
     ["DrainInProgress", "Drained", "MaintenancePlanned", "MaintenanceInProgress", "GracefulNodeShutdownInProgress"];
+/// The label AKS puts on a node its upgrade could not drain in time, with
+/// `undrainableNodeBehavior: Cordon`: cordoned, kept beside a surge node, drained again by the
+/// upgrade's next run.
+pub const AKS_UPGRADE_STATUS_LABEL: (&str, &str) = ("kubernetes.azure.com/upgrade-status", "Quarantined");
+/// The label an EKS managed node group's update puts on each node it is about to replace, as it
+/// cordons it, and the label every node of a managed node group carries.
+pub const EKS_LEAVING_LABEL: (&str, &str) = ("node.kubernetes.io/exclude-from-external-load-balancers", "true");
+pub const EKS_NODE_GROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
 
 /// What busyguard keeps of a node: whether it is going (its pods take no new task), and
 /// whether it is ending whatever its pods do.
@@ -79,8 +88,18 @@ pub enum NodeGoing {
     ClusterAutoscaler,
     /// One of [`GOING_CONDITIONS`] is True.
     Condition(&'static str),
+    /// A managed upgrade is replacing it: AKS quarantined it, or an EKS managed node group's
+    /// update cordoned it.
+    Upgrade(ManagedUpgrade),
     /// Unschedulable, and `--hold-on-cordon` says a cordon holds.
     Cordoned,
+}
+
+/// Whose managed upgrade is replacing a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedUpgrade {
+    AksQuarantined,
+    EksNodeGroup,
 }
 
 impl NodeGoing {
@@ -91,17 +110,25 @@ impl NodeGoing {
                 format!("cluster-autoscaler is scaling it down (taint {AUTOSCALER_TO_BE_DELETED_TAINT})")
             }
             NodeGoing::Condition(condition) => format!("its condition {condition} is True"),
+            NodeGoing::Upgrade(ManagedUpgrade::AksQuarantined) => {
+                let (key, value) = AKS_UPGRADE_STATUS_LABEL;
+                format!("AKS's upgrade could not drain it and quarantined it ({key}={value}): its next run drains it")
+            }
+            NodeGoing::Upgrade(ManagedUpgrade::EksNodeGroup) => {
+                "its EKS managed node group's update cordoned it to replace it".into()
+            }
             NodeGoing::Cordoned => "it is cordoned (unschedulable), and busyguard runs with --hold-on-cordon".into(),
         }
     }
 }
 
 /// Whether a node is going, and why (`None`: it stays), from what the Node says of itself: its
-/// taints' keys and each condition's `(type, status)`.
+/// taints' keys, each condition's `(type, status)` and its labels.
 pub fn node_going(
     unschedulable: bool,
     taints: &[&str],
     conditions: &[(&str, &str)],
+    labels: &[(&str, &str)],
     holds: Holds,
 ) -> Option<NodeGoing> {
     if taints.contains(&KARPENTER_DISRUPTED_TAINT) {
@@ -113,6 +140,13 @@ pub fn node_going(
     let condition = GOING_CONDITIONS.into_iter().find(|going| conditions.contains(&(*going, "True")));
     if let Some(condition) = condition {
         return Some(NodeGoing::Condition(condition));
+    }
+    if labels.contains(&AKS_UPGRADE_STATUS_LABEL) {
+        return Some(NodeGoing::Upgrade(ManagedUpgrade::AksQuarantined));
+    }
+    let node_group = labels.iter().any(|(key, _)| *key == EKS_NODE_GROUP_LABEL);
+    if unschedulable && node_group && labels.contains(&EKS_LEAVING_LABEL) {
+        return Some(NodeGoing::Upgrade(ManagedUpgrade::EksNodeGroup));
     }
     (holds.on_cordon && unschedulable).then_some(NodeGoing::Cordoned)
 }
@@ -211,25 +245,43 @@ mod tests {
     #[test]
     fn a_node_is_going_by_karpenters_or_the_autoscalers_taint_or_a_lifecycle_condition() {
         let holds = Holds::default();
-        assert_eq!(node_going(false, &["karpenter.sh/disrupted"], &[], holds), Some(NodeGoing::Karpenter));
+        assert_eq!(node_going(false, &["karpenter.sh/disrupted"], &[], &[], holds), Some(NodeGoing::Karpenter));
         assert_eq!(
-            node_going(true, &["ToBeDeletedByClusterAutoscaler"], &[], holds),
+            node_going(true, &["ToBeDeletedByClusterAutoscaler"], &[], &[], holds),
             Some(NodeGoing::ClusterAutoscaler)
         );
         assert_eq!(
-            node_going(false, &[], &[("Ready", "True"), ("DrainInProgress", "True")], holds),
+            node_going(false, &[], &[("Ready", "True"), ("DrainInProgress", "True")], &[], holds),
             Some(NodeGoing::Condition("DrainInProgress"))
         );
-        assert_eq!(node_going(false, &[], &[("MaintenancePlanned", "False")], holds), None);
-        assert_eq!(node_going(false, &["node.kubernetes.io/unschedulable", "e2e"], &[], holds), None);
+        assert_eq!(node_going(false, &[], &[("MaintenancePlanned", "False")], &[], holds), None);
+        assert_eq!(node_going(false, &["node.kubernetes.io/unschedulable", "e2e"], &[], &[], holds), None);
+    }
+
+    #[test]
+    fn a_node_a_managed_upgrade_is_replacing_is_going_but_not_one_merely_cordoned_or_labelled() {
+        let holds = Holds::default();
+        let aks = [("kubernetes.azure.com/upgrade-status", "Quarantined"), ("kubernetes.azure.com/agentpool", "gpu")];
+        let quarantined = Some(NodeGoing::Upgrade(ManagedUpgrade::AksQuarantined));
+        assert_eq!(node_going(true, &[], &[], &aks, holds), quarantined);
+        assert_eq!(node_going(true, &[], &[], &[("kubernetes.azure.com/upgrade-status", "Upgraded")], holds), None);
+        let eks = [
+            ("eks.amazonaws.com/nodegroup", "workers"),
+            ("node.kubernetes.io/exclude-from-external-load-balancers", "true"),
+        ];
+        let replaced = Some(NodeGoing::Upgrade(ManagedUpgrade::EksNodeGroup));
+        assert_eq!(node_going(true, &["node.kubernetes.io/unschedulable"], &[], &eks, holds), replaced);
+        assert_eq!(node_going(false, &[], &[], &eks, holds), None, "labelled so, but not cordoned: not an update");
+        let own = [("node.kubernetes.io/exclude-from-external-load-balancers", "true")];
+        assert_eq!(node_going(true, &[], &[], &own, holds), None, "not of a managed node group");
     }
 
     #[test]
     fn a_cordon_alone_holds_only_with_hold_on_cordon() {
-        assert_eq!(node_going(true, &["node.kubernetes.io/unschedulable"], &[], Holds::default()), None);
+        assert_eq!(node_going(true, &["node.kubernetes.io/unschedulable"], &[], &[], Holds::default()), None);
         let on_cordon = Holds { on_cordon: true, ..Holds::default() };
-        assert_eq!(node_going(true, &[], &[], on_cordon), Some(NodeGoing::Cordoned));
-        assert_eq!(node_going(false, &[], &[], on_cordon), None);
+        assert_eq!(node_going(true, &[], &[], &[], on_cordon), Some(NodeGoing::Cordoned));
+        assert_eq!(node_going(false, &[], &[], &[], on_cordon), None);
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     queues::a_drain_of_queue_workers_completes_within_a_task,
     queues::a_karpenter_disruption_of_queue_workers_completes_within_a_task,
     queues::a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task,
+    queues::an_eks_node_group_update_of_queue_workers_completes_within_a_task,
     queues::a_drain_of_a_queue_worker_behind_the_agent_completes_and_cuts_no_task,
     queues::an_abandoned_drain_leaves_queue_workers_free_within_the_hold,
     queues::a_scale_down_of_queue_workers_completes_within_a_task,

@@ -102,8 +102,11 @@ pub fn a_karpenter_disruption_of_queue_workers_completes_within_a_task(rig: &Rig
         user: ("karpenter", "karpenter"),
         first_retry: Duration::from_millis(100),
         waits_on_do_not_disrupt: true,
+        drains_after: Duration::ZERO,
+        refused_for: None,
     };
-    disruption.run(rig, "karpenter.sh/disrupted:NoSchedule".into(), backoff)
+    let taint = |node: &str| rig.kubectl(&["taint", "node", node, "karpenter.sh/disrupted:NoSchedule"]).map(drop);
+    disruption.run(rig, taint, backoff)
 }
 
 /// cluster-autoscaler's way: the node tainted ToBeDeletedByClusterAutoscaler, then each pod
@@ -115,11 +118,35 @@ pub fn a_cluster_autoscaler_scale_down_of_queue_workers_completes_within_a_task(
         user: ("kube-system", "cluster-autoscaler"),
         first_retry: Duration::from_secs(10),
         waits_on_do_not_disrupt: false,
+        drains_after: Duration::ZERO,
+        refused_for: None,
     };
-    disruption.run(rig, taint, |every| every)
+    disruption.run(rig, |node| rig.kubectl(&["taint", "node", node, &taint]).map(drop), |every| every)
 }
 
-/// An autoscaler that taints a node, then evicts each pod there as its service account `user`,
+/// An EKS managed node group's update: the node to replace (of a managed node group) cordoned
+/// and labelled `node.kubernetes.io/exclude-from-external-load-balancers=true`, as its scale-up
+/// phase does; a task later, as its upgrade phase begins, each pod evicted, retried every 5 s
+/// until the update's 15 minutes. Before any eviction, the marks alone refuse every flip to busy,
+/// as Karpenter's taint does: no worker starts a new task meanwhile.
+pub fn an_eks_node_group_update_of_queue_workers_completes_within_a_task(rig: &Rig) -> Result<()> {
+    let update = Autoscaler {
+        name: "eks-update",
+        user: ("kube-system", "eks-node-manager"),
+        first_retry: Duration::from_secs(5),
+        waits_on_do_not_disrupt: false,
+        drains_after: TASK + Duration::from_secs(2),
+        refused_for: Some("its EKS managed node group's update cordoned it"),
+    };
+    let mark = |node: &str| {
+        rig.kubectl(&["label", "node", node, "eks.amazonaws.com/nodegroup=workers"])?;
+        rig.kubectl(&["cordon", node])?;
+        rig.kubectl(&["label", "node", node, "node.kubernetes.io/exclude-from-external-load-balancers=true"]).map(drop)
+    };
+    update.run(rig, mark, |every| every)
+}
+
+/// An autoscaler (or an upgrader) that marks a node going, then evicts each pod there as its service account `user`,
 /// retrying each after `first_retry`, and each retry after the next of the last wait; one that
 /// `waits_on_do_not_disrupt` evicts no pod while it carries `karpenter.sh/do-not-disrupt`.
 struct Autoscaler {
@@ -127,14 +154,20 @@ struct Autoscaler {
     user: (&'static str, &'static str),
     first_retry: Duration,
     waits_on_do_not_disrupt: bool,
+    /// How long after marking the node it begins to evict.
+    drains_after: Duration,
+    /// What the flips refused before the first eviction say, if the marks alone must refuse them.
+    refused_for: Option<&'static str>,
 }
 
 impl Autoscaler {
-    fn run(&self, rig: &Rig, taint: String, next: impl Fn(Duration) -> Duration) -> Result<()> {
+    /// `mark` marks the node going (a taint, a cordon and labels), then the pods are evicted.
+    fn run(&self, rig: &Rig, mark: impl FnOnce(&str) -> Result<()>, next: impl Fn(Duration) -> Duration) -> Result<()> {
         evictor(rig, self.user.0, self.user.1)?;
         let (ns, node, queue) = fleet(rig, &format!("queue-{}", self.name))?;
         let since = Instant::now();
-        rig.kubectl(&["taint", "node", &node, &taint])?;
+        mark(&node)?;
+        std::thread::sleep(self.drains_after);
         let user = format!("system:serviceaccount:{}:{}", self.user.0, self.user.1);
         let mut retries: HashMap<String, (Instant, Duration)> = HashMap::new();
         let emptied = evict_until_empty(rig, &ns, &node, &user, |pod, now| {
@@ -153,6 +186,12 @@ impl Autoscaler {
         let took = since.elapsed();
         let tallies = queue.finish();
         emptied?;
+        if let Some(why) = self.refused_for {
+            let before_evictions = |at: &Instant| *at < since + self.drains_after;
+            let held =
+                tallies.iter().flat_map(|t| &t.refused).any(|(at, said)| before_evictions(at) && said.contains(why));
+            ensure!(held, "no flip was refused for the node's marks alone ({why:?}): {tallies:?}");
+        }
         converged(&format!("{}'s disruption", self.name), since, took, &tallies)
     }
 }
