@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, OwnerRuleLabels};
 use crate::policy::flips;
 use crate::policy::outcome::Effect;
 use crate::policy::owners::{self, OwnerRule, OwnerState, Terms, Via};
-use crate::policy::pod::{PodFacts, PodRef};
+use crate::policy::pod::{OwnerKey, PodFacts, PodRef};
 
 /// The kind of `rule` as the API server serves it, or why its owners cannot be followed: a
 /// kind it does not serve, or one that cannot own pods (not namespaced); the kind between, too.
@@ -321,7 +321,8 @@ impl Index<PartialObjectMeta<DynamicObject>> for Links<'_> {
     }
 
     fn key(&self, object: &PartialObjectMeta<DynamicObject>) -> Key {
-        let linked = owners::owner_key(self.via.group(), &self.via.kind, &object.name_any());
+        let name = object.name_any();
+        let linked = OwnerKey { group: self.via.group(), kind: &self.via.kind, name: &name }.to_string();
         Key::new(object.namespace().unwrap_or_default(), linked)
     }
 

@@ -9,7 +9,7 @@ use super::ask::Requester;
 use super::busy::{BusyState, Lapse};
 use super::config::{Exempt, Exemptions, PolicyConfig};
 use super::outcome::{Action, Decision, Reason};
-use super::pod::PodFacts;
+use super::pod::{OwnerKey, PodFacts};
 use super::requesters::{
     CLOUD_NODE_LIFECYCLE_USERS, GARBAGE_COLLECTOR_USER, NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS,
 };
@@ -164,13 +164,10 @@ fn deleted_as_its_end(
     }
     let by_its_leader = config.leader_of(pod).is_some_and(|leader| requester.pod == Some(leader));
     let owner = pod.owner();
-    let owning_pod = owner.as_deref().and_then(|owner| owner.strip_prefix(OWNING_POD));
-    let by_its_owning_pod = owning_pod.is_some_and(|owner| requester.pod == Some(owner));
+    let owning_pod = owner.as_deref().and_then(OwnerKey::parse).filter(OwnerKey::is_pod);
+    let by_its_owning_pod = owning_pod.is_some_and(|owner| requester.pod == Some(owner.name));
     (by_its_leader || by_its_owning_pod).then_some(Override::Leader)
 }
-
-/// How the key of a pod's controlling owner starts when that owner is a pod (`owner_key`).
-const OWNING_POD: &str = "/Pod/";
 
 /// Deletes that must not wait on a workload's budget either: the garbage collector's (the owner
 /// is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes anyway).

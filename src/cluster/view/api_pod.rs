@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{BUSY_LABEL, DECIDING_ANNOTATIONS, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER_NAMED_BY};
-use crate::policy::owners::{group_of, owner_key};
+use crate::policy::pod::OwnerKey;
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 
 /// A pod as the API sends it (lists, watch events, the answers to writes), decoded into the
@@ -157,7 +157,7 @@ impl ApiPod {
         let mut owners = meta.owner_references.iter().flatten();
         let owner = owners
             .find(|o| o.controller == Some(true))
-            .map(|o| Arc::from(owner_key(group_of(&o.api_version), &o.kind, &o.name)));
+            .map(|o| Arc::from(OwnerKey::of(&o.api_version, &o.kind, &o.name).to_string()));
         let readiness = self.status.readiness();
         let phase = Phase::parse(self.status.phase.as_deref());
         let mut record = PodRecord {

@@ -9,7 +9,7 @@ mod expression;
 mod rule;
 mod state;
 
-pub use super::pod::{group_of, owner_key, version_of};
+pub use super::pod::{group_of, version_of};
 pub use expression::{POD_FIELDS, pruned_fields};
 pub use rule::{OwnerRule, PerPod, Terms, Undecided, Via, kind_and_name, rule_for, rule_of, same_kind_twice};
 pub use state::{OwnerState, flip_patch, follow};

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::expression::{pod_fields_not_kept, unbound_names};
-use crate::policy::pod::{PodRef, group_of, owner_key, version_of};
+use crate::policy::pod::{OwnerKey, PodRef, group_of, version_of};
 
 /// One rule: pods owned by a `group/version` `kind` are busy while `expression` holds of the
 /// owner (bound as `object`) and, if it reads it, of the pod (bound as `pod`). With `via`, the
@@ -209,9 +209,9 @@ impl OwnerRule {
         format!("{via}{}/{}", self.api_version, self.kind)
     }
 
-    /// How a pod's controlling owner of this rule's kind named `name` is keyed (see [`owner_key`]).
+    /// How a pod's controlling owner of this rule's kind named `name` is keyed (see [`OwnerKey`]).
     pub fn owner_key(&self, name: &str) -> String {
-        owner_key(self.group(), &self.kind, name)
+        OwnerKey { group: self.group(), kind: &self.kind, name }.to_string()
     }
 
     /// How the view keeps this rule's verdict on its owner named `name`: the owner key, behind
@@ -320,14 +320,13 @@ pub fn rule_for<'r>(rules: &'r [OwnerRule], group: &str, kind: &str) -> Option<&
 /// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`, the pod's
 /// controlling owner) busy, if any.
 pub fn rule_of<'r>(rules: &'r [OwnerRule], owner_key: &str) -> Option<&'r OwnerRule> {
-    let mut parts = owner_key.splitn(3, '/');
-    let (group, kind) = (parts.next()?, parts.next()?);
-    rules.iter().find(|rule| rule.pods_owner() == (group, kind))
+    let owner = OwnerKey::parse(owner_key)?;
+    rules.iter().find(|rule| rule.pods_owner() == (owner.group, owner.kind))
 }
 
 /// The `Kind/name` of an owner key, as people name an owner.
 pub fn kind_and_name(owner_key: &str) -> &str {
-    owner_key.split_once('/').map_or(owner_key, |(_, kind_and_name)| kind_and_name)
+    OwnerKey::parse(owner_key).map_or(owner_key, |owner| &owner_key[owner.group.len() + 1..])
 }
 
 /// Why a rule cannot tell whether an owner's pods are busy: they are left as they are.

@@ -86,7 +86,7 @@ pub trait PodFacts {
     /// Whether busyguard wrote the busy label itself: the pod follows its owner's status or its
     /// leader (`policy::owners`), so its flag is not the pod's own.
     fn busy_label_by_busyguard(&self) -> bool;
-    /// The controlling owner as `group/Kind/name` (`policy::owners::owner_key`).
+    /// The controlling owner as its key, `group/Kind/name` ([`OwnerKey`]).
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>>;
 
     /// Succeeded or Failed: the pod's containers will not run again.
@@ -149,5 +149,68 @@ pub trait PodFacts {
             return None;
         }
         serde_json::from_str(self.annotation(DELETE_REQUESTED)?).ok()
+    }
+}
+
+/// An owner as busyguard keys it, read (kube's `ObjectRef` shape): its API group (`""` for the
+/// core group), kind and name. It is kept as its string, `group/Kind/name`, once per owner the
+/// view's pods share, so two groups' kinds of the same name are never taken for each other;
+/// this is the one place that writes and reads that string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerKey<'a> {
+    pub group: &'a str,
+    pub kind: &'a str,
+    pub name: &'a str,
+}
+
+impl<'a> OwnerKey<'a> {
+    /// The key an owner reference names (its `apiVersion`'s group, its kind and name).
+    pub fn of(api_version: &'a str, kind: &'a str, name: &'a str) -> OwnerKey<'a> {
+        OwnerKey { group: group_of(api_version), kind, name }
+    }
+
+    /// A key as [`OwnerKey`]'s `Display` writes it; `None` for anything else.
+    pub fn parse(key: &'a str) -> Option<OwnerKey<'a>> {
+        let (group, rest) = key.split_once('/')?;
+        let (kind, name) = rest.split_once('/')?;
+        Some(OwnerKey { group, kind, name })
+    }
+
+    /// A pod (a Spark driver's executors are controlled by it).
+    pub fn is_pod(&self) -> bool {
+        self.group.is_empty() && self.kind == "Pod"
+    }
+}
+
+impl std::fmt::Display for OwnerKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.group, self.kind, self.name)
+    }
+}
+
+/// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
+pub fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// The version of an `apiVersion` (`v1` of `apps/v1`, and of the core group's `v1`).
+pub fn version_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or(api_version, |(_, version)| version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_key_reads_back_as_written_and_tells_two_groups_kinds_apart() {
+        let runner = OwnerKey::of("actions.github.com/v1alpha1", "EphemeralRunner", "r-4tb9k");
+        assert_eq!(runner.to_string(), "actions.github.com/EphemeralRunner/r-4tb9k");
+        assert_eq!(OwnerKey::parse("actions.github.com/EphemeralRunner/r-4tb9k"), Some(runner));
+        let driver = OwnerKey::of("v1", "Pod", "etl-driver");
+        assert_eq!(driver.to_string(), "/Pod/etl-driver");
+        assert!(OwnerKey::parse("/Pod/etl-driver").is_some_and(|key| key.is_pod() && key.name == "etl-driver"));
+        assert!(!OwnerKey::of("example.com/v1", "Pod", "p").is_pod(), "another group's Pod");
+        assert_eq!(OwnerKey::parse("no-slashes"), None);
     }
 }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::duration::api_time;
 use decode::{ByBusyguard, by_busyguard, null_as_default};
-pub use facts::{Phase, PodFacts, Readiness, RunsToCompletion};
+pub use facts::{OwnerKey, Phase, PodFacts, Readiness, RunsToCompletion, group_of, version_of};
 
 /// A pod by its name and uid: whom an effect or an audit line is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,7 +241,7 @@ impl PodFacts for Pod {
 
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
         let owner = self.controller()?;
-        Some(owner_key(group_of(&owner.api_version), &owner.kind, &owner.name).into())
+        Some(OwnerKey::of(&owner.api_version, &owner.kind, &owner.name).to_string().into())
     }
 
     fn resource_version(&self) -> &str {
@@ -365,22 +365,6 @@ impl PodStatus {
             gated: ready.status != "True" && ready.reason.as_deref() == Some("ReadinessGatesNotReady"),
         })
     }
-}
-
-/// An owner as the view keys it: `group/Kind/name` (`/Kind/name` for the core group), so two
-/// groups' kinds of the same name are never taken for each other.
-pub fn owner_key(group: &str, kind: &str, name: &str) -> String {
-    format!("{group}/{kind}/{name}")
-}
-
-/// The group of an ownerReference's `apiVersion` (`""` for the core group's `v1`).
-pub fn group_of(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or("", |(group, _)| group)
-}
-
-/// The version of an `apiVersion` (`v1` of `apps/v1`, and of the core group's `v1`).
-pub fn version_of(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or(api_version, |(_, version)| version)
 }
 
 #[cfg(test)]
