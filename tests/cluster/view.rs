@@ -221,3 +221,21 @@ async fn opted_in_by_label_only_a_labelled_namespaces_busy_pod_is_guarded() {
         assert_eq!(again, 0, "labelled in: {labelled}");
     }
 }
+
+/// A namespace labelled out has its pods taken up again once its label comes off: busyguard lists
+/// them aside. While that list hangs, the pod watch goes on: a pod turning idle elsewhere is seen,
+/// and its eviction allowed.
+#[tokio::test]
+async fn a_namespace_guarded_again_is_listed_aside_and_the_pod_watch_goes_on_meanwhile() {
+    let api = ApiServer::start().await;
+    api.put_namespace("other", &[("busyguard.io/enabled", "false")]);
+    api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
+    let server = TestServer::with_cluster(&api).await;
+    assert_eq!(server.review("/validate", &eviction_of("worker-a")).await["allowed"], false);
+
+    api.fault("GET", "/api/v1/namespaces/other/pods", [Fault::Delay(Duration::from_secs(60))]);
+    api.namespace_event("DELETED", "other", &[]);
+    api.wait_for(1, |call| call.path == "/api/v1/namespaces/other/pods").await;
+    api.update_pod("capture", "worker-a", |pod| pod["metadata"]["labels"]["busyguard.io/busy"] = json!("false"));
+    wait_until_eviction_allowed_is(&server, "worker-a", true).await;
+}

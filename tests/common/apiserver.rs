@@ -98,6 +98,8 @@ pub struct ApiServer {
     pub addr: SocketAddr,
     store: Arc<Mutex<Store>>,
     feed: broadcast::Sender<Arc<Feed>>,
+    /// The namespaces' watch events (`namespace_event`).
+    namespace_feed: broadcast::Sender<Arc<Feed>>,
     listening: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
@@ -105,8 +107,9 @@ impl ApiServer {
     pub async fn start() -> ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (feed, _) = broadcast::channel(1024);
-        let api =
-            ApiServer { addr: listener.local_addr().unwrap(), store: Arc::default(), feed, listening: Arc::default() };
+        let (namespace_feed, _) = broadcast::channel(64);
+        let addr = listener.local_addr().unwrap();
+        let api = ApiServer { addr, store: Arc::default(), feed, namespace_feed, listening: Arc::default() };
         api.listen(listener);
         api
     }
@@ -170,6 +173,20 @@ impl ApiServer {
     pub fn put_namespace(&self, name: &str, labels: &[(&str, &str)]) {
         let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         self.store().namespaces.insert(name.to_string(), labels);
+    }
+
+    /// A watch event of the namespace `name`, now with `labels`, as the namespaces' watch brings
+    /// it: `kind` is `ADDED` or `MODIFIED` where the watch's selector has it, `DELETED` where it
+    /// no longer does (its label changed, or it is gone).
+    pub fn namespace_event(&self, kind: &str, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut store = self.store();
+        store.resource_version += 1;
+        let object = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels, "resourceVersion": store.resource_version.to_string()}});
+        store.namespaces.insert(name.to_string(), labels);
+        let line = json!({"type": kind, "object": object}).to_string();
+        let _ = self.namespace_feed.send(Arc::new(Feed::Event(line)));
     }
 
     pub fn put_pod(&self, pod: Value) -> Value {
@@ -401,6 +418,18 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
     }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&api, &query),
+        // The opted-in pods of one namespace (a namespace guarded again is listed so).
+        (&Method::GET, ["api", "v1", "namespaces", namespace, "pods"]) => {
+            let store = api.store();
+            let items: Vec<Value> = (store.pods.iter())
+                .filter(|((ns, _), pod)| {
+                    ns == namespace && pod["metadata"]["labels"].get("busyguard.io/busy").is_some()
+                })
+                .map(|(_, pod)| pod.clone())
+                .collect();
+            let rv = store.resource_version.to_string();
+            ok(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}))
+        }
         (m, ["api", "v1", "namespaces", namespace, "pods", name]) => pod_call(&api, m, namespace, name, &query, body),
         // An eviction deletes the pod as its deleteOptions say. As the real API server's, it
         // takes a PodDisruptionBudget slot before the delete checks the preconditions (counted
@@ -460,8 +489,8 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
             }
             (StatusCode::CREATED, [("content-type", "application/json")], body.to_string()).into_response()
         }
-        // The namespaces put (selected by one `key=value`), no node going; a watch stays open,
-        // empty, until its timeout.
+        // The namespaces put (selected by one `key=value`), no node going; a watch brings the
+        // namespaces' events (none for nodes) until its timeout.
         (&Method::GET, ["api", "v1", kind @ ("namespaces" | "nodes")]) => {
             let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
             if param("watch") != Some("true") {
@@ -488,10 +517,8 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
                     "items": items}));
             }
             let timeout = param("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(300);
-            let quiet = futures::stream::pending::<Result<Bytes, std::io::Error>>();
-            let ends = tokio::time::sleep(Duration::from_secs(timeout));
-            let body = Body::from_stream(futures::StreamExt::take_until(quiet, ends));
-            ([("content-type", "application/json")], body).into_response()
+            let events = (*kind == "namespaces").then(|| api.namespace_feed.subscribe());
+            ok_stream(Vec::new(), events, Some(Duration::from_secs(timeout)))
         }
         (&Method::POST, ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"]) => ok(json!({
             "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
