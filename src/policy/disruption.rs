@@ -30,14 +30,6 @@ pub fn defers_delete(requester: Requester<'_>) -> bool {
     username == GARBAGE_COLLECTOR_USER || username == LOCAL_ADMIN_USER || !username.starts_with("system:")
 }
 
-/// Whether the workload's budget holds this disruption: not a restart (the pod stays), not
-/// for exempt requesters and recovery, nor deletes that must not wait: the garbage collector's
-/// (the owner is gone, every pod goes) and Karpenter's (its node's deadline: the instance goes
-/// anyway).
-fn held_by_budget(d: &Disruption<'_, impl PodFacts + ?Sized>, config: &PolicyConfig) -> bool {
-    budget_holds(d.taking.action(), d.ask.requester, config)
-}
-
 /// Whether the cluster itself confirms a release the ReplicaSet controller's delete asked for,
 /// as read from the API server at that moment (a review can be forged; these cannot): the
 /// ReplicaSet is scaling down (it wants fewer pods than it has), and its Deployment is not
@@ -212,7 +204,8 @@ fn within_budget(
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
     let (namespace, name) = (d.ask.namespace, d.ask.name);
-    let held = held_by_budget(d, config);
+    // Not a restart, not recovery or an exempt requester, nor a delete that must not wait.
+    let held = budget_holds(d.taking.action(), d.ask.requester, config);
     match budget::budget(d.pod, d.siblings.as_ref(), held, namespace, name) {
         Budget::NotHeld => Outcome::allow(Decision::Allowed),
         Budget::UsedUp(message) => Outcome::refused(Denial::Budget, Reason::Budget, message, config.mode, audit),

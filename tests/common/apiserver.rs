@@ -200,8 +200,7 @@ impl ApiServer {
     /// As a watch with busyguard's label selector sees a change: a pod that stops matching is
     /// DELETED (with its last matching version), one that starts is ADDED.
     fn emit_change(&self, store: &mut Store, before: Option<Value>, after: Value) {
-        let watched = |pod: &Value| pod["metadata"]["labels"].get("busyguard.io/busy").is_some();
-        match (before.filter(watched), watched(&after)) {
+        match (before.filter(opted_in), opted_in(&after)) {
             (Some(_), true) => self.emit(store, "MODIFIED", after),
             (None, true) => self.emit(store, "ADDED", after),
             (Some(mut last), false) => {
@@ -422,9 +421,7 @@ async fn handle(State(api): State<ApiServer>, request: Request) -> Response {
         (&Method::GET, ["api", "v1", "namespaces", namespace, "pods"]) => {
             let store = api.store();
             let items: Vec<Value> = (store.pods.iter())
-                .filter(|((ns, _), pod)| {
-                    ns == namespace && pod["metadata"]["labels"].get("busyguard.io/busy").is_some()
-                })
+                .filter(|((ns, _), pod)| ns == namespace && opted_in(pod))
                 .map(|(_, pod)| pod.clone())
                 .collect();
             let rv = store.resource_version.to_string();
@@ -579,9 +576,13 @@ fn lease_call(api: &ApiServer, method: &Method, namespace: &str, name: Option<&s
     }
 }
 
+/// Whether busyguard's watch selects the pod (its label selector: the busy label, any value).
+fn opted_in(pod: &Value) -> bool {
+    pod["metadata"]["labels"].get("busyguard.io/busy").is_some()
+}
+
 fn list_or_watch(api: &ApiServer, query: &str) -> Response {
     let param = |key: &str| query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('='));
-    let opted_in = |pod: &Value| pod["metadata"]["labels"].get("busyguard.io/busy").is_some();
     let store = api.store();
     if param("watch") != Some("true") {
         if store.lists_fail {
