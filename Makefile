@@ -12,7 +12,7 @@ DEV_URL ?= https://127.0.0.1:8443
 CLUSTER_CERTS ?= manifests/self-managed/certs
 CLUSTER_DNS ?= busyguard.busyguard.svc,busyguard.busyguard.svc.cluster.local
 
-.PHONY: help build dist image install run certs test unit bench bench-wrk bench-instructions bench-apiserver fuzz lint sbom fmt clean e2e e2e-cluster dev-register dev-unregister \
+.PHONY: help build dist image install run certs test unit bench bench-wrk bench-instructions bench-apiserver fuzz lint manifests sbom fmt clean e2e e2e-cluster dev-register dev-unregister \
 	cluster-certs cluster-certs-rotate cluster-certs-rotated
 
 # A plain `make` says what there is.
@@ -20,6 +20,7 @@ help:
 	@echo 'make run       serve on 127.0.0.1:8443 (admin 127.0.0.1:8080) with dev certificates, no cluster needed'
 	@echo 'make test      every test (make unit, then make e2e on a real control plane)'
 	@echo 'make unit      the fast tests;  make e2e  the end-to-end suite;  make lint  fmt, clippy, the workflows and cargo deny'
+	@echo 'make manifests the webhook conditions of manifests/base from src/policy/registrations.rs, and the chart README'
 	@echo 'make sbom      the CycloneDX SBOM of the Rust dependencies, in target/busyguard.cdx.json'
 	@echo 'make install   the busyguard command on your PATH;  make build  a release build'
 	@echo 'make dist      the CLI archives per platform (DIST_TARGETS), their SHA-256 and a krew manifest, in target/dist'
@@ -152,6 +153,14 @@ lint:
 	@# Licences, bans and sources of the dependencies (deny.toml; cargo-deny installed once).
 	$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 	$(CARGO) deny check licenses bans sources
+
+# What is generated and committed: each matchCondition of manifests/base/webhooks.yaml from
+# src/policy/registrations.rs (tests/manifests/conditions.rs), and the chart's README from its
+# values.yaml. `make unit` fails while either differs from its source.
+manifests:
+	BUSYGUARD_WRITE_MANIFESTS=1 $(CARGO) test --locked --test manifests -- --exact \
+		conditions::the_base_webhooks_ship_the_match_conditions_of_registrations_rs
+	PYTHONPATH=$$(sh scripts/helm-python.sh) python3 scripts/chart.py readme
 
 # The CycloneDX SBOM of busyguard's Rust dependencies, at target/busyguard.cdx.json (cargo-cyclonedx,
 # installed once); the release workflow attaches it to the image and the release.

@@ -3,9 +3,9 @@
 //! stand for. A request they skip is one busyguard would answer "allowed, unchanged" anyway (or,
 //! for an idle pod's write, one whose leftovers busyguard's watch repairs as well), so skipping
 //! it saves the API server a round trip and, for the fail-closed pod deletes, keeps busyguard's
-//! availability out of the way of writes that cannot matter. `tests/manifests/` holds the
-//! manifests to these values; the tests below evaluate them against the decisions they stand
-//! for.
+//! availability out of the way of writes that cannot matter. `make manifests` writes the
+//! conditions into the manifests ([`match_conditions`]) and `tests/manifests/` holds them there;
+//! the tests below evaluate them against the decisions they stand for.
 //!
 //! The selectors come first, because they are what makes skipping cheap: the API server matches
 //! labels before anything else, while a matchCondition first converts the pod (old and new) to
@@ -239,6 +239,42 @@ pub fn node_deletes_let_through(karpenter: &[String]) -> String {
 /// NodeClaim deletes sent: of those that have a node, where busy pods may run.
 pub fn node_claim_has_a_node() -> String {
     "has(oldObject.status) && has(oldObject.status.nodeName) && oldObject.status.nodeName != ''".to_string()
+}
+
+/// Every matchCondition of `manifests/base/webhooks.yaml`: webhook, condition, expression, in
+/// the file's order. `make manifests` writes each expression there from this table, and the
+/// manifests tests fail while the file says anything else. `karpenter`: Karpenter's users as
+/// `busyguard serve` takes them by default.
+pub fn match_conditions(karpenter: &[String]) -> Vec<(&'static str, &'static str, String)> {
+    let not_terminating = ("not-already-terminating", "!has(oldObject.metadata.deletionTimestamp)".to_string());
+    let own_user = format!("system:serviceaccount:{BUSYGUARD_NAMESPACE}:busyguard");
+    let not_busyguard = ("not-busyguard-itself", format!("request.userInfo.username != '{own_user}'"));
+    let must_not_wait = ("a-delete-that-must-not-wait", from_a_delete_that_must_not_wait(karpenter));
+    let may_wait = ("not-a-delete-that-must-not-wait", not_from_a_delete_that_must_not_wait(karpenter));
+    let let_through = ("not-always-let-through", pod_deletes_let_through());
+    let refused = ("may-be-refused", pod_delete_may_be_refused());
+    let counted = ("counted-by-the-budget", pod_delete_counted_by_a_budget());
+    let flags = ("from-a-pod-or-on-busyguards-keys", from_a_pod_or_on_busyguards_keys());
+    let webhooks = [
+        ("pods.busyguard.io", vec![("may-be-patched", pod_write_may_be_patched())]),
+        (
+            "pod-deletes.busyguard.io",
+            vec![not_terminating.clone(), may_wait.clone(), let_through.clone(), refused.clone()],
+        ),
+        ("budget-deletes.busyguard.io", vec![not_terminating.clone(), may_wait, let_through, counted.clone()]),
+        ("pod-preemptions.busyguard.io", vec![not_terminating.clone(), must_not_wait.clone(), refused]),
+        ("budget-preemptions.busyguard.io", vec![not_terminating, must_not_wait, counted]),
+        ("pod-flags.busyguard.io", vec![not_busyguard.clone(), flags.clone()]),
+        ("idle-pod-flags.busyguard.io", vec![not_busyguard.clone(), flags, ("not-for-pod-flags", not_for_pod_flags())]),
+        ("pod-marks.busyguard.io", vec![not_busyguard, ("sets-a-delete-requested-mark", pod_write_marks_anew())]),
+        ("scale-downs.busyguard.io", vec![("lowers-replicas", LOWERS_REPLICAS.to_string())]),
+        ("node-deletes.busyguard.io", vec![("not-always-let-through", node_deletes_let_through(karpenter))]),
+        ("node-claim-deletes.busyguard.io", vec![("has-a-node", node_claim_has_a_node())]),
+    ];
+    let each = |(webhook, conditions): (&'static str, Vec<(&'static str, String)>)| {
+        conditions.into_iter().map(move |(name, expression)| (webhook, name, expression))
+    };
+    webhooks.into_iter().flat_map(each).collect()
 }
 
 fn not_from(users: &[&str]) -> String {
