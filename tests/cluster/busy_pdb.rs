@@ -9,7 +9,7 @@ async fn keeping_busy_pdbs(api: &ApiServer) -> TestServer {
 
 async fn keeping_busy_pdbs_sweeping_every(api: &ApiServer, sweep_interval: Duration) -> TestServer {
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.cluster.sweep_interval = sweep_interval;
         config.cluster.busy_pdb = true;
     })

@@ -153,7 +153,7 @@ async fn a_review_beyond_max_in_flight_is_shed_at_once_and_the_next_one_answered
     let api = ApiServer::start().await;
     five_workers(&api, since_minutes_ago(30));
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.limits.max_in_flight = 1;
     })
     .await;

@@ -123,7 +123,7 @@ fn scale_down_5_to_2() -> Value {
 /// A server watching `api` whose sweep comes every 200 ms.
 async fn sweeping(api: &ApiServer) -> TestServer {
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.cluster.sweep_interval = Duration::from_millis(200);
     })
     .await;

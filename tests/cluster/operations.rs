@@ -35,7 +35,7 @@ async fn rbac_of_the_manifests_grants_exactly_the_calls_busyguard_makes() {
         "annotations": {"busyguard.io/granted": r#"{"agent-x":"2026-01-01T00:00:00Z"}"#}}}),
     );
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.cluster.outbox.event_interval = Duration::from_millis(1);
         config.cluster.sweep_interval = Duration::from_millis(200);
         config.cluster.busy_pdb = true;
@@ -118,7 +118,7 @@ async fn busyguard_status_reads_the_cluster_and_says_who_is_busy_where() {
         "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "busyguard", "args": ["serve"],
             "env": [{"name": "BUSYGUARD_MAX_BUSY", "value": "2h"}]}]}}}}),
     );
-    let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    let source = api.source();
     let max_busy = busyguard::policy::busy::MaxBusy::new(SignedDuration::from_hours(24));
     let settings = busyguard::commands::status::Settings { max_busy, holds: Default::default() };
     let report = busyguard::commands::status::run(&source, &[], settings, &[]).await.unwrap();
@@ -198,7 +198,7 @@ async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_leaves_everythi
     let api = ApiServer::start().await;
     api.put_pod(worker_pod("busy", true));
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.policy.owner_rules =
             vec!["agones.dev/v1/GameServer=object.status.state == 'Allocated'".parse().unwrap()];
     })
@@ -225,7 +225,7 @@ async fn a_busy_rule_naming_a_kind_the_api_server_does_not_serve_leaves_everythi
 #[tokio::test]
 async fn busyguard_check_names_a_busy_rule_busyguard_would_not_start_with_and_warns_of_one_it_would_not_follow() {
     let api = ApiServer::start().await;
-    let source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+    let source = api.source();
     let with_rule = |rule: &str| {
         let container =
             json!({"name": "busyguard", "image": "busyguard", "args": ["serve", "--busy-when-owner", rule]});
@@ -287,7 +287,7 @@ async fn a_kueue_hold_with_nothing_to_follow_says_why_and_tells_not_installed_fr
     let api = ApiServer::start().await;
     api.put_pod(worker_pod("busy", true));
     let server = TestServer::start_with(|config| {
-        config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+        config.cluster.source = api.source();
         config.cluster.hold_kueue_preemption = true;
     })
     .await;

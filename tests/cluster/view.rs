@@ -205,7 +205,7 @@ async fn opted_in_by_label_only_a_labelled_namespaces_busy_pod_is_guarded() {
         }
         api.put_pod(busy_pod("worker-a", since_minutes_ago(10)));
         let server = TestServer::start_with(|config| {
-            config.cluster.source = busyguard::cluster::ClusterSource::Config(Box::new(api.kube_config()));
+            config.cluster.source = api.source();
             config.cluster.enrolment = busyguard::policy::Enrolment::OptIn;
         })
         .await;

@@ -142,6 +142,12 @@ impl ApiServer {
         kube::Config::new(self.url().parse().unwrap())
     }
 
+    /// Where busyguard finds its cluster: here, through the client it builds on any cluster's
+    /// configuration (its watch-health layer and timeouts with it).
+    pub fn source(&self) -> busyguard::cluster::ClusterSource {
+        busyguard::cluster::ClusterSource::Config(Box::new(self.kube_config()))
+    }
+
     /// The Lease `namespace/name`, as stored.
     pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
         self.store().leases.get(&(namespace.to_string(), name.to_string())).cloned()

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use busyguard::cli::{Cli, Command};
-use busyguard::cluster::ClusterSource;
 use busyguard::commands::certs::{self, CertsRequest};
 use busyguard::server::tls::CertFiles;
 use busyguard::server::{self, Limits, ServeConfig, Server};
@@ -114,7 +113,7 @@ impl TestServer {
     /// As `with_cluster`, without waiting for the first list; the watch counts as stale after 2s.
     pub async fn with_cluster_unready(api: &apiserver::ApiServer) -> Self {
         Self::start_with(|config| {
-            config.cluster.source = ClusterSource::Config(Box::new(api.kube_config()));
+            config.cluster.source = api.source();
             config.cluster.stale_after = Duration::from_secs(2);
         })
         .await
