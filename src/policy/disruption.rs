@@ -18,7 +18,7 @@ use super::owners;
 use super::pod::{PodFacts, PodRef};
 use super::refusals::{Busy, busy_denial, restart_while_busy};
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
-use super::verdict::{Override, Taken, Verdict, budget_holds, judge, override_detail};
+use super::verdict::{Override, Taken, Verdict, budget_holds, judge};
 use super::workloads::workload_of;
 use crate::duration::whole_second;
 
@@ -236,11 +236,7 @@ fn let_busy_go(
     audit: impl FnOnce(Decision, Reason, String) -> AuditRecord,
 ) -> Outcome {
     let decision = over.decision();
-    Outcome::allow(decision).audited(audit(
-        decision,
-        over.reason(),
-        override_detail(&over, d.ask.namespace, d.ask.name),
-    ))
+    Outcome::allow(decision).audited(audit(decision, over.reason(), over.detail(d.ask.namespace, d.ask.name)))
 }
 
 /// A busy pod kept, busy `since` and protected `until` (as far as known): the refusal, and what

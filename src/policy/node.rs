@@ -8,16 +8,15 @@
 
 use jiff::Timestamp;
 
-use super::ask::Ask;
+use super::ask::{Ask, Requester};
 use super::busy::{BusyState, busy_state};
-use super::config::{Mode, PolicyConfig};
+use super::config::{Exemptions, Mode, PolicyConfig};
 use super::hold;
 use super::keys::BUSY_LABEL;
 use super::keys::DeleteRequest;
 use super::outcome::{Decision, Denial, Effect, Outcome, Reason};
 use super::pod::{PodFacts, PodRef};
-pub use super::verdict::NodeClaimEnd;
-use super::verdict::{node_claim_delete_let_through, node_delete_let_through};
+use super::requesters::CLOUD_NODE_LIFECYCLE_USERS;
 use crate::duration::parse_positive_duration;
 use crate::duration::whole_second;
 
@@ -192,6 +191,60 @@ fn busy_list(busy: &[BusyOnNode]) -> String {
     named.join(", ")
 }
 
+/// Who deletes a node with busy pods on it whatever they do: the cloud node lifecycle controller
+/// (the machine is already gone, nothing is left to protect), Karpenter (its DELETE only starts a
+/// termination, which waits for a busy pod's `do-not-disrupt` until its NodePool's deadline),
+/// exempt users and groups.
+fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Reason> {
+    if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
+        return Some(Reason::NodeGone);
+    }
+    if exemptions.is_karpenter(requester.username) {
+        return Some(Reason::KarpenterTermination);
+    }
+    exemptions.of(requester).map(|exempt| exempt.reason())
+}
+
+/// Karpenter's voluntary disruptions of a NodeClaim: the reasons its disruption queue sets on
+/// the `DisruptionReason` condition before it deletes the NodeClaim.
+pub const VOLUNTARY_NODE_CLAIM_DISRUPTIONS: [&str; 3] = ["Underutilized", "Empty", "Drifted"];
+
+/// What a NodeClaim delete is judged by: why Karpenter disrupts it, if it does, and what ends
+/// it whatever its pods do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeClaimEnd<'a> {
+    /// The reason of its `DisruptionReason` condition.
+    pub disruption: Option<&'a str>,
+    /// Past its `spec.expireAfter`: Karpenter's expiry, forceful by design.
+    pub expired: bool,
+    /// Its node is being deleted, or is not Ready: Karpenter's node termination, or its repair.
+    pub node_ending: bool,
+    /// Of spot capacity (`karpenter.sh/capacity-type: spot`).
+    pub spot: bool,
+}
+
+/// Who deletes a NodeClaim with busy pods on its node whatever they do, and why: all but
+/// Karpenter's voluntary disruptions (consolidation, drift) go. While such a command is in flight
+/// the NodeClaim keeps its `DisruptionReason`, so its other ends are told apart by what else
+/// holds: someone else asks (a person's delete), it has expired, or its node is being deleted or
+/// is not Ready. Karpenter's delete of a spot NodeClaim for no reason of its own, before its
+/// expiry and with its node Ready, is its cloud's interruption (the instance is reclaimed within
+/// minutes): `Interrupted`, and its busy pods are let go so that their tasks get a SIGTERM.
+fn node_claim_delete_let_through(
+    claim: NodeClaimEnd<'_>,
+    requester: Requester<'_>,
+    exemptions: &Exemptions,
+) -> Option<Reason> {
+    let voluntary = claim.disruption.is_some_and(|reason| VOLUNTARY_NODE_CLAIM_DISRUPTIONS.contains(&reason));
+    if !exemptions.is_karpenter(requester.username) || claim.expired || claim.node_ending {
+        return Some(Reason::NodeClaimEnding);
+    }
+    if !voluntary {
+        return Some(if claim.spot { Reason::Interrupted } else { Reason::NodeClaimEnding });
+    }
+    exemptions.of(requester).map(|exempt| exempt.reason())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +272,22 @@ mod tests {
     use crate::policy::requesters::CLOUD_NODE_LIFECYCLE_USERS;
     use crate::policy::testing::*;
     use serde_json::json;
+
+    /// Who deletes a node with busy pods whatever they do: the cloud's lifecycle controller,
+    /// Karpenter (its termination waits on the pods), exempt users; nobody else.
+    #[test]
+    fn who_deletes_a_node_with_busy_pods_on_it_anyway() {
+        const KARPENTER: &str = "system:serviceaccount:karpenter:karpenter";
+        let mut config = config();
+        config.exemptions.karpenter = vec![KARPENTER.into()];
+        config.exemptions.users = vec!["breakglass".into()];
+        let node =
+            |username| node_delete_let_through(Requester { username, groups: &[], pod: None }, &config.exemptions);
+        assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
+        assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));
+        assert_eq!(node("breakglass"), Some(Reason::ExemptUser));
+        assert_eq!(node("alice"), None);
+    }
 
     fn pod(label: &str) -> Pod {
         serde_json::from_value(json!({"metadata": {"labels": {BUSY_LABEL: label},

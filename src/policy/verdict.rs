@@ -1,7 +1,7 @@
 //! The busy rule's answer for one pod and one requester: whether a pod marked busy may be taken
 //! away by whoever asks, and why (recovery, an exempt user or group, a lapsed protection, the end
-//! its workload or its node chose). Every path that takes a busy pod away asks it: pod deletes
-//! and evictions (`disruption`), the workload budget, node deletes (`node`).
+//! its workload or its node chose). Pod deletes and evictions (`disruption`) and the workload
+//! budget ask it; a node's or NodeClaim's delete, which takes every pod on it, `node` answers.
 
 use jiff::Timestamp;
 
@@ -10,9 +10,7 @@ use super::busy::{BusyState, Lapse};
 use super::config::{Exempt, Exemptions, PolicyConfig};
 use super::outcome::{Action, Decision, Reason};
 use super::pod::{OwnerKey, PodFacts};
-use super::requesters::{
-    CLOUD_NODE_LIFECYCLE_USERS, GARBAGE_COLLECTOR_USER, NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS,
-};
+use super::requesters::{GARBAGE_COLLECTOR_USER, NAMESPACE_CONTROLLER_USER, TAINT_MANAGER_USERS};
 
 /// The busy rule's answer for one pod and one requester.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,95 +174,43 @@ fn must_not_wait(action: Action, requester: Requester<'_>, config: &PolicyConfig
     action == Action::Delete && (user == GARBAGE_COLLECTOR_USER || config.exemptions.is_karpenter(user))
 }
 
-/// Who deletes a node with busy pods on it whatever they do: the cloud node lifecycle controller
-/// (the machine is already gone, nothing is left to protect), Karpenter (its DELETE only starts a
-/// termination, which waits for a busy pod's `do-not-disrupt` until its NodePool's deadline),
-/// exempt users and groups.
-pub fn node_delete_let_through(requester: Requester<'_>, exemptions: &Exemptions) -> Option<Reason> {
-    if CLOUD_NODE_LIFECYCLE_USERS.contains(&requester.username) {
-        return Some(Reason::NodeGone);
-    }
-    if exemptions.is_karpenter(requester.username) {
-        return Some(Reason::KarpenterTermination);
-    }
-    exemptions.of(requester).map(|exempt| exempt.reason())
-}
-
-/// Karpenter's voluntary disruptions of a NodeClaim: the reasons its disruption queue sets on
-/// the `DisruptionReason` condition before it deletes the NodeClaim.
-pub const VOLUNTARY_NODE_CLAIM_DISRUPTIONS: [&str; 3] = ["Underutilized", "Empty", "Drifted"];
-
-/// What a NodeClaim delete is judged by: why Karpenter disrupts it, if it does, and what ends
-/// it whatever its pods do.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NodeClaimEnd<'a> {
-    /// The reason of its `DisruptionReason` condition.
-    pub disruption: Option<&'a str>,
-    /// Past its `spec.expireAfter`: Karpenter's expiry, forceful by design.
-    pub expired: bool,
-    /// Its node is being deleted, or is not Ready: Karpenter's node termination, or its repair.
-    pub node_ending: bool,
-    /// Of spot capacity (`karpenter.sh/capacity-type: spot`).
-    pub spot: bool,
-}
-
-/// Who deletes a NodeClaim with busy pods on its node whatever they do, and why: all but
-/// Karpenter's voluntary disruptions (consolidation, drift) go. While such a command is in flight
-/// the NodeClaim keeps its `DisruptionReason`, so its other ends are told apart by what else
-/// holds: someone else asks (a person's delete), it has expired, or its node is being deleted or
-/// is not Ready. Karpenter's delete of a spot NodeClaim for no reason of its own, before its
-/// expiry and with its node Ready, is its cloud's interruption (the instance is reclaimed within
-/// minutes): `Interrupted`, and its busy pods are let go so that their tasks get a SIGTERM.
-pub fn node_claim_delete_let_through(
-    claim: NodeClaimEnd<'_>,
-    requester: Requester<'_>,
-    exemptions: &Exemptions,
-) -> Option<Reason> {
-    let voluntary = claim.disruption.is_some_and(|reason| VOLUNTARY_NODE_CLAIM_DISRUPTIONS.contains(&reason));
-    if !exemptions.is_karpenter(requester.username) || claim.expired || claim.node_ending {
-        return Some(Reason::NodeClaimEnding);
-    }
-    if !voluntary {
-        return Some(if claim.spot { Reason::Interrupted } else { Reason::NodeClaimEnding });
-    }
-    exemptions.of(requester).map(|exempt| exempt.reason())
-}
-
-/// Why a busy pod was let go.
-pub fn override_detail(over: &Override, namespace: &str, name: &str) -> String {
-    let pod = format!("pod {namespace}/{name}");
-    match over {
-        Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
-            format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
-        }
-        Override::Lapsed { since, lapse: Lapse::Interrupted } => format!(
-            "{pod} busy since {since}, but its node's spot instance is being reclaimed: its task gets its SIGTERM now \
+impl Override {
+    /// Why the busy pod `namespace/name` was let go.
+    pub fn detail(&self, namespace: &str, name: &str) -> String {
+        let pod = format!("pod {namespace}/{name}");
+        match self {
+            Override::Lapsed { since, lapse: Lapse::MaxBusy { limit } } => {
+                format!("{pod} busy since {since} for longer than max-busy {limit:#}: no longer protected")
+            }
+            Override::Lapsed { since, lapse: Lapse::Interrupted } => format!(
+                "{pod} busy since {since}, but its node's spot instance is being reclaimed: its task gets its SIGTERM now \
              rather than none when the instance goes"
-        ),
-        Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
-            format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
-        }
-        Override::Exempt(Exempt::User(user)) => format!("{pod} is busy; user {user} is exempt"),
-        Override::Exempt(Exempt::Group(group)) => format!("{pod} is busy; group {group} is exempt"),
-        Override::NodeTaintEviction => format!(
-            "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
+            ),
+            Override::Lapsed { since, lapse: Lapse::Restarted { at } } => {
+                format!("{pod} marked busy since {since}, but a container restarted at {at}: the flag is stale")
+            }
+            Override::Exempt(Exempt::User(user)) => format!("{pod} is busy; user {user} is exempt"),
+            Override::Exempt(Exempt::Group(group)) => format!("{pod} is busy; group {group} is exempt"),
+            Override::NodeTaintEviction => format!(
+                "{pod} is busy; deleted by the taint manager (its node is NotReady, unreachable or tainted NoExecute): \
              the work on a lost node is gone either way, and a refusal would only keep the pod from being replaced"
-        ),
-        Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
-        Override::KarpenterDeadline => format!(
-            "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
+            ),
+            Override::NamespaceDeleted => format!("{pod} is busy; its namespace is being deleted"),
+            Override::KarpenterDeadline => format!(
+                "{pod} is busy; Karpenter deletes it as its node's terminationGracePeriod runs out: the instance goes at \
              the deadline anyway, so the pod gets its graceful shutdown now (the task is lost)"
-        ),
-        Override::OwnerController => format!(
-            "{pod} is busy; its own controller ends it (a deadline, a suspend, a backoff limit, a success policy, a \
+            ),
+            Override::OwnerController => format!(
+                "{pod} is busy; its own controller ends it (a deadline, a suspend, a backoff limit, a success policy, a \
              lowered parallelism; a stop, cancel or timeout): the workload decides its own end"
-        ),
-        Override::OwnerDeleted => format!(
-            "{pod} is busy; the garbage collector deletes it because its owner was deleted (a delete of its Job, \
+            ),
+            Override::OwnerDeleted => format!(
+                "{pod} is busy; the garbage collector deletes it because its owner was deleted (a delete of its Job, \
              CronJob Replace): the workload's end (--cascade=orphan keeps the pods)"
-        ),
-        Override::Leader => {
-            format!("{pod} is busy with the pod it works for, whose own token deletes it: that pod's task ends it")
+            ),
+            Override::Leader => {
+                format!("{pod} is busy with the pod it works for, whose own token deletes it: that pod's task ends it")
+            }
         }
     }
 }
@@ -283,8 +229,8 @@ mod tests {
     }
 
     /// Who takes a busy, protected pod away, by action and requester, for a worker and for a
-    /// Job's pod: the whole of it, as every path reads it (`judge`), with the budget's and the
-    /// node delete's own reading beside it.
+    /// Job's pod: the whole of it, as every path reads it (`judge`), with the budget's own reading
+    /// beside it.
     #[test]
     fn who_takes_a_busy_pod_away_and_why() {
         let mut config = config();
@@ -374,10 +320,5 @@ mod tests {
             ),
             None
         );
-        let node = |user| node_delete_let_through(requester(user), &config.exemptions);
-        assert_eq!(node(CLOUD_NODE_LIFECYCLE_USERS[0]), Some(Reason::NodeGone));
-        assert_eq!(node(KARPENTER), Some(Reason::KarpenterTermination));
-        assert_eq!(node("breakglass"), Some(Reason::ExemptUser));
-        assert_eq!(node("alice"), None);
     }
 }
