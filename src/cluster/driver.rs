@@ -183,6 +183,17 @@ where
     futures::stream::select_all(streams).boxed()
 }
 
+/// The API of a namespaced kind in `scope`: one namespace, or all.
+pub fn api_in<K>(client: &kube::Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// A watch's failure as `/status` says it: what failed, and the API server's code and message
 /// (a kube error's own text carries the whole Status, debug-printed).
 pub(crate) fn failure(error: &watcher::Error) -> String {

@@ -11,6 +11,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tracing::{debug, info, warn};
 
+use super::driver::api_in;
 use super::outbox::{EffectResult, Outbox};
 use super::view::{PodRecord, Scope, View};
 use crate::metrics::Metrics;
@@ -148,10 +149,7 @@ impl BusyPdbs {
     async fn list(&self) -> Result<Vec<ExistingPdb>, kube::Error> {
         let mut existing = Vec::new();
         for scope in &self.scopes {
-            let api: Api<PodDisruptionBudget> = match scope {
-                Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-                None => Api::all(self.client.clone()),
-            };
+            let api: Api<PodDisruptionBudget> = api_in(&self.client, scope);
             for pdb in api.list(&ListParams::default()).await?.items {
                 let meta = &pdb.metadata;
                 let ours = meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1);

@@ -92,10 +92,7 @@ impl Watch {
     /// resourceVersion too old to resume, relisting with a growing backoff.
     fn pod_events(&self, scopes: Vec<Scope>) -> BoxStream<'static, Scoped<ApiPod>> {
         let apis = scopes.into_iter().map(|scope| {
-            let api: Api<ApiPod> = match &scope {
-                Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-                None => Api::all(self.client.clone()),
-            };
+            let api: Api<ApiPod> = driver::api_in(&self.client, &scope);
             (scope, api)
         });
         let config = watcher::Config::default().labels(BUSY_LABEL).timeout(self.watch_timeout_secs);
