@@ -52,8 +52,11 @@ pub(crate) trait Index<K> {
     /// An object deleted, or no longer selected by the watch.
     fn delete(&mut self, key: Key) -> Vec<Self::Change>;
     /// A fresh list of `scope` has ended without the objects of `removed`, which the watch had
-    /// before: gone while it was down (no delete event came).
-    fn reset(&mut self, scope: &Scope, removed: Vec<Key>) -> Vec<Self::Change>;
+    /// before: gone while it was down (no delete event came). Unless said otherwise, each is
+    /// deleted.
+    fn reset(&mut self, _scope: &Scope, removed: Vec<Key>) -> Vec<Self::Change> {
+        removed.into_iter().flat_map(|key| self.delete(key)).collect()
+    }
     /// The API server said something: the watch is alive.
     fn alive(&mut self) {}
     /// The watch failed; it retries with backoff, and the index keeps what it has.

@@ -116,11 +116,6 @@ impl Index<DynamicObject> for Workloads<'_> {
         Vec::new()
     }
 
-    /// Workloads deleted while the watch was down.
-    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
-        removed.into_iter().flat_map(|job| self.delete(job)).collect()
-    }
-
     /// The API server answered: the Workloads are followed (again).
     fn alive(&mut self) {
         self.view.preemptions.set_unfollowed(None);
@@ -157,11 +152,6 @@ impl Index<Namespace> for Holding<'_> {
     fn delete(&mut self, namespace: Key) -> Vec<Infallible> {
         self.view.preemptions.set_holding(&namespace.name, false);
         Vec::new()
-    }
-
-    /// Relabelled or deleted while the watch was down.
-    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
-        removed.into_iter().flat_map(|namespace| self.delete(namespace)).collect()
     }
 }
 

@@ -10,7 +10,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
 use super::driver::{self, Index, Key, Scoped};
-use super::view::{Scope, View};
+use super::view::View;
 use crate::metrics::Metrics;
 use crate::policy::keys::NAMESPACE_ENABLED_LABEL;
 
@@ -68,11 +68,6 @@ impl Index<Namespace> for Guarded<'_> {
     /// Deleted, or its label changed: the watch selects by the label.
     fn delete(&mut self, namespace: Key) -> Vec<Guarding> {
         self.except(namespace.name, false)
-    }
-
-    /// Relabelled or deleted while the watch was down.
-    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Guarding> {
-        removed.into_iter().flat_map(|namespace| self.except(namespace.name, false)).collect()
     }
 
     /// The pods' list waits for the namespaces': a failure here is why it does not come.

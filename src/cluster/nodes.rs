@@ -56,7 +56,7 @@ impl Index<Node> for NodesGoing {
     /// Nodes deleted while the watch was down: going no longer.
     fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Infallible> {
         for node in removed {
-            self.view.nodes.set(&node.name, NodeState::default());
+            self.delete(node);
         }
         info!(going = self.view.nodes.len(), "nodes listed");
         Vec::new()

@@ -335,11 +335,6 @@ impl Index<PartialObjectMeta<DynamicObject>> for Links<'_> {
         self.follow.relinked(&linked, None)
     }
 
-    /// Objects gone while the watch was down: their pods are idle, as on a delete.
-    fn reset(&mut self, _: &Scope, removed: Vec<Key>) -> Vec<Effect> {
-        removed.iter().flat_map(|linked| self.follow.relinked(linked, None)).collect()
-    }
-
     fn alive(&mut self) {
         self.follow.view.owners.update_kind(&self.kinds, |state| state.unfollowed = None);
     }
