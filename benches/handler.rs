@@ -37,7 +37,7 @@ fn view_with_busy_pod() -> View {
     let watched: ApiPod = serde_json::from_value(pod).unwrap();
     let scope = None;
     let view = View::watching(std::slice::from_ref(&scope), Duration::from_secs(60), Enrolment::OptOut);
-    view.insert(watched.namespace(), watched.name(), watched.record());
+    view.insert(watched.namespace(), watched.name(), watched.record(&[]));
     view.alive(Instant::now());
     view.listed(&scope);
     view

@@ -92,7 +92,7 @@ fn fill(count: usize) -> (View, isize, Duration) {
     for i in 0..count {
         let text = pod(i).to_string();
         let watched: ApiPod = serde_json::from_str(&text).expect("pod decodes");
-        view.insert(watched.namespace(), watched.name(), watched.record());
+        view.insert(watched.namespace(), watched.name(), watched.record(&[]));
     }
     (view, LIVE.load(Ordering::Relaxed) - before, started.elapsed())
 }
@@ -141,6 +141,7 @@ fn config() -> PolicyConfig {
             karpenter_bounded: false,
             cluster_autoscaler: true,
             cluster_autoscaler_on_completion: false,
+            marks: &[],
         },
         holds: Default::default(),
         owner_rules: Vec::new(),
@@ -177,7 +178,7 @@ fn scale_down_of_2000_by_1000() {
             });
         }
         let watched: ApiPod = serde_json::from_value(pod).unwrap();
-        view.insert(watched.namespace(), watched.name(), watched.record());
+        view.insert(watched.namespace(), watched.name(), watched.record(&[]));
     }
     let selector = serde_json::from_value(json!({"matchLabels": {"app": "worker"}})).unwrap();
     let ask = Ask {

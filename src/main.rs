@@ -56,7 +56,9 @@ fn main() -> ExitCode {
         }
         Command::Cleanup(args) => {
             let source = args.cluster.source();
-            block_on(cleanup::run(&source, &args.cluster.namespaces, args.dry_run)).map(|report| print!("{report}"))
+            let marks = busyguard::config::marks(args.busy_annotations, args.busy_labels);
+            block_on(cleanup::run(&source, &args.cluster.namespaces, marks, args.dry_run))
+                .map(|report| print!("{report}"))
         }
     };
     match result {

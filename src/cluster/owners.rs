@@ -384,7 +384,7 @@ mod tests {
             "ownerReferences": [{"apiVersion": "agones.dev/v1", "kind": "GameServer", "name": "gs", "uid": "o1",
                 "controller": true}]}}))
         .unwrap();
-        pod.record()
+        pod.record(&[])
     }
 
     #[test]
@@ -422,7 +422,7 @@ mod tests {
                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "etl-driver", "uid": "d",
                     "controller": true}]}}))
             .unwrap();
-            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record())
+            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record(&[]))
         };
         let app = serde_json::json!({"metadata": {"name": "etl"},
             "status": {"executorState": {"etl-exec-1": "RUNNING", "etl-exec-2": "COMPLETED"}}});
@@ -460,7 +460,7 @@ mod tests {
                 "name": name, "namespace": "spark", "uid": format!("u-{name}"), "labels": {BUSY_LABEL: "false"},
                 "ownerReferences": [owner]}}))
             .unwrap();
-            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record())
+            (PodRef { namespace: "spark".into(), name: name.into(), uid: format!("u-{name}") }, pod.record(&[]))
         };
         let (driver, driver_record) = spark_pod(
             "etl-driver",
@@ -529,7 +529,7 @@ mod tests {
                 "ownerReferences": [{"apiVersion": "actions.github.com/v1alpha1", "kind": "EphemeralRunner",
                     "name": name, "uid": "r", "controller": true}]}}))
             .unwrap();
-            view.insert("ci", name, pod.record());
+            view.insert("ci", name, pod.record(&[]));
         }
         let mut driver = driver::Driver::default();
         let mut drive = |events: Vec<driver::Scoped<DynamicObject>>| {

@@ -126,7 +126,7 @@ impl Watch {
             }
             return Vec::new();
         }
-        let after = pod.record();
+        let after = pod.record(self.policy.mutation.marks);
         let after = if self.view.namespaces.is_opted_out(namespace) { after.left_alone() } else { after };
         let before = self.view.insert(namespace, name, after.clone());
         self.changed(namespace, name, before, Some(after))
@@ -344,7 +344,7 @@ async fn left_the_watch(client: Client, pod: &PodRef) -> Option<PodRecord> {
     let api: Api<ApiPod> = Api::namespaced(client, &pod.namespace);
     match tokio::time::timeout(Duration::from_secs(5), api.get_opt(&pod.name)).await {
         Ok(Ok(Some(found))) if found.metadata.uid.as_deref() == Some(&pod.uid) && found.malformed.is_none() => {
-            Some(found.record())
+            Some(found.record(&[]))
         }
         Ok(Ok(_)) => None,
         // Cannot tell: report it; a loss wrongly reported beats one never reported.

@@ -30,7 +30,7 @@ use crate::policy::keys::{
     BUSY_LABEL, DELETE_REQUESTED, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS, FIELD_MANAGER, RELEASED_FROM,
     managed_by_busyguard,
 };
-use crate::policy::marks::{MutationSettings, plan};
+use crate::policy::marks::{Mark, MutationSettings, On, plan};
 use crate::policy::pdb::BUSY_PDB_NAME;
 
 #[derive(Debug, Args)]
@@ -40,26 +40,30 @@ pub struct CleanupArgs {
     /// Say what would change, and change nothing (the API server's dry run).
     #[arg(long)]
     pub dry_run: bool,
+    /// The `--busy-annotation`s busyguard was serving with: restored or removed too.
+    #[arg(long = "busy-annotation", value_name = "KEY=VALUE", value_parser = |text: &str| Mark::parse(On::Annotation, text))]
+    pub busy_annotations: Vec<Mark>,
+    /// The `--busy-label`s busyguard was serving with: restored or removed too.
+    #[arg(long = "busy-label", value_name = "KEY=VALUE", value_parser = |text: &str| Mark::parse(On::Label, text))]
+    pub busy_labels: Vec<Mark>,
 }
 
-/// Every annotation busyguard may have written is restored or removed, whatever it was set to
-/// write.
-const EVERYTHING: MutationSettings = MutationSettings::ALL;
-
 /// The merge patch that leaves `pod` as if busyguard had never seen it (its busy label aside),
-/// or `None` when nothing of busyguard's is on it.
-pub fn restore_patch(pod: &ApiPod, now: Timestamp) -> Option<Value> {
-    let marks = [DELETE_REQUESTED, RELEASED_FROM, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS];
+/// or `None` when nothing of busyguard's is on it. Every annotation busyguard may have written is
+/// restored or removed, whatever it was set to write, and so are `marks`.
+pub fn restore_patch(pod: &ApiPod, marks: &'static [Mark], now: Timestamp) -> Option<Value> {
+    let everything = MutationSettings { marks, ..MutationSettings::ALL };
+    let request_marks = [DELETE_REQUESTED, RELEASED_FROM, DISRUPTION_REQUESTED, EVICTION_IN_PROGRESS];
     let meta = &pod.metadata;
     let marked = meta.labels.as_ref().is_some_and(|l| l.contains_key(DELETE_REQUESTED))
-        || meta.annotations.as_ref().is_some_and(|a| marks.iter().any(|k| a.contains_key(*k)));
+        || meta.annotations.as_ref().is_some_and(|a| request_marks.iter().any(|k| a.contains_key(*k)));
     // As a pod that is not opted in: the idle plan, which restores the user's values.
-    let idle = plan(&pod.record().left_alone(), None, EVERYTHING, MaxBusy::new(SignedDuration::MAX), now);
+    let idle = plan(&pod.record(marks).left_alone(), None, everything, MaxBusy::new(SignedDuration::MAX), now);
     if idle.is_empty() && !marked {
         return None;
     }
     let mut changes = idle.changes();
-    for key in marks {
+    for key in request_marks {
         changes.annotations.insert(key, None);
     }
     changes.labels.insert(DELETE_REQUESTED, None);
@@ -108,7 +112,12 @@ where
 }
 
 /// Cleans the namespaces given (all without) and says what it did, one line each.
-pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -> anyhow::Result<String> {
+pub async fn run(
+    source: &ClusterSource,
+    namespaces: &[String],
+    marks: &'static [Mark],
+    dry_run: bool,
+) -> anyhow::Result<String> {
     let config = client_config(source).await?.context(crate::cluster::NO_CLUSTER)?;
     let reading = format!("reading the webhook configurations from the API server at {}", config.cluster_url);
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
@@ -137,7 +146,7 @@ pub async fn run(source: &ClusterSource, namespaces: &[String], dry_run: bool) -
         let pods: Api<ApiPod> = scope.map_or_else(|| Api::all(client.clone()), |n| Api::namespaced(client.clone(), n));
         let listed = pods.list(&ListParams::default().labels(BUSY_LABEL)).await.context("listing opted-in pods")?;
         for pod in listed.items.iter().filter(|p| p.malformed.is_none()) {
-            let Some(mut patch) = restore_patch(pod, now) else { continue };
+            let Some(mut patch) = restore_patch(pod, marks, now) else { continue };
             patch["metadata"]["uid"] = json!(pod.metadata.uid);
             let (namespace, name) = (pod.namespace(), pod.name());
             Api::<ApiPod>::namespaced(client.clone(), namespace)
@@ -192,7 +201,7 @@ mod tests {
                 DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:30:00Z"}"#, "team": "a",
                 DISRUPTION_REQUESTED: r#"{"by":"drain","at":"2026-11-21T20:40:00Z"}"#, EVICTION_IN_PROGRESS: "true"}}});
         let busy = record(pod["metadata"]["labels"].clone(), pod["metadata"]["annotations"].clone());
-        let patch = restore_patch(&busy, now()).expect("something to restore");
+        let patch = restore_patch(&busy, &[], now()).expect("something to restore");
         json_patch::merge(&mut pod, &patch);
         assert_eq!(
             pod,
@@ -201,16 +210,36 @@ mod tests {
         );
     }
 
+    /// The vendor keys busyguard was serving with, given to cleanup as they were to serve.
+    #[test]
+    fn a_busy_pods_vendor_keys_go_back_to_its_own_values_when_cleanup_is_told_them() {
+        let cast = Mark::parse(On::Annotation, "autoscaling.cast.ai/removal-disabled=true").unwrap();
+        let ocean = Mark::parse(On::Label, "spotinst.io/restrict-scale-down=true").unwrap();
+        let marks: &'static [Mark] = Box::leak(Box::new([cast, ocean]));
+        let labels = json!({BUSY_LABEL: "true", ocean.key: "true"});
+        let annotations = json!({BUSY_SINCE: "2026-11-21T20:00:00Z", cast.key: "true", cast.saved_as: "false"});
+        let mut pod = json!({"metadata": {"labels": labels, "annotations": annotations}});
+        let busy = record(labels, annotations);
+        let patch = restore_patch(&busy, marks, now()).expect("something to restore");
+        json_patch::merge(&mut pod, &patch);
+        assert_eq!(
+            pod,
+            json!({"metadata": {"labels": {BUSY_LABEL: "true"}, "annotations": {cast.key: "false"}}}),
+            "as the pod had them"
+        );
+        assert!(restore_patch(&busy, &[], now()).unwrap()["metadata"]["labels"].get(ocean.key).is_none(), "not told");
+    }
+
     #[test]
     fn a_pod_busyguard_left_nothing_on_is_not_written_and_a_released_one_loses_its_marks_and_is_called_an_orphan() {
         let idle = record(json!({BUSY_LABEL: "false"}), json!({DELETION_COST: "-5", "team": "a"}));
-        assert_eq!(restore_patch(&idle, now()), None);
+        assert_eq!(restore_patch(&idle, &[], now()), None);
         let released = record(json!({BUSY_LABEL: "when-unready"}), json!({RELEASED_FROM: "6b8958b477"}));
         assert!(
             restored(&released, "restored").contains("released from its ReplicaSet (pod-template-hash 6b8958b477)")
         );
         assert_eq!(restored(&record(json!({BUSY_LABEL: "true"}), json!({})), "restored"), "pod jobs/w: restored\n");
-        let patch = restore_patch(&released, now()).expect("the release's record goes");
+        let patch = restore_patch(&released, &[], now()).expect("the release's record goes");
         assert_eq!(patch["metadata"]["annotations"][RELEASED_FROM], Value::Null);
         assert!(patch["metadata"]["annotations"].as_object().unwrap().contains_key(RELEASED_FROM));
     }

@@ -98,7 +98,7 @@ pub async fn run(
             listed.push(Listed {
                 namespace,
                 name,
-                pod: pod.record(),
+                pod: pod.record(&[]),
                 tolerates_every_taint: pod.tolerates_every_taint,
             });
         }
@@ -286,7 +286,7 @@ mod tests {
             "spec": {"nodeName": node},
             "status": {"phase": "Running"}}))
         .unwrap();
-        Listed { namespace: "capture".into(), name: name.into(), pod: pod.record(), tolerates_every_taint: false }
+        Listed { namespace: "capture".into(), name: name.into(), pod: pod.record(&[]), tolerates_every_taint: false }
     }
 
     #[test]

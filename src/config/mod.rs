@@ -13,7 +13,7 @@ use crate::duration::parse_positive_duration;
 use crate::policy::Exemptions;
 use crate::policy::busy::MaxBusy;
 use crate::policy::hold::Holds;
-use crate::policy::marks::MutationSettings;
+use crate::policy::marks::{Mark, MutationSettings, On};
 use crate::policy::owners::OwnerRule;
 use crate::policy::{Enrolment, KARPENTER_USERS, Mode, OWNER_CONTROLLER_USERS, POD_GC_USER, PolicyConfig};
 use crate::server::ServeConfig;
@@ -199,6 +199,18 @@ pub struct PolicyArgs {
     /// read that value as no annotation at all: only with 1.36 or later.
     #[arg(long, env = "BUSYGUARD_CLUSTER_AUTOSCALER_ON_COMPLETION", default_value_t = false, action = ArgAction::Set)]
     pub cluster_autoscaler_on_completion: bool,
+    /// Another autoscaler's or upgrader's annotation to set on busy pods (repeated):
+    /// `KEY=VALUE`, e.g. `autoscaling.cast.ai/removal-disabled=true`. Written while the pod is
+    /// busy and protected; the pod's own value waits in `busyguard.io/idle-PREFIX_NAME` and comes
+    /// back when it is idle. In the environment, one per line.
+    #[arg(long = "busy-annotation", env = "BUSYGUARD_BUSY_ANNOTATION", value_delimiter = '\n',
+          value_name = "KEY=VALUE", value_parser = |text: &str| Mark::parse(On::Annotation, text))]
+    pub busy_annotations: Vec<Mark>,
+    /// The same for a label (repeated): `KEY=VALUE`, e.g. `spotinst.io/restrict-scale-down=true`;
+    /// the pod's own value waits in `busyguard.io/idle-label-PREFIX_NAME`.
+    #[arg(long = "busy-label", env = "BUSYGUARD_BUSY_LABEL", value_delimiter = '\n',
+          value_name = "KEY=VALUE", value_parser = |text: &str| Mark::parse(On::Label, text))]
+    pub busy_labels: Vec<Mark>,
     /// Busy from the owner's status (repeated, one per owner kind): `GROUP/VERSION/KIND=EXPR`,
     /// a CEL expression over the owner (`object`) that holds while its pods are busy. busyguard
     /// watches those owners and flips their pods' busy label itself; their pods are opted in at
@@ -309,12 +321,24 @@ impl From<PolicyArgs> for PolicyConfig {
                 karpenter_bounded: args.karpenter_bounded,
                 cluster_autoscaler: args.cluster_autoscaler_annotation,
                 cluster_autoscaler_on_completion: args.cluster_autoscaler_on_completion,
+                marks: marks(args.busy_annotations, args.busy_labels),
             },
             holds: (&args.holds).into(),
             owner_rules: args.busy_when_owner,
             busy_with_pod: args.busy_with_pod,
         }
     }
+}
+
+/// The marks of `--busy-annotation` and `--busy-label`, each key once (the last said wins),
+/// kept for the life of the process.
+pub fn marks(annotations: Vec<Mark>, labels: Vec<Mark>) -> &'static [Mark] {
+    let mut marks: Vec<Mark> = Vec::new();
+    for mark in annotations.into_iter().chain(labels) {
+        marks.retain(|m| (m.on, m.key) != (mark.on, mark.key));
+        marks.push(mark);
+    }
+    Box::leak(marks.into_boxed_slice())
 }
 
 impl From<ClusterArgs> for ClusterSettings {

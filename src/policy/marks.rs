@@ -14,6 +14,7 @@ use super::keys::{
     IDLE_SAFE_TO_EVICT, INTERRUPTED, KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL,
 };
 use super::pod::PodFacts;
+pub use super::vendor_marks::{Mark, On};
 use crate::duration::whole_second;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,8 @@ pub struct MutationSettings {
     /// evicts the pod nor counts its node as empty, but may still drain the node's other pods.
     /// Older ones match the value exactly and read it as no annotation at all.
     pub cluster_autoscaler_on_completion: bool,
+    /// Other autoscalers' and upgraders' own keys (`--busy-annotation`, `--busy-label`).
+    pub marks: &'static [Mark],
 }
 
 impl MutationSettings {
@@ -40,14 +43,16 @@ impl MutationSettings {
         karpenter_bounded: true,
         cluster_autoscaler: true,
         cluster_autoscaler_on_completion: false,
+        marks: &[],
     };
 }
 
 /// Annotation changes by key: `Some(value)` sets, `None` removes.
 pub type Changes = BTreeMap<&'static str, Option<String>>;
 
-/// An annotation busyguard overrides while a pod is busy.
+/// An annotation (or a [`Mark`]'s label) busyguard overrides while a pod is busy.
 struct Guarded {
+    on: On,
     key: &'static str,
     saved_as: &'static str,
     enabled: bool,
@@ -63,21 +68,29 @@ impl Guarded {
             _ => value == self.busy_value,
         }
     }
+
+    /// Its value on `pod`.
+    fn read<'p>(&self, pod: &'p (impl PodFacts + ?Sized)) -> Option<&'p str> {
+        match self.on {
+            On::Annotation => pod.annotation(self.key),
+            On::Label => pod.label(self.key),
+        }
+    }
 }
 
-/// Each of [`GUARDED`] with its busy value; `until` is when protection ends (`None`: unknown),
-/// `started` when the pod started.
+/// Each of [`GUARDED`] and of the settings' marks with its busy value; `until` is when
+/// protection ends (`None`: unknown), `started` when the pod started.
 fn guarded(
     settings: MutationSettings,
     since: Timestamp,
     until: Option<Timestamp>,
     started: Option<Timestamp>,
-) -> [Guarded; 3] {
+) -> Vec<Guarded> {
     let do_not_disrupt = match (settings.karpenter_bounded, until, started) {
         (true, Some(until), Some(started)) => bounded_do_not_disrupt(until, started),
         _ => "true".into(),
     };
-    GUARDED.map(|(key, saved_as)| {
+    let built_in = GUARDED.map(|(key, saved_as)| {
         let (enabled, busy_value) = match key {
             DELETION_COST => (true, busy_cost(since).to_string()),
             KARPENTER_DO_NOT_DISRUPT => (settings.karpenter, do_not_disrupt.clone()),
@@ -87,8 +100,16 @@ fn guarded(
                 (settings.cluster_autoscaler, value.into())
             }
         };
-        Guarded { key, saved_as, enabled, busy_value }
-    })
+        Guarded { on: On::Annotation, key, saved_as, enabled, busy_value }
+    });
+    let marks = settings.marks.iter().map(|m| Guarded {
+        on: m.on,
+        key: m.key,
+        saved_as: m.saved_as,
+        enabled: true,
+        busy_value: m.value.to_string(),
+    });
+    built_in.into_iter().chain(marks).collect()
 }
 
 /// Karpenter's duration form, in whole seconds from the pod's start to `until` (at least 1s).
@@ -103,13 +124,27 @@ fn is_our_do_not_disrupt(value: &str) -> bool {
 
 /// What the mutating webhook writes on a busy flip: busy-since, each guarded annotation and
 /// where the user's own value of it is kept.
-pub fn written_on_a_flip(key: &str) -> bool {
-    flip_keys().any(|written| written == key)
+pub fn written_on_a_flip(key: &str, settings: MutationSettings) -> bool {
+    flip_keys(settings).any(|written| written == key)
 }
 
-/// busy-since, and each of [`GUARDED`] with where the user's value waits.
-pub fn flip_keys() -> impl Iterator<Item = &'static str> {
-    std::iter::once(BUSY_SINCE).chain(GUARDED.iter().flat_map(|(guarded, saved_as)| [*guarded, *saved_as]))
+/// The annotations of a flip: busy-since, and each guarded annotation (of [`GUARDED`] and the
+/// settings' marks) with where the user's value waits; a label mark's saved value too.
+pub fn flip_keys(settings: MutationSettings) -> impl Iterator<Item = &'static str> {
+    std::iter::once(BUSY_SINCE).chain(guarded_keys(settings).flat_map(|(on, guarded, saved_as)| {
+        [(on == On::Annotation).then_some(guarded), Some(saved_as)].into_iter().flatten()
+    }))
+}
+
+/// Each key busyguard overrides while busy, where it is, and where the user's value waits.
+pub fn guarded_keys(settings: MutationSettings) -> impl Iterator<Item = (On, &'static str, &'static str)> {
+    let built_in = GUARDED.iter().map(|(guarded, saved_as)| (On::Annotation, *guarded, *saved_as));
+    built_in.chain(settings.marks.iter().map(|m| (m.on, m.key, m.saved_as)))
+}
+
+/// The label keys busyguard writes while a pod is busy: the settings' label marks.
+pub fn mark_labels(settings: MutationSettings) -> impl Iterator<Item = &'static str> {
+    settings.marks.iter().filter(|m| m.on == On::Label).map(|m| m.key)
 }
 
 /// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
@@ -119,17 +154,26 @@ pub const GUARDED: [(&str, &str); 3] = [
     (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
 ];
 
-/// What busyguard keeps on a pod: its annotation changes, and the protected label's.
+/// What busyguard keeps on a pod: its annotation changes, its label marks', and the protected
+/// label's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub annotations: Changes,
+    /// The labels of `--busy-label` marks.
+    pub labels: Changes,
     /// `Some(true)` to set [`PROTECTED_LABEL`], `Some(false)` to take it off; `None`: as it is.
     pub protected: Option<bool>,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.annotations.is_empty() && self.protected.is_none()
+        self.annotations.is_empty() && self.labels.is_empty() && self.protected.is_none()
+    }
+
+    /// Writes `value` (`None`: takes it off) where `g` is kept.
+    fn write(&mut self, g: &Guarded, value: Option<String>) {
+        let changes = if g.on == On::Label { &mut self.labels } else { &mut self.annotations };
+        changes.insert(g.key, value);
     }
 }
 
@@ -143,8 +187,8 @@ pub fn plan(
     max_busy: MaxBusy,
     now: Timestamp,
 ) -> Plan {
-    let (mut annotations, protected) = if pod.is_terminal() || pod.is_terminating() {
-        (Changes::new(), false)
+    let (mut planned, protected) = if pod.is_terminal() || pod.is_terminating() {
+        (Plan::default(), false)
     } else if pod.label(BUSY_LABEL) == Some("true") && !pod.task_ended() {
         plan_busy(pod, before, settings, max_busy, now)
     } else {
@@ -154,35 +198,34 @@ pub fn plan(
         // Busy by readiness (compatibility mode) is protected too.
         (plan_idle(pod, settings, now), busy_state(pod, max_busy, now).is_protected())
     };
-    annotations.retain(|key, value| pod.annotation(key) != value.as_deref());
+    planned.annotations.retain(|key, value| pod.annotation(key) != value.as_deref());
+    planned.labels.retain(|key, value| pod.label(key) != value.as_deref());
     let has = pod.label(PROTECTED_LABEL) == Some("true");
-    Plan { annotations, protected: (protected != has).then_some(protected) }
+    Plan { protected: (protected != has).then_some(protected), ..planned }
 }
 
 /// Not marked busy: back to the user's own values, and busyguard's markers go. Opted out (the
 /// label removed, also while busy) counts the same as a flip to idle.
-fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) -> Changes {
-    let mut changes = Changes::new();
+fn plan_idle(pod: &impl PodFacts, settings: MutationSettings, now: Timestamp) -> Plan {
+    let mut changes = Plan::default();
     let ours_left = pod.annotation(BUSY_SINCE).is_some()
         || pod.annotation(INTERRUPTED).is_some()
-        || GUARDED.iter().any(|(_, saved_as)| pod.annotation(saved_as).is_some());
+        || guarded_keys(settings).any(|(_, _, saved_as)| pod.annotation(saved_as).is_some());
     if !ours_left {
         return changes;
     }
-    changes.insert(BUSY_SINCE, None);
+    changes.annotations.insert(BUSY_SINCE, None);
     if pod.annotation(INTERRUPTED).is_some() {
-        changes.insert(INTERRUPTED, None);
+        changes.annotations.insert(INTERRUPTED, None);
     }
     for g in guarded(settings, now, None, None) {
         match pod.annotation(g.saved_as) {
             Some(saved) => {
-                changes.insert(g.key, Some(saved.to_string()));
-                changes.insert(g.saved_as, None);
+                changes.write(&g, Some(saved.to_string()));
+                changes.annotations.insert(g.saved_as, None);
             }
             // Only what busyguard set may be taken away; a disabled one it never set.
-            None if g.enabled => {
-                changes.insert(g.key, None);
-            }
+            None if g.enabled => changes.write(&g, None),
             None => {}
         }
     }
@@ -206,7 +249,7 @@ pub fn busy_marks_overwritten(
     }
     let ours = |g: &Guarded, value: Option<&str>| value.is_some_and(|value| g.is_ours(value));
     let marks = guarded(settings, now, None, None).into_iter().filter(|g| g.enabled);
-    let taken_off = marks.filter(|g| ours(g, before.annotation(g.key)) && !ours(g, pod.annotation(g.key)));
+    let taken_off = marks.filter(|g| ours(g, g.read(before)) && !ours(g, g.read(pod)));
     taken_off.map(|g| g.key).collect()
 }
 
@@ -217,16 +260,15 @@ fn plan_busy(
     settings: MutationSettings,
     max_busy: MaxBusy,
     now: Timestamp,
-) -> (Changes, bool) {
-    let mut changes = Changes::new();
-    let get = |key: &str| pod.annotation(key).map(str::to_string);
+) -> (Plan, bool) {
+    let mut changes = Plan::default();
     let (since, turning_busy) = match busy_since_to_keep(pod, before, now) {
         Some(kept) => (kept, false),
         None => (stamp(pod, before, now), true),
     };
-    changes.insert(BUSY_SINCE, Some(since.to_string()));
+    changes.annotations.insert(BUSY_SINCE, Some(since.to_string()));
     // Edited by this very write (only known when the request carries the old version).
-    let edited = |key: &str| before.is_some_and(|old| old.annotation(key) != pod.annotation(key));
+    let edited = |g: &Guarded| before.is_some_and(|old| g.read(old) != g.read(pod));
     let state = busy_from(pod, Some(since), max_busy, now);
     let lapsed = matches!(state, BusyState::Lapsed { .. });
     let until = match state {
@@ -234,7 +276,8 @@ fn plan_busy(
         _ => None,
     };
     for g in guarded(settings, since, until, pod.started()) {
-        let (current, saved) = (get(g.key), get(g.saved_as));
+        let current = g.read(pod).map(str::to_string);
+        let saved = pod.annotation(g.saved_as).map(str::to_string);
         let ours = current.as_deref().is_some_and(|value| g.is_ours(value));
         if lapsed {
             // Protection ran out while the flag stayed up: the user's values rank the pod again,
@@ -243,21 +286,22 @@ fn plan_busy(
             if !(g.enabled || saved.is_some()) {
                 continue;
             }
-            if ours && !edited(g.key) {
-                changes.insert(g.key, saved);
+            if ours && !edited(&g) {
+                changes.write(&g, saved);
             } else if current != saved {
-                changes.insert(g.saved_as, current);
+                changes.annotations.insert(g.saved_as, current);
             }
         } else if g.enabled && (turning_busy || current.as_deref() != Some(g.busy_value.as_str())) {
             // Turning busy, or someone changed a guarded annotation while busy: theirs is the
             // value to restore, and ours goes back. A busy value of ours left over (busy-since
             // lost, a flip to idle missed) is never saved as the user's: only a write seen
             // whole (with its old version) tells a user's "true" from ours.
-            let left_over = ours && !edited(g.key) && (saved.is_some() || before.is_none() || !turning_busy);
+            let left_over = ours && !edited(&g) && (saved.is_some() || before.is_none() || !turning_busy);
             if !left_over {
-                changes.insert(g.saved_as, current);
+                changes.annotations.insert(g.saved_as, current);
             }
-            changes.insert(g.key, Some(g.busy_value));
+            let busy_value = Some(g.busy_value.clone());
+            changes.write(&g, busy_value);
         }
     }
     (changes, state.is_protected())

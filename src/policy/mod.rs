@@ -51,6 +51,7 @@ pub mod scale;
 pub mod selector;
 #[cfg(test)]
 pub mod testing;
+pub mod vendor_marks;
 pub mod verdict;
 pub mod workloads;
 pub mod writes;

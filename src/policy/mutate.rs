@@ -258,7 +258,7 @@ mod tests {
         let mut doc = json!({"metadata": {"labels": {BUSY_LABEL: "true"}}});
         let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
         let annotations = plan(&pod, None, ALL, DAY, ts("2026-01-01T00:00:00Z")).annotations;
-        let patch = json_patch(&pod, &Plan { annotations, protected: None });
+        let patch = json_patch(&pod, &Plan { annotations, ..Plan::default() });
         assert_eq!(patch.0.len(), 1, "one add of the whole map: {patch:?}");
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
@@ -379,6 +379,7 @@ mod tests {
             karpenter_bounded: true,
             cluster_autoscaler: false,
             cluster_autoscaler_on_completion: false,
+            marks: &[],
         };
         let original = json!({KARPENTER_DO_NOT_DISRUPT: "false"});
         let mut doc = worker(original.clone());
@@ -941,7 +942,7 @@ mod tests {
     fn annotation_keys_with_slashes_are_escaped_in_patch_paths() {
         let pod: Pod = serde_json::from_value(worker(json!({}))).unwrap();
         let changes = Changes::from([(DELETION_COST, Some("1".to_string()))]);
-        let patch = serde_json::to_value(json_patch(&pod, &Plan { annotations: changes, protected: None })).unwrap();
+        let patch = serde_json::to_value(json_patch(&pod, &Plan { annotations: changes, ..Plan::default() })).unwrap();
         assert_eq!(
             patch,
             json!([{"op": "add", "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "value": "1"}])

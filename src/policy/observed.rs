@@ -346,7 +346,7 @@ mod tests {
             (KARPENTER_DO_NOT_DISRUPT, None),
             (AUTOSCALER_SAFE_TO_EVICT, None),
         ]);
-        assert_eq!(plan, &Plan { annotations: idle, protected: Some(false) });
+        assert_eq!(plan, &Plan { annotations: idle, protected: Some(false), ..Plan::default() });
         json_patch::patch(&mut doc, &json_patch(&ended, plan)).expect("the plan applies to its pod");
         let refreshed: Pod = serde_json::from_value(doc).unwrap();
         assert_eq!(refreshed.label(BUSY_LABEL), Some("true"), "the flag is the pod's own");

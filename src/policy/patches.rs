@@ -14,6 +14,15 @@ use super::pod::Pod;
 /// The plan as a JSONPatch against the pod it was made for.
 pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
     let mut patch = annotations_patch(pod, &plan.annotations);
+    // Opted-in pods carry labels: the map is there.
+    let labels = plan.labels.iter().map(|(key, value)| {
+        let path = metadata_pointer("labels", key);
+        match value {
+            Some(value) => PatchOperation::Add(AddOperation { path, value: Value::String(value.clone()) }),
+            None => PatchOperation::Remove(RemoveOperation { path }),
+        }
+    });
+    patch.0.extend(labels);
     let label = metadata_pointer("labels", PROTECTED_LABEL);
     match plan.protected {
         // Opted-in pods carry labels: the map is there.
@@ -101,10 +110,11 @@ impl PodChanges {
 }
 
 impl Plan {
-    /// The plan as changes of the pod written through the API: its annotations and the
-    /// protected label.
+    /// The plan as changes of the pod written through the API: its annotations, its label
+    /// marks and the protected label.
     pub fn changes(&self) -> PodChanges {
-        let labels = self.protected.map(|on| (PROTECTED_LABEL, on.then(|| "true".to_string()))).into_iter().collect();
+        let mut labels = self.labels.clone();
+        labels.extend(self.protected.map(|on| (PROTECTED_LABEL, on.then(|| "true".to_string()))));
         PodChanges { labels, annotations: self.annotations.clone() }
     }
 }
@@ -153,7 +163,7 @@ mod tests {
         let refresh = Effect::Refresh {
             pod: pod.clone(),
             resource_version: "7".into(),
-            plan: Plan { annotations, protected: Some(false) },
+            plan: Plan { annotations, protected: Some(false), ..Plan::default() },
         };
         assert_eq!(
             refresh.pod_write().map(|write| write.patch),

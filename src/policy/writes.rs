@@ -9,7 +9,7 @@ use super::ask::{Ask, Requester};
 use super::busy::{busy_since, busy_state};
 use super::config::PolicyConfig;
 use super::keys::{BUSY_LABEL, BUSY_SINCE, DELETE_REQUESTED, PROTECTED_LABEL};
-use super::marks::{GUARDED, JUST_STAMPED, flip_keys, plan, written_on_a_flip};
+use super::marks::{JUST_STAMPED, On, flip_keys, guarded_keys, mark_labels, plan, written_on_a_flip};
 use super::outcome::{Answer, Decision, Denial, Outcome, Reason};
 use super::pod::{Pod, PodFacts};
 
@@ -124,7 +124,7 @@ fn forged_key(
 ) -> Option<&'static str> {
     let protected = |p: &Pod| p.label(PROTECTED_LABEL) == Some("true");
     let since_kept = pod.annotation(BUSY_SINCE) == before.annotation(BUSY_SINCE)
-        || (!through_status && as_busyguard_leaves_it(BUSY_SINCE, pod, before, config, now));
+        || (!through_status && as_busyguard_leaves_it((On::Annotation, BUSY_SINCE), pod, before, config, now));
     let protected_kept = protected(pod) == protected(before)
         || (!through_status && protected(pod) == busy_state(pod, config.max_busy, now).is_protected());
     match (since_kept, protected_kept) {
@@ -140,12 +140,25 @@ fn forged_key(
 /// but the user's own from before it, saved or restored, so that nobody slips one in to be kept
 /// as the user's. The busy values themselves are the mutating webhook's, which wrote them in
 /// this very write.
-fn as_busyguard_leaves_it(key: &str, pod: &Pod, before: &Pod, config: &PolicyConfig, now: Timestamp) -> bool {
+fn as_busyguard_leaves_it(
+    (on, key): (On, &str),
+    pod: &Pod,
+    before: &Pod,
+    config: &PolicyConfig,
+    now: Timestamp,
+) -> bool {
+    let read = |p: &'_ Pod| -> Option<String> {
+        match on {
+            On::Annotation => p.annotation(key).map(str::to_string),
+            On::Label => p.label(key).map(str::to_string),
+        }
+    };
     let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
         (false, false) | (true, true) => {
-            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now).annotations;
-            let refreshed = refresh.get(key).map_or(before.annotation(key), Option::as_deref);
-            return pod.annotation(key) == before.annotation(key) || pod.annotation(key) == refreshed;
+            let refresh = plan(before, Some(before), config.mutation, config.max_busy, now);
+            let refresh = if on == On::Label { refresh.labels } else { refresh.annotations };
+            let refreshed = refresh.get(key).map_or(read(before), Clone::clone);
+            return read(pod) == read(before) || read(pod) == refreshed;
         }
         (was_busy, _) => was_busy,
     };
@@ -157,12 +170,18 @@ fn as_busyguard_leaves_it(key: &str, pod: &Pod, before: &Pod, config: &PolicyCon
             Some(since) => now.duration_since(since).abs() <= JUST_STAMPED,
         };
     }
-    let Some((guarded, saved_as)) = GUARDED.iter().find(|(guarded, saved_as)| key == *guarded || key == *saved_as)
+    let pairs = guarded_keys(config.mutation);
+    let Some((guarded_on, guarded, saved_as)) =
+        pairs.into_iter().find(|(on_, guarded, saved_as)| (*on_ == on && key == *guarded) || key == *saved_as)
     else {
-        return pod.annotation(key) == before.annotation(key);
+        return read(pod) == read(before);
     };
-    let users_own = [before.annotation(saved_as), before.annotation(guarded), None];
-    (key != *saved_as && !turning_idle) || users_own.contains(&pod.annotation(key))
+    let guarded_before = match guarded_on {
+        On::Annotation => before.annotation(guarded),
+        On::Label => before.label(guarded),
+    };
+    let users_own = [before.annotation(saved_as), guarded_before, None];
+    (key != saved_as && !turning_idle) || users_own.contains(&read(pod).as_deref())
 }
 
 /// The own-flag rule's refusal, if any, of a write of `pod` (replacing `before`) by the token
@@ -175,21 +194,29 @@ fn own_flag_only(
     now: Timestamp,
 ) -> Option<String> {
     let before = before?;
+    let marks = || mark_labels(config.mutation);
     let others = |labels: &super::pod::Labels| {
         (labels.iter())
-            .filter(|(k, _)| k.as_str() != BUSY_LABEL && k.as_str() != PROTECTED_LABEL)
+            .filter(|(k, _)| {
+                k.as_str() != BUSY_LABEL && k.as_str() != PROTECTED_LABEL && !marks().any(|m| m == k.as_str())
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<Vec<_>>()
     };
     let theirs = |pod: &Pod| -> Vec<(String, String)> {
         let annotations = pod.metadata.annotations.iter().flatten();
-        annotations.filter(|(k, _)| !written_on_a_flip(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+        annotations
+            .filter(|(k, _)| !written_on_a_flip(k, config.mutation))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     };
     if own_pod != ask.name || own_namespace != ask.namespace {
         Some(not_own_pod(ask.namespace, ask.name, &format!("{own_namespace}/{own_pod}")))
     } else if others(&pod.metadata.labels) != others(&before.metadata.labels)
         || theirs(pod) != theirs(before)
-        || !flip_keys().all(|key| as_busyguard_leaves_it(key, pod, before, config, now))
+        || !flip_keys(config.mutation)
+            .all(|key| as_busyguard_leaves_it((On::Annotation, key), pod, before, config, now))
+        || !marks().all(|key| as_busyguard_leaves_it((On::Label, key), pod, before, config, now))
     {
         Some(more_than_the_flag(ask.namespace, ask.name))
     } else {
@@ -269,6 +296,52 @@ mod tests {
         assert_ne!(refreshed["metadata"]["annotations"], busy["metadata"]["annotations"], "refreshed");
         let outcome = write_judged(&from_pod("w"), &pod(refreshed), Some(&pod(busy)), WORKER, ts(lapsed_at));
         assert!(outcome.is_allowed(), "{:?}", outcome.answer);
+    }
+
+    /// `--busy-annotation` and `--busy-label` marks ride on a worker's flip as busyguard's own
+    /// annotations do: written with it, undone with it, and not the worker's to write otherwise.
+    #[test]
+    fn a_workers_flip_carries_the_vendor_marks_and_a_mark_of_its_own_on_an_idle_pod_is_refused() {
+        use crate::policy::marks::{Mark, On};
+        use crate::policy::mutate::{Mutation, mutate_pod};
+        let cast = Mark::parse(On::Annotation, "autoscaling.cast.ai/removal-disabled=true").unwrap();
+        let ocean = Mark::parse(On::Label, "spotinst.io/restrict-scale-down=true").unwrap();
+        let mut config = config();
+        config.mutation.marks = Box::leak(Box::new([cast, ocean]));
+        let now = ts("2026-11-21T20:00:00Z");
+        let ask = from_pod("w");
+        let mutated = |old: &Value, new: &Value| {
+            let (old_pod, new_pod) = (pod(old.clone()), pod(new.clone()));
+            let outcome = mutate_pod(&Mutation::of(&ask, &new_pod, Some(&old_pod)), &config, now);
+            let mut stored = new.clone();
+            if let Answer::Patch { patch, .. } = &outcome.answer {
+                json_patch::patch(&mut stored, patch).unwrap();
+            }
+            stored
+        };
+        let judged = |old: &Value, new: &Value| {
+            let (old_pod, new_pod) = (pod(old.clone()), pod(new.clone()));
+            let write =
+                Write { ask: &ask, pod: &new_pod, before: Some(&old_pod), writer: WORKER, through_status: false };
+            judge_write(&write, &config, now)
+        };
+        let idle = worker(json!({cast.key: "false"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let busy = mutated(&idle, &flip);
+        assert_eq!(busy["metadata"]["annotations"][cast.key], "true");
+        assert_eq!(busy["metadata"]["annotations"][cast.saved_as], "false", "the pod's own, kept");
+        assert_eq!(busy["metadata"]["labels"][ocean.key], "true");
+        assert!(judged(&idle, &busy).is_allowed(), "the flip to busy");
+        let mut back = busy.clone();
+        set_label(&mut back, "false");
+        let idle_again = mutated(&busy, &back);
+        assert_eq!(idle_again["metadata"]["annotations"], json!({cast.key: "false"}), "as the pod had it");
+        assert_eq!(idle_again["metadata"]["labels"].get(ocean.key), None);
+        assert!(judged(&busy, &idle_again).is_allowed(), "the flip back to idle");
+        let mut pinned = idle.clone();
+        pinned["metadata"]["labels"][ocean.key] = json!("true");
+        assert!(!judged(&idle, &pinned).is_allowed(), "Ocean's label on its idle pod");
     }
 
     #[test]

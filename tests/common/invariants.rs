@@ -10,7 +10,7 @@ use busyguard::cluster::view::{ApiPod, View};
 use busyguard::duration::parse_positive_duration;
 use busyguard::policy::Exemptions;
 use busyguard::policy::busy::MaxBusy;
-use busyguard::policy::marks::MutationSettings;
+use busyguard::policy::marks::{Mark, MutationSettings, On};
 use busyguard::policy::outcome::{Answer, AuditRecord};
 use busyguard::policy::{Enrolment, Mode, POD_GC_USER, PolicyConfig};
 use jiff::{SignedDuration, Timestamp};
@@ -28,8 +28,15 @@ pub fn now() -> Timestamp {
 pub const CEILING: SignedDuration = SignedDuration::from_hours(36);
 
 /// Enforce mode, a day of max-busy up to a ceiling, the pod garbage collector and one user and
-/// group exempt.
+/// group exempt, and another autoscaler's annotation and label written on busy pods.
 pub fn policy() -> PolicyConfig {
+    static MARKS: std::sync::OnceLock<[Mark; 2]> = std::sync::OnceLock::new();
+    let marks = MARKS.get_or_init(|| {
+        [
+            Mark::parse(On::Annotation, "autoscaling.cast.ai/removal-disabled=true").unwrap(),
+            Mark::parse(On::Label, "spotinst.io/restrict-scale-down=true").unwrap(),
+        ]
+    });
     PolicyConfig {
         mode: Mode::Enforce,
         max_busy: MaxBusy { ceiling: Some(CEILING), ..MaxBusy::new(SignedDuration::from_hours(24)) },
@@ -44,6 +51,7 @@ pub fn policy() -> PolicyConfig {
             karpenter_bounded: true,
             cluster_autoscaler: true,
             cluster_autoscaler_on_completion: false,
+            marks,
         },
         holds: Default::default(),
         owner_rules: Vec::new(),
@@ -61,7 +69,7 @@ pub fn view_of(pods: &[&Value]) -> View {
     let view = View::watching(&[None], Duration::from_secs(60), Enrolment::OptOut);
     view.listed(&None);
     for watched in pods.iter().filter_map(|pod| watched(pod)) {
-        view.insert(watched.namespace(), watched.name(), watched.record());
+        view.insert(watched.namespace(), watched.name(), watched.record(&[]));
     }
     view
 }

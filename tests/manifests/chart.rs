@@ -373,6 +373,33 @@ fn the_busy_rules_the_docs_give_are_chart_values_and_agones_namespace_cannot_rea
     );
 }
 
+/// The vendor keys docs/autoscalers.md gives as chart values reach busyguard as the flags it
+/// parses; a label value no label may carry is refused by the chart.
+#[test]
+fn the_vendor_keys_the_docs_give_are_chart_values_busyguard_takes() {
+    let values = json!({"busyAnnotations": {"autoscaling.cast.ai/removal-disabled": "true"},
+        "busyLabels": {"spotinst.io/restrict-scale-down": "true"}});
+    let objects = render_chart(values);
+    let args = &one(&objects, "Deployment", "busyguard")["spec"]["template"]["spec"]["containers"][0]["args"];
+    let args: Vec<&str> = args.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for flag in [
+        "--busy-annotation=autoscaling.cast.ai/removal-disabled=true",
+        "--busy-label=spotinst.io/restrict-scale-down=true",
+    ] {
+        assert!(args.contains(&flag), "{flag} not in {args:?}");
+    }
+    let cli = busyguard::cli::Cli::try_parse_from(std::iter::once("busyguard").chain(args.iter().copied())).unwrap();
+    let busyguard::cli::Command::Serve(serve) = cli.command else { unreachable!() };
+    let marks = serve.into_config().policy.mutation.marks;
+    let keys: Vec<&str> = marks.iter().map(|m| m.key).collect();
+    assert_eq!(keys, ["autoscaling.cast.ai/removal-disabled", "spotinst.io/restrict-scale-down"]);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), json!({"busyLabels": {"spotinst.io/restrict-scale-down": "not ok"}}).to_string())
+        .unwrap();
+    let output = chart(&["render", file.path().to_str().unwrap()]);
+    assert!(!output.status.success(), "a label value with a space rendered");
+}
+
 /// A release's chart, as the release workflow stamps it (`chart.py stamp`): its image the
 /// published one at its appVersion, its home and sources the repository, and Artifact Hub's
 /// annotations with the changes of its version from the CHANGELOG; a `-dev` chart is refused.

@@ -78,6 +78,12 @@ watchNamespaces' names where it lists any (busyguard watches those only). */}}
 {{- if .Values.kueue.enabled }}
 - "--hold-kueue-preemption=true"
 {{- end }}
+{{- range $key, $value := .Values.busyAnnotations }}
+- {{ printf "--busy-annotation=%s=%s" $key (toString $value) | quote }}
+{{- end }}
+{{- range $key, $value := .Values.busyLabels }}
+- {{ printf "--busy-label=%s=%s" $key (toString $value) | quote }}
+{{- end }}
 {{- if ne (include "busyguard.karpenterUsers" .) "'system:serviceaccount:kube-system:karpenter', 'system:serviceaccount:karpenter:karpenter'" }}
 - {{ printf "--karpenter-user=%s" (join "," .Values.karpenter.users) | quote }}
 {{- end }}

@@ -128,7 +128,7 @@ impl Calls {
         if now_seen.metadata.uid.as_deref() != Some(&pod.uid) {
             return Ok(None);
         }
-        let due = observed::due(pod, &now_seen.record(), &self.policy, Timestamp::now());
+        let due = observed::due(pod, &now_seen.record(self.policy.mutation.marks), &self.policy, Timestamp::now());
         Ok(due.into_iter().find(|effect| matches!(effect, Effect::DeleteIdle { .. })))
     }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::record::{Annotations, PodRecord, Second, boxed, get};
 use crate::policy::keys::{BUSY_LABEL, DECIDING_ANNOTATIONS, DELETE_REQUESTED, FIELD_MANAGER, TASK_CONTAINER_NAMED_BY};
+use crate::policy::marks::{Mark, On};
 use crate::policy::pod::OwnerKey;
 use crate::policy::pod::{Phase, PodStatus, not_started, task_ended};
 
@@ -147,12 +148,16 @@ impl ApiPod {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    pub fn record(&self) -> PodRecord {
+    /// The pod as the view keeps it: the annotations a decision reads, and those of `marks`
+    /// (`--busy-annotation`'s, and where each mark keeps the pod's own value).
+    pub fn record(&self, marks: &[Mark]) -> PodRecord {
         let meta = &self.metadata;
         let labels = meta.labels.iter().flatten().map(|(k, v)| (boxed(k), boxed(v))).collect();
         let all_annotations = meta.annotations.iter().flatten();
+        let marked = marks.iter().flat_map(|m| [(m.on == On::Annotation).then_some(m.key), Some(m.saved_as)]);
+        let kept = DECIDING_ANNOTATIONS.iter().copied().chain(marked.flatten());
         let annotations: Annotations = all_annotations
-            .filter_map(|(k, v)| Some((*DECIDING_ANNOTATIONS.iter().find(|key| **key == k.as_str())?, boxed(v))))
+            .filter_map(|(k, v)| Some((kept.clone().find(|key| *key == k.as_str())?, boxed(v))))
             .collect();
         let mut owners = meta.owner_references.iter().flatten();
         let owner = owners
@@ -278,7 +283,7 @@ mod tests {
             let value = json!({"metadata": {"name": "w", "namespace": "ns", "uid": "u", "labels": labels},
                 "spec": spec, "status": status});
             let (record, pod): (PodRecord, Pod) =
-                (api_pod(value.clone()).record(), serde_json::from_value(value.clone()).unwrap());
+                (api_pod(value.clone()).record(&[]), serde_json::from_value(value.clone()).unwrap());
             assert_eq!(record.not_started(), pod.not_started(), "not started: {value}");
             assert_eq!(record.task_ended(), pod.task_ended(), "task ended: {value}");
             assert_eq!(record.readiness(), pod.readiness(), "readiness: {value}");
@@ -299,10 +304,18 @@ mod tests {
                 "managedFields": [{"manager": "kubectl"}]},
             "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}));
-        let record = pod.record();
+        let record = pod.record(&[]);
         assert_eq!(record.label("app"), Some("worker"));
         assert_eq!(record.annotation(BUSY_SINCE), Some("2026-11-21T20:00:00Z"));
         assert_eq!(record.annotations.len(), 1, "unrelated annotations are not kept");
+        // A `--busy-annotation` mark and the pod's own value it keeps are read as busyguard's own.
+        let cast = Mark::parse(On::Annotation, "autoscaling.cast.ai/removal-disabled=true").unwrap();
+        let mut marked = pod.clone();
+        let annotations = marked.metadata.annotations.get_or_insert_default();
+        annotations.extend([(cast.key.to_string(), "true".into()), (cast.saved_as.to_string(), "false".into())]);
+        assert_eq!(marked.record(&[]).annotations.len(), 1, "not kept when not asked for");
+        let record = marked.record(&[cast]);
+        assert_eq!((record.annotation(cast.key), record.annotation(cast.saved_as)), (Some("true"), Some("false")));
         assert_eq!(record.owner.as_deref(), Some("apps/ReplicaSet/w"));
         assert_eq!(record.node.as_deref(), Some("node-1"));
         assert_eq!(record.phase, Phase::Running);
@@ -322,7 +335,7 @@ mod tests {
                 "labels": {BUSY_LABEL: "false", DELETE_REQUESTED: "true"},
                 "annotations": {DELETE_REQUESTED: r#"{"by":"alice","at":"2026-11-21T20:00:00Z"}"#},
                 "managedFields": [entry]}}))
-            .record()
+            .record(&[])
         };
         assert!(marked(None).delete_request().is_some());
         assert!(marked(Some("status")).delete_request().is_none(), "written through pods/status");
@@ -335,7 +348,7 @@ mod tests {
                 "fieldsV1": {"f:metadata": {"f:labels": {"f:busyguard.io/busy": {}}}}});
             api_pod(json!({"metadata": {"name": "gs", "namespace": "ns", "labels": {BUSY_LABEL: "true"},
                 "managedFields": [entry]}}))
-            .record()
+            .record(&[])
         };
         assert!(written_by("busyguard").busy_label_by_busyguard());
         assert!(!written_by("worker").busy_label_by_busyguard(), "the app's own flag");

@@ -267,7 +267,7 @@ mod tests {
         api_pod(json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": app, BUSY_LABEL: "true"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": "u", "controller": true}]},
             "spec": {"nodeName": node}}))
-        .record()
+        .record(&[])
     }
 
     #[test]

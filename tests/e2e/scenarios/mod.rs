@@ -1,6 +1,7 @@
 //! Every scenario, by topic; `ALL` is the order they run in.
 
 mod agones;
+mod autoscalers;
 mod chart;
 mod deletes;
 mod drains;
@@ -64,6 +65,7 @@ pub const ALL: &[(&str, Scenario)] = scenarios![
     queues::a_scale_down_of_queue_workers_completes_within_a_task,
     lifecycle::a_flip_to_busy_on_a_terminating_pod_is_refused,
     lifecycle::removing_the_busy_label_of_a_busy_pod_restores_it,
+    autoscalers::other_autoscalers_keys_are_on_a_busy_pod_and_its_own_values_come_back,
     lifecycle::a_jobs_pod_is_busy_while_it_runs_where_the_namespace_says_so,
     jobs::a_job_past_its_deadline_ends_its_busy_pod,
     jobs::a_suspended_jobs_pod_goes,
