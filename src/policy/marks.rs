@@ -85,7 +85,7 @@ fn guarded(
     since: Timestamp,
     until: Option<Timestamp>,
     started: Option<Timestamp>,
-) -> Vec<Guarded> {
+) -> impl Iterator<Item = Guarded> {
     let do_not_disrupt = match (settings.karpenter_bounded, until, started) {
         (true, Some(until), Some(started)) => bounded_do_not_disrupt(until, started),
         _ => "true".into(),
@@ -109,7 +109,7 @@ fn guarded(
         enabled: true,
         busy_value: m.value.to_string(),
     });
-    built_in.into_iter().chain(marks).collect()
+    built_in.into_iter().chain(marks)
 }
 
 /// Karpenter's duration form, in whole seconds from the pod's start to `until` (at least 1s).
@@ -248,7 +248,7 @@ pub fn busy_marks_overwritten(
         return Vec::new();
     }
     let ours = |g: &Guarded, value: Option<&str>| value.is_some_and(|value| g.is_ours(value));
-    let marks = guarded(settings, now, None, None).into_iter().filter(|g| g.enabled);
+    let marks = guarded(settings, now, None, None).filter(|g| g.enabled);
     let taken_off = marks.filter(|g| ours(g, g.read(before)) && !ours(g, g.read(pod)));
     taken_off.map(|g| g.key).collect()
 }
