@@ -170,9 +170,9 @@ fn as_busyguard_leaves_it(
             Some(since) => now.duration_since(since).abs() <= JUST_STAMPED,
         };
     }
-    let pairs = guarded_keys(config.mutation);
+    let mut guarded_keys = guarded_keys(config.mutation);
     let Some((guarded_on, guarded, saved_as)) =
-        pairs.into_iter().find(|(on_, guarded, saved_as)| (*on_ == on && key == *guarded) || key == *saved_as)
+        guarded_keys.find(|(kept_on, guarded, saved_as)| (*kept_on == on && key == *guarded) || key == *saved_as)
     else {
         return read(pod) == read(before);
     };
