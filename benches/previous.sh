@@ -5,7 +5,7 @@
 # below 1 on the same machine. Prints nothing in a clone without that commit (a shallow one).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-# tests/e2e/scenarios/upgrade.rs PREVIOUS_RELEASE: 0.2.0 as its reviews read it.
+# tests/e2e/scenarios/upgrade.rs PREVIOUS_RELEASE: the last release (0.3.0).
 commit=$(sed -n 's/^const PREVIOUS_RELEASE: &str = "\([0-9a-f]*\)";/\1/p' "$root/tests/e2e/scenarios/upgrade.rs")
 git -C "$root" cat-file -e "$commit^{commit}" 2>/dev/null || exit 0
 out=$root/target/previous-release/$commit

@@ -10,8 +10,8 @@ use super::readiness::turn_not_ready;
 use crate::rig::{PREVIOUS_IMAGE, ROOT, Rig, eventually};
 use crate::workers::{self, flip, label};
 
-/// The previous release: 0.2.0 as its reviews read it (never tagged; CHANGELOG.md).
-const PREVIOUS_RELEASE: &str = "8ccac19";
+/// The previous release: 0.3.0 (CHANGELOG.md; its commit, as releases are not tagged).
+const PREVIOUS_RELEASE: &str = "4f98fe3";
 
 /// The previous release installed from its own commit's build and manifests, pods busy by its
 /// keys (the label, and readiness mode) under a scale-down that keeps asking and a drain's
