@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
+use super::autoscalers::{CAST_AI, OCEAN};
 use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_ports, throughout};
-use crate::workers::label;
+use crate::workers::{annotation, label};
 
 const CRDS: &[&str] = &[
     "fleets.agones.dev",
@@ -149,9 +150,20 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
 /// docs/agones.md's recipe for servers that host many sessions at once, its overlay's patches
 /// applied as the page gives them, beside Agones' own controller and SDK server: a Ready game
 /// server whose game counts a session in (`SDK.Beta().IncrementCounter`) is busy, its eviction
-/// refused; once its last session ends it is idle, and its eviction goes through.
+/// refused; once its last session ends it is idle, and its eviction goes through. Installed with
+/// docs/autoscalers.md's CAST AI annotation and Ocean label too: busyguard writes them as it
+/// flips the pod after its owner, and gives the pod back its own values as Agones' server goes
+/// idle.
 pub fn agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe(rig: &Rig) -> Result<()> {
-    let install = || rig.install_overlay(&["agones"], &counter_recipe()?);
+    let vendor_keys = format!(
+        "\n  - target: {{kind: Deployment, name: busyguard}}\n    patch: |-\n{}",
+        [format!("--busy-annotation={CAST_AI}=true"), format!("--busy-label={OCEAN}=true")]
+            .map(|arg| format!(
+                "      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: \"{arg}\"}}\n"
+            ))
+            .concat()
+    );
+    let install = || rig.install_overlay(&["agones"], &(counter_recipe()?.trim_end().to_string() + &vendor_keys));
     with_agones(rig, "agones-sessions", install, |agones, games| busy_while_sessions_last(rig, agones, games))
 }
 
@@ -160,15 +172,20 @@ fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<(
     let mut lobby = json!({"apiVersion": "agones.dev/v1", "kind": "GameServer",
         "metadata": {"name": "lobby", "namespace": games}, "spec": game_server_spec()});
     lobby["spec"]["counters"] = json!({"sessions": {"count": 0, "capacity": 10}});
+    lobby["spec"]["template"]["metadata"] = json!({"annotations": {CAST_AI: "false"}});
     rig.apply(&lobby)?;
     state(rig, games, "lobby", "Ready", Duration::from_secs(60))?;
     busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
+    let vendor_keys = |pod: &serde_json::Value| (annotation(pod, CAST_AI), label(pod, OCEAN));
 
     // Two players join, as the game tells its SDK server, which patches the GameServer's count.
     let sessions = |diff: i64| agones.sdk("lobby")?.call("/v1beta1/counters/sessions", json!({"countDiff": diff}));
     sessions(1)?;
     sessions(1)?;
     busy_label(rig, games, "lobby", "true", Duration::from_secs(10))?;
+    let busy = rig.pod(games, "lobby")?.context("lobby's pod")?;
+    let written = (Some("true".to_string()), Some("true".to_string()));
+    ensure!(vendor_keys(&busy) == written, "the vendor keys on the busy server: {}", busy["metadata"]);
     let (evicted, why) = rig.evict(games, "lobby")?;
     ensure!(!evicted && why.contains("TooManyRequests"), "a server hosting sessions was evicted: {why}");
     state(rig, games, "lobby", "Ready", Duration::from_secs(1)).context("Agones' state is Ready throughout")?;
@@ -180,6 +197,9 @@ fn busy_while_sessions_last(rig: &Rig, agones: &Agones, games: &str) -> Result<(
     })?;
     sessions(-1)?;
     busy_label(rig, games, "lobby", "false", Duration::from_secs(10))?;
+    let idle = rig.pod(games, "lobby")?.context("lobby's pod")?;
+    let its_own = (Some("false".to_string()), None);
+    ensure!(vendor_keys(&idle) == its_own, "the idle server's own values: {}", idle["metadata"]);
     let (evicted, why) = rig.evict(games, "lobby")?;
     ensure!(evicted, "the server was not evicted once its last session ended: {why}");
     Ok(())

@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::rig::{ROOT, Rig, eventually, kubectl};
 use crate::workers::{self, annotation, label};
 
-const CAST_AI: &str = "autoscaling.cast.ai/removal-disabled";
-const OCEAN: &str = "spotinst.io/restrict-scale-down";
+pub const CAST_AI: &str = "autoscaling.cast.ai/removal-disabled";
+pub const OCEAN: &str = "spotinst.io/restrict-scale-down";
 
 /// CAST AI's annotation and Spot Ocean's label, installed as the docs say: a worker's own flip
 /// to busy writes both (its own CAST AI value kept aside), a drain is still refused, a writer
