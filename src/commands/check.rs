@@ -224,7 +224,7 @@ async fn kueue_hold_warning(client: &kube::Client) -> Option<String> {
         }
         Err(_) => return None,
     }
-    let account = format!("system:serviceaccount:{BUSYGUARD_NAMESPACE}:busyguard");
+    let account = crate::policy::namespaces::busyguards_user();
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(account.clone()),

@@ -170,6 +170,13 @@ pub const EVACUATION_TRIGGERED: &str = "Eviction triggered evacuation";
 /// carrier is warned about (`busyguard status`, the admission answer, a gauge).
 pub const RETIRED_WHEN_UNREADY: &str = "busyguard.io/busy-when-unready";
 
+/// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
+pub const GUARDED: [(&str, &str); 3] = [
+    (DELETION_COST, IDLE_COST),
+    (KARPENTER_DO_NOT_DISRUPT, IDLE_DO_NOT_DISRUPT),
+    (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
+];
+
 /// Every annotation a decision reads; the cluster view drops all others before it stores a pod.
 /// A test (`every_annotation_a_decision_reads_is_kept`) holds the decisions to this list. The
 /// retired keys are read to warn about them: the workload budget as an annotation

@@ -9,10 +9,8 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
-use super::keys::{
-    AUTOSCALER_SAFE_TO_EVICT, BUSY_LABEL, BUSY_SINCE, DELETION_COST, IDLE_COST, IDLE_DO_NOT_DISRUPT,
-    IDLE_SAFE_TO_EVICT, INTERRUPTED, KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL,
-};
+pub use super::keys::GUARDED;
+use super::keys::{BUSY_LABEL, BUSY_SINCE, DELETION_COST, INTERRUPTED, KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL};
 use super::pod::PodFacts;
 pub use super::vendor_marks::{Mark, On};
 use crate::duration::whole_second;
@@ -71,10 +69,7 @@ impl Guarded {
 
     /// Its value on `pod`.
     fn read<'p>(&self, pod: &'p (impl PodFacts + ?Sized)) -> Option<&'p str> {
-        match self.on {
-            On::Annotation => pod.annotation(self.key),
-            On::Label => pod.label(self.key),
-        }
+        self.on.read(pod, self.key)
     }
 }
 
@@ -146,13 +141,6 @@ pub fn guarded_keys(settings: MutationSettings) -> impl Iterator<Item = (On, &'s
 pub fn mark_labels(settings: MutationSettings) -> impl Iterator<Item = &'static str> {
     settings.marks.iter().filter(|m| m.on == On::Label).map(|m| m.key)
 }
-
-/// Each annotation busyguard overrides while a pod is busy, and where the user's value waits.
-pub const GUARDED: [(&str, &str); 3] = [
-    (DELETION_COST, IDLE_COST),
-    (KARPENTER_DO_NOT_DISRUPT, IDLE_DO_NOT_DISRUPT),
-    (AUTOSCALER_SAFE_TO_EVICT, IDLE_SAFE_TO_EVICT),
-];
 
 /// What busyguard keeps on a pod: its annotation changes, its label marks', and the protected
 /// label's.

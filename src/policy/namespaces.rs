@@ -4,6 +4,11 @@
 /// The namespace the manifests install busyguard in: its service account's, and where it keeps
 /// the workload budgets' Leases.
 pub const BUSYGUARD_NAMESPACE: &str = "busyguard";
+
+/// The user busyguard's own token authenticates as: its service account's, in its namespace.
+pub fn busyguards_user() -> String {
+    format!("system:serviceaccount:{BUSYGUARD_NAMESPACE}:busyguard")
+}
 /// Namespaces busyguard never guards, as its webhooks' namespaceSelector says: the system's and
 /// its own. Any other opts out with the label `busyguard.io/enabled=false` (see `Enrolment`).
 pub const NEVER_GUARDED_NAMESPACES: [&str; 2] = ["kube-system", BUSYGUARD_NAMESPACE];

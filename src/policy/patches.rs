@@ -15,23 +15,14 @@ use super::pod::Pod;
 pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
     let mut patch = annotations_patch(pod, &plan.annotations);
     // Opted-in pods carry labels: the map is there.
-    let labels = plan.labels.iter().map(|(key, value)| {
+    let labels = plan.label_changes().into_iter().map(|(key, value)| {
         let path = metadata_pointer("labels", key);
         match value {
-            Some(value) => PatchOperation::Add(AddOperation { path, value: Value::String(value.clone()) }),
+            Some(value) => PatchOperation::Add(AddOperation { path, value: Value::String(value) }),
             None => PatchOperation::Remove(RemoveOperation { path }),
         }
     });
     patch.0.extend(labels);
-    let label = metadata_pointer("labels", PROTECTED_LABEL);
-    match plan.protected {
-        // Opted-in pods carry labels: the map is there.
-        Some(true) => {
-            patch.0.push(PatchOperation::Add(AddOperation { path: label, value: Value::String("true".into()) }))
-        }
-        Some(false) => patch.0.push(PatchOperation::Remove(RemoveOperation { path: label })),
-        None => {}
-    }
     patch
 }
 
@@ -113,9 +104,14 @@ impl Plan {
     /// The plan as changes of the pod written through the API: its annotations, its label
     /// marks and the protected label.
     pub fn changes(&self) -> PodChanges {
+        PodChanges { labels: self.label_changes(), annotations: self.annotations.clone() }
+    }
+
+    /// Its label changes: the marks' and the protected label's.
+    fn label_changes(&self) -> Changes {
         let mut labels = self.labels.clone();
         labels.extend(self.protected.map(|on| (PROTECTED_LABEL, on.then(|| "true".to_string()))));
-        PodChanges { labels, annotations: self.annotations.clone() }
+        labels
     }
 }
 

@@ -20,7 +20,7 @@ use super::keys::{
     IDLE_SAFE_TO_EVICT, JOB_NAME, MAX_UNAVAILABLE, NAMESPACE_ENABLED_LABEL, OWN_FLAGS_NAMESPACE_LABEL, PROTECTED_LABEL,
     RUN_TO_COMPLETION_NAMESPACE_LABEL, TEKTON_TASK_RUN, WHEN_UNREADY,
 };
-use super::namespaces::{BUSYGUARD_NAMESPACE, Enrolment, NEVER_GUARDED_NAMESPACES};
+use super::namespaces::{BUSYGUARD_NAMESPACE, Enrolment, NEVER_GUARDED_NAMESPACES, busyguards_user};
 use super::pdb::BUSY_PDB_NAME;
 use super::requesters::{
     CLOUD_NODE_LIFECYCLE_USERS, NAMESPACE_CONTROLLER_USER, POD_GC_USER, POD_NAME_CLAIM, SCHEDULER_USER,
@@ -247,8 +247,7 @@ pub fn node_claim_has_a_node() -> String {
 /// `busyguard serve` takes them by default.
 pub fn match_conditions(karpenter: &[String]) -> Vec<(&'static str, &'static str, String)> {
     let not_terminating = ("not-already-terminating", "!has(oldObject.metadata.deletionTimestamp)".to_string());
-    let own_user = format!("system:serviceaccount:{BUSYGUARD_NAMESPACE}:busyguard");
-    let not_busyguard = ("not-busyguard-itself", format!("request.userInfo.username != '{own_user}'"));
+    let not_busyguard = ("not-busyguard-itself", format!("request.userInfo.username != '{}'", busyguards_user()));
     let must_not_wait = ("a-delete-that-must-not-wait", from_a_delete_that_must_not_wait(karpenter));
     let may_wait = ("not-a-delete-that-must-not-wait", not_from_a_delete_that_must_not_wait(karpenter));
     let let_through = ("not-always-let-through", pod_deletes_let_through());

@@ -2,13 +2,24 @@
 //! busyguard writes on busy pods beside Karpenter's and cluster-autoscaler's (`--busy-annotation`,
 //! `--busy-label`): CAST AI's, Spot Ocean's, a node maintenance operator's. `marks` plans them.
 
-use super::keys::{AUTOSCALER_SAFE_TO_EVICT, DELETION_COST, KARPENTER_DO_NOT_DISRUPT};
+use super::keys::GUARDED;
+use super::pod::PodFacts;
 
 /// Where a [`Mark`] is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum On {
     Annotation,
     Label,
+}
+
+impl On {
+    /// The value of `key` on `pod`, where this says.
+    pub fn read<'p>(self, pod: &'p (impl PodFacts + ?Sized), key: &str) -> Option<&'p str> {
+        match self {
+            On::Annotation => pod.annotation(key),
+            On::Label => pod.label(key),
+        }
+    }
 }
 
 /// A key another autoscaler or upgrader reads as "leave this pod, and its node, alone"
@@ -35,9 +46,7 @@ impl Mark {
         if !is_dns_subdomain(prefix) || !is_name(name) {
             return Err(format!("{key:?} is not a valid Kubernetes label or annotation key"));
         }
-        if prefix == "busyguard.io"
-            || [DELETION_COST, KARPENTER_DO_NOT_DISRUPT, AUTOSCALER_SAFE_TO_EVICT].contains(&key)
-        {
+        if prefix == "busyguard.io" || GUARDED.iter().any(|(guarded, _)| *guarded == key) {
             return Err(format!("{key:?} is busyguard's own, or has a flag of its own"));
         }
         if on == On::Label && !(value.is_empty() || is_name(value)) {

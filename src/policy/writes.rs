@@ -147,12 +147,7 @@ fn as_busyguard_leaves_it(
     config: &PolicyConfig,
     now: Timestamp,
 ) -> bool {
-    let read = |p: &'_ Pod| -> Option<String> {
-        match on {
-            On::Annotation => p.annotation(key).map(str::to_string),
-            On::Label => p.label(key).map(str::to_string),
-        }
-    };
+    let read = |p: &Pod| on.read(p, key).map(str::to_string);
     let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
         (false, false) | (true, true) => {
             let refresh = plan(before, Some(before), config.mutation, config.max_busy, now);
@@ -176,11 +171,7 @@ fn as_busyguard_leaves_it(
     else {
         return read(pod) == read(before);
     };
-    let guarded_before = match guarded_on {
-        On::Annotation => before.annotation(guarded),
-        On::Label => before.label(guarded),
-    };
-    let users_own = [before.annotation(saved_as), guarded_before, None];
+    let users_own = [before.annotation(saved_as), guarded_on.read(before, guarded), None];
     (key != saved_as && !turning_idle) || users_own.contains(&read(pod).as_deref())
 }
 
