@@ -105,8 +105,9 @@ bench:
 	$(MAKE) bench-wrk
 
 # Requests a second on each route as issue 54 measures them (wrk, from Debian's package, installed
-# once), this build beside the previous release, the Go peer and the load bench's two floors
-# (benches/wrk.py, BENCHMARKS.md).
+# once), this build beside the previous release, the Go peer and the load bench's two floors, with
+# each server's system calls (perf, from linux-perf) and its CPU a new TLS connection (openssl
+# s_time) (benches/wrk.py, BENCHMARKS.md).
 # The floors are built first: building a bench puts the bench profile's own build of busyguard at
 # target/release/busyguard, and the one to measure is the release's.
 bench-wrk:
@@ -115,6 +116,8 @@ bench-wrk:
 		$(CARGO) build --release --locked --bin busyguard && \
 		wrk=$$(benches/debian-package.sh wrk) && peer=$$(benches/go-peer.sh) && \
 		previous=$$(CARGO="$(CARGO)" benches/previous.sh) && \
+		BENCH_PERF=$$(benches/debian-package.sh perf linux-perf || true) \
+		BENCH_OPENSSL=$$(benches/debian-package.sh openssl || true) \
 		python3 benches/wrk.py $$wrk target/release/busyguard "$$previous" "$$peer" "$$floors"
 
 # Instructions per review on each route under callgrind, this build beside the previous release:

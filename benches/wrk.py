@@ -4,7 +4,8 @@ release, the Go peer and the two floors, taking turns (`make bench`'s last step,
 BENCHMARKS.md).
 
 Each server runs alone on the first core, wrk on the second: one thread, 16 keep-alive TLS
-connections, the route's review again and again, a second to warm up and SECONDS measured.
+connections, then 64 (BENCH_CONNECTIONS), the route's review again and again, a second to warm
+up and SECONDS measured.
 busyguard serves as deployed (TLS, watching a stand-in API server that lists the one busy pod the
 eviction names, the audit line written to a file); the Go peer (`benches/go-peer.sh`) is told the
 same pod is busy. The floors are the load bench's (`benches/load.rs`): busyguard's TLS and HTTP
@@ -12,18 +13,29 @@ stack answering a constant, and the same checking the review's JSON as busyguard
 answer against the Go peer is the most any server on this stack could, on this machine. Each
 route is measured ROUNDS times, the builds taking turns within a round so that the host's drift
 falls on all of them alike. Prints each run's requests a second, the ratios within each round and
-their median, the median p99, and the median of the server's CPU a request (user and system,
-from /proc).
+their median, the median p99, and the medians of the server's CPU a request (user and system,
+from /proc) and of its system calls a request (`perf stat -e raw_syscalls:sys_enter`, where perf
+may trace the server), so that a ratio below its target says whether the server or the host
+spent the time.
+
+Last, new connections as the API server opens them beyond its idle ones: `openssl s_time -new`,
+CLIENTS of them on the second core, a full TLS handshake each and no request (the API server's
+client, client-go, keeps no TLS session cache, so it resumes none). The client's core is the
+bottleneck there, so what compares servers is the CPU each spends a handshake, and the
+handshakes a second one core would take at that cost.
 
 Usage: wrk.py WRK THIS_BUILD [PREVIOUS_BUILD [GO_PEER [LOAD_BENCH]]]  (an empty argument: that one is left out)
 BENCH_ROUTES=eviction,delete measures only the routes whose names contain one of the words;
-BENCH_ROUNDS sets the rounds (5).
+BENCH_ROUNDS sets the rounds (5); BENCH_CONNECTIONS the keep-alive connections of each table
+(16,64). BENCH_PERF and BENCH_OPENSSL name perf and openssl (else found on PATH; without one,
+its measure is left out, saying so).
 """
 
 import datetime
 import http.client
 import os
 import re
+import shutil
 import signal
 import ssl
 import statistics
@@ -31,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import namedtuple
 from pathlib import Path
 
 from stand_in import busy_pod_name, first_answer, free_ports, prepare, routes, serve_args, wait_ready
@@ -38,13 +51,18 @@ from stand_in import busy_pod_name, first_answer, free_ports, prepare, routes, s
 SECONDS = 5
 # The host's speed drifts a few percent between runs: five rounds, and the median of the ratios.
 ROUNDS = 5
-CONNECTIONS = 16
+CONNECTIONS = "16,64"
+# openssl s_time clients opening connections at once (each one at a time): enough to keep the
+# client's core busy.
+CLIENTS = 4
 TICKS = os.sysconf("SC_CLK_TCK")
 GO_PEER = "Go peer"
 FLOOR = "floor"
 FLOOR_JSON = "floor + JSON"
 # The load bench's executable is either floor, as these variables tell it.
 FLOOR_ENV = {FLOOR: {}, FLOOR_JSON: {"BUSYGUARD_BENCH_FLOOR_JSON": "1"}}
+# wrk, and perf and openssl where found.
+Tools = namedtuple("Tools", "wrk perf openssl")
 
 
 def pinned_to(core):
@@ -111,9 +129,9 @@ def cpu_seconds(pid):
     return int(fields[11]) / TICKS, int(fields[12]) / TICKS
 
 
-def wrk(wrk_binary, script, port, route, seconds):
+def wrk(wrk_binary, script, port, route, seconds, connections):
     """wrk's output for `seconds` of the route."""
-    args = [wrk_binary, "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", str(script)]
+    args = [wrk_binary, "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script)]
     done = subprocess.run(
         args + [f"https://127.0.0.1:{port}{route.path}"], capture_output=True, text=True, preexec_fn=pinned_to(1)
     )
@@ -127,24 +145,85 @@ def duration_ms(text):
     return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
 
 
-def measure(wrk_binary, build, work, route, script):
-    """(requests a second, p99 in ms, user and system CPU µs a request) of one run."""
+def measure(tools, build, work, route, script, connections):
+    """(requests a second, p99 in ms, user and system CPU µs a request, system calls a request or
+    None) of one run."""
     server, port = start(build, work, route)
     try:
-        wrk(wrk_binary, script, port, route, 1)
-        user_before, system_before = cpu_seconds(server.pid)
-        out = wrk(wrk_binary, script, port, route, SECONDS)
-        user_after, system_after = cpu_seconds(server.pid)
+        wrk(tools.wrk, script, port, route, 1, connections)
+        with Counted(tools.perf, server.pid) as counted:
+            out = wrk(tools.wrk, script, port, route, SECONDS, connections)
     finally:
-        # busyguard drains on it; the Go peer and the floors exit.
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=120)
-        (work / "audit.log").unlink(missing_ok=True)
+        stop(server, work)
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     per_second = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p99 = duration_ms(re.search(r"^\s+99%\s+(\S+)", out, re.MULTILINE).group(1))
-    micros = lambda seconds: seconds * 1e6 / requests
-    return per_second, p99, micros(user_after - user_before), micros(system_after - system_before)
+    return (per_second, p99, *counted.per(requests))
+
+
+def stop(server, work):
+    # busyguard drains on it; the Go peer and the floors exit.
+    server.send_signal(signal.SIGINT)
+    server.wait(timeout=120)
+    (work / "audit.log").unlink(missing_ok=True)
+
+
+class Counted:
+    """The server's user and system CPU and, with perf, its system calls, while the block runs."""
+
+    def __init__(self, perf, pid):
+        self.perf, self.pid = perf, pid
+
+    def __enter__(self):
+        self.counting = None
+        if self.perf:
+            self.out = tempfile.NamedTemporaryFile(suffix=".perf")
+            args = [self.perf, "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", str(self.pid)]
+            self.counting = subprocess.Popen(args + ["-o", self.out.name], stderr=subprocess.DEVNULL)
+            # perf attaches within a moment; a call made before it is not counted.
+            time.sleep(0.2)
+        self.before = cpu_seconds(self.pid)
+        return self
+
+    def __exit__(self, *exception):
+        self.after = cpu_seconds(self.pid)
+        self.syscalls = None
+        if self.counting:
+            self.counting.send_signal(signal.SIGINT)
+            self.counting.wait(timeout=30)
+            counts = [line.split(",")[0] for line in Path(self.out.name).read_text().splitlines() if "raw_syscalls" in line]
+            self.syscalls = int(counts[0]) if counts and counts[0].isdigit() else None
+            self.out.close()
+        return False
+
+    def per(self, done):
+        """User and system CPU µs, and system calls, for each of `done` things."""
+        user, system = (after - before for before, after in zip(self.before, self.after))
+        calls = self.syscalls / done if self.syscalls is not None else None
+        return user * 1e6 / done, system * 1e6 / done, calls
+
+
+def handshakes(tools, build, work, route):
+    """(handshakes a second, user and system CPU µs a handshake, system calls a handshake or
+    None) of one run of CLIENTS `openssl s_time -new`, each opening one connection after another."""
+    server, port = start(build, work, route)
+    try:
+        args = [tools.openssl, "s_time", "-connect", f"127.0.0.1:{port}", "-new", "-time", str(SECONDS)]
+        with Counted(tools.perf, server.pid) as counted:
+            clients = [
+                subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=pinned_to(1))
+                for _ in range(CLIENTS)
+            ]
+            outs = [client.communicate()[0] for client in clients]
+    finally:
+        stop(server, work)
+    done = 0
+    for out in outs:
+        found = re.search(r"(\d+) connections in [\d.]+ real seconds", out)
+        if not found:
+            sys.exit(f"openssl s_time against the {build[0]} did not say how many connections it made:\n{out}")
+        done += int(found.group(1))
+    return (done / SECONDS, *counted.per(done))
 
 
 def lua_script(work, route):
@@ -169,6 +248,22 @@ def chosen_routes(now):
     return chosen
 
 
+def connection_counts():
+    """BENCH_CONNECTIONS, or CONNECTIONS when it is unset: the keep-alive connections of each table."""
+    counts = [word.strip() for word in os.environ.get("BENCH_CONNECTIONS", CONNECTIONS).split(",")]
+    if not counts or not all(count.isdigit() and int(count) > 0 for count in counts):
+        sys.exit(f"BENCH_CONNECTIONS={os.environ['BENCH_CONNECTIONS']!r}: connection counts, comma-separated")
+    return [int(count) for count in counts]
+
+
+def tool(variable, name, leaves_out):
+    """The program the variable names, else `name` on PATH; None, said once, when neither."""
+    found = os.environ.get(variable) or shutil.which(name)
+    if not found:
+        print(f"no {name} ({variable} unset, none on PATH): {leaves_out} left out", file=sys.stderr)
+    return found
+
+
 def rounds_each():
     """BENCH_ROUNDS, or ROUNDS when it is unset."""
     rounds = os.environ.get("BENCH_ROUNDS", str(ROUNDS))
@@ -180,7 +275,6 @@ def rounds_each():
 def main():
     if not 3 <= len(sys.argv) <= 6:
         sys.exit("Usage: " + __doc__.split("Usage: ")[1].splitlines()[0])
-    wrk_binary = sys.argv[1]
     named = zip(["this build", "previous release", GO_PEER, "floors"], sys.argv[2:])
     builds = []
     for name, binary in named:
@@ -190,29 +284,68 @@ def main():
             builds += [(each, str(Path(binary).resolve())) for each in served_as]
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
+    tools = Tools(
+        sys.argv[1],
+        tool("BENCH_PERF", "perf", "system calls a request"),
+        tool("BENCH_OPENSSL", "openssl", "new connections"),
+    )
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     measured, round_count = chosen_routes(now), rounds_each()
     names = [name for name, _ in builds]
-    print(
-        f"wrk: {CONNECTIONS} keep-alive TLS connections, {SECONDS} s a run, {round_count} rounds taking turns;"
-        " each server on one core, wrk on another"
-    )
     pairs = ratio_pairs(names)
-    header = [f"{name} req/s" for name in names] + [label for label, _, _ in pairs]
-    header += ["p99 ms " + " / ".join(names), "CPU µs/req (user + system) " + " / ".join(names)]
-    print("| route | " + " | ".join(header) + " |")
-    print("|---" * (len(header) + 1) + "|")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prepare(work, builds[0][1], now)
-        for route in measured:
-            serving = [build for build in builds if build[0] != GO_PEER or route.go_peer_serves]
-            script = lua_script(work, route)
-            rounds = [
-                {name: measure(wrk_binary, (name, binary), work, route, script) for name, binary in serving}
-                for _ in range(round_count)
-            ]
-            print(f"| {route.name} | " + " | ".join(row(names, pairs, rounds)) + " |", flush=True)
+        for connections in connection_counts():
+            print(
+                f"\nwrk: {connections} keep-alive TLS connections, {SECONDS} s a run, {round_count} rounds taking"
+                " turns; each server on one core, wrk on another"
+            )
+            header = [f"{name} req/s" for name in names] + [label for label, _, _ in pairs]
+            header += ["p99 ms " + " / ".join(names), "CPU µs/req (user + system) " + " / ".join(names)]
+            header += ["system calls/req " + " / ".join(names)]
+            print("| route | " + " | ".join(header) + " |")
+            print("|---" * (len(header) + 1) + "|")
+            for route in measured:
+                serving = [build for build in builds if build[0] != GO_PEER or route.go_peer_serves]
+                script = lua_script(work, route)
+                rounds = [
+                    {name: measure(tools, (name, binary), work, route, script, connections) for name, binary in serving}
+                    for _ in range(round_count)
+                ]
+                print(f"| {route.name} | " + " | ".join(row(names, pairs, rounds)) + " |", flush=True)
+        if tools.openssl:
+            new_connections(tools, builds, work, measured[0], round_count)
+
+
+def new_connections(tools, builds, work, route, round_count):
+    """The table of full TLS handshakes, each server taking turns as above. The floor + JSON has
+    the floor's TLS stack, and is left out."""
+    shaking = [build for build in builds if build[0] != FLOOR_JSON]
+    names = [name for name, _ in shaking]
+    print(
+        f"\nnew connections: {CLIENTS} `openssl s_time -new` on the second core, a full TLS handshake each, no"
+        f" request; {SECONDS} s a run, {round_count} rounds taking turns"
+    )
+    header = ["handshakes/s " + " / ".join(names), "CPU µs/handshake (user + system) " + " / ".join(names)]
+    header += ["a core's handshakes/s at that CPU " + " / ".join(names), "system calls/handshake " + " / ".join(names)]
+    print("| " + " | ".join(header) + " |")
+    print("|---" * len(header) + "|")
+    rounds = [{name: handshakes(tools, (name, binary), work, route) for name, binary in shaking} for _ in range(round_count)]
+    median = lambda name, field: statistics.median(round_[name][field] for round_ in rounds)
+    cells = [
+        " / ".join(f"{median(name, 0):,.0f}" for name in names),
+        " / ".join(f"{median(name, 1):.0f} + {median(name, 2):.0f}" for name in names),
+        " / ".join(f"{1e6 / (median(name, 1) + median(name, 2)):,.0f}" for name in names),
+        " / ".join(calls(rounds, name, 3) for name in names),
+    ]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def calls(rounds, name, field):
+    """The median of the system calls counted, or a dash where perf counted none."""
+    counted = [round_[name][field] for round_ in rounds if name in round_ and round_[name][field] is not None]
+    return f"{statistics.median(counted):.1f}" if counted else "–"
 
 
 def ratio_pairs(names):
@@ -220,6 +353,7 @@ def ratio_pairs(names):
     against the others, and each floor against the Go peer (the most this stack allows here)."""
     pairs = [
         ("this / previous", "this build", "previous release"),
+        ("this / floor + JSON", "this build", FLOOR_JSON),
         ("this / Go", "this build", GO_PEER),
         ("floor / Go", FLOOR, GO_PEER),
         ("floor + JSON / Go", FLOOR_JSON, GO_PEER),
@@ -229,8 +363,8 @@ def ratio_pairs(names):
 
 def row(names, pairs, rounds):
     """The table's cells for one route: each run's requests a second, each pair's ratio within
-    each round and their median, the medians of p99 and of CPU a request; a dash where a build
-    does not serve the route."""
+    each round and their median, the medians of p99, of CPU and of system calls a request; a dash
+    where a build does not serve the route."""
     runs = lambda name: [round_[name] for round_ in rounds if name in round_]
     joined = lambda values, form: " · ".join(form.format(value) for value in values) or "–"
     cells = [joined((run[0] for run in runs(name)), "{:,.0f}") for name in names]
@@ -246,6 +380,7 @@ def row(names, pairs, rounds):
     cells.append(
         " / ".join(f"{median(name, 2):.1f} + {median(name, 3):.1f}" if name in served else "–" for name in names)
     )
+    cells.append(" / ".join(calls(rounds, name, 4) if name in served else "–" for name in names))
     return cells
 
 
