@@ -14,9 +14,11 @@ answer against the Go peer is the most any server on this stack could, on this m
 route is measured ROUNDS times, the builds taking turns within a round so that the host's drift
 falls on all of them alike. Prints each run's requests a second, the ratios within each round and
 their median, the median p99, and the medians of the server's CPU a request (user and system,
-from /proc) and of its system calls a request (`perf stat -e raw_syscalls:sys_enter`, where perf
-may trace the server), so that a ratio below its target says whether the server or the host
-spent the time.
+from /proc), and of its system calls and the wake-ups it makes a request (`perf stat -e
+raw_syscalls:sys_enter,sched:sched_waking`, where perf may trace the server), so that a ratio
+below its target says whether the server or the host spent the time: on loopback a server's
+send carries the client's receive, and waking wrk's idle core costs a virtual machine dearly,
+so a slower server, finding wrk asleep more often, pays more of the host's time a request.
 
 Last, new connections as the API server opens them beyond its idle ones: `openssl s_time -new`,
 CLIENTS of them on the second core, a full TLS handshake each and no request (the API server's
@@ -146,8 +148,8 @@ def duration_ms(text):
 
 
 def measure(tools, build, work, route, script, connections):
-    """(requests a second, p99 in ms, user and system CPU µs a request, system calls a request or
-    None) of one run."""
+    """(requests a second, p99 in ms, user and system CPU µs a request, (system calls, wake-ups) a
+    request or None) of one run."""
     server, port = start(build, work, route)
     try:
         wrk(tools.wrk, script, port, route, 1, connections)
@@ -169,7 +171,8 @@ def stop(server, work):
 
 
 class Counted:
-    """The server's user and system CPU and, with perf, its system calls, while the block runs."""
+    """The server's user and system CPU and, with perf, its system calls and the wake-ups it
+    makes, while the block runs."""
 
     def __init__(self, perf, pid):
         self.perf, self.pid = perf, pid
@@ -178,7 +181,8 @@ class Counted:
         self.counting = None
         if self.perf:
             self.out = tempfile.NamedTemporaryFile(suffix=".perf")
-            args = [self.perf, "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", str(self.pid)]
+            events = "raw_syscalls:sys_enter,sched:sched_waking"
+            args = [self.perf, "stat", "-x", ",", "-e", events, "-p", str(self.pid)]
             self.counting = subprocess.Popen(args + ["-o", self.out.name], stderr=subprocess.DEVNULL)
             # perf attaches within a moment; a call made before it is not counted.
             time.sleep(0.2)
@@ -187,25 +191,27 @@ class Counted:
 
     def __exit__(self, *exception):
         self.after = cpu_seconds(self.pid)
-        self.syscalls = None
+        self.events = None
         if self.counting:
             self.counting.send_signal(signal.SIGINT)
             self.counting.wait(timeout=30)
-            counts = [line.split(",")[0] for line in Path(self.out.name).read_text().splitlines() if "raw_syscalls" in line]
-            self.syscalls = int(counts[0]) if counts and counts[0].isdigit() else None
+            lines = Path(self.out.name).read_text().splitlines()
+            counts = [line.split(",")[0] for event in ("raw_syscalls", "sched_waking") for line in lines if event in line]
+            self.events = [int(count) for count in counts] if all(count.isdigit() for count in counts) else None
             self.out.close()
         return False
 
     def per(self, done):
-        """User and system CPU µs, and system calls, for each of `done` things."""
+        """User and system CPU µs, and (system calls, wake-ups), for each of `done` things."""
         user, system = (after - before for before, after in zip(self.before, self.after))
-        calls = self.syscalls / done if self.syscalls is not None else None
-        return user * 1e6 / done, system * 1e6 / done, calls
+        counted = tuple(count / done for count in self.events) if self.events and len(self.events) == 2 else None
+        return user * 1e6 / done, system * 1e6 / done, counted
 
 
 def handshakes(tools, build, work, route):
-    """(handshakes a second, user and system CPU µs a handshake, system calls a handshake or
-    None) of one run of CLIENTS `openssl s_time -new`, each opening one connection after another."""
+    """(handshakes a second, user and system CPU µs a handshake, (system calls, wake-ups) a
+    handshake or None) of one run of CLIENTS `openssl s_time -new`, each opening one connection
+    after another."""
     server, port = start(build, work, route)
     try:
         args = [tools.openssl, "s_time", "-connect", f"127.0.0.1:{port}", "-new", "-time", str(SECONDS)]
@@ -258,7 +264,7 @@ def connection_counts():
 
 def tool(variable, name, leaves_out):
     """The program the variable names, else `name` on PATH; None, said once, when neither."""
-    found = os.environ.get(variable) or shutil.which(name)
+    found = shutil.which(os.environ.get(variable) or name)
     if not found:
         print(f"no {name} ({variable} unset, none on PATH): {leaves_out} left out", file=sys.stderr)
     return found
@@ -303,7 +309,7 @@ def main():
             )
             header = [f"{name} req/s" for name in names] + [label for label, _, _ in pairs]
             header += ["p99 ms " + " / ".join(names), "CPU µs/req (user + system) " + " / ".join(names)]
-            header += ["system calls/req " + " / ".join(names)]
+            header += ["system calls + wake-ups /req " + " / ".join(names)]
             print("| route | " + " | ".join(header) + " |")
             print("|---" * (len(header) + 1) + "|")
             for route in measured:
@@ -328,7 +334,8 @@ def new_connections(tools, builds, work, route, round_count):
         f" request; {SECONDS} s a run, {round_count} rounds taking turns"
     )
     header = ["handshakes/s " + " / ".join(names), "CPU µs/handshake (user + system) " + " / ".join(names)]
-    header += ["a core's handshakes/s at that CPU " + " / ".join(names), "system calls/handshake " + " / ".join(names)]
+    header += ["a core's handshakes/s at that CPU " + " / ".join(names)]
+    header += ["system calls + wake-ups /handshake " + " / ".join(names)]
     print("| " + " | ".join(header) + " |")
     print("|---" * len(header) + "|")
     rounds = [{name: handshakes(tools, (name, binary), work, route) for name, binary in shaking} for _ in range(round_count)]
@@ -343,9 +350,12 @@ def new_connections(tools, builds, work, route, round_count):
 
 
 def calls(rounds, name, field):
-    """The median of the system calls counted, or a dash where perf counted none."""
+    """The medians of the system calls and of the wake-ups counted, or a dash where perf counted
+    none."""
     counted = [round_[name][field] for round_ in rounds if name in round_ and round_[name][field] is not None]
-    return f"{statistics.median(counted):.1f}" if counted else "–"
+    if not counted:
+        return "–"
+    return " + ".join(f"{statistics.median(each[i] for each in counted):.2f}" for i in range(2))
 
 
 def ratio_pairs(names):
