@@ -75,6 +75,20 @@ def pinned_to(core):
     return lambda: os.sched_setaffinity(0, {chosen})
 
 
+def stoppable_on(core):
+    """Runs the child on `core` alone, as `pinned_to`, with SIGINT's default action: a bench run in
+    the background of a shell without job control inherits SIGINT ignored, and the Go peer and
+    the floors, which install no handler of their own, would then never stop."""
+    pin = pinned_to(core)
+
+    def prepare():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if pin:
+            pin()
+
+    return prepare
+
+
 def start(build, work, route):
     """Starts `build` on the first core; returns the process and its TLS port once it answers
     the route as it should."""
@@ -95,7 +109,7 @@ def start(build, work, route):
         args = serve_args(binary, work, listen, admin)
         ready = lambda server: wait_ready(admin, server, log, "under wrk")
     with open(log, "w") as out:
-        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=pinned_to(0))
+        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=stoppable_on(0))
     try:
         ready(server)
         connection = http.client.HTTPSConnection(
@@ -266,7 +280,7 @@ def tool(variable, name, leaves_out):
     """The program the variable names, else `name` on PATH; None, said once, when neither."""
     found = shutil.which(os.environ.get(variable) or name)
     if not found:
-        print(f"no {name} ({variable} unset, none on PATH): {leaves_out} left out", file=sys.stderr)
+        print(f"no {name} (neither {variable} nor PATH names one): {leaves_out} left out", file=sys.stderr)
     return found
 
 
