@@ -306,7 +306,7 @@ def main():
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
     tools = Tools(
         sys.argv[1],
-        tool("BENCH_PERF", "perf", "system calls a request"),
+        tool("BENCH_PERF", "perf", "system calls and wake-ups"),
         tool("BENCH_OPENSSL", "openssl", "new connections"),
     )
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -387,8 +387,8 @@ def ratio_pairs(names):
 
 def row(names, pairs, rounds):
     """The table's cells for one route: each run's requests a second, each pair's ratio within
-    each round and their median, the medians of p99, of CPU and of system calls a request; a dash
-    where a build does not serve the route."""
+    each round and their median, the medians of p99, of CPU and of system calls and wake-ups a
+    request; a dash where a build does not serve the route."""
     runs = lambda name: [round_[name] for round_ in rounds if name in round_]
     joined = lambda values, form: " · ".join(form.format(value) for value in values) or "–"
     cells = [joined((run[0] for run in runs(name)), "{:,.0f}") for name in names]
