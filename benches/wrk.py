@@ -358,12 +358,12 @@ def new_connections(tools, builds, work, route, round_count):
         " / ".join(f"{median(name, 0):,.0f}" for name in names),
         " / ".join(f"{median(name, 1):.0f} + {median(name, 2):.0f}" for name in names),
         " / ".join(f"{1e6 / (median(name, 1) + median(name, 2)):,.0f}" for name in names),
-        " / ".join(calls(rounds, name, 3) for name in names),
+        " / ".join(counted_events(rounds, name, 3) for name in names),
     ]
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
-def calls(rounds, name, field):
+def counted_events(rounds, name, field):
     """The medians of the system calls and of the wake-ups counted, or a dash where perf counted
     none."""
     counted = [round_[name][field] for round_ in rounds if name in round_ and round_[name][field] is not None]
@@ -404,7 +404,7 @@ def row(names, pairs, rounds):
     cells.append(
         " / ".join(f"{median(name, 2):.1f} + {median(name, 3):.1f}" if name in served else "–" for name in names)
     )
-    cells.append(" / ".join(calls(rounds, name, 4) if name in served else "–" for name in names))
+    cells.append(" / ".join(counted_events(rounds, name, 4) if name in served else "–" for name in names))
     return cells
 
 

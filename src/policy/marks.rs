@@ -9,7 +9,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::busy::{BusyState, MaxBusy, busy_from, busy_since, busy_state};
 use super::cost::{BUSY_COST_FLOOR, busy_cost};
-pub use super::keys::GUARDED;
+use super::keys::GUARDED;
 use super::keys::{BUSY_LABEL, BUSY_SINCE, DELETION_COST, INTERRUPTED, KARPENTER_DO_NOT_DISRUPT, PROTECTED_LABEL};
 use super::pod::PodFacts;
 pub use super::vendor_marks::{Mark, On};

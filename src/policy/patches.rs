@@ -15,10 +15,10 @@ use super::pod::Pod;
 pub fn json_patch(pod: &Pod, plan: &Plan) -> Patch {
     let mut patch = annotations_patch(pod, &plan.annotations);
     // Opted-in pods carry labels: the map is there.
-    let labels = plan.label_changes().into_iter().map(|(key, value)| {
+    let labels = plan.label_changes().map(|(key, value)| {
         let path = metadata_pointer("labels", key);
         match value {
-            Some(value) => PatchOperation::Add(AddOperation { path, value: Value::String(value) }),
+            Some(value) => PatchOperation::Add(AddOperation { path, value: Value::String(value.to_string()) }),
             None => PatchOperation::Remove(RemoveOperation { path }),
         }
     });
@@ -105,14 +105,15 @@ impl Plan {
     /// The plan as changes of the pod written through the API: its annotations, its label
     /// marks and the protected label.
     pub fn changes(&self) -> PodChanges {
-        PodChanges { labels: self.label_changes(), annotations: self.annotations.clone() }
+        let labels = self.label_changes().map(|(key, value)| (key, value.map(str::to_string))).collect();
+        PodChanges { labels, annotations: self.annotations.clone() }
     }
 
-    /// Its label changes: the marks' and the protected label's.
-    fn label_changes(&self) -> Changes {
-        let mut labels = self.labels.clone();
-        labels.extend(self.protected.map(|on| (PROTECTED_LABEL, on.then(|| "true".to_string()))));
-        labels
+    /// Its label changes, borrowed (the flip's JSONPatch copies each value once, into its
+    /// operation): the marks' and then the protected label's.
+    fn label_changes(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
+        let marks = self.labels.iter().map(|(key, value)| (*key, value.as_deref()));
+        marks.chain(self.protected.map(|on| (PROTECTED_LABEL, on.then_some("true"))))
     }
 }
 

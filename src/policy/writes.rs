@@ -147,12 +147,12 @@ fn as_busyguard_leaves_it(
     config: &PolicyConfig,
     now: Timestamp,
 ) -> bool {
-    let read = |p: &Pod| on.read(p, key).map(str::to_string);
+    let read = |p| on.read(p, key);
     let turning_idle = match (before.label(BUSY_LABEL) == Some("true"), pod.label(BUSY_LABEL) == Some("true")) {
         (false, false) | (true, true) => {
             let refresh = plan(before, Some(before), config.mutation, config.max_busy, now);
             let refresh = if on == On::Label { refresh.labels } else { refresh.annotations };
-            let refreshed = refresh.get(key).map_or(read(before), Clone::clone);
+            let refreshed = refresh.get(key).map_or(read(before), Option::as_deref);
             return read(pod) == read(before) || read(pod) == refreshed;
         }
         (was_busy, _) => was_busy,
@@ -172,7 +172,7 @@ fn as_busyguard_leaves_it(
         return read(pod) == read(before);
     };
     let users_own = [before.annotation(saved_as), guarded_on.read(before, guarded), None];
-    (key != saved_as && !turning_idle) || users_own.contains(&read(pod).as_deref())
+    (key != saved_as && !turning_idle) || users_own.contains(&read(pod))
 }
 
 /// The own-flag rule's refusal, if any, of a write of `pod` (replacing `before`) by the token

@@ -123,13 +123,8 @@ impl Rig {
         if self.through_chart.load(Ordering::Relaxed) {
             return self.install_chart(components, args);
         }
-        let added: Vec<Value> = args
-            .iter()
-            .map(|arg| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}))
-            .collect();
-        let patches = json!([{"target": {"kind": "Deployment", "name": "busyguard"},
-            "patch": serde_json::to_string(&added)?}]);
-        self.install_overlay(components, &format!("patches: {}", if args.is_empty() { json!([]) } else { patches }))
+        let patches = if args.is_empty() { json!([]) } else { json!([args_patch(args)?]) };
+        self.install_overlay(components, &format!("patches: {patches}"))
     }
 
     /// This checkout's base with `components`, and an overlay's `patches:` as a user writes them
@@ -257,4 +252,14 @@ impl Rig {
         self.kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         self.rolled_out()
     }
+}
+
+/// An overlay's patch (one item of its `patches:`, as JSON, which YAML reads) adding `args` to
+/// busyguard's own: for an overlay of the user's own that needs further flags.
+pub fn args_patch(args: &[String]) -> Result<Value> {
+    let added: Vec<Value> = args
+        .iter()
+        .map(|arg| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}))
+        .collect();
+    Ok(json!({"target": {"kind": "Deployment", "name": "busyguard"}, "patch": serde_json::to_string(&added)?}))
 }

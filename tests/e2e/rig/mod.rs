@@ -27,6 +27,7 @@ mod install;
 mod wait;
 use base64::Engine;
 pub use commands::{bound_token, die_with_parent, free_ports, kubeconfig_for, kubectl, kubectl_stdin, run};
+pub use install::args_patch;
 use serde_json::{Value, json};
 pub use wait::{eventually, throughout};
 

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use super::autoscalers::{CAST_AI, OCEAN};
-use crate::rig::{ROOT, Rig, die_with_parent, eventually, free_ports, throughout};
+use crate::rig::{ROOT, Rig, args_patch, die_with_parent, eventually, free_ports, throughout};
 use crate::workers::{annotation, label};
 
 const CRDS: &[&str] = &[
@@ -155,15 +155,8 @@ fn drains_and_ends(rig: &Rig, agones: &Agones, games: &str) -> Result<()> {
 /// flips the pod after its owner, and gives the pod back its own values as Agones' server goes
 /// idle.
 pub fn agones_servers_with_sessions_on_a_counter_are_busy_by_the_recipe(rig: &Rig) -> Result<()> {
-    let vendor_keys = format!(
-        "\n  - target: {{kind: Deployment, name: busyguard}}\n    patch: |-\n{}",
-        [format!("--busy-annotation={CAST_AI}=true"), format!("--busy-label={OCEAN}=true")]
-            .map(|arg| format!(
-                "      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: \"{arg}\"}}\n"
-            ))
-            .concat()
-    );
-    let install = || rig.install_overlay(&["agones"], &(counter_recipe()?.trim_end().to_string() + &vendor_keys));
+    let vendor_keys = args_patch(&[format!("--busy-annotation={CAST_AI}=true"), format!("--busy-label={OCEAN}=true")])?;
+    let install = || rig.install_overlay(&["agones"], &format!("{}\n  - {vendor_keys}", counter_recipe()?.trim_end()));
     with_agones(rig, "agones-sessions", install, |agones, games| busy_while_sessions_last(rig, agones, games))
 }
 
