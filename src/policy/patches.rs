@@ -57,14 +57,15 @@ fn annotations_patch(pod: &Pod, changes: &Changes) -> Patch {
 /// The JSON pointer to `key` in the pod's `map` (labels or annotations), written into one buffer
 /// with the key encoded (`~` as `~0`, `/` as `~1`): every flip to busy makes several, and the
 /// general builder allocates for each token of each. Copied a run at a time between the
-/// characters to encode, not a character at a time (a flip's pointers cost it 1.6% of its CPU so).
+/// characters to encode, found byte by byte: both are ASCII, and a search for either of two
+/// characters decodes each character first (a flip's pointers cost it 1.6% of its CPU so).
 pub fn metadata_pointer(map: &str, key: &str) -> PointerBuf {
     let mut path = String::with_capacity("/metadata//".len() + map.len() + key.len() + 4);
     path.push_str("/metadata/");
     path.push_str(map);
     path.push('/');
     let mut rest = key;
-    while let Some(at) = rest.find(['~', '/']) {
+    while let Some(at) = rest.bytes().position(|b| b == b'~' || b == b'/') {
         path.push_str(&rest[..at]);
         path.push_str(if rest.as_bytes()[at] == b'~' { "~0" } else { "~1" });
         rest = &rest[at + 1..];
