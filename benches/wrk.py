@@ -8,7 +8,8 @@ connections, then 64 (BENCH_CONNECTIONS), the route's review again and again, a 
 up and SECONDS measured.
 busyguard serves as deployed (TLS, watching a stand-in API server that lists the one busy pod the
 eviction names, the audit line written to a file); the Go peer (`benches/go-peer.sh`) is told the
-same pod is busy. The floors are the load bench's (`benches/load.rs`): busyguard's TLS and HTTP
+same pod is busy. This build serves a second time with `--no-cluster` (no view, no watch) on the
+routes whose review carries its pod, the delete and the flip. The floors are the load bench's (`benches/load.rs`): busyguard's TLS and HTTP
 stack answering a constant, and the same checking the review's JSON as busyguard does; what they
 answer against the Go peer is the most any server on this stack could, on this machine. Each
 route is measured ROUNDS times, the builds taking turns within a round so that the host's drift
@@ -59,6 +60,11 @@ CONNECTIONS = "16,64"
 CLIENTS = 4
 TICKS = os.sysconf("SC_CLK_TCK")
 GO_PEER = "Go peer"
+# This build again, with `--no-cluster`: no view, no watch. Only the routes whose review carries
+# the pod it judges (NO_CLUSTER_ROUTES) answer the same without a view: the eviction names a pod
+# only the view knows, and a scale-down is let through unprepared.
+NO_CLUSTER = "this build, --no-cluster"
+NO_CLUSTER_ROUTES = ("delete", "update")
 FLOOR = "floor"
 FLOOR_JSON = "floor + JSON"
 # The load bench's executable is either floor, as these variables tell it.
@@ -107,6 +113,9 @@ def start(build, work, route):
         route = route._replace(expected='"allowed":true')
     else:
         args = serve_args(binary, work, listen, admin)
+        if name == NO_CLUSTER:
+            args = [arg for arg in args if arg != "--kubeconfig" and arg != str(work / "kubeconfig")]
+            args.append("--no-cluster")
         ready = lambda server: wait_ready(admin, server, log, "under wrk")
     with open(log, "w") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=stoppable_on(0))
@@ -299,8 +308,8 @@ def main():
     builds = []
     for name, binary in named:
         if binary:
-            # The load bench's one executable serves as either floor.
-            served_as = list(FLOOR_ENV) if name == "floors" else [name]
+            # The load bench's one executable serves as either floor; this build serves twice.
+            served_as = {"floors": list(FLOOR_ENV), "this build": [name, NO_CLUSTER]}.get(name, [name])
             builds += [(each, str(Path(binary).resolve())) for each in served_as]
     if len(os.sched_getaffinity(0)) < 2:
         print("one core only: server and wrk share it, and the figures say less", file=sys.stderr)
@@ -327,7 +336,7 @@ def main():
             print("| route | " + " | ".join(header) + " |")
             print("|---" * (len(header) + 1) + "|")
             for route in measured:
-                serving = [build for build in builds if build[0] != GO_PEER or route.go_peer_serves]
+                serving = [build for build in builds if serves(build[0], route)]
                 script = lua_script(work, route)
                 rounds = [
                     {name: measure(tools, (name, binary), work, route, script, connections) for name, binary in serving}
@@ -338,10 +347,19 @@ def main():
             new_connections(tools, builds, work, measured[0], round_count)
 
 
+def serves(name, route):
+    """Whether the server answers the route as the others do."""
+    if name == GO_PEER:
+        return route.go_peer_serves
+    if name == NO_CLUSTER:
+        return any(word in route.name for word in NO_CLUSTER_ROUTES)
+    return True
+
+
 def new_connections(tools, builds, work, route, round_count):
     """The table of full TLS handshakes, each server taking turns as above. The floor + JSON has
-    the floor's TLS stack, and is left out."""
-    shaking = [build for build in builds if build[0] != FLOOR_JSON]
+    the floor's TLS stack, and this build without a cluster this build's: both left out."""
+    shaking = [build for build in builds if build[0] not in (FLOOR_JSON, NO_CLUSTER)]
     names = [name for name, _ in shaking]
     print(
         f"\nnew connections: {CLIENTS} `openssl s_time -new` on the second core, a full TLS handshake each, no"
@@ -377,6 +395,7 @@ def ratio_pairs(names):
     against the others, and each floor against the Go peer (the most this stack allows here)."""
     pairs = [
         ("this / previous", "this build", "previous release"),
+        ("this / this --no-cluster", "this build", NO_CLUSTER),
         ("this / floor + JSON", "this build", FLOOR_JSON),
         ("this / Go", "this build", GO_PEER),
         ("floor / Go", FLOOR, GO_PEER),
