@@ -9,17 +9,18 @@ up and SECONDS measured.
 busyguard serves as deployed (TLS, watching a stand-in API server that lists the one busy pod the
 eviction names, the audit line written to a file); the Go peer (`benches/go-peer.sh`) is told the
 same pod is busy. This build serves a second time with `--no-cluster` (no view, no watch) on the
-routes whose review carries its pod, the delete and the flip. The floors are the load bench's (`benches/load.rs`): busyguard's TLS and HTTP
-stack answering a constant, and the same checking the review's JSON as busyguard does; what they
-answer against the Go peer is the most any server on this stack could, on this machine. Each
-route is measured ROUNDS times, the builds taking turns within a round so that the host's drift
-falls on all of them alike. Prints each run's requests a second, the ratios within each round and
-their median, the median p99, and the medians of the server's CPU a request (user and system,
-from /proc), and of its system calls and the wake-ups it makes a request (`perf stat -e
-raw_syscalls:sys_enter,sched:sched_waking`, where perf may trace the server), so that a ratio
-below its target says whether the server or the host spent the time: on loopback a server's
-send carries the client's receive, and waking wrk's idle core costs a virtual machine dearly,
-so a slower server, finding wrk asleep more often, pays more of the host's time a request.
+routes whose review carries its pod, the delete and the flip. The floors are the load bench's
+(`benches/load.rs`): busyguard's TLS and HTTP stack answering a constant, and the same checking the
+review's JSON as busyguard does; what they answer against the Go peer is the most any server on
+this stack could, on this machine. Each route is measured ROUNDS times, the builds taking turns
+within a round so that the host's drift falls on all of them alike. Prints each run's requests a
+second, the ratios within each round and their median, the median p99, and the medians of the
+server's CPU a request (user and system, from /proc), and of its system calls and the wake-ups it
+makes a request (`perf stat -e raw_syscalls:sys_enter,sched:sched_waking`, where perf may trace the
+server), so that a ratio below its target says whether the server or the host spent the time: on
+loopback a server's send carries the client's receive, and waking wrk's idle core costs a virtual
+machine dearly, so a slower server, finding wrk asleep more often, pays more of the host's time a
+request.
 
 Last, new connections as the API server opens them beyond its idle ones: `openssl s_time -new`,
 CLIENTS of them on the second core, a full TLS handshake each and no request (the API server's
