@@ -18,8 +18,9 @@ from urllib.parse import parse_qs, urlparse
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
-# A route measured: `expected` is what its answer must say; the Go peer decides only some.
-Route = namedtuple("Route", "name path body expected go_peer_serves")
+# A route measured: `expected` is what its answer must say; the Go peer decides only some, and
+# busyguard without a view only those whose review carries the pod it judges.
+Route = namedtuple("Route", "name path body expected go_peer_serves carries_its_pod")
 
 
 def load(name):
@@ -39,16 +40,24 @@ def routes(now):
     made_busy(delete["request"]["oldObject"], now)
     compact = lambda review: json.dumps(review, separators=(",", ":")).encode()
     return [
-        Route("eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429', True),
-        Route("delete, busy pod (429)", "/validate", compact(delete), '"code":429', True),
         Route(
-            "pod update to busy (patch)", "/mutate", compact(load("pod-update-label-busy-by-user.json")), '"patch":', True
+            "eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429', True, False
+        ),
+        Route("delete, busy pod (429)", "/validate", compact(delete), '"code":429', True, True),
+        Route(
+            "pod update to busy (patch)",
+            "/mutate",
+            compact(load("pod-update-label-busy-by-user.json")),
+            '"patch":',
+            True,
+            True,
         ),
         Route(
             "scale subresource down",
             "/validate",
             compact(load("deployment-scale-subresource-down-by-kubectl.json")),
             '"allowed":true',
+            False,
             False,
         ),
     ]
@@ -150,7 +159,7 @@ def planned(binary, work, pod):
         wait_ready(admin, serve, log, "planning the busy pod")
         context = ssl.create_default_context(cafile=str(work / "ca.crt"))
         connection = http.client.HTTPSConnection("127.0.0.1", listen, context=context)
-        answer = first_answer(connection, Route("planning the busy pod", "/mutate", body, '"allowed":true', False))
+        answer = first_answer(connection, Route("planning the busy pod", "/mutate", body, '"allowed":true', False, True))
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=120)
@@ -177,12 +186,15 @@ def free_ports(count):
     return ports
 
 
-def serve_args(binary, work, listen, admin):
-    """`busyguard serve` as deployed: TLS, the stand-in's view, the audit line to a file."""
+def serve_args(binary, work, listen, admin, cluster=True):
+    """`busyguard serve` as deployed: TLS, the stand-in's view (none with `cluster` false:
+    `--no-cluster`), the audit line to a file."""
+    view = ["--kubeconfig", str(work / "kubeconfig")] if cluster else ["--no-cluster"]
     return (
         [binary, "serve", "--listen", f"127.0.0.1:{listen}", "--admin-listen", f"127.0.0.1:{admin}"]
         + ["--tls-cert", str(work / "tls.crt"), "--tls-key", str(work / "tls.key")]
-        + ["--kubeconfig", str(work / "kubeconfig"), "--audit-log", str(work / "audit.log")]
+        + view
+        + ["--audit-log", str(work / "audit.log")]
     )
 
 

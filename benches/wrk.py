@@ -62,10 +62,9 @@ CLIENTS = 4
 TICKS = os.sysconf("SC_CLK_TCK")
 GO_PEER = "Go peer"
 # This build again, with `--no-cluster`: no view, no watch. Only the routes whose review carries
-# the pod it judges (NO_CLUSTER_ROUTES) answer the same without a view: the eviction names a pod
-# only the view knows, and a scale-down is let through unprepared.
+# the pod it judges answer the same without a view: the eviction names a pod only the view knows,
+# and a scale-down is let through unprepared.
 NO_CLUSTER = "this build, --no-cluster"
-NO_CLUSTER_ROUTES = ("delete", "update")
 FLOOR = "floor"
 FLOOR_JSON = "floor + JSON"
 # The load bench's executable is either floor, as these variables tell it.
@@ -113,10 +112,7 @@ def start(build, work, route):
         # A floor decides nothing: it lets every review through.
         route = route._replace(expected='"allowed":true')
     else:
-        args = serve_args(binary, work, listen, admin)
-        if name == NO_CLUSTER:
-            args = [arg for arg in args if arg != "--kubeconfig" and arg != str(work / "kubeconfig")]
-            args.append("--no-cluster")
+        args = serve_args(binary, work, listen, admin, cluster=name != NO_CLUSTER)
         ready = lambda server: wait_ready(admin, server, log, "under wrk")
     with open(log, "w") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=stoppable_on(0))
@@ -353,7 +349,7 @@ def serves(name, route):
     if name == GO_PEER:
         return route.go_peer_serves
     if name == NO_CLUSTER:
-        return any(word in route.name for word in NO_CLUSTER_ROUTES)
+        return route.carries_its_pod
     return True
 
 
