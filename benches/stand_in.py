@@ -122,8 +122,16 @@ def stand_in_api_server(listed):
 
         do_PATCH = do_POST
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            # busyguard stopping mid-request (each measured server is stopped with SIGINT) is
+            # how a run ends, not an error to print.
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server.server_address[1]
 
