@@ -161,8 +161,7 @@ fn deleted_as_its_end(
         }
     }
     let by_its_leader = config.leader_of(pod).is_some_and(|leader| requester.pod == Some(leader));
-    let owner = pod.owner();
-    let owning_pod = owner.as_deref().and_then(OwnerKey::parse).filter(OwnerKey::is_pod);
+    let owning_pod = pod.owner_key().filter(OwnerKey::is_pod);
     let by_its_owning_pod = owning_pod.is_some_and(|owner| requester.pod == Some(owner.name));
     (by_its_leader || by_its_owning_pod).then_some(Override::Leader)
 }

@@ -221,6 +221,41 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    /// A refusal reads the owner from the view's record (an eviction) or from the request's pod
+    /// (a delete): both name the same controlling owner, parts and key alike.
+    #[test]
+    fn the_record_and_the_requests_pod_name_the_same_controlling_owner() {
+        use crate::policy::pod::{OwnerKey, Pod};
+        fn reference(api_version: &str, kind: &str, name: &str, controller: bool) -> serde_json::Value {
+            json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": "u", "controller": controller})
+        }
+        let owners = [
+            (
+                vec![reference("apps/v1", "ReplicaSet", "w-6b8958b477", true)],
+                Some(("apps", "ReplicaSet", "w-6b8958b477")),
+            ),
+            (
+                vec![
+                    reference("v1", "ConfigMap", "not-controlling", false),
+                    reference("actions.github.com/v1alpha1", "EphemeralRunner", "r-4tb9k", true),
+                ],
+                Some(("actions.github.com", "EphemeralRunner", "r-4tb9k")),
+            ),
+            (vec![reference("v1", "Pod", "etl-driver", true)], Some(("", "Pod", "etl-driver"))),
+            (vec![reference("apps/v1", "ReplicaSet", "w", false)], None),
+            (vec![], None),
+        ];
+        for (references, expected) in owners {
+            let pod = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "ownerReferences": references}});
+            let record = api_pod(pod.clone()).record(&[]);
+            let request_pod: Pod = serde_json::from_value(pod).unwrap();
+            let expected = expected.map(|(group, kind, name)| OwnerKey { group, kind, name });
+            assert_eq!(record.owner_key(), expected, "{references:?}");
+            assert_eq!(request_pod.owner_key(), expected, "{references:?}");
+            assert_eq!(record.owner(), request_pod.owner(), "{references:?}");
+        }
+    }
+
     /// The view keeps as derived facts what the request's pod reads from its spec and container
     /// statuses: both must say the same of every pod.
     #[test]

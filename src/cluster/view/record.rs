@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use crate::policy::keys::{BUSY_LABEL, DELETE_REQUESTED};
-use crate::policy::pod::{Phase, PodFacts, Readiness};
+use crate::policy::pod::{OwnerKey, Phase, PodFacts, Readiness};
 use crate::policy::workloads::workload_of;
 
 /// A pod's labels in one slice, shared by every pod of the view with the same ones (the pods of
@@ -102,6 +102,10 @@ impl PodFacts for PodRecord {
 
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
         self.owner.as_deref().map(Into::into)
+    }
+
+    fn owner_key(&self) -> Option<OwnerKey<'_>> {
+        self.owner.as_deref().and_then(OwnerKey::parse)
     }
 
     fn resource_version(&self) -> &str {

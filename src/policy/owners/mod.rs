@@ -18,7 +18,7 @@ pub use state::{OwnerState, flip_patch, follow};
 mod tests {
     use super::*;
     use crate::policy::keys::{BUSY_LABEL, MAX_BUSY};
-    use crate::policy::pod::PodRef;
+    use crate::policy::pod::{OwnerKey, PodRef};
     use jiff::Timestamp;
     use serde_json::json;
 
@@ -212,7 +212,10 @@ mod tests {
             "not its pods"
         );
         assert!(rule_for(std::slice::from_ref(&driver), "sparkoperator.k8s.io", "SparkApplication").is_some());
-        assert!(rule_of(&[driver, executors.clone()], "/Pod/etl-driver").is_some_and(|r| r.via.is_some()));
+        assert!(
+            rule_of(&[driver, executors.clone()], OwnerKey::of("v1", "Pod", "etl-driver"))
+                .is_some_and(|r| r.via.is_some())
+        );
         for unkept in ["pod.spec.nodeName == 'n'", "pod.status.phase == 'Running'", "pod.metadata.annotations.a == 'b'"]
         {
             let error = format!("v1/Pod>example.com/v1/Task={unkept}").parse::<OwnerRule>().unwrap_err();

@@ -317,10 +317,8 @@ pub fn rule_for<'r>(rules: &'r [OwnerRule], group: &str, kind: &str) -> Option<&
     rules.iter().find(|rule| rule.via.is_none() && rule.group() == group && rule.kind == kind)
 }
 
-/// The rule that puts the pods of the owner keyed `owner_key` (`group/Kind/name`, the pod's
-/// controlling owner) busy, if any.
-pub fn rule_of<'r>(rules: &'r [OwnerRule], owner_key: &str) -> Option<&'r OwnerRule> {
-    let owner = OwnerKey::parse(owner_key)?;
+/// The rule that puts the pods of `owner` (the pod's controlling owner) busy, if any.
+pub fn rule_of<'r>(rules: &'r [OwnerRule], owner: OwnerKey<'_>) -> Option<&'r OwnerRule> {
     rules.iter().find(|rule| rule.pods_owner() == (owner.group, owner.kind))
 }
 

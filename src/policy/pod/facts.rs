@@ -88,6 +88,9 @@ pub trait PodFacts {
     fn busy_label_by_busyguard(&self) -> bool;
     /// The controlling owner as its key, `group/Kind/name` ([`OwnerKey`]).
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>>;
+    /// The controlling owner's group, kind and name: for a decision that reads them, with no
+    /// key written out to be parsed back.
+    fn owner_key(&self) -> Option<OwnerKey<'_>>;
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {

@@ -240,8 +240,12 @@ impl PodFacts for Pod {
     }
 
     fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.owner_key()?.to_string().into())
+    }
+
+    fn owner_key(&self) -> Option<OwnerKey<'_>> {
         let owner = self.controller()?;
-        Some(OwnerKey::of(&owner.api_version, &owner.kind, &owner.name).to_string().into())
+        Some(OwnerKey::of(&owner.api_version, &owner.kind, &owner.name))
     }
 
     fn resource_version(&self) -> &str {
@@ -510,6 +514,9 @@ mod tests {
         }
         fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
             self.pod.owner()
+        }
+        fn owner_key(&self) -> Option<OwnerKey<'_>> {
+            self.pod.owner_key()
         }
         fn resource_version(&self) -> &str {
             self.pod.resource_version()
