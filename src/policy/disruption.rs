@@ -254,7 +254,8 @@ fn refuse_busy(
     let enforced = config.mode != Mode::Audit;
     // The owner is read only where a busy rule could follow it: this is every refusal's path.
     let owner = (!config.owner_rules.is_empty()).then(|| pod.owner_key()).flatten();
-    let followed_owner = (owner.filter(|owner| owners::rule_of(&config.owner_rules, *owner).is_some()))
+    let followed_owner = owner
+        .filter(|owner| owners::rule_of(&config.owner_rules, *owner).is_some())
         .map(|owner| format!("{}/{}", owner.kind, owner.name));
     let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
     let followed = followed_owner.as_deref().or(leader.as_deref());
