@@ -41,24 +41,36 @@ def routes(now):
     compact = lambda review: json.dumps(review, separators=(",", ":")).encode()
     return [
         Route(
-            "eviction, busy pod (429)", "/validate", compact(load("pod-eviction-by-user.json")), '"code":429', True, False
+            "eviction, busy pod (429)",
+            "/validate",
+            compact(load("pod-eviction-by-user.json")),
+            '"code":429',
+            go_peer_serves=True,
+            carries_its_pod=False,
         ),
-        Route("delete, busy pod (429)", "/validate", compact(delete), '"code":429', True, True),
+        Route(
+            "delete, busy pod (429)",
+            "/validate",
+            compact(delete),
+            '"code":429',
+            go_peer_serves=True,
+            carries_its_pod=True,
+        ),
         Route(
             "pod update to busy (patch)",
             "/mutate",
             compact(load("pod-update-label-busy-by-user.json")),
             '"patch":',
-            True,
-            True,
+            go_peer_serves=True,
+            carries_its_pod=True,
         ),
         Route(
             "scale subresource down",
             "/validate",
             compact(load("deployment-scale-subresource-down-by-kubectl.json")),
             '"allowed":true',
-            False,
-            False,
+            go_peer_serves=False,
+            carries_its_pod=False,
         ),
     ]
 
@@ -167,7 +179,10 @@ def planned(binary, work, pod):
         wait_ready(admin, serve, log, "planning the busy pod")
         context = ssl.create_default_context(cafile=str(work / "ca.crt"))
         connection = http.client.HTTPSConnection("127.0.0.1", listen, context=context)
-        answer = first_answer(connection, Route("planning the busy pod", "/mutate", body, '"allowed":true', False, True))
+        planning = Route(
+            "planning the busy pod", "/mutate", body, '"allowed":true', go_peer_serves=False, carries_its_pod=True
+        )
+        answer = first_answer(connection, planning)
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=120)

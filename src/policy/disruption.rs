@@ -253,12 +253,11 @@ fn refuse_busy(
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::Audit;
     // The owner is read only where a busy rule could follow it: this is every refusal's path.
-    let owner = (!config.owner_rules.is_empty()).then(|| pod.owner_key()).flatten();
-    let followed_owner = owner
-        .filter(|owner| owners::rule_of(&config.owner_rules, *owner).is_some())
-        .map(|owner| format!("{}/{}", owner.kind, owner.name));
+    let key = (!config.owner_rules.is_empty()).then(|| pod.owner_key()).flatten();
+    let under_rule = key.is_some_and(|key| owners::rule_of(&config.owner_rules, key).is_some());
+    let owner = under_rule.then(|| pod.owner()).flatten();
     let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
-    let followed = followed_owner.as_deref().or(leader.as_deref());
+    let followed = owner.as_deref().map(owners::kind_and_name).or(leader.as_deref());
     let busy = Busy { since, until, by_readiness, followed };
     if let Taking::Restart { container } = d.taking {
         let message = restart_while_busy(ask.namespace, ask.name, container, &busy);

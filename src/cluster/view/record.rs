@@ -100,12 +100,13 @@ impl PodFacts for PodRecord {
         &self.uid
     }
 
-    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.owner.as_deref().map(Into::into)
-    }
-
     fn owner_key(&self) -> Option<OwnerKey<'_>> {
         self.owner.as_deref().and_then(OwnerKey::parse)
+    }
+
+    /// The key the view keeps, borrowed.
+    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.owner.as_deref().map(Into::into)
     }
 
     fn resource_version(&self) -> &str {

@@ -239,10 +239,6 @@ impl PodFacts for Pod {
         &self.metadata.uid
     }
 
-    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
-        Some(self.owner_key()?.to_string().into())
-    }
-
     fn owner_key(&self) -> Option<OwnerKey<'_>> {
         let owner = self.controller()?;
         Some(OwnerKey::of(&owner.api_version, &owner.kind, &owner.name))
@@ -511,9 +507,6 @@ mod tests {
     impl PodFacts for Recording<'_> {
         fn uid(&self) -> &str {
             self.pod.uid()
-        }
-        fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
-            self.pod.owner()
         }
         fn owner_key(&self) -> Option<OwnerKey<'_>> {
             self.pod.owner_key()
