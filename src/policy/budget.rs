@@ -34,11 +34,11 @@ pub fn unavailable_siblings<'p, P: PodFacts + 'p>(
     namespace_pods: impl Iterator<Item = (&'p str, &'p P)>,
 ) -> Option<Siblings> {
     pod.label(MAX_UNAVAILABLE)?;
-    let owner = pod.owner()?;
+    let owner = pod.owner_key()?;
     let workload = workload_of(pod, name);
     // The same owner is the same workload; only another owner needs its workload worked out
     // (a Deployment's other ReplicaSet).
-    let same_workload = |other: &str, pod: &P| match pod.owner() {
+    let same_workload = |other: &str, pod: &P| match pod.owner_key() {
         Some(theirs) => theirs == owner || workload_of(pod, other) == workload,
         None => false,
     };

@@ -15,7 +15,7 @@ use super::keys::{
 };
 use super::outcome::{Action, Answer, AuditRecord, BudgetClaim, Decision, Denial, Effect, Outcome, Reason};
 use super::owners;
-use super::pod::{PodFacts, PodRef};
+use super::pod::{OwnerKey, PodFacts, PodRef};
 use super::refusals::{Busy, busy_denial, restart_while_busy};
 use super::requesters::{GARBAGE_COLLECTOR_USER, LOCAL_ADMIN_USER, REPLICASET_CONTROLLER_USER};
 use super::verdict::{Override, Taken, Verdict, budget_holds, judge};
@@ -253,11 +253,10 @@ fn refuse_busy(
     let by_readiness = pod.label(BUSY_LABEL) != Some("true");
     let enforced = config.mode != Mode::Audit;
     // The owner is read only where a busy rule could follow it: this is every refusal's path.
-    let key = (!config.owner_rules.is_empty()).then(|| pod.owner_key()).flatten();
-    let under_rule = key.is_some_and(|key| owners::rule_of(&config.owner_rules, key).is_some());
-    let owner = under_rule.then(|| pod.owner()).flatten();
-    let leader = config.leader_of(pod).map(|leader| format!("Pod/{leader}"));
-    let followed = owner.as_deref().map(owners::kind_and_name).or(leader.as_deref());
+    let owner = (!config.owner_rules.is_empty()).then(|| pod.owner_key()).flatten();
+    let owner = owner.filter(|owner| owners::rule_of(&config.owner_rules, *owner).is_some());
+    let leader = config.leader_of(pod).map(|leader| OwnerKey::of("v1", "Pod", leader));
+    let followed = owner.or(leader);
     let busy = Busy { since, until, by_readiness, followed };
     if let Taking::Restart { container } = d.taking {
         let message = restart_while_busy(ask.namespace, ask.name, container, &busy);
@@ -1097,7 +1096,8 @@ mod tests {
         );
         let would = busy_denial("ns", "p", &busy(since, None, false), false);
         assert!(!would.contains("spared"), "in dry-run mode the pod goes: {would}");
-        let runner = Busy { followed: Some("EphemeralRunner/r"), ..busy(since, None, false) };
+        let owner = OwnerKey::of("actions.github.com/v1alpha1", "EphemeralRunner", "r");
+        let runner = Busy { followed: Some(owner), ..busy(since, None, false) };
         assert_eq!(
             busy_denial("ci", "r", &runner, true),
             "pod ci/r is busy since 2026-11-21T20:00:00Z; it will be spared until it is idle; its busy label follows \

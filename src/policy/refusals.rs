@@ -4,6 +4,7 @@
 use jiff::Timestamp;
 
 use super::keys::BUSY_LABEL;
+use super::pod::OwnerKey;
 
 /// What makes a pod busy, as a refusal tells it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -13,9 +14,9 @@ pub struct Busy<'a> {
     pub until: Option<Timestamp>,
     /// Busy because it is not Ready (compatibility mode), where the label says idle.
     pub by_readiness: bool,
-    /// What its busy label follows (`Kind/name`): its owner's status (`--busy-when-owner`), or
-    /// the pod it is busy with (`--busy-with-pod`).
-    pub followed: Option<&'a str>,
+    /// What its busy label follows, named `Kind/name`: its owner's status (`--busy-when-owner`),
+    /// or the pod it is busy with (`--busy-with-pod`).
+    pub followed: Option<OwnerKey<'a>>,
 }
 
 /// What a person reads when busyguard refuses: who is busy, since when, and how to override.
@@ -48,11 +49,11 @@ pub fn busy_denial(namespace: &str, name: &str, busy: &Busy<'_>, enforced: bool)
     message.push_str("; it will be spared until it is idle");
     match busy.followed {
         // Its label is busyguard's to write: a person's relabelling is undone at the next flip.
-        Some(owner) => {
+        Some(OwnerKey { kind, name: owner, .. }) => {
             let _ = write!(
                 message,
-                "; its busy label follows {owner}, and busyguard writes it: to force, end {owner}'s task, or delete \
-                 the pod as a user busyguard exempts (--exempt-user)"
+                "; its busy label follows {kind}/{owner}, and busyguard writes it: to force, end {kind}/{owner}'s \
+                 task, or delete the pod as a user busyguard exempts (--exempt-user)"
             );
         }
         None => {
@@ -68,7 +69,9 @@ pub fn restart_while_busy(namespace: &str, name: &str, container: &str, busy: &B
     let since = busy.since.map_or_else(|| "a time busyguard cannot tell".to_string(), |t| t.to_string());
     let until = busy.until.map_or_else(String::new, |t| format!(" ({})", lapses_at(t)));
     let force = match busy.followed {
-        Some(owner) => format!("to force: end {owner}'s task, or update the pod as a user busyguard exempts"),
+        Some(OwnerKey { kind, name: owner, .. }) => {
+            format!("to force: end {kind}/{owner}'s task, or update the pod as a user busyguard exempts")
+        }
         None => how_to_force(namespace, name).to_string(),
     };
     format!(

@@ -9,22 +9,21 @@ use jiff::Timestamp;
 use super::busy::{BusyState, MaxBusy, busy_state};
 use super::contract::retired_keys;
 use super::keys::ROLLOUTS_POD_TEMPLATE_HASH;
-use super::owners::kind_and_name;
 use super::pod::PodFacts;
 
 /// The workload of `pod`, named `name`, as people name it (see [`workload`]).
 pub fn workload_of(pod: &(impl PodFacts + ?Sized), name: &str) -> String {
-    let owner = pod.owner();
-    workload(owner.as_deref().map(kind_and_name), pod.template_hash(), pod.owners_set(), name)
+    let owner = pod.owner_key().map(|owner| (owner.kind, owner.name));
+    workload(owner, pod.template_hash(), pod.owners_set(), name)
 }
 
 /// A workload as people name it: `Deployment/worker` (or `Rollout/worker`, Argo's) for the pods
 /// of any of its ReplicaSets, by the label its ReplicaSets select with (`template_hash`: the
 /// label and its value); a set whose pods each have an owner of their own by its label
 /// (`owners_set`: `AutoscalingRunnerSet/ci`, `Fleet/arena`); else the pod's controlling owner
-/// (`StatefulSet/db`, `Job/import`), else `Pod/<name>`.
+/// (`owner`, its kind and name: `StatefulSet/db`, `Job/import`), else `Pod/<name>`.
 pub fn workload(
-    owner: Option<&str>,
+    owner: Option<(&str, &str)>,
     template_hash: Option<(&str, &str)>,
     owners_set: Option<(&str, &str)>,
     pod_name: &str,
@@ -32,14 +31,14 @@ pub fn workload(
     if let Some((kind, name)) = owners_set {
         return format!("{kind}/{name}");
     }
-    let Some(owner) = owner else { return format!("Pod/{pod_name}") };
-    if let (Some(replica_set), Some((label, hash))) = (owner.strip_prefix("ReplicaSet/"), template_hash)
-        && let Some(name) = replica_set.strip_suffix(hash).and_then(|name| name.strip_suffix('-'))
+    let Some((kind, owner)) = owner else { return format!("Pod/{pod_name}") };
+    if let (Some((label, hash)), "ReplicaSet") = (template_hash, kind)
+        && let Some(name) = owner.strip_suffix(hash).and_then(|name| name.strip_suffix('-'))
     {
         let kind = if label == ROLLOUTS_POD_TEMPLATE_HASH { "Rollout" } else { "Deployment" };
         return format!("{kind}/{name}");
     }
-    owner.to_string()
+    format!("{kind}/{owner}")
 }
 
 /// The pods of one workload, by what busyguard makes of them now.
@@ -137,11 +136,11 @@ mod tests {
     #[test]
     fn a_deployments_pods_count_under_the_deployment_whatever_their_replica_set() {
         let hash = Some((POD_TEMPLATE_HASH, "6b8958b477"));
-        assert_eq!(workload(Some("ReplicaSet/worker-6b8958b477"), hash, None, "p"), "Deployment/worker");
+        assert_eq!(workload(Some(("ReplicaSet", "worker-6b8958b477")), hash, None, "p"), "Deployment/worker");
         let argo = Some((ROLLOUTS_POD_TEMPLATE_HASH, "7d9c4f"));
-        assert_eq!(workload(Some("ReplicaSet/worker-7d9c4f"), argo, None, "p"), "Rollout/worker");
-        assert_eq!(workload(Some("ReplicaSet/plain"), None, None, "p"), "ReplicaSet/plain");
-        assert_eq!(workload(Some("StatefulSet/db"), None, None, "db-0"), "StatefulSet/db");
+        assert_eq!(workload(Some(("ReplicaSet", "worker-7d9c4f")), argo, None, "p"), "Rollout/worker");
+        assert_eq!(workload(Some(("ReplicaSet", "plain")), None, None, "p"), "ReplicaSet/plain");
+        assert_eq!(workload(Some(("StatefulSet", "db")), None, None, "db-0"), "StatefulSet/db");
         assert_eq!(workload(None, None, None, "lonely"), "Pod/lonely");
     }
 
@@ -154,16 +153,16 @@ mod tests {
         .unwrap();
         let set = runner.owners_set();
         assert_eq!(
-            workload(Some("EphemeralRunner/ci-runner-4tb9k"), None, set, "ci-runner-4tb9k"),
+            workload(Some(("EphemeralRunner", "ci-runner-4tb9k")), None, set, "ci-runner-4tb9k"),
             "AutoscalingRunnerSet/ci"
         );
         let game_server: Pod =
             serde_json::from_value(json!({"metadata": {"labels": {"agones.dev/fleet": "arena"}}})).unwrap();
-        assert_eq!(workload(Some("GameServer/arena-x"), None, game_server.owners_set(), "arena-x"), "Fleet/arena");
+        assert_eq!(workload(Some(("GameServer", "arena-x")), None, game_server.owners_set(), "arena-x"), "Fleet/arena");
         let alone: Pod =
             serde_json::from_value(json!({"metadata": {"labels": {"agones.dev/gameserver": "gs"}}})).unwrap();
         assert_eq!(
-            workload(Some("GameServer/gs"), None, alone.owners_set(), "gs"),
+            workload(Some(("GameServer", "gs")), None, alone.owners_set(), "gs"),
             "GameServer/gs",
             "no fleet: its own"
         );

@@ -46,7 +46,7 @@ impl Second {
 pub struct PodRecord {
     pub uid: Box<str>,
     pub resource_version: Box<str>,
-    /// The controlling owner as `group/Kind/name` (`policy::owners::owner_key`; shared, as the
+    /// The controlling owner as `group/Kind/name` ([`OwnerKey`]; shared, as the
     /// labels are).
     pub owner: Option<Arc<str>>,
     pub node: Option<Arc<str>>,
@@ -102,11 +102,6 @@ impl PodFacts for PodRecord {
 
     fn owner_key(&self) -> Option<OwnerKey<'_>> {
         self.owner.as_deref().and_then(OwnerKey::parse)
-    }
-
-    /// The key the view keeps, borrowed.
-    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.owner.as_deref().map(Into::into)
     }
 
     fn resource_version(&self) -> &str {

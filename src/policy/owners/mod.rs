@@ -11,7 +11,7 @@ mod state;
 
 pub use super::pod::{group_of, version_of};
 pub use expression::{POD_FIELDS, pruned_fields};
-pub use rule::{OwnerRule, PerPod, Terms, Undecided, Via, kind_and_name, rule_for, rule_of, same_kind_twice};
+pub use rule::{OwnerRule, PerPod, Terms, Undecided, Via, rule_for, rule_of, same_kind_twice};
 pub use state::{OwnerState, flip_patch, follow};
 
 #[cfg(test)]
@@ -276,7 +276,6 @@ mod tests {
         assert_eq!(runner.kind_path(), "actions.github.com/v1alpha1/EphemeralRunner");
         assert_eq!(runner.owner_key("r"), "actions.github.com/EphemeralRunner/r");
         assert_eq!(core.owner_key("c"), "/ConfigMap/c");
-        assert_eq!(kind_and_name("apps/ReplicaSet/w"), "ReplicaSet/w");
     }
 
     #[test]

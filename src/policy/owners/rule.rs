@@ -322,11 +322,6 @@ pub fn rule_of<'r>(rules: &'r [OwnerRule], owner: OwnerKey<'_>) -> Option<&'r Ow
     rules.iter().find(|rule| rule.pods_owner() == (owner.group, owner.kind))
 }
 
-/// The `Kind/name` of an owner key, as people name an owner.
-pub fn kind_and_name(owner_key: &str) -> &str {
-    OwnerKey::parse(owner_key).map_or(owner_key, |owner| &owner_key[owner.group.len() + 1..])
-}
-
 /// Why a rule cannot tell whether an owner's pods are busy: they are left as they are.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -86,13 +86,8 @@ pub trait PodFacts {
     /// Whether busyguard wrote the busy label itself: the pod follows its owner's status or its
     /// leader (`policy::owners`), so its flag is not the pod's own.
     fn busy_label_by_busyguard(&self) -> bool;
-    /// The controlling owner's group, kind and name: for a decision that reads them, with no
-    /// key written out to be parsed back.
+    /// The controlling owner's group, kind and name ([`OwnerKey`]).
     fn owner_key(&self) -> Option<OwnerKey<'_>>;
-    /// The controlling owner as its key, `group/Kind/name` ([`OwnerKey`]).
-    fn owner(&self) -> Option<std::borrow::Cow<'_, str>> {
-        Some(self.owner_key()?.to_string().into())
-    }
 
     /// Succeeded or Failed: the pod's containers will not run again.
     fn is_terminal(&self) -> bool {
