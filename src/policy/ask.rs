@@ -24,7 +24,16 @@ impl<'a> Requester<'a> {
 
 /// A request's operation, as the AdmissionReview names it.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, strum::IntoStaticStr, strum::EnumString,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::EnumCount,
 )]
 #[serde(rename_all = "UPPERCASE")]
 #[strum(serialize_all = "UPPERCASE")]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
+use super::review_metrics::ReviewMetrics;
 use crate::audit::AuditLog;
 use crate::cluster::Cluster;
 use crate::cluster::view::{OwnerKind, Unavailable};
@@ -50,6 +51,8 @@ pub struct App {
     pub policy: PolicyConfig,
     pub audit: Arc<AuditLog>,
     pub metrics: Arc<Metrics>,
+    /// `metrics`' two series every review updates, found by index.
+    pub(super) review_metrics: ReviewMetrics,
     pub limits: Limits,
     pub cluster: Cluster,
     /// One permit per review being handled (`Limits::max_in_flight`).
@@ -77,7 +80,8 @@ impl App {
         let in_flight = Semaphore::new(limits.max_in_flight);
         let body_memory = Semaphore::new(limits.max_body_memory);
         let (serving, last_overwrite) = (AtomicBool::new(false), parking_lot::Mutex::new(None));
-        App { policy, audit, metrics, limits, cluster, in_flight, body_memory, serving, last_overwrite }
+        let review_metrics = ReviewMetrics::new(metrics.clone());
+        App { policy, audit, metrics, review_metrics, limits, cluster, in_flight, body_memory, serving, last_overwrite }
     }
 
     /// Another writer took busyguard's marks off a busy pod (`detail`, the audit line's: who, which).

@@ -5,6 +5,7 @@
 pub mod admin;
 mod app;
 mod listen;
+mod review_metrics;
 mod slots;
 pub mod tls;
 pub mod webhook;

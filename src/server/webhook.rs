@@ -19,12 +19,13 @@ use tracing::{Instrument, Span, debug, debug_span, field, warn};
 
 use super::app::App;
 use super::listen::HttpService;
+use super::review_metrics::ReviewKey;
 use crate::admission::review::{self, AdmissionRequest, AdmissionResponse, InvalidReview};
 use crate::admission::{DecisionInputs, Resource, Unanswerable, Webhook, admit};
 use crate::cluster::arbiter::Budgets;
 use crate::cluster::outbox::Queued;
 use crate::duration::parse_positive_duration;
-use crate::metrics::{ReviewLabels, StatusLabels, WebhookLabels, WouldDenyLabels};
+use crate::metrics::{StatusLabels, WouldDenyLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
 use crate::policy::budget;
 use crate::policy::outcome::{BudgetClaim, Decision, Effect, Outcome};
@@ -96,10 +97,10 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     if outcome.await_effects && !waiting.is_empty() {
         await_effects(waiting, time_left(), &request.uid).instrument(span).await;
     }
-    let resource = Resource::of(&request).label();
+    let resource = Resource::of(&request);
     match (outcome.decision, &outcome.audit) {
         (Decision::WouldDeny, Some(record)) => {
-            let labels = WouldDenyLabels { route: resource, reason: record.reason.as_str() };
+            let labels = WouldDenyLabels { route: resource.label(), reason: record.reason.as_str() };
             app.metrics.would_deny.get_or_create(&labels).inc();
         }
         (_, Some(record)) if record.decision == Decision::Restored => {
@@ -108,15 +109,9 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
         }
         _ => {}
     }
-    let labels = ReviewLabels {
-        webhook: webhook.as_str(),
-        resource,
-        operation: request.operation.as_str(),
-        result: outcome.decision.as_str(),
-    };
-    let response = respond(app, &labels, encoded, review.http1);
-    let labels = WebhookLabels { webhook: webhook.as_str(), resource };
-    app.metrics.review_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    let key = ReviewKey { webhook, resource, operation: request.operation, decision: outcome.decision };
+    let response = respond(app, key, encoded, review.http1);
+    app.review_metrics.timed(key, started.elapsed().as_secs_f64());
     Ok(response)
 }
 
@@ -200,8 +195,8 @@ async fn await_effects(waiting: Vec<Queued>, budget: Duration, uid: &str) {
 }
 
 /// The encoded answer as an HTTP response, counted under the review's labels.
-fn respond(app: &App, labels: &ReviewLabels, encoded: Vec<u8>, http1: bool) -> Response {
-    app.metrics.reviews.get_or_create(labels).inc();
+fn respond(app: &App, key: ReviewKey, encoded: Vec<u8>, http1: bool) -> Response {
+    app.review_metrics.answered(key);
     let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
     if http1 && !app.is_serving() {
         // Draining: the keep-alive client opens its next connection to a replica still ready
