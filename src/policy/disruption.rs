@@ -128,8 +128,12 @@ impl<'p> Consequence<'p> {
         if action == Action::Restart {
             return Consequence::Nothing;
         }
-        let confirmed =
-            d.seen.is_some_and(|seen| seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected());
+        // Called for a pod refused, so found protected: an eviction's pod is the view's own record,
+        // and needs no second look.
+        let confirmed = d.seen.is_some_and(|seen| {
+            std::ptr::addr_eq(seen, pod)
+                || (seen.uid() == pod.uid() && busy_state(seen, config.max_busy, now).is_protected())
+        });
         if !confirmed || d.ask.dry_run {
             return Consequence::Nothing;
         }
