@@ -1,6 +1,8 @@
 //! The request being decided, as the decisions see it: who asks, what, of which object. No wire
 //! format (`admission::review` reads it off the AdmissionReview).
 
+use strum::{EnumCount, EnumString, IntoStaticStr};
+
 /// Who asks, as the API server authenticated them.
 #[derive(Debug, Clone, Copy)]
 pub struct Requester<'a> {
@@ -24,16 +26,7 @@ impl<'a> Requester<'a> {
 
 /// A request's operation, as the AdmissionReview names it.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Deserialize,
-    serde::Serialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::EnumCount,
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, IntoStaticStr, EnumString, EnumCount,
 )]
 #[serde(rename_all = "UPPERCASE")]
 #[strum(serialize_all = "UPPERCASE")]
