@@ -4,7 +4,7 @@
 use super::review::{AdmissionRequest, Operation};
 
 /// Which registration called: only the mutating one may answer with a patch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter)]
 #[strum(serialize_all = "lowercase")]
 pub enum Webhook {
     Mutating,
@@ -18,7 +18,7 @@ impl Webhook {
 }
 
 /// What a request is about, parsed once from its group, resource and subresource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumCount)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumCount, strum::EnumIter)]
 pub enum Resource {
     Pods,
     /// `pods/status`: labels and annotations can be written there too, out of every mutating

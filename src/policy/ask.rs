@@ -1,7 +1,8 @@
 //! The request being decided, as the decisions see it: who asks, what, of which object. No wire
 //! format (`admission::review` reads it off the AdmissionReview).
 
-use strum::{EnumCount, EnumString, IntoStaticStr};
+use serde::{Deserialize, Serialize};
+use strum::{EnumCount, EnumIter, EnumString, IntoStaticStr};
 
 /// Who asks, as the API server authenticated them.
 #[derive(Debug, Clone, Copy)]
@@ -25,9 +26,7 @@ impl<'a> Requester<'a> {
 }
 
 /// A request's operation, as the AdmissionReview names it.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, IntoStaticStr, EnumString, EnumCount,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, IntoStaticStr, EnumString, EnumCount, EnumIter)]
 #[serde(rename_all = "UPPERCASE")]
 #[strum(serialize_all = "UPPERCASE")]
 pub enum Operation {

@@ -80,7 +80,7 @@ impl App {
         let in_flight = Semaphore::new(limits.max_in_flight);
         let body_memory = Semaphore::new(limits.max_body_memory);
         let (serving, last_overwrite) = (AtomicBool::new(false), parking_lot::Mutex::new(None));
-        let review_metrics = ReviewMetrics::new(metrics.clone());
+        let review_metrics = ReviewMetrics::default();
         App { policy, audit, metrics, review_metrics, limits, cluster, in_flight, body_memory, serving, last_overwrite }
     }
 

@@ -3,7 +3,7 @@
 //! (1.7% of an eviction's instructions). Here a series' handle is kept at an index the enums give,
 //! taken from the family the first time, so `/metrics` shows exactly the series `Family` would.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -47,42 +47,52 @@ impl ReviewKey {
     }
 }
 
+/// The series' handles, one slot a key; the families themselves stay in `Metrics`.
 pub struct ReviewMetrics {
-    metrics: Arc<Metrics>,
     answered: Box<[OnceLock<Counter>]>,
     timed: Box<[OnceLock<Histogram>]>,
 }
 
-impl ReviewMetrics {
-    pub fn new(metrics: Arc<Metrics>) -> ReviewMetrics {
+impl Default for ReviewMetrics {
+    fn default() -> ReviewMetrics {
         let answered = (0..ANSWERS).map(|_| OnceLock::new()).collect();
         let timed = (0..ROUTES).map(|_| OnceLock::new()).collect();
-        ReviewMetrics { metrics, answered, timed }
+        ReviewMetrics { answered, timed }
     }
+}
 
+impl ReviewMetrics {
     /// `admission_reviews`: one more review answered.
-    pub fn answered(&self, key: ReviewKey) {
-        let series = || self.metrics.reviews.get_or_create(&key.labels()).clone();
-        // Every key has a slot (the test below); the family's own lookup is the fallback, not a panic.
-        match self.answered.get(key.answer()) {
-            Some(slot) => slot.get_or_init(series).inc(),
-            None => series().inc(),
-        };
+    pub fn answered(&self, metrics: &Metrics, key: ReviewKey) {
+        let family = || metrics.reviews.get_or_create(&key.labels()).clone();
+        in_slot(&self.answered, key.answer(), family, |series| {
+            series.inc();
+        });
     }
 
     /// `admission_review_duration_seconds`: how long a review took.
-    pub fn timed(&self, key: ReviewKey, seconds: f64) {
-        let labels = WebhookLabels { webhook: key.webhook.as_str(), resource: key.resource.label() };
-        let series = || self.metrics.review_seconds.get_or_create(&labels).clone();
-        match self.timed.get(key.route()) {
-            Some(slot) => slot.get_or_init(series).observe(seconds),
-            None => series().observe(seconds),
-        }
+    pub fn timed(&self, metrics: &Metrics, key: ReviewKey, seconds: f64) {
+        let family = || {
+            let labels = WebhookLabels { webhook: key.webhook.as_str(), resource: key.resource.label() };
+            metrics.review_seconds.get_or_create(&labels).clone()
+        };
+        in_slot(&self.timed, key.route(), family, |series| series.observe(seconds));
+    }
+}
+
+/// Updates the series kept at `index`, taken from its family the first time. Every key has a slot
+/// (the test below); were one missing, the family's own lookup answers, never a panic.
+fn in_slot<M>(slots: &[OnceLock<M>], index: usize, family: impl FnOnce() -> M, update: impl FnOnce(&M)) {
+    match slots.get(index) {
+        Some(slot) => update(slot.get_or_init(family)),
+        None => update(&family()),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::*;
 
     fn key(webhook: Webhook, resource: Resource, operation: Operation, decision: Decision) -> ReviewKey {
@@ -91,29 +101,37 @@ mod tests {
 
     #[test]
     fn every_review_key_has_a_slot_of_its_own() {
-        let first = key(Webhook::Mutating, Resource::Pods, Operation::Create, Decision::Allowed);
-        let last = key(Webhook::Validating, Resource::Other, Operation::Connect, Decision::Restored);
-        assert_eq!((first.answer(), first.route()), (0, 0));
-        assert_eq!((last.answer(), last.route()), (ANSWERS - 1, ROUTES - 1));
-        let denied = key(Webhook::Validating, Resource::PodEviction, Operation::Create, Decision::Denied);
-        let allowed = ReviewKey { decision: Decision::Allowed, ..denied };
-        let deleted = ReviewKey { operation: Operation::Delete, ..denied };
-        let pods = ReviewKey { resource: Resource::Pods, ..denied };
-        let answers = [denied, allowed, deleted, pods, first, last].map(ReviewKey::answer);
-        assert_eq!(answers.iter().collect::<std::collections::BTreeSet<_>>().len(), answers.len());
+        let mut answers = Vec::new();
+        let mut routes = Vec::new();
+        for webhook in Webhook::iter() {
+            for resource in Resource::iter() {
+                for operation in Operation::iter() {
+                    for decision in Decision::iter() {
+                        let key = key(webhook, resource, operation, decision);
+                        answers.push(key.answer());
+                        routes.push(key.route());
+                    }
+                }
+            }
+        }
+        answers.sort_unstable();
+        routes.sort_unstable();
+        routes.dedup();
+        assert_eq!(answers, (0..ANSWERS).collect::<Vec<_>>(), "each key its own slot, none left over");
+        assert_eq!(routes, (0..ROUTES).collect::<Vec<_>>(), "each webhook and resource its own slot");
     }
 
     #[test]
     fn reviews_are_counted_and_timed_in_the_series_their_labels_name() {
-        let metrics = Arc::new(Metrics::default());
-        let reviews = ReviewMetrics::new(metrics.clone());
+        let metrics = Metrics::default();
+        let reviews = ReviewMetrics::default();
         let denied = key(Webhook::Validating, Resource::PodEviction, Operation::Create, Decision::Denied);
         let allowed = ReviewKey { decision: Decision::Allowed, ..denied };
-        reviews.answered(denied);
-        reviews.answered(denied);
-        reviews.answered(allowed);
-        reviews.timed(denied, 0.001);
-        reviews.timed(allowed, 0.002);
+        reviews.answered(&metrics, denied);
+        reviews.answered(&metrics, denied);
+        reviews.answered(&metrics, allowed);
+        reviews.timed(&metrics, denied, 0.001);
+        reviews.timed(&metrics, allowed, 0.002);
         let count = |result| {
             let labels = ReviewLabels { webhook: "validating", resource: "pods/eviction", operation: "CREATE", result };
             metrics.reviews.get_or_create(&labels).get()

@@ -111,7 +111,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
     }
     let key = ReviewKey { webhook, resource, operation: request.operation, decision: outcome.decision };
     let response = respond(app, key, encoded, review.http1);
-    app.review_metrics.timed(key, started.elapsed().as_secs_f64());
+    app.review_metrics.timed(&app.metrics, key, started.elapsed().as_secs_f64());
     Ok(response)
 }
 
@@ -196,7 +196,7 @@ async fn await_effects(waiting: Vec<Queued>, budget: Duration, uid: &str) {
 
 /// The encoded answer as an HTTP response, counted under the review's labels.
 fn respond(app: &App, key: ReviewKey, encoded: Vec<u8>, http1: bool) -> Response {
-    app.review_metrics.answered(key);
+    app.review_metrics.answered(&app.metrics, key);
     let mut response = ([(header::CONTENT_TYPE, "application/json")], encoded).into_response();
     if http1 && !app.is_serving() {
         // Draining: the keep-alive client opens its next connection to a replica still ready

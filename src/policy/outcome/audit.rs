@@ -8,7 +8,7 @@ use crate::policy::config::{Exempt, Mode};
 use crate::policy::pod::PodRef;
 
 /// What busyguard did: the `result` of the review metric and the `decision` of audit lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumCount)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum Decision {
