@@ -311,7 +311,7 @@ fn refuse_busy(
     Outcome {
         answer: Answer::Deny { denial: Denial::PodBusy, message: message.clone() },
         decision: Decision::Denied,
-        audit: Some(audit(Decision::Denied, reason, message)),
+        audit: Some(Box::new(audit(Decision::Denied, reason, message))),
         effects: told.into_iter().chain(then).collect(),
         // The answer speaks of the mark: give it its chance to land first.
         await_effects: !matches!(consequence, Consequence::Nothing | Consequence::Told),

@@ -93,7 +93,8 @@ pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Unans
     let request = decode(body)?;
     let inputs = DecisionInputs { policy: &policy(), view, arrived: Instant::now() };
     let decided = admit(&request, webhook, &inputs, now())?;
-    let outcome = Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit };
+    let outcome =
+        Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit.map(|record| *record) };
     // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
     let response = outcome.response();
     let answer: Value = serde_json::from_slice(&response.encode()).expect("the answer is JSON");

@@ -16,7 +16,8 @@ use super::hold::Hold;
 pub struct Outcome {
     pub answer: Answer,
     pub decision: Decision,
-    pub audit: Option<AuditRecord>,
+    /// Boxed (320 bytes): an outcome is moved from step to step, and most allowed answers carry none.
+    pub audit: Option<Box<AuditRecord>>,
     /// To leave through the outbox once the answer is decided.
     pub effects: Vec<Effect>,
     /// The answer waits (within its deadline) for the effects: a scale-down's cost updates
@@ -90,8 +91,8 @@ impl Outcome {
         self
     }
 
-    pub fn audited(self, record: AuditRecord) -> Self {
-        Outcome { audit: Some(record), ..self }
+    pub fn audited(self, record: impl Into<Box<AuditRecord>>) -> Self {
+        Outcome { audit: Some(record.into()), ..self }
     }
 
     pub fn is_allowed(&self) -> bool {

@@ -22,7 +22,10 @@ impl Outcome {
         let Outcome { answer, decision, audit, effects, .. } = self;
         let outcome = match answer {
             Answer::Deny { message, .. } => {
-                let audit = audit.map(|record| super::AuditRecord { decision: Decision::WouldDeny, ..record });
+                let audit = audit.map(|mut record| {
+                    record.decision = Decision::WouldDeny;
+                    record
+                });
                 let allowed = Answer::Allow { warnings: vec![super::would_deny(&message)] };
                 Outcome { audit, ..Outcome::answer(allowed, Decision::WouldDeny) }
             }
@@ -38,7 +41,7 @@ impl Outcome {
                     let detail = format!("enforce mode would write: {}", described(&withheld));
                     let record = ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now);
                     // A line of its own already (a protection that lapsed) is kept.
-                    Outcome::answer(answer, Decision::WouldPatch).audited(audit.unwrap_or(record))
+                    Outcome::answer(answer, Decision::WouldPatch).audited(audit.unwrap_or_else(|| Box::new(record)))
                 }
             }
             allowed => Outcome { audit, ..Outcome::answer(allowed, decision) },
