@@ -119,7 +119,7 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
 /// before the answer: if another replica took the budget's last place meanwhile, the decision's
 /// own refusal is the answer. Without an answer from the arbiter in time, refused too
 /// ([`budget::unrecorded`]). `None`: the pod goes as decided. The outcome itself is not passed
-/// through: it is large, and most answers claim nothing.
+/// through: the arbiter needs only the claim.
 async fn arbitrate(budgets: &Budgets, claim: BudgetClaim, deadline: Duration) -> Option<Outcome> {
     match tokio::time::timeout(deadline, budgets.claim(&claim)).await {
         Ok(Ok(true)) => None,
