@@ -38,10 +38,12 @@ impl Outcome {
                 if withheld.0.is_empty() {
                     Outcome { audit, ..Outcome::answer(answer, decision) }
                 } else {
-                    let detail = format!("enforce mode would write: {}", described(&withheld));
-                    let record = ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now);
-                    // A line of its own already (a protection that lapsed) is kept.
-                    Outcome::answer(answer, Decision::WouldPatch).audited(audit.unwrap_or_else(|| Box::new(record)))
+                    // A line of its own already (a protection that lapsed, marks put back) is kept.
+                    let audit = audit.unwrap_or_else(|| {
+                        let detail = format!("enforce mode would write: {}", described(&withheld));
+                        Box::new(ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now))
+                    });
+                    Outcome::answer(answer, Decision::WouldPatch).audited(audit)
                 }
             }
             allowed => Outcome { audit, ..Outcome::answer(allowed, decision) },
@@ -161,6 +163,22 @@ mod tests {
             "enforce mode would write: add /metadata/annotations/karpenter.sh~1do-not-disrupt=\"true\", \
              add /metadata/labels/busyguard.io~1protected=\"true\""
         );
+    }
+
+    #[test]
+    fn a_patch_with_a_line_of_its_own_keeps_that_line_when_its_marks_are_withheld() {
+        let alice = ask("alice");
+        let detail = "busy marks put back: karpenter.sh/do-not-disrupt".to_string();
+        let restored = Outcome::answer(
+            writes(vec![add("/metadata/annotations/karpenter.sh~1do-not-disrupt", "true".into())]),
+            Decision::Patched,
+        )
+        .audited(alice.audit(Decision::Restored, Reason::Overwritten, detail.clone(), Mode::Audit, now()));
+        let trial = restored.in_audit_mode(&alice, now());
+        assert_eq!(trial.answer, Answer::Allow { warnings: vec![] }, "nothing written");
+        assert_eq!(trial.decision, Decision::WouldPatch);
+        let audit = trial.audit.unwrap();
+        assert_eq!((audit.decision, audit.reason, audit.detail), (Decision::Restored, Reason::Overwritten, detail));
     }
 
     #[test]
