@@ -78,7 +78,7 @@ pub fn view_of(pods: &[&Value]) -> View {
 pub struct Judged {
     pub uid: String,
     pub answer: Answer,
-    pub audit: Option<AuditRecord>,
+    pub audit: Option<Box<AuditRecord>>,
 }
 
 impl Judged {
@@ -93,8 +93,7 @@ pub fn judge(body: &[u8], webhook: Webhook, view: &View) -> Result<Judged, Unans
     let request = decode(body)?;
     let inputs = DecisionInputs { policy: &policy(), view, arrived: Instant::now() };
     let decided = admit(&request, webhook, &inputs, now())?;
-    let outcome =
-        Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit.map(|record| *record) };
+    let outcome = Judged { uid: request.uid.to_string(), answer: decided.answer, audit: decided.audit };
     // Every answer is an admission.k8s.io/v1 AdmissionReview that echoes the request's uid.
     let response = outcome.response();
     let answer: Value = serde_json::from_slice(&response.encode()).expect("the answer is JSON");
