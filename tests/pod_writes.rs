@@ -5,8 +5,9 @@
 
 mod common;
 
+use busyguard::policy::Mode;
 use common::fixture;
-use common::in_process::{app, post};
+use common::in_process::{app, app_in, post};
 
 #[tokio::test]
 async fn a_flip_to_busy_on_a_pod_being_deleted_is_refused_409_so_the_worker_does_not_start() {
@@ -103,7 +104,6 @@ async fn a_resize_that_restarts_a_busy_pods_container_is_refused_429_and_one_in_
 
 #[tokio::test]
 async fn another_writer_clearing_a_busy_pods_cost_is_answered_counted_and_named_on_status() {
-    let app = app();
     let since = (jiff::Timestamp::now() - jiff::SignedDuration::from_mins(5)).round(jiff::Unit::Second).unwrap();
     let cost = "controller.kubernetes.io/pod-deletion-cost";
     let karpenter = "system:serviceaccount:kube-system:karpenter";
@@ -117,11 +117,15 @@ async fn another_writer_clearing_a_busy_pods_cost_is_answered_counted_and_named_
     }
     review["request"]["object"]["metadata"]["annotations"].as_object_mut().unwrap().remove(cost);
     review["request"]["userInfo"] = serde_json::json!({"username": karpenter});
-    let (status, answer) = post(&app, "/mutate", &review).await;
-    assert_eq!(status, 200);
-    assert!(answer["response"]["patch"].is_string(), "the busy cost put back: {answer}");
-    let problems = app.health().unwrap_err().join("\n");
-    assert!(problems.contains(&format!("{karpenter} took {cost} off busy pod capture/")), "{problems}");
-    let metrics = app.metrics.encode();
-    assert!(metrics.contains("busyguard_busy_marks_overwritten_total 1"), "{metrics}");
+    // Audit mode (a pod marked under enforce mode) puts nothing back, and tells the fight all the same.
+    for (mode, put_back) in [(Mode::Enforce, true), (Mode::Audit, false)] {
+        let app = app_in(mode);
+        let (status, answer) = post(&app, "/mutate", &review).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer["response"]["patch"].is_string(), put_back, "{mode:?}: {answer}");
+        let problems = app.health().unwrap_err().join("\n");
+        assert!(problems.contains(&format!("{karpenter} took {cost} off busy pod capture/")), "{problems}");
+        let metrics = app.metrics.encode();
+        assert!(metrics.contains("busyguard_busy_marks_overwritten_total 1"), "{mode:?}: {metrics}");
+    }
 }

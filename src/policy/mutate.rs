@@ -7,7 +7,7 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::ask::Ask;
-use super::config::PolicyConfig;
+use super::config::{Mode, PolicyConfig};
 use super::contract::contract_warnings;
 use super::disruption::{Disruption, Taking, judge_disruption};
 use super::hold::{NodeGoing, held, held_refusal};
@@ -108,7 +108,8 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
         Outcome::answer(Answer::Patch { patch, warnings }, Decision::Patched)
     };
     // A restart let through (an exempt requester, a protection that lapsed) is audited as such;
-    // another writer's overwrite of the busy marks, put back by this very patch, too.
+    // another writer's overwrite of the busy marks, put back by this very patch, too (audit
+    // mode writes no marks: there a would-patch, since a pod marked under enforce mode keeps them).
     let overwritten = match before {
         Some(old) if !m.by_busyguard => busy_marks_overwritten(pod, old, config.mutation, config.max_busy, now),
         _ => Vec::new(),
@@ -116,19 +117,28 @@ pub fn mutate_pod(m: &Mutation<'_>, config: &PolicyConfig, now: Timestamp) -> Ou
     match restart_audit {
         Some(audit) => outcome.audited(audit),
         None if !overwritten.is_empty() => {
-            let detail = marks_overwritten(ask, &overwritten);
-            outcome.audited(ask.audit(Decision::Restored, Reason::Overwritten, detail, config.mode, now))
+            let (decision, answered) = match config.mode {
+                Mode::Enforce => (
+                    Decision::Restored,
+                    "busyguard's values put back, theirs kept as the ones to restore when it is idle",
+                ),
+                Mode::Audit => (
+                    Decision::WouldPatch,
+                    "enforce mode would put busyguard's values back and keep theirs to restore when it is idle",
+                ),
+            };
+            let detail = marks_overwritten(ask, &overwritten, answered);
+            outcome.audited(ask.audit(decision, Reason::Overwritten, detail, config.mode, now))
         }
         None => outcome,
     }
 }
 
-/// Another writer took busyguard's marks off a busy pod.
-fn marks_overwritten(ask: &Ask<'_>, keys: &[&str]) -> String {
+/// Another writer took busyguard's marks off a busy pod; `answered`: what busyguard does about it.
+fn marks_overwritten(ask: &Ask<'_>, keys: &[&str], answered: &str) -> String {
     format!(
-        "{} took {} off busy pod {}/{}: busyguard's values put back, theirs kept as the ones to restore when it is \
-         idle; a controller that writes these (Karpenter's PodDeletionCostManagement) fights busyguard: \
-         docs/karpenter.md",
+        "{} took {} off busy pod {}/{}: {answered}; a controller that writes these (Karpenter's \
+         PodDeletionCostManagement) fights busyguard: docs/karpenter.md",
         ask.requester.username,
         keys.join(", "),
         ask.namespace,
@@ -308,6 +318,26 @@ mod tests {
         let (ask, new_pod, old_pod) = (worker_write(), pod(ranked.clone()), pod(busy.clone()));
         let own = Mutation { by_busyguard: true, ..Mutation::of(&ask, &new_pod, Some(&old_pod)) };
         assert!(mutate_pod(&own, &config(), ts("2026-11-21T20:50:00Z")).audit.is_none());
+    }
+
+    #[test]
+    fn in_audit_mode_another_writers_overwrite_is_a_would_patch_and_nothing_is_put_back() {
+        // Marked under enforce mode; audit mode since.
+        let idle = worker(json!({DELETION_COST: "3"}));
+        let mut flip = idle.clone();
+        set_label(&mut flip, "true");
+        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:48:44Z");
+        let mut cleared = busy.clone();
+        cleared["metadata"]["annotations"].as_object_mut().unwrap().remove(DELETION_COST);
+        let (ask, new_pod, old_pod) = (worker_write(), pod(cleared), pod(busy));
+        let audit_mode = PolicyConfig { mode: Mode::Audit, ..config() };
+        let at = ts("2026-11-21T20:50:00Z");
+        let outcome =
+            mutate_pod(&Mutation::of(&ask, &new_pod, Some(&old_pod)), &audit_mode, at).in_audit_mode(&ask, at);
+        assert_eq!(outcome.answer, Answer::Allow { warnings: vec![] }, "nothing put back");
+        let audit = outcome.audit.expect("audited");
+        assert_eq!((audit.decision, audit.reason), (Decision::WouldPatch, Reason::Overwritten));
+        assert!(audit.detail.contains("enforce mode would put busyguard's values back"), "{}", audit.detail);
     }
 
     #[test]

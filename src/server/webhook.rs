@@ -28,7 +28,7 @@ use crate::duration::parse_positive_duration;
 use crate::metrics::{StatusLabels, WouldDenyLabels};
 use crate::policy::SHARED_CONTROLLER_MANAGER_USER;
 use crate::policy::budget;
-use crate::policy::outcome::{BudgetClaim, Decision, Effect, Outcome};
+use crate::policy::outcome::{BudgetClaim, Decision, Effect, Outcome, Reason};
 
 /// The API server's own limit on a request body is 3 MiB plus overhead; 7 MiB leaves room for
 /// an object and its old version.
@@ -103,7 +103,8 @@ async fn answer(app: &App, webhook: Webhook, request: Request) -> Result<Respons
             let labels = WouldDenyLabels { route: resource.label(), reason: record.reason.as_str() };
             app.metrics.would_deny.get_or_create(&labels).inc();
         }
-        (_, Some(record)) if record.decision == Decision::Restored => {
+        // Told in audit mode too: the writer would fight busyguard once it enforces.
+        (_, Some(record)) if record.reason == Reason::Overwritten => {
             app.metrics.busy_marks_overwritten.inc();
             app.note_overwrite(&record.detail);
         }

@@ -6,6 +6,7 @@ use axum::body::Body;
 use busyguard::audit::AuditLog;
 use busyguard::cluster::Cluster;
 use busyguard::metrics::Metrics;
+use busyguard::policy::{Mode, PolicyConfig};
 use busyguard::server::{App, webhook};
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -16,6 +17,11 @@ use super::{fixture, test_config};
 /// The app over a listed view holding the pods the delete fixtures carry, so an eviction of
 /// one of them is judged.
 pub fn app() -> Arc<App> {
+    app_in(Mode::Enforce)
+}
+
+/// As [`app`], in `mode`.
+pub fn app_in(mode: Mode) -> Arc<App> {
     let deleted: Vec<Value> = ["pod-delete-by-replicaset-controller.json", "pod-delete-by-user.json"]
         .map(|name| fixture(name)["request"]["oldObject"].clone())
         .into();
@@ -26,7 +32,7 @@ pub fn app() -> Arc<App> {
     let audit = Arc::new(AuditLog::to(Box::new(std::io::sink()), metrics.audit.clone()));
     let limits = test_config(std::path::Path::new("/nonexistent")).limits;
     let cluster = Cluster { view: Arc::new(view), outbox: None, budgets: None };
-    let app = App::new(policy(), audit, metrics, limits, cluster);
+    let app = App::new(PolicyConfig { mode, ..policy() }, audit, metrics, limits, cluster);
     app.start_serving();
     Arc::new(app)
 }

@@ -38,7 +38,7 @@ impl Outcome {
                 if withheld.0.is_empty() {
                     Outcome { audit, ..Outcome::answer(answer, decision) }
                 } else {
-                    // A line of its own already (a protection that lapsed, marks put back) is kept.
+                    // A line of its own already (a restart let through: its protection lapsed) is kept.
                     let audit = audit.unwrap_or_else(|| {
                         let detail = format!("enforce mode would write: {}", described(&withheld));
                         Box::new(ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now))
@@ -168,17 +168,17 @@ mod tests {
     #[test]
     fn a_patch_with_a_line_of_its_own_keeps_that_line_when_its_marks_are_withheld() {
         let alice = ask("alice");
-        let detail = "busy marks put back: karpenter.sh/do-not-disrupt".to_string();
-        let restored = Outcome::answer(
+        let detail = "pod w/x's protection lapsed: busy past its max-busy".to_string();
+        let restarted = Outcome::answer(
             writes(vec![add("/metadata/annotations/karpenter.sh~1do-not-disrupt", "true".into())]),
             Decision::Patched,
         )
-        .audited(alice.audit(Decision::Restored, Reason::Overwritten, detail.clone(), Mode::Audit, now()));
-        let trial = restored.in_audit_mode(&alice, now());
+        .audited(alice.audit(Decision::Lapsed, Reason::MaxBusyExceeded, detail.clone(), Mode::Audit, now()));
+        let trial = restarted.in_audit_mode(&alice, now());
         assert_eq!(trial.answer, Answer::Allow { warnings: vec![] }, "nothing written");
         assert_eq!(trial.decision, Decision::WouldPatch);
         let audit = trial.audit.unwrap();
-        assert_eq!((audit.decision, audit.reason, audit.detail), (Decision::Restored, Reason::Overwritten, detail));
+        assert_eq!((audit.decision, audit.reason, audit.detail), (Decision::Lapsed, Reason::MaxBusyExceeded, detail));
     }
 
     #[test]
