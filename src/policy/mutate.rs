@@ -289,16 +289,22 @@ mod tests {
         assert!(admit(&mut doc, ALL, "2026-11-21T20:48:44Z").is_empty());
     }
 
-    #[test]
-    fn another_writer_that_clears_a_busy_pods_cost_is_answered_in_the_same_write_and_audited() {
+    /// A pod busyguard marked busy, and the same with its deletion cost taken off by another
+    /// writer (Karpenter's pod deletion cost management: the pod's node has a do-not-disrupt pod).
+    fn busy_then_cost_cleared() -> (Value, Value) {
         let idle = worker(json!({DELETION_COST: "3"}));
         let mut flip = idle.clone();
         set_label(&mut flip, "true");
         let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:48:44Z");
-        let busy_value = busy["metadata"]["annotations"][DELETION_COST].clone();
-        // Karpenter's pod deletion cost management: the pod's node has a do-not-disrupt pod.
         let mut cleared = busy.clone();
         cleared["metadata"]["annotations"].as_object_mut().unwrap().remove(DELETION_COST);
+        (busy, cleared)
+    }
+
+    #[test]
+    fn another_writer_that_clears_a_busy_pods_cost_is_answered_in_the_same_write_and_audited() {
+        let (busy, cleared) = busy_then_cost_cleared();
+        let busy_value = busy["metadata"]["annotations"][DELETION_COST].clone();
         let (outcome, stored) = mutated(&busy, &cleared, "2026-11-21T20:50:00Z");
         assert_eq!(stored["metadata"]["annotations"][DELETION_COST], busy_value, "the busy cost put back");
         assert!(stored["metadata"]["annotations"].get(IDLE_COST).is_none(), "theirs (none) kept to restore");
@@ -323,12 +329,7 @@ mod tests {
     #[test]
     fn in_audit_mode_another_writers_overwrite_is_a_would_patch_and_nothing_is_put_back() {
         // Marked under enforce mode; audit mode since.
-        let idle = worker(json!({DELETION_COST: "3"}));
-        let mut flip = idle.clone();
-        set_label(&mut flip, "true");
-        let (_, busy) = mutated(&idle, &flip, "2026-11-21T20:48:44Z");
-        let mut cleared = busy.clone();
-        cleared["metadata"]["annotations"].as_object_mut().unwrap().remove(DELETION_COST);
+        let (busy, cleared) = busy_then_cost_cleared();
         let (ask, new_pod, old_pod) = (worker_write(), pod(cleared), pod(busy));
         let audit_mode = PolicyConfig { mode: Mode::Audit, ..config() };
         let at = ts("2026-11-21T20:50:00Z");
