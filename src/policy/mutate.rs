@@ -311,6 +311,7 @@ mod tests {
         let audit = outcome.audit.expect("audited");
         assert_eq!((audit.decision, audit.reason), (Decision::Restored, Reason::Overwritten));
         assert!(audit.detail.contains(&format!("took {DELETION_COST} off busy pod")), "{}", audit.detail);
+        assert!(audit.detail.contains(": busyguard's values put back, theirs kept"), "{}", audit.detail);
         // Ranked by the writer: its value is the one the idle pod gets back.
         let mut ranked = busy.clone();
         ranked["metadata"]["annotations"][DELETION_COST] = json!("-100");

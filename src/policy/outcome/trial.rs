@@ -38,7 +38,7 @@ impl Outcome {
                 if withheld.0.is_empty() {
                     Outcome { audit, ..Outcome::answer(answer, decision) }
                 } else {
-                    // A line of its own already (a restart let through: its protection lapsed) is kept.
+                    // A line of its own already (a restart let through, another writer's overwrite) is kept.
                     let audit = audit.unwrap_or_else(|| {
                         let detail = format!("enforce mode would write: {}", described(&withheld));
                         Box::new(ask.audit(Decision::WouldPatch, Reason::BusyMarks, detail, Mode::Audit, now))
